@@ -1,0 +1,21 @@
+"""Error types. User errors carry a message that says what was wrong and what was expected."""
+
+
+class OnnxgenError(Exception):
+    """Base class: an error the user can act on (the CLI prints it without a traceback)."""
+
+
+class ModelLoadError(OnnxgenError):
+    """The model file is missing, corrupt, or refers to data it must not read."""
+
+
+class UnsupportedOpError(OnnxgenError):
+    """The graph uses ops that have no kernel; lists every such node at once."""
+
+
+class InvalidInputError(OnnxgenError):
+    """A feed has the wrong name, dtype or shape."""
+
+
+class KernelError(OnnxgenError):
+    """A kernel rejected its inputs or attributes at run time."""

@@ -1,0 +1,335 @@
+"""The node loop: a graph compiled once into steps (kernel + context + value routing), run many times."""
+
+from __future__ import annotations
+
+from collections import ChainMap
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from onnx import helper
+
+from onnxgen.errors import KernelError, OnnxgenError, UnsupportedOpError
+from onnxgen.runtime.kernels.common import NodeContext
+from onnxgen.runtime.kernels.registry import KernelSpec, load_all_kernels, lookup, normalize_domain
+from onnxgen.runtime.model_io import tensor_to_value
+
+# Ops that may run on the host when every input is a host value: the arithmetic of
+# Shape -> Gather -> Concat -> Reshape chains. Ops whose output can be large stay on the device.
+HOST_ELIGIBLE_OPS = frozenset(
+    {
+        "Shape", "Size", "Gather", "GatherElements", "Concat", "Slice", "Unsqueeze", "Squeeze",
+        "Reshape", "Flatten", "Cast", "CastLike", "Identity", "Add", "Sub", "Mul", "Div", "Mod",
+        "Neg", "Abs", "Min", "Max", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
+        "Not", "And", "Or", "Where", "ReduceProd", "ReduceSum", "ReduceMax", "ReduceMin",
+        "Floor", "Ceil", "Sqrt", "Reciprocal", "Pow", "Sign",
+    }
+)
+HOST_VALUE_MAX_ELEMENTS = 64
+
+
+@dataclass
+class ValueInfo:
+    name: str
+    elem_type: int  # 0 when unknown (non-tensor or untyped)
+    shape: list[int | str | None] | None  # None: rank unknown; str: symbolic dim
+    type_str: str
+
+
+@dataclass
+class Step:
+    spec: KernelSpec
+    ctx: NodeContext
+    inputs: list[str]  # "" for a missing optional input
+    outputs: list[str]
+    on_host: bool
+    host_input_positions: frozenset[int]
+    release: list[str] = field(default_factory=list)  # values last used by this step
+
+
+@dataclass(frozen=True)
+class UnsupportedNode:
+    op_type: str
+    domain: str
+    opset: int
+    name: str
+
+    def describe(self) -> str:
+        domain = self.domain or "ai.onnx"
+        return f"{self.op_type} (domain {domain}, opset {self.opset}) at node {self.name!r}"
+
+
+def value_info_of(vi: onnx.ValueInfoProto) -> ValueInfo:
+    t = vi.type
+    if t.HasField("tensor_type"):
+        tt = t.tensor_type
+        shape: list[int | str | None] | None = None
+        if tt.HasField("shape"):
+            shape = []
+            for d in tt.shape.dim:
+                if d.HasField("dim_value"):
+                    shape.append(d.dim_value)
+                elif d.HasField("dim_param"):
+                    shape.append(d.dim_param)
+                else:
+                    shape.append(None)
+        type_name = helper.tensor_dtype_to_string(tt.elem_type).replace("TensorProto.", "").lower()
+        return ValueInfo(vi.name, tt.elem_type, shape, f"tensor({type_name})")
+    kind = t.WhichOneof("value") or "unknown"
+    return ValueInfo(vi.name, 0, None, kind.replace("_type", ""))
+
+
+def is_host_sized(value: Any) -> bool:
+    return (
+        isinstance(value, torch.Tensor)
+        and value.numel() <= HOST_VALUE_MAX_ELEMENTS
+        and not value.is_floating_point()
+        and not value.is_complex()
+    )
+
+
+class GraphProgram:
+    """One compiled graph (the main graph or a control-flow body)."""
+
+    def __init__(
+        self,
+        graph: onnx.GraphProto,
+        opsets: Mapping[str, int],
+        device: torch.device,
+        base_dir: Path | None,
+        unsupported: list[UnsupportedNode],
+        *,
+        scope_names: frozenset[str] = frozenset(),
+    ):
+        self.graph = graph
+        self.device = device
+        self.opsets = dict(opsets)
+        self.inputs = [value_info_of(vi) for vi in graph.input]
+        self.outputs = [value_info_of(vi) for vi in graph.output]
+        self.initializers: dict[str, Any] = {}
+        self.host_copies: dict[str, Any] = {}
+        for tensor in graph.initializer:
+            self._add_constant(tensor.name, tensor_to_value(tensor, base_dir))
+        for sparse in graph.sparse_initializer:
+            dense = onnx.numpy_helper.to_array(sparse)  # sparse initializers are rare and small
+            self._add_constant(sparse.values.name, torch.from_numpy(np.ascontiguousarray(dense)))
+        self.steps: list[Step] = []
+        host_values = set(self.host_copies)
+        known = set(scope_names) | {vi.name for vi in graph.input} | set(self.initializers)
+        for node in graph.node:
+            known.update(node.output)
+        for index, node in enumerate(graph.node):
+            step = self._compile_node(node, index, base_dir, unsupported, frozenset(known), host_values)
+            if step is None:
+                continue
+            self.steps.append(step)
+        self._plan_releases()
+
+    # -- compilation -----------------------------------------------------------------------
+
+    def _add_constant(self, name: str, value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            if is_host_sized(value):
+                self.host_copies[name] = value
+            value = value.to(self.device)
+        self.initializers[name] = value
+
+    def _decode_attrs(
+        self, node: onnx.NodeProto, base_dir: Path | None, unsupported: list[UnsupportedNode], scope: frozenset[str]
+    ) -> tuple[dict[str, Any], dict[str, GraphProgram]]:
+        attrs: dict[str, Any] = {}
+        subgraphs: dict[str, GraphProgram] = {}
+        for attr in node.attribute:
+            if attr.ref_attr_name:
+                raise OnnxgenError(f"node {node.name!r}: attribute references exist only inside functions")
+            if attr.type == onnx.AttributeProto.GRAPH:
+                subgraphs[attr.name] = GraphProgram(
+                    attr.g, self.opsets, self.device, base_dir, unsupported, scope_names=scope
+                )
+                attrs[attr.name] = subgraphs[attr.name]
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                attrs[attr.name] = [
+                    GraphProgram(g, self.opsets, self.device, base_dir, unsupported, scope_names=scope)
+                    for g in attr.graphs
+                ]
+            elif attr.type == onnx.AttributeProto.TENSOR:
+                attrs[attr.name] = tensor_to_value(attr.t, base_dir)
+            elif attr.type == onnx.AttributeProto.TENSORS:
+                attrs[attr.name] = [tensor_to_value(t, base_dir) for t in attr.tensors]
+            elif attr.type == onnx.AttributeProto.SPARSE_TENSOR:
+                attrs[attr.name] = torch.from_numpy(np.ascontiguousarray(onnx.numpy_helper.to_array(attr.sparse_tensor)))
+            else:
+                value = helper.get_attribute_value(attr)
+                if isinstance(value, bytes):
+                    value = value.decode("utf-8")
+                elif isinstance(value, list) and value and isinstance(value[0], bytes):
+                    value = [v.decode("utf-8") for v in value]
+                attrs[attr.name] = value
+        return attrs, subgraphs
+
+    def _compile_node(
+        self,
+        node: onnx.NodeProto,
+        index: int,
+        base_dir: Path | None,
+        unsupported: list[UnsupportedNode],
+        scope: frozenset[str],
+        host_values: set[str],
+    ) -> Step | None:
+        domain = normalize_domain(node.domain)
+        opset = self.opsets.get(domain, 1 if domain else 1)
+        name = node.name or f"{node.op_type}_{index}"
+        spec = lookup(domain, node.op_type, opset)
+        attrs, subgraphs = self._decode_attrs(node, base_dir, unsupported, scope)
+        if spec is None:
+            unsupported.append(UnsupportedNode(node.op_type, domain, opset, name))
+            return None
+        ctx = NodeContext(
+            name=name,
+            op_type=node.op_type,
+            domain=domain,
+            opset=opset,
+            attrs=attrs,
+            device=self.device,
+            num_inputs=len(node.input),
+            num_outputs=len(node.output),
+            outputs_wanted=tuple(bool(o) for o in node.output),
+            subgraphs=subgraphs,
+        )
+        # Constant nodes are folded into initializers at compile time.
+        if node.op_type == "Constant" and domain == "":
+            value = spec.fn(ctx)
+            self._add_constant(node.output[0], value)
+            if node.output[0] in self.host_copies:
+                host_values.add(node.output[0])
+            return None
+        live_inputs = [i for i in node.input if i]
+        on_host = (
+            self.device.type != "cpu"
+            and domain == ""
+            and node.op_type in HOST_ELIGIBLE_OPS
+            and not subgraphs
+            and (node.op_type in ("Shape", "Size") or (live_inputs and all(i in host_values for i in live_inputs)))
+        )
+        if on_host:
+            host_values.update(o for o in node.output if o)
+            ctx.device = torch.device("cpu")
+        return Step(
+            spec=spec,
+            ctx=ctx,
+            inputs=list(node.input),
+            outputs=list(node.output),
+            on_host=on_host,
+            host_input_positions=frozenset(spec.host_inputs),
+        )
+
+    def _plan_releases(self) -> None:
+        keep = {o.name for o in self.outputs} | set(self.initializers)
+        last_use: dict[str, int] = {}
+        for position, step in enumerate(self.steps):
+            names = list(step.inputs)
+            for sub in step.ctx.subgraphs.values():
+                names.extend(sub.outer_references())
+            for name in names:
+                if name:
+                    last_use[name] = position
+            for name in step.outputs:
+                if name and name not in last_use:
+                    last_use[name] = position  # produced but never read: free at once
+        for name, position in last_use.items():
+            if name not in keep:
+                self.steps[position].release.append(name)
+
+    def outer_references(self) -> set[str]:
+        """Names this graph (and its nested bodies) reads from enclosing scopes."""
+        cached = getattr(self, "_outer_refs", None)
+        if cached is not None:
+            return cached
+        local = {vi.name for vi in self.inputs} | set(self.initializers)
+        refs: set[str] = set()
+        for step in self.steps:
+            for name in step.inputs:
+                if name and name not in local:
+                    refs.add(name)
+            for sub in step.ctx.subgraphs.values():
+                refs.update(n for n in sub.outer_references() if n not in local)
+            local.update(o for o in step.outputs if o)
+        for out in self.outputs:
+            if out.name not in local:
+                refs.add(out.name)
+        self._outer_refs = refs
+        return refs
+
+    # -- execution -------------------------------------------------------------------------
+
+    def run_positional(self, inputs: list[Any], outer: Any, device: torch.device) -> list[Any]:
+        feeds = {vi.name: value for vi, value in zip(self.inputs, inputs)}
+        env = self.run(feeds, outer=outer)
+        return [env[o.name] for o in self.outputs]
+
+    def run(self, feeds: Mapping[str, Any], outer: Any = None) -> Mapping[str, Any]:
+        local: dict[str, Any] = dict(self.initializers)
+        local.update(feeds)
+        env: Any = ChainMap(local, outer) if outer is not None else local
+        device = self.device
+        for step in self.steps:
+            args = []
+            for position, name in enumerate(step.inputs):
+                if not name:
+                    args.append(None)
+                    continue
+                try:
+                    value = env[name]
+                except KeyError:
+                    raise KernelError(
+                        f"{step.ctx.op_type} node {step.ctx.name!r}: input {name!r} has no value "
+                        "(not a graph input, initializer or earlier output)"
+                    ) from None
+                if isinstance(value, torch.Tensor):
+                    want_host = step.on_host or position in step.host_input_positions
+                    if want_host and value.device.type != "cpu":
+                        value = self.host_copies.get(name, value).cpu()
+                    elif not want_host and value.device != device:
+                        value = value.to(device)
+                args.append(value)
+            step.ctx.scope = env
+            try:
+                result = step.spec.fn(step.ctx, *args)
+            except OnnxgenError:
+                raise
+            except Exception as exc:
+                raise KernelError(
+                    f"{step.ctx.op_type} node {step.ctx.name!r} failed: {type(exc).__name__}: {exc}"
+                ) from exc
+            finally:
+                step.ctx.scope = None
+            if not isinstance(result, tuple):  # kernels return a tuple for several outputs
+                result = (result,)
+            for name, value in zip(step.outputs, result):
+                if name:
+                    local[name] = value
+            for name in step.release:
+                local.pop(name, None)
+        return env
+
+
+def compile_model(
+    model: onnx.ModelProto, device: torch.device, base_dir: Path | None
+) -> GraphProgram:
+    """Compile the main graph; every unsupported node (also in subgraphs) is reported at once."""
+    load_all_kernels()
+    if model.functions:
+        from onnx import inliner
+
+        model = inliner.inline_local_functions(model)
+    opsets = {normalize_domain(o.domain): o.version for o in model.opset_import}
+    unsupported: list[UnsupportedNode] = []
+    program = GraphProgram(model.graph, opsets, device, base_dir, unsupported)
+    if unsupported:
+        lines = "\n  ".join(u.describe() for u in unsupported)
+        raise UnsupportedOpError(f"{len(unsupported)} node(s) use ops onnxgen has no kernel for:\n  {lines}")
+    return program

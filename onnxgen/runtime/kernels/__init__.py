@@ -1,0 +1,1 @@
+"""Kernels: one module per op family; each registers itself with ``registry.kernel``."""

@@ -1,0 +1,156 @@
+"""Loading ONNX models safely: external data may only come from inside the model's directory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from google.protobuf.message import DecodeError
+from onnx import numpy_helper
+
+from onnxgen.errors import ModelLoadError
+from onnxgen.runtime.dtypes import numpy_to_torch
+
+# bits per element of the ONNX types whose raw layout is not one numpy item per element
+_SUB_BYTE_BITS = {
+    getattr(onnx.TensorProto, name): bits
+    for name, bits in (("INT4", 4), ("UINT4", 4), ("FLOAT4E2M1", 4), ("INT2", 2), ("UINT2", 2))
+    if hasattr(onnx.TensorProto, name)
+}
+
+
+def load_model(path: str | os.PathLike) -> tuple[onnx.ModelProto, Path]:
+    """Parse the model file without touching external data; returns the proto and its directory."""
+    model_path = Path(path)
+    if model_path.is_dir():
+        candidate = model_path / "model.onnx"
+        if not candidate.is_file():
+            raise ModelLoadError(f"{model_path} is a directory without a model.onnx file")
+        model_path = candidate
+    if not model_path.exists():
+        raise ModelLoadError(f"model file not found: {model_path}")
+    if not model_path.is_file():
+        raise ModelLoadError(f"model path is not a regular file: {model_path}")
+    try:
+        data = model_path.read_bytes()
+        model = onnx.ModelProto()
+        model.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise ModelLoadError(
+            f"{model_path} is not a valid ONNX model (protobuf parse failed: {exc}); "
+            "expected a serialized onnx.ModelProto"
+        ) from None
+    if not model.HasField("graph"):
+        raise ModelLoadError(f"{model_path} holds no ONNX graph; expected a serialized onnx.ModelProto")
+    return model, model_path.parent.resolve()
+
+
+def _external_info(tensor: onnx.TensorProto) -> dict[str, str]:
+    return {entry.key: entry.value for entry in tensor.external_data}
+
+
+def _checked_int(info: dict[str, str], key: str, tensor_name: str) -> int | None:
+    if key not in info:
+        return None
+    try:
+        value = int(info[key])
+    except ValueError:
+        raise ModelLoadError(
+            f"tensor {tensor_name!r}: external-data {key} {info[key]!r} is not an integer"
+        ) from None
+    if value < 0:
+        raise ModelLoadError(f"tensor {tensor_name!r}: external-data {key} {value} is negative")
+    return value
+
+
+def resolve_external_location(location: str, base_dir: Path, tensor_name: str) -> Path:
+    """The file an external-data entry names, refused if it could lead outside base_dir."""
+    if not location:
+        raise ModelLoadError(f"tensor {tensor_name!r}: external-data location is empty")
+    if os.path.isabs(location) or location.startswith(("/", "\\")) or (len(location) > 1 and location[1] == ":"):
+        raise ModelLoadError(
+            f"tensor {tensor_name!r}: external-data location {location!r} is absolute; "
+            "expected a path relative to the model directory"
+        )
+    parts = Path(location.replace("\\", "/")).parts
+    if ".." in parts:
+        raise ModelLoadError(
+            f"tensor {tensor_name!r}: external-data location {location!r} climbs out with '..'; "
+            "expected a path inside the model directory"
+        )
+    base = base_dir.resolve()
+    target = (base / location).resolve()
+    if base != target and base not in target.parents:
+        raise ModelLoadError(
+            f"tensor {tensor_name!r}: external-data location {location!r} resolves to {target}, "
+            f"outside the model directory {base} (through a symlink)"
+        )
+    if not target.is_file():
+        raise ModelLoadError(f"tensor {tensor_name!r}: external-data file {location!r} not found in {base}")
+    return target
+
+
+def _expected_nbytes(tensor: onnx.TensorProto) -> int:
+    count = int(np.prod(tensor.dims, dtype=np.int64)) if len(tensor.dims) else 1
+    if tensor.data_type in _SUB_BYTE_BITS:
+        return (count * _SUB_BYTE_BITS[tensor.data_type] + 7) // 8
+    if tensor.data_type == onnx.TensorProto.STRING:
+        raise ModelLoadError(f"tensor {tensor.name!r}: string tensors cannot be stored as external data")
+    itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    return count * itemsize
+
+
+def read_external_bytes(tensor: onnx.TensorProto, base_dir: Path) -> bytes:
+    info = _external_info(tensor)
+    name = tensor.name or "<unnamed>"
+    path = resolve_external_location(info.get("location", ""), base_dir, name)
+    offset = _checked_int(info, "offset", name) or 0
+    length = _checked_int(info, "length", name)
+    file_size = path.stat().st_size
+    if offset > file_size:
+        raise ModelLoadError(
+            f"tensor {name!r}: external-data offset {offset} is beyond the end of {path.name} ({file_size} bytes)"
+        )
+    expected = _expected_nbytes(tensor)
+    if length is None:
+        length = expected
+    if offset + length > file_size:
+        raise ModelLoadError(
+            f"tensor {name!r}: external data [{offset}, {offset + length}) runs past the end of "
+            f"{path.name} ({file_size} bytes)"
+        )
+    if length != expected:
+        raise ModelLoadError(
+            f"tensor {name!r}: external-data length {length} does not match its shape {list(tensor.dims)} "
+            f"and type {onnx.TensorProto.DataType.Name(tensor.data_type)} ({expected} bytes expected)"
+        )
+    with open(path, "rb") as handle:
+        handle.seek(offset)
+        return handle.read(length)
+
+
+def tensor_to_value(tensor: onnx.TensorProto, base_dir: Path | None) -> torch.Tensor | np.ndarray:
+    """A TensorProto as a torch tensor (numpy object array for strings), external data checked."""
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        if base_dir is None:
+            raise ModelLoadError(
+                f"tensor {tensor.name!r} keeps its data in an external file, but the model was given "
+                "without a directory; load it from a path"
+            )
+        raw = read_external_bytes(tensor, base_dir)
+        inline = onnx.TensorProto()
+        inline.CopyFrom(tensor)
+        del inline.external_data[:]
+        inline.data_location = onnx.TensorProto.DEFAULT
+        inline.raw_data = raw
+        tensor = inline
+    try:
+        array = numpy_helper.to_array(tensor)
+    except Exception as exc:  # onnx raises several types for malformed tensors
+        raise ModelLoadError(f"tensor {tensor.name!r} is malformed: {exc}") from None
+    if array.dtype == object:
+        return array
+    return numpy_to_torch(np.ascontiguousarray(array))

@@ -1,0 +1,82 @@
+"""Shared test fixtures: devices, ONNX model construction, onnxruntime oracle."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import helper
+
+HAS_CUDA = torch.cuda.is_available()
+
+# Parametrize a test over devices: the CUDA case carries the `gpu` mark and skips without CUDA.
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")]),
+]
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(pytest.mark.skip(reason="needs CUDA"))
+
+
+def make_model(
+    nodes: list[onnx.NodeProto],
+    inputs: list[onnx.ValueInfoProto],
+    outputs: list[onnx.ValueInfoProto],
+    initializers: list[onnx.TensorProto] | None = None,
+    opset: int = 21,
+    ms_opset: int | None = 1,
+) -> onnx.ModelProto:
+    """A one-graph model; default opset 21 plus com.microsoft v1 for contrib ops."""
+    graph = helper.make_graph(nodes, "test", inputs, outputs, initializer=initializers or [])
+    imports = [helper.make_opsetid("", opset)]
+    if ms_opset is not None:
+        imports.append(helper.make_opsetid("com.microsoft", ms_opset))
+    model = helper.make_model(graph, opset_imports=imports)
+    model.ir_version = min(model.ir_version, 10)
+    return model
+
+
+def ort_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The oracle: onnxruntime's CPU build on the same model."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def onnxgen_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray], device: str = "cpu") -> list[np.ndarray]:
+    from onnxgen.runtime import InferenceSession
+
+    return InferenceSession(model, device=device).run(None, feeds)
+
+
+def assert_parity(
+    model: onnx.ModelProto,
+    feeds: dict[str, np.ndarray],
+    device: str = "cpu",
+    *,
+    rtol: float = 1e-5,
+    atol: float = 1e-5,
+) -> None:
+    """onnxgen's outputs equal onnxruntime's within the stated tolerance (dtype and shape exact)."""
+    expected = ort_run(model, feeds)
+    actual = onnxgen_run(model, feeds, device)
+    assert len(actual) == len(expected)
+    for index, (e, a) in enumerate(zip(expected, actual)):
+        assert a.dtype == e.dtype, f"output {index}: dtype {a.dtype}, onnxruntime gives {e.dtype}"
+        assert a.shape == e.shape, f"output {index}: shape {a.shape}, onnxruntime gives {e.shape}"
+        if e.dtype.kind in "fc":
+            np.testing.assert_allclose(
+                a.astype(np.float64), e.astype(np.float64), rtol=rtol, atol=atol, equal_nan=True,
+                err_msg=f"output {index}",
+            )
+        else:
+            np.testing.assert_array_equal(a, e, err_msg=f"output {index}")
