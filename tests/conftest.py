@@ -75,7 +75,11 @@ def assert_parity(
         assert a.shape == e.shape, f"output {index}: shape {a.shape}, onnxruntime gives {e.shape}"
         if e.dtype.kind in "fc":
             np.testing.assert_allclose(
-                a.astype(np.float64), e.astype(np.float64), rtol=rtol, atol=atol, equal_nan=True,
+                a.astype(np.float64),
+                e.astype(np.float64),
+                rtol=rtol,
+                atol=atol,
+                equal_nan=True,
                 err_msg=f"output {index}",
             )
         else:

@@ -63,7 +63,10 @@ def _compare(expected: object, actual: object, rtol: float, atol: float, where: 
         np.testing.assert_allclose(
             actual.astype(np.float64) if expected.dtype.kind != "c" else actual,
             expected.astype(np.float64) if expected.dtype.kind != "c" else expected,
-            rtol=rtol, atol=atol, equal_nan=True, err_msg=where,
+            rtol=rtol,
+            atol=atol,
+            equal_nan=True,
+            err_msg=where,
         )
     else:
         np.testing.assert_array_equal(actual, expected, err_msg=where)
@@ -132,12 +135,16 @@ def summarize(results: list[CaseResult]) -> str:
     for category in sorted(by_category):
         c = by_category[category]
         failed = c["fail"] + c["error"] + c["unsupported"]
-        lines.append(f"{category:>16}: {c['pass']} passed, {failed} failed"
-                     f" (wrong {c['fail']}, raised {c['error']}, no kernel {c['unsupported']})")
+        lines.append(
+            f"{category:>16}: {c['pass']} passed, {failed} failed"
+            f" (wrong {c['fail']}, raised {c['error']}, no kernel {c['unsupported']})"
+        )
     total = Counter(r.status for r in results)
     failed = len(results) - total["pass"]
-    lines.append(f"{'node suite':>16}: {total['pass']} passed, {failed} failed of {len(results)} "
-                 f"({100.0 * total['pass'] / max(len(results), 1):.1f}%)")
+    lines.append(
+        f"{'node suite':>16}: {total['pass']} passed, {failed} failed of {len(results)} "
+        f"({100.0 * total['pass'] / max(len(results), 1):.1f}%)"
+    )
     return "\n".join(lines)
 
 

@@ -22,11 +22,47 @@ from onnxgen.runtime.model_io import tensor_to_value
 # Shape -> Gather -> Concat -> Reshape chains. Ops whose output can be large stay on the device.
 HOST_ELIGIBLE_OPS = frozenset(
     {
-        "Shape", "Size", "Gather", "GatherElements", "Concat", "Slice", "Unsqueeze", "Squeeze",
-        "Reshape", "Flatten", "Cast", "CastLike", "Identity", "Add", "Sub", "Mul", "Div", "Mod",
-        "Neg", "Abs", "Min", "Max", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
-        "Not", "And", "Or", "Where", "ReduceProd", "ReduceSum", "ReduceMax", "ReduceMin",
-        "Floor", "Ceil", "Sqrt", "Reciprocal", "Pow", "Sign",
+        "Shape",
+        "Size",
+        "Gather",
+        "GatherElements",
+        "Concat",
+        "Slice",
+        "Unsqueeze",
+        "Squeeze",
+        "Reshape",
+        "Flatten",
+        "Cast",
+        "CastLike",
+        "Identity",
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Mod",
+        "Neg",
+        "Abs",
+        "Min",
+        "Max",
+        "Equal",
+        "Less",
+        "Greater",
+        "LessOrEqual",
+        "GreaterOrEqual",
+        "Not",
+        "And",
+        "Or",
+        "Where",
+        "ReduceProd",
+        "ReduceSum",
+        "ReduceMax",
+        "ReduceMin",
+        "Floor",
+        "Ceil",
+        "Sqrt",
+        "Reciprocal",
+        "Pow",
+        "Sign",
     }
 )
 HOST_VALUE_MAX_ELEMENTS = 64
@@ -161,7 +197,9 @@ class GraphProgram:
             elif attr.type == onnx.AttributeProto.TENSORS:
                 attrs[attr.name] = [tensor_to_value(t, base_dir) for t in attr.tensors]
             elif attr.type == onnx.AttributeProto.SPARSE_TENSOR:
-                attrs[attr.name] = torch.from_numpy(np.ascontiguousarray(onnx.numpy_helper.to_array(attr.sparse_tensor)))
+                attrs[attr.name] = torch.from_numpy(
+                    np.ascontiguousarray(onnx.numpy_helper.to_array(attr.sparse_tensor))
+                )
             else:
                 value = helper.get_attribute_value(attr)
                 if isinstance(value, bytes):
@@ -317,9 +355,7 @@ class GraphProgram:
         return env
 
 
-def compile_model(
-    model: onnx.ModelProto, device: torch.device, base_dir: Path | None
-) -> GraphProgram:
+def compile_model(model: onnx.ModelProto, device: torch.device, base_dir: Path | None) -> GraphProgram:
     """Compile the main graph; every unsupported node (also in subgraphs) is reported at once."""
     load_all_kernels()
     if model.functions:

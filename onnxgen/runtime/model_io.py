@@ -58,9 +58,7 @@ def _checked_int(info: dict[str, str], key: str, tensor_name: str) -> int | None
     try:
         value = int(info[key])
     except ValueError:
-        raise ModelLoadError(
-            f"tensor {tensor_name!r}: external-data {key} {info[key]!r} is not an integer"
-        ) from None
+        raise ModelLoadError(f"tensor {tensor_name!r}: external-data {key} {info[key]!r} is not an integer") from None
     if value < 0:
         raise ModelLoadError(f"tensor {tensor_name!r}: external-data {key} {value} is negative")
     return value

@@ -91,17 +91,13 @@ class InferenceSession:
         results = self.run_torch(feeds, output_names)
         return [_to_numpy_value(v) for v in results.values()]
 
-    def run_torch(
-        self, feeds: Mapping[str, Any], output_names: Sequence[str] | None = None
-    ) -> dict[str, Any]:
+    def run_torch(self, feeds: Mapping[str, Any], output_names: Sequence[str] | None = None) -> dict[str, Any]:
         """torch in, torch out; tensors already on the session's device are used without copies."""
         names = list(output_names) if output_names else [o.name for o in self._outputs]
         known_outputs = {o.name for o in self._outputs}
         for name in names:
             if name not in known_outputs:
-                raise InvalidInputError(
-                    f"unknown output {name!r}; the model's outputs are {sorted(known_outputs)}"
-                )
+                raise InvalidInputError(f"unknown output {name!r}; the model's outputs are {sorted(known_outputs)}")
         checked = self._check_feeds(feeds)
         env = self.program.run(checked)
         return {name: env[name] for name in names}
@@ -110,9 +106,7 @@ class InferenceSession:
         expected = {vi.name: vi for vi in self._inputs}
         unknown = [n for n in feeds if n not in expected and n not in self._optional_inputs]
         if unknown:
-            raise InvalidInputError(
-                f"unknown input name(s) {unknown}; the model's inputs are {list(expected)}"
-            )
+            raise InvalidInputError(f"unknown input name(s) {unknown}; the model's inputs are {list(expected)}")
         missing = [n for n in expected if n not in feeds]
         if missing:
             raise InvalidInputError(f"missing input(s) {missing}; the model's inputs are {list(expected)}")
@@ -131,9 +125,7 @@ class InferenceSession:
 def _check_tensor(info: ValueInfo, value: torch.Tensor, bound: dict[str, tuple[int, str]]) -> None:
     want = ONNX_TO_TORCH.get(info.elem_type)
     if want is not None and value.dtype != want:
-        raise InvalidInputError(
-            f"input {info.name!r} has dtype {value.dtype}, expected {info.type_str} ({want})"
-        )
+        raise InvalidInputError(f"input {info.name!r} has dtype {value.dtype}, expected {info.type_str} ({want})")
     if info.shape is None:
         return
     if value.dim() != len(info.shape):
