@@ -1,0 +1,5 @@
+import sys
+
+from onnxgen.cli import main
+
+sys.exit(main())

@@ -1,0 +1,198 @@
+"""Generator: prompt → tokens. Prefill, decode loop, KV state, stop conditions, streaming."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from onnxgen.errors import InvalidInputError, OnnxgenError
+from onnxgen.genai.chat import render_chat
+from onnxgen.genai.kv_cache import DynamicKV, StaticKV
+from onnxgen.genai.package import PackageConfig, load_package_config
+from onnxgen.genai.sampling import LogitsSampler, SamplingParams
+from onnxgen.genai.tokenizer import Tokenizer
+from onnxgen.runtime.dtypes import ONNX_TO_TORCH
+from onnxgen.runtime.session import InferenceSession
+
+
+class PromptTooLongError(OnnxgenError):
+    """The prompt does not fit in the model's context."""
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    ttft_s: float = 0.0  # prefill + first token
+    decode_s: float = 0.0  # time for the tokens after the first
+    stop_reason: str = ""
+    kv: str = ""
+
+    @property
+    def decode_tok_s(self) -> float:
+        return (self.new_tokens - 1) / self.decode_s if self.new_tokens > 1 and self.decode_s > 0 else 0.0
+
+    def summary(self) -> str:
+        return (
+            f"prompt {self.prompt_tokens} tok, new {self.new_tokens} tok, TTFT {self.ttft_s * 1000:.1f} ms, "
+            f"decode {self.decode_tok_s:.1f} tok/s, stop: {self.stop_reason}, kv: {self.kv}"
+        )
+
+
+class Generator:
+    """Runs a package's decoder: ``Generator(path, device="cpu")``, then ``generate``/``stream``."""
+
+    def __init__(
+        self,
+        package: str | Path | PackageConfig,
+        device: str = "cpu",
+        *,
+        kv: str = "auto",
+        session: InferenceSession | None = None,
+    ):
+        self.config = package if isinstance(package, PackageConfig) else load_package_config(package)
+        self.session = session or InferenceSession(self.config.model_file, device=device)
+        self.device = self.session.device
+        self.tokenizer = Tokenizer(self.config.directory)
+        inputs = {i.name: i for i in self.session.program.inputs}
+        io = self.config.io
+        if io.input_ids not in inputs:
+            raise InvalidInputError(f"the decoder has no input {io.input_ids!r} that genai_config.json names")
+        self.has_mask = bool(io.attention_mask) and io.attention_mask in inputs
+        self.has_positions = bool(io.position_ids) and io.position_ids in inputs
+        past = inputs.get(self.config.past_key_name(0))
+        if past is None:
+            raise InvalidInputError(f"the decoder has no KV input {self.config.past_key_name(0)!r}")
+        self.kv_dtype = ONNX_TO_TORCH[past.elem_type]
+        if kv == "auto":
+            kv = "static" if self.config.share_buffer else "dynamic"
+        if kv not in ("static", "dynamic"):
+            raise InvalidInputError(f"kv must be 'auto', 'static' or 'dynamic', got {kv!r}")
+        if kv == "static" and not self.has_mask:
+            raise InvalidInputError("static KV needs an attention_mask input to carry the valid length")
+        self.kv_kind = kv
+        self.eos_ids = set(self.config.eos_token_ids)
+        eos = self.tokenizer.token_id(self.tokenizer.eos_token)
+        if eos is not None:
+            self.eos_ids.add(eos)
+        self.last_stats = GenerationStats()
+
+    # -- prompts ---------------------------------------------------------------------------
+
+    def apply_chat_template(self, messages: list[dict[str, Any]]) -> str:
+        t = self.tokenizer
+        return render_chat(t.chat_template, messages, bos_token=t.bos_token, eos_token=t.eos_token)
+
+    def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:
+        if isinstance(prompt, list):
+            ids = [int(i) for i in prompt]
+        else:
+            if chat:
+                prompt = self.apply_chat_template([{"role": "user", "content": prompt}])
+            ids = self.tokenizer.encode(prompt)
+        if not ids:
+            raise InvalidInputError("the prompt is empty; give at least one token of text")
+        if len(ids) >= self.config.context_length:
+            raise PromptTooLongError(
+                f"the prompt has {len(ids)} tokens, but the context holds {self.config.context_length} "
+                "(prompt plus at least one new token)"
+            )
+        return ids
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def _new_kv(self, total: int) -> DynamicKV | StaticKV:
+        if self.kv_kind == "static":
+            capacity = self.config.context_length
+            past = self.session.program.inputs[
+                [i.name for i in self.session.program.inputs].index(self.config.past_key_name(0))
+            ]
+            if past.shape and isinstance(past.shape[2], int):
+                capacity = past.shape[2]  # a graph built for a fixed buffer length
+            return StaticKV(self.config, self.kv_dtype, self.device, capacity)
+        return DynamicKV(self.config, self.kv_dtype, self.device)
+
+    def _step(self, kv: DynamicKV | StaticKV, ids: torch.Tensor) -> torch.Tensor:
+        io = self.config.io
+        n = ids.shape[1]
+        feeds: dict[str, torch.Tensor] = {io.input_ids: ids}
+        if self.has_mask:
+            feeds[io.attention_mask] = kv.attention_mask(n)
+        if self.has_positions:
+            feeds[io.position_ids] = torch.arange(kv.length, kv.length + n, device=self.device).reshape(1, n)
+        feeds.update(kv.feeds())
+        outputs = self.session.run_torch(feeds)
+        kv.update(outputs, n)
+        return outputs[io.logits][0, -1]
+
+    def generate_ids(self, prompt_ids: list[int], params: SamplingParams | None = None) -> Iterator[int]:
+        """Yields new token ids; stops on EOS or max_new_tokens (stop strings are text-level)."""
+        params = (params or SamplingParams()).validate()
+        context = self.config.context_length
+        room = context - len(prompt_ids)
+        max_new = min(params.max_new_tokens or room, room)
+        stats = GenerationStats(prompt_tokens=len(prompt_ids), kv=self.kv_kind)
+        self.last_stats = stats
+        sampler = LogitsSampler(params, self.config.vocab_size, self.device)
+        kv = self._new_kv(len(prompt_ids) + max_new)
+        ids = torch.tensor([prompt_ids], dtype=torch.int64, device=self.device)
+        sampler.observe(ids)
+        start = time.perf_counter()
+        first_done = 0.0
+        with torch.inference_mode():
+            logits = self._step(kv, ids)
+            while True:
+                token = sampler.sample(logits)
+                token_id = int(token)  # the one device-to-host read per token
+                stats.new_tokens += 1
+                if stats.new_tokens == 1:
+                    first_done = time.perf_counter()
+                    stats.ttft_s = first_done - start
+                else:
+                    stats.decode_s = time.perf_counter() - first_done
+                if token_id in self.eos_ids and not params.ignore_eos:
+                    stats.stop_reason = "eos"
+                    return
+                yield token_id
+                if stats.new_tokens >= max_new:
+                    stats.stop_reason = "length" if max_new < room else "context full"
+                    return
+                sampler.observe(token.reshape(1))
+                logits = self._step(kv, token.reshape(1, 1))
+
+    def stream(
+        self, prompt: str | list[int], params: SamplingParams | None = None, *, chat: bool = False
+    ) -> Iterator[str]:
+        """Yields text pieces as they are decoded; honours stop strings (never emitted)."""
+        params = (params or SamplingParams()).validate()
+        prompt_ids = self.encode(prompt, chat=chat)
+        decoder = self.tokenizer.stream()
+        pending = ""
+        hold = max((len(s) for s in params.stop), default=0)
+        for token_id in self.generate_ids(prompt_ids, params):
+            pending += decoder.push(token_id)
+            if params.stop:
+                cut = min((pending.find(s) for s in params.stop if s in pending), default=-1)
+                if cut >= 0:
+                    if pending[:cut]:
+                        yield pending[:cut]
+                    self.last_stats.stop_reason = "stop string"
+                    return
+                # hold back a tail that could still become a stop string
+                safe = len(pending) - (hold - 1)
+                if safe > 0:
+                    yield pending[:safe]
+                    pending = pending[safe:]
+            elif pending:
+                yield pending
+                pending = ""
+        if pending:
+            yield pending
+
+    def generate(self, prompt: str | list[int], params: SamplingParams | None = None, *, chat: bool = False) -> str:
+        return "".join(self.stream(prompt, params, chat=chat))

@@ -1,0 +1,82 @@
+"""KV state between decode steps.
+
+- ``DynamicKV``: present outputs are fed back as the next step's past (the cache grows).
+- ``StaticKV``: fixed-capacity buffers updated in place by the attention op, a fixed-width
+  attention mask (ones up to the valid length) and so a device-side valid length (seqlens_k
+  is derived from the mask inside the graph). Shapes never change between decode steps, which
+  is what lets a whole decode step be captured.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from onnxgen.genai.package import PackageConfig
+
+
+class DynamicKV:
+    kind = "dynamic"
+
+    def __init__(self, config: PackageConfig, dtype: torch.dtype, device: torch.device, batch: int = 1):
+        self.config = config
+        self.length = 0
+        shape = (batch, config.num_kv_heads, 0, config.head_size)
+        self.past = {}
+        for layer in range(config.num_layers):
+            self.past[config.past_key_name(layer)] = torch.zeros(shape, dtype=dtype, device=device)
+            self.past[config.past_value_name(layer)] = torch.zeros(shape, dtype=dtype, device=device)
+        self.device = device
+        self.batch = batch
+
+    def attention_mask(self, new_tokens: int) -> torch.Tensor:
+        return torch.ones((self.batch, self.length + new_tokens), dtype=torch.int64, device=self.device)
+
+    def feeds(self) -> dict[str, torch.Tensor]:
+        return dict(self.past)
+
+    def update(self, outputs: dict[str, torch.Tensor], new_tokens: int) -> None:
+        c = self.config
+        for layer in range(c.num_layers):
+            self.past[c.past_key_name(layer)] = outputs[c.present_key_name(layer)]
+            self.past[c.past_value_name(layer)] = outputs[c.present_value_name(layer)]
+        self.length += new_tokens
+
+
+class StaticKV:
+    kind = "static"
+
+    def __init__(self, config: PackageConfig, dtype: torch.dtype, device: torch.device, capacity: int, batch: int = 1):
+        self.config = config
+        self.capacity = capacity
+        self.length = 0
+        self.device = device
+        self.batch = batch
+        shape = (batch, config.num_kv_heads, capacity, config.head_size)
+        self.buffers = {}
+        for layer in range(config.num_layers):
+            self.buffers[config.past_key_name(layer)] = torch.zeros(shape, dtype=dtype, device=device)
+            self.buffers[config.past_value_name(layer)] = torch.zeros(shape, dtype=dtype, device=device)
+        self.mask = torch.zeros((batch, capacity), dtype=torch.int64, device=device)
+
+    def attention_mask(self, new_tokens: int) -> torch.Tensor:
+        end = self.length + new_tokens
+        if end > self.capacity:
+            raise ValueError(f"KV capacity {self.capacity} exceeded ({end} tokens)")
+        self.mask[:, self.length : end] = 1  # in place: the mask tensor itself never changes identity
+        return self.mask
+
+    def feeds(self) -> dict[str, torch.Tensor]:
+        return dict(self.buffers)
+
+    def update(self, outputs: dict[str, torch.Tensor], new_tokens: int) -> None:
+        c = self.config
+        for layer in range(c.num_layers):
+            for past, present in (
+                (c.past_key_name(layer), c.present_key_name(layer)),
+                (c.past_value_name(layer), c.present_value_name(layer)),
+            ):
+                out = outputs[present]
+                if out.data_ptr() != self.buffers[past].data_ptr():
+                    # the op returned a new tensor instead of writing in place: keep the buffer current
+                    self.buffers[past].copy_(out)
+        self.length += new_tokens

@@ -1,0 +1,114 @@
+"""`onnxgen show`: what a package or ONNX file holds, read from the graph and metadata alone."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from onnxgen.errors import ModelLoadError
+from onnxgen.runtime.executor import value_info_of
+from onnxgen.runtime.model_io import load_model
+
+
+def _tensor_bytes(t: onnx.TensorProto) -> tuple[int, int]:
+    count = int(np.prod(t.dims, dtype=np.int64)) if len(t.dims) else 1
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        info = {e.key: e.value for e in t.external_data}
+        nbytes = int(info["length"]) if "length" in info else 0
+    else:
+        nbytes = len(t.raw_data) if t.raw_data else count * 4
+    if not nbytes and t.data_type not in (onnx.TensorProto.STRING,):
+        nbytes = count * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    return count, nbytes
+
+
+def _model_path(target: str) -> tuple[Path, Path | None]:
+    """(onnx file, package dir or None) for a directory, a file or a registry name."""
+    path = Path(target)
+    if path.is_dir():
+        return path / "model.onnx", path
+    if path.is_file():
+        return path, path.parent if (path.parent / "genai_config.json").is_file() else None
+    from onnxgen.models.pull import cached_package
+
+    cached = cached_package(target)
+    if cached is None:
+        raise ModelLoadError(f"{target!r} is neither a file, a package directory nor a pulled model")
+    return cached / "model.onnx", cached
+
+
+def model_summary(target: str) -> dict[str, Any]:
+    onnx_path, package = _model_path(target)
+    model, _ = load_model(onnx_path)
+    graph = model.graph
+    params = 0
+    nbytes = 0
+    by_dtype: Counter[str] = Counter()
+    for t in graph.initializer:
+        count, size = _tensor_bytes(t)
+        params += count
+        nbytes += size
+        by_dtype[onnx.TensorProto.DataType.Name(t.data_type).lower()] += size
+    ops = Counter(f"{n.domain + '::' if n.domain else ''}{n.op_type}" for n in graph.node)
+    summary: dict[str, Any] = {
+        "file": str(onnx_path),
+        "opsets": {o.domain or "ai.onnx": o.version for o in model.opset_import},
+        "inputs": [{"name": v.name, "type": v.type_str, "shape": v.shape} for v in map(value_info_of, graph.input)],
+        "outputs": [{"name": v.name, "type": v.type_str, "shape": v.shape} for v in map(value_info_of, graph.output)],
+        "nodes": len(graph.node),
+        "op_counts": dict(ops.most_common()),
+        "initializer_elements": params,
+        "initializer_bytes": nbytes,
+        "bytes_by_dtype": dict(by_dtype),
+    }
+    if package is not None and (package / "genai_config.json").is_file():
+        config = json.loads((package / "genai_config.json").read_text())
+        model_cfg = config.get("model", {})
+        decoder = model_cfg.get("decoder", {})
+        summary["architecture"] = {
+            "type": model_cfg.get("type"),
+            "context_length": model_cfg.get("context_length"),
+            "vocab_size": model_cfg.get("vocab_size"),
+            "layers": decoder.get("num_hidden_layers"),
+            "hidden_size": decoder.get("hidden_size"),
+            "heads": decoder.get("num_attention_heads"),
+            "kv_heads": decoder.get("num_key_value_heads"),
+            "head_size": decoder.get("head_size"),
+            "past_present_share_buffer": config.get("search", {}).get("past_present_share_buffer"),
+        }
+    return summary
+
+
+def _format(summary: dict[str, Any]) -> str:
+    lines = [f"file: {summary['file']}"]
+    if "architecture" in summary:
+        lines.append("architecture:")
+        lines += [f"  {k}: {v}" for k, v in summary["architecture"].items()]
+    lines.append("opsets: " + ", ".join(f"{k} {v}" for k, v in summary["opsets"].items()))
+    for kind in ("inputs", "outputs"):
+        lines.append(f"{kind}:")
+        lines += [f"  {v['name']}: {v['type']} {v['shape']}" for v in summary[kind]]
+    lines.append(f"nodes: {summary['nodes']}")
+    lines += [f"  {op}: {n}" for op, n in summary["op_counts"].items()]
+    lines.append(
+        f"parameters: {summary['initializer_elements']:,} elements, {summary['initializer_bytes'] / 2**20:.1f} MiB"
+    )
+    lines += [f"  {dtype}: {n / 2**20:.1f} MiB" for dtype, n in summary["bytes_by_dtype"].items()]
+    return "\n".join(lines)
+
+
+def show_model(
+    target: str, *, capture: bool = False, as_json: bool = False, bind: str | None = None, device: str = "cpu"
+) -> str:
+    if capture:
+        from onnxgen.runtime.capture.report import capture_report
+
+        onnx_path, _ = _model_path(target)
+        return capture_report(onnx_path, bind=bind, as_json=as_json)
+    summary = model_summary(target)
+    return json.dumps(summary, indent=2) if as_json else _format(summary)
