@@ -1,0 +1,224 @@
+"""Pieces both graph flavours share: options, weight conversion, linears, embedding, MLP, LM head.
+
+A `DecoderGraph` pairs a GraphWriter with the weight source and the build options; the
+flavour modules (builder_gqa, builder_standard) call its methods layer by layer, so every
+weight is fetched, converted and written once, in build order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import TensorProto
+
+from onnxgen.errors import OnnxgenError
+from onnxgen.models.config import DecoderConfig, WeightSource, iter_layer_names
+from onnxgen.models.graph_writer import GraphWriter, onnx_dtype
+from onnxgen.models.quantize import quantize_4bit
+
+Progress = Callable[[str, int, int], None]  # (what, done, total) in weight tensors
+
+
+class BuildError(OnnxgenError):
+    """The model cannot be built with the requested options; the message says why."""
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    precision: str  # fp32 | fp16 | int4
+    device: str  # cpu | cuda
+    attention: str  # gqa | standard
+    context_length: int
+    block_size: int = 32
+
+    @property
+    def io_dtype(self) -> np.dtype:
+        """Activation dtype, as onnxruntime-genai's builder picks it: int4 keeps fp32 on CPU, fp16 on CUDA."""
+        if self.precision == "fp32" or (self.precision == "int4" and self.device == "cpu"):
+            return np.dtype(np.float32)
+        return np.dtype(np.float16)
+
+    @property
+    def io_type(self) -> int:
+        return onnx_dtype(self.io_dtype)
+
+    @property
+    def accuracy_level(self) -> int:
+        # 4 = int8 activations in MatMulNBits on CPU (genai's default there); CUDA ignores it (0).
+        return 4 if self.device == "cpu" else 0
+
+
+def rotary_frequencies(config: DecoderConfig, length: int) -> np.ndarray:
+    """Angles [length, rotary_dim/2]: position * theta^(-2i/rotary_dim), computed in float64."""
+    dim = rotary_dim(config)
+    inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+    return np.outer(np.arange(length, dtype=np.float64), inv_freq)
+
+
+def rotary_dim(config: DecoderConfig) -> int:
+    dim = int(config.head_dim * config.partial_rotary_factor)
+    if dim % 2 or dim <= 0:
+        raise BuildError(
+            f"rotary dimension {dim} (head_dim {config.head_dim} x {config.partial_rotary_factor}) must be even"
+        )
+    return dim
+
+
+class DecoderGraph:
+    def __init__(
+        self, writer: GraphWriter, source: WeightSource, options: BuildOptions, progress: Progress | None
+    ) -> None:
+        self.w = writer
+        self.source = source
+        self.config = source.config
+        self.opt = options
+        self._progress = progress
+        self._fetched = 0
+        refetch = self.config.tie_word_embeddings and options.precision == "int4"  # quantized tied head
+        self._total = sum(1 for _ in iter_layer_names(self.config)) + int(refetch)
+
+    # --- weights ------------------------------------------------------------------------
+
+    def fetch(self, name: str) -> np.ndarray:
+        """One weight from the source as float32, checked against the config."""
+        try:
+            array = self.source.get(name)
+        except KeyError as e:
+            raise BuildError(f"the weight source has no tensor {name!r}") from e
+        self._fetched += 1
+        if self._progress is not None:
+            self._progress(name, min(self._fetched, self._total), self._total)
+        return np.asarray(array, dtype=np.float32)
+
+    def io_const(self, value: float | list) -> str:
+        return self.w.const(value, self.opt.io_dtype)
+
+    def float_weight(self, name: str, array: np.ndarray) -> str:
+        return self.w.initializer(name, array.astype(self.opt.io_dtype))
+
+    # --- building blocks ----------------------------------------------------------------
+
+    def linear(
+        self, x: str, prefix: str, *, bias: bool = False, weight: np.ndarray | None = None, output: str | None = None
+    ) -> str:
+        """x @ W^T (+ b) for the HF Linear `prefix` ("model.layers.0.self_attn.q_proj")."""
+        w = self.fetch(prefix + ".weight") if weight is None else weight
+        n, k = w.shape
+        if self.opt.precision != "int4":
+            wt = self.float_weight(prefix + ".MatMul.weight", np.ascontiguousarray(w.T))
+            y = self.w.node(
+                "MatMul", [x, wt], name=prefix + "/MatMul", outputs=None if bias or output is None else [output]
+            )[0]
+        elif self.opt.attention == "gqa":
+            y = self._matmul_nbits(x, w, prefix, None if bias else output)
+        else:
+            y = self._dequantize_matmul(x, w, prefix, None if bias else output)
+        del w
+        if bias:
+            b = self.float_weight(prefix + ".bias", self.fetch(prefix + ".bias"))
+            y = self.w.node("Add", [y, b], name=prefix + "/BiasAdd", outputs=None if output is None else [output])[0]
+        return y
+
+    def _matmul_nbits(self, x: str, w: np.ndarray, prefix: str, output: str | None) -> str:
+        n, k = w.shape
+        q = quantize_4bit(w, self.opt.block_size)
+        b, scales, zp = q.matmulnbits_tensors()
+        del q
+        inputs = [
+            x,
+            self.w.initializer(prefix + ".MatMulNBits.qweight", b),
+            self.w.initializer(prefix + ".MatMulNBits.scales", scales.astype(self.opt.io_dtype)),
+            self.w.initializer(prefix + ".MatMulNBits.qzeros", zp),
+        ]
+        return self.w.node(
+            "MatMulNBits",
+            inputs,
+            name=prefix + "/MatMulNBits",
+            domain="com.microsoft",
+            outputs=None if output is None else [output],
+            K=k,
+            N=n,
+            bits=4,
+            block_size=self.opt.block_size,
+            accuracy_level=self.opt.accuracy_level,
+        )[0]
+
+    def _dequantize_matmul(self, x: str, w: np.ndarray, prefix: str, output: str | None) -> str:
+        """Default-domain int4: blocked DequantizeLinear (opset 21, UINT4) feeding a MatMul."""
+        n, k = w.shape
+        if k % self.opt.block_size:
+            raise BuildError(
+                f"{prefix}: in_features {k} is not a multiple of the int4 block size {self.opt.block_size}"
+            )
+        q = quantize_4bit(w, self.opt.block_size)
+        xq, scale, zp = q.dequantize_linear_tensors()
+        nb = q.n_blocks
+        del q
+        inputs = [
+            self.w.packed_initializer(prefix + ".DequantizeLinear.qweight", xq, (k, n), TensorProto.UINT4),
+            self.w.initializer(prefix + ".DequantizeLinear.scales", scale.astype(self.opt.io_dtype)),
+            self.w.packed_initializer(prefix + ".DequantizeLinear.qzeros", zp, (nb, n), TensorProto.UINT4),
+        ]
+        wt = self.w.op(
+            "DequantizeLinear", *inputs, name=prefix + "/DequantizeLinear", axis=0, block_size=self.opt.block_size
+        )
+        return self.w.node("MatMul", [x, wt], name=prefix + "/MatMul", outputs=None if output is None else [output])[0]
+
+    def embedding(self, input_ids: str) -> tuple[str, str]:
+        """Gather from the float embedding table (int4 too: the table stays float, as genai does by default).
+
+        Returns (hidden states, table initializer name) so a tied fp LM head can reuse the table.
+        """
+        table = self.float_weight("model.embed_tokens.weight", self.fetch("model.embed_tokens.weight"))
+        return self.w.op("Gather", table, input_ids, name="/model/embed_tokens/Gather"), table
+
+    def mlp(self, x: str, layer: int) -> str:
+        """SiLU-gated MLP: down(silu(gate(x)) * up(x)); SiLU written as x * Sigmoid(x)."""
+        p = f"model.layers.{layer}.mlp."
+        if self.config.hidden_act not in ("silu", "swish"):
+            raise BuildError(f"hidden_act {self.config.hidden_act!r} is not supported (only silu)")
+        gate = self.linear(x, p + "gate_proj")
+        up = self.linear(x, p + "up_proj")
+        sig = self.w.op("Sigmoid", gate, name=p + "act/Sigmoid")
+        act = self.w.op("Mul", gate, sig, name=p + "act/Mul")
+        prod = self.w.op("Mul", act, up, name=p + "Mul")
+        return self.linear(prod, p + "down_proj")
+
+    def lm_head(self, x: str, embed_table: str) -> str:
+        """Final projection to the vocabulary, written to the graph output `logits`."""
+        if not self.config.tie_word_embeddings:
+            return self.linear(x, "lm_head", output="logits")
+        if self.opt.precision == "int4":
+            # A quantized copy of the tied table (the Gather keeps the float one).
+            return self.linear(x, "lm_head", weight=self.fetch("model.embed_tokens.weight"), output="logits")
+        # Float and tied: Gemm(transB=1) reads the embedding table itself, no second copy.
+        hidden = self.config.hidden_size
+        flat = self.w.op("Reshape", x, self.w.const([-1, hidden]), name="/lm_head/Reshape")
+        y = self.w.op("Gemm", flat, embed_table, name="/lm_head/Gemm", transB=1)
+        lead = self.w.op("Shape", x, name="/lm_head/Shape", start=0, end=2)
+        shape = self.w.op("Concat", lead, self.w.const([self.config.vocab_size]), name="/lm_head/Concat", axis=0)
+        return self.w.node("Reshape", [y, shape], name="/lm_head/Reshape_out", outputs=["logits"])[0]
+
+    # --- graph I/O ----------------------------------------------------------------------
+
+    def declare_kv_io(self) -> list[tuple[str, str, str, str]]:
+        """past_key_values.%d.key/value inputs and present.%d.key/value outputs, per layer."""
+        c = self.config
+        io = []
+        for i in range(c.num_hidden_layers):
+            names = (f"past_key_values.{i}.key", f"past_key_values.{i}.value", f"present.{i}.key", f"present.{i}.value")
+            for name in names[:2]:
+                self.w.add_input(
+                    name, self.opt.io_type, ["batch_size", c.num_key_value_heads, "past_sequence_length", c.head_dim]
+                )
+            for name in names[2:]:
+                self.w.add_output(
+                    name, self.opt.io_type, ["batch_size", c.num_key_value_heads, "total_sequence_length", c.head_dim]
+                )
+            io.append(names)
+        return io
+
+    def declare_logits(self) -> None:
+        self.w.add_output("logits", self.opt.io_type, ["batch_size", "sequence_length", self.config.vocab_size])

@@ -1,0 +1,99 @@
+"""4-bit block quantization of linear weights, laid out for com.microsoft::MatMulNBits.
+
+A weight W [N, K] (torch.nn.Linear layout: out x in) is split along K into blocks of
+`block_size`; each block gets a float scale and a 4-bit zero point, and each value a 4-bit
+code, so that W[n, k] ~= (code - zero_point) * scale. The range of every block includes 0,
+which keeps zero exactly representable and the zero point inside [0, 15].
+
+MatMulNBits layout (bits=4): B [N, n_blocks, block_size/2] uint8 with the lower-k code in the
+low nibble; scales [N * n_blocks]; zero_points [N * ceil(n_blocks/2)] uint8, two blocks per
+byte, low nibble first. The same codes also feed a default-domain DequantizeLinear (opset 21
+blocked, UINT4) for graphs that must avoid contrib ops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+_ROWS_PER_CHUNK = 4096  # bounds the temporaries when quantizing an embedding-sized matrix
+
+
+@dataclass
+class Quantized4Bit:
+    codes: np.ndarray  # uint8 [N, n_blocks * block_size], values 0..15, K zero-padded to whole blocks
+    scales: np.ndarray  # float32 [N, n_blocks]
+    zero_points: np.ndarray  # uint8 [N, n_blocks], values 0..15
+    k: int  # logical in_features (before padding)
+    block_size: int
+
+    @property
+    def n(self) -> int:
+        return self.codes.shape[0]
+
+    @property
+    def n_blocks(self) -> int:
+        return self.scales.shape[1]
+
+    def dequantize(self) -> np.ndarray:
+        """W as the runtime sees it: [N, K] float32."""
+        blocks = self.codes.reshape(self.n, self.n_blocks, self.block_size).astype(np.float32)
+        w = (blocks - self.zero_points[:, :, None].astype(np.float32)) * self.scales[:, :, None]
+        return w.reshape(self.n, -1)[:, : self.k]
+
+    def matmulnbits_tensors(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(B [N, n_blocks, block/2] uint8, scales [N*n_blocks] float32, zero_points [N*ceil(n_blocks/2)] uint8)."""
+        b = pack_uint4(self.codes).reshape(self.n, self.n_blocks, self.block_size // 2)
+        zp = self.zero_points
+        if self.n_blocks % 2:  # pad each row to whole bytes; the pad nibble is never read
+            zp = np.concatenate([zp, np.zeros((self.n, 1), np.uint8)], axis=1)
+        return b, self.scales.reshape(-1).copy(), pack_uint4(zp).reshape(-1)
+
+    def dequantize_linear_tensors(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Operands of DequantizeLinear(axis=0, block_size) producing W^T [K, N] for MatMul.
+
+        Returns (x packed UINT4 bytes of [K, N], scale [n_blocks, N] float32, zero_point packed UINT4 of
+        [n_blocks, N]). Needs K to be a whole number of blocks (no padding rows in x).
+        """
+        if self.k % self.block_size:
+            raise ValueError(f"in_features {self.k} is not a multiple of block size {self.block_size}")
+        x = pack_uint4(np.ascontiguousarray(self.codes.T))
+        zp = pack_uint4(np.ascontiguousarray(self.zero_points.T))
+        return x, np.ascontiguousarray(self.scales.T), zp
+
+
+def pack_uint4(codes: np.ndarray) -> np.ndarray:
+    """Pack 4-bit codes two per byte in row-major order, first element in the low nibble."""
+    flat = codes.reshape(-1).astype(np.uint8)
+    if flat.size % 2:
+        flat = np.concatenate([flat, np.zeros(1, np.uint8)])
+    return (flat[0::2] & 0x0F) | ((flat[1::2] & 0x0F) << 4)
+
+
+def quantize_4bit(weight: np.ndarray, block_size: int = 32) -> Quantized4Bit:
+    """Asymmetric 4-bit quantization of W [N, K] along K in blocks of `block_size`."""
+    if weight.ndim != 2:
+        raise ValueError(f"expected a 2-D weight, got shape {weight.shape}")
+    if block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(f"block_size must be a power of two >= 16, got {block_size}")
+    n, k = weight.shape
+    n_blocks = -(-k // block_size)
+    codes = np.empty((n, n_blocks * block_size), np.uint8)
+    scales = np.empty((n, n_blocks), np.float32)
+    zero_points = np.empty((n, n_blocks), np.uint8)
+    for start in range(0, n, _ROWS_PER_CHUNK):
+        rows = slice(start, min(n, start + _ROWS_PER_CHUNK))
+        w = np.zeros((rows.stop - rows.start, n_blocks * block_size), np.float32)
+        w[:, :k] = weight[rows]
+        blocks = w.reshape(w.shape[0], n_blocks, block_size)
+        lo = np.minimum(blocks.min(axis=2), 0.0)
+        hi = np.maximum(blocks.max(axis=2), 0.0)
+        scale = (hi - lo) / 15.0
+        scale = np.where(scale == 0.0, 1.0, scale).astype(np.float32)  # an all-zero block
+        zp = np.clip(np.rint(-lo / scale), 0, 15)
+        q = np.clip(np.rint(blocks / scale[:, :, None]) + zp[:, :, None], 0, 15)
+        codes[rows] = q.reshape(w.shape).astype(np.uint8)
+        scales[rows] = scale
+        zero_points[rows] = zp.astype(np.uint8)
+    return Quantized4Bit(codes, scales, zero_points, k, block_size)
