@@ -151,4 +151,5 @@ def tensor_to_value(tensor: onnx.TensorProto, base_dir: Path | None) -> torch.Te
         raise ModelLoadError(f"tensor {tensor.name!r} is malformed: {exc}") from None
     if array.dtype == object:
         return array
-    return numpy_to_torch(np.ascontiguousarray(array))
+    # ascontiguousarray turns 0-d arrays into shape (1,); keep scalars scalar
+    return numpy_to_torch(np.ascontiguousarray(array).reshape(array.shape))
