@@ -28,6 +28,13 @@ ONNX_TO_TORCH: dict[int, torch.dtype] = {
     TP.FLOAT8E4M3FNUZ: torch.float8_e4m3fnuz,
     TP.FLOAT8E5M2: torch.float8_e5m2,
     TP.FLOAT8E5M2FNUZ: torch.float8_e5m2fnuz,
+    TP.FLOAT8E8M0: torch.float8_e8m0fnu,
+    # Sub-byte integers: one element per byte holding the low bits (as ml_dtypes stores them).
+    # torch has no kernels for these dtypes; kernels reinterpret them as uint8 (see kernels/cast.py).
+    TP.INT4: torch.int4,
+    TP.UINT4: torch.uint4,
+    TP.INT2: torch.int2,
+    TP.UINT2: torch.uint2,
 }
 TORCH_TO_ONNX: dict[torch.dtype, int] = {v: k for k, v in ONNX_TO_TORCH.items()}
 
@@ -50,6 +57,9 @@ NUMPY_TO_TORCH: dict[np.dtype, torch.dtype] = {
 TORCH_TO_NUMPY: dict[torch.dtype, np.dtype] = {v: k for k, v in NUMPY_TO_TORCH.items()}
 
 
+_SUB_BYTE = {"int4": torch.int4, "uint4": torch.uint4, "int2": torch.int2, "uint2": torch.uint2}
+
+
 def onnx_type_name(elem_type: int) -> str:
     try:
         return TP.DataType.Name(elem_type).lower()
@@ -68,15 +78,19 @@ def numpy_to_torch(array: np.ndarray) -> torch.Tensor:
     """Zero-copy where the dtype allows; ml_dtypes bfloat16/float8 are reinterpreted bit-exactly."""
     name = array.dtype.name
     if name == "bfloat16":
-        return torch.from_numpy(np.ascontiguousarray(array).view(np.uint16)).view(torch.bfloat16)
+        # ascontiguousarray turns a 0-d array into 1-d: restore the shape
+        return torch.from_numpy(np.ascontiguousarray(array).view(np.uint16).reshape(array.shape)).view(torch.bfloat16)
     if name.startswith("float8"):
         target = {
             "float8_e4m3fn": torch.float8_e4m3fn,
             "float8_e4m3fnuz": torch.float8_e4m3fnuz,
             "float8_e5m2": torch.float8_e5m2,
             "float8_e5m2fnuz": torch.float8_e5m2fnuz,
+            "float8_e8m0fnu": torch.float8_e8m0fnu,
         }[name]
-        return torch.from_numpy(np.ascontiguousarray(array).view(np.uint8)).view(target)
+        return torch.from_numpy(np.ascontiguousarray(array).view(np.uint8).reshape(array.shape)).view(target)
+    if name in _SUB_BYTE:
+        return torch.from_numpy(np.ascontiguousarray(array).view(np.uint8)).view(_SUB_BYTE[name])
     if not array.flags.writeable:
         array = array.copy()
     return torch.from_numpy(array)
@@ -96,6 +110,11 @@ def torch_to_numpy(tensor: torch.Tensor) -> np.ndarray:
         torch.float8_e4m3fnuz: (torch.uint8, ml_dtypes.float8_e4m3fnuz),
         torch.float8_e5m2: (torch.uint8, ml_dtypes.float8_e5m2),
         torch.float8_e5m2fnuz: (torch.uint8, ml_dtypes.float8_e5m2fnuz),
+        torch.float8_e8m0fnu: (torch.uint8, ml_dtypes.float8_e8m0fnu),
+        torch.int4: (torch.uint8, ml_dtypes.int4),
+        torch.uint4: (torch.uint8, ml_dtypes.uint4),
+        torch.int2: (torch.uint8, ml_dtypes.int2),
+        torch.uint2: (torch.uint8, ml_dtypes.uint2),
     }
     raw, np_type = by_dtype[tensor.dtype]
     return tensor.contiguous().view(raw).numpy().view(np_type)

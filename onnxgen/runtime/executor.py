@@ -85,6 +85,8 @@ class Step:
     on_host: bool
     host_input_positions: frozenset[int]
     release: list[str] = field(default_factory=list)  # values last used by this step
+    # Shape/Size read only metadata: their input stays where it is (no device-to-host copy)
+    reads_shape_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -263,6 +265,7 @@ class GraphProgram:
             outputs=list(node.output),
             on_host=on_host,
             host_input_positions=frozenset(spec.host_inputs),
+            reads_shape_only=domain == "" and node.op_type in ("Shape", "Size"),
         )
 
     def _plan_releases(self) -> None:
@@ -327,7 +330,7 @@ class GraphProgram:
                         f"{step.ctx.op_type} node {step.ctx.name!r}: input {name!r} has no value "
                         "(not a graph input, initializer or earlier output)"
                     ) from None
-                if isinstance(value, torch.Tensor):
+                if isinstance(value, torch.Tensor) and not step.reads_shape_only:
                     want_host = step.on_host or position in step.host_input_positions
                     if want_host and value.device.type != "cpu":
                         value = self.host_copies.get(name, value).cpu()
