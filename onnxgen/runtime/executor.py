@@ -150,13 +150,14 @@ class GraphProgram:
         self.outputs = [value_info_of(vi) for vi in graph.output]
         self.initializers: dict[str, Any] = {}
         self.host_copies: dict[str, Any] = {}
+        self.host_values: set[str] = set()  # values that live on the host (small integer shape data)
         for tensor in graph.initializer:
             self._add_constant(tensor.name, tensor_to_value(tensor, base_dir))
         for sparse in graph.sparse_initializer:
             dense = onnx.numpy_helper.to_array(sparse)  # sparse initializers are rare and small
             self._add_constant(sparse.values.name, torch.from_numpy(np.ascontiguousarray(dense)))
         self.steps: list[Step] = []
-        host_values = set(self.host_copies)
+        host_values = self.host_values
         known = set(scope_names) | {vi.name for vi in graph.input} | set(self.initializers)
         for node in graph.node:
             known.update(node.output)
@@ -171,8 +172,12 @@ class GraphProgram:
 
     def _add_constant(self, name: str, value: Any) -> None:
         if isinstance(value, torch.Tensor):
-            if is_host_sized(value):
+            if value.numel() <= HOST_VALUE_MAX_ELEMENTS:
+                # a host copy serves kernels that read it as a host input (shapes, Resize scales,
+                # thresholds) without a device-to-host read per run
                 self.host_copies[name] = value
+                if is_host_sized(value):
+                    self.host_values.add(name)
             value = value.to(self.device)
         self.initializers[name] = value
 
@@ -244,8 +249,6 @@ class GraphProgram:
         if node.op_type == "Constant" and domain == "":
             value = spec.fn(ctx)
             self._add_constant(node.output[0], value)
-            if node.output[0] in self.host_copies:
-                host_values.add(node.output[0])
             return None
         live_inputs = [i for i in node.input if i]
         on_host = (

@@ -33,6 +33,10 @@ def resolve_device(device: str | torch.device) -> torch.device:
         raise InvalidInputError("device 'cuda' was asked for, but torch sees no CUDA device here")
     if dev.type not in ("cpu", "cuda"):
         raise InvalidInputError(f"device {device!r} is not supported; expected 'cpu' or 'cuda'")
+    if dev.type == "cuda":
+        # fp32 stays fp32: cuDNN would otherwise run fp32 convolutions in TF32 (torch's default)
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
     return dev
 
 
