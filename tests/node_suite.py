@@ -94,6 +94,9 @@ def run_case(case, device: str = "cpu") -> CaseResult:
     init_names = {t.name for t in model.graph.initializer}
     output_names = [o.name for o in model.graph.output]
     for index, (inputs, outputs) in enumerate(case.data_sets):
+        # some cases (Cast to/from float8, int4, ...) carry their data as TensorProtos
+        inputs = [onnx.numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else v for v in inputs]
+        outputs = [onnx.numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else v for v in outputs]
         feeds = {n: v for n, v in zip([n for n in input_names if n not in init_names] or input_names, inputs)}
         try:
             results = session.run(None, feeds)
