@@ -34,6 +34,8 @@ def resolve_device(device: str | torch.device) -> torch.device:
     if dev.type not in ("cpu", "cuda"):
         raise InvalidInputError(f"device {device!r} is not supported; expected 'cpu' or 'cuda'")
     if dev.type == "cuda":
+        if dev.index is None:  # 'cuda' != 'cuda:0' for torch: compare against the concrete device
+            dev = torch.device("cuda", torch.cuda.current_device())
         # fp32 stays fp32: cuDNN would otherwise run fp32 convolutions in TF32 (torch's default)
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
