@@ -1,0 +1,117 @@
+"""The `onnxgen` command, driven as a user would (subprocess) on the real default model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def onnxgen(*args: str, stdin: str | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "onnxgen", *args], input=stdin, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture(scope="module")
+def package(smollm2_packages):
+    return str(smollm2_packages["int4-gqa"])
+
+
+def test_generate_streams_text_and_stats(package):
+    result = onnxgen("generate", "--model", package, "--prompt", "What is 2 + 2?", "--chat", "-n", "12")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip(), "no generated text on stdout"
+    assert "prompt " in result.stderr and "tok/s" in result.stderr, "no stats line on stderr"
+    assert "tok/s" not in result.stdout
+
+
+def test_generate_default_model_without_model_flag(smollm2_packages):
+    # the default model resolves through the registry to the cached int4 cpu package
+    result = onnxgen("generate", "--prompt", "Hello", "-n", "4")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+
+
+def test_seeded_sampling_same_output_twice(package):
+    args = (
+        "generate",
+        "--model",
+        package,
+        "--prompt",
+        "Name a fruit.",
+        "--chat",
+        "-n",
+        "16",
+        "--temperature",
+        "0.9",
+        "--top-k",
+        "40",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "5",
+    )
+    first, second = onnxgen(*args), onnxgen(*args)
+    assert first.returncode == 0 and second.returncode == 0
+    assert first.stdout == second.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--temperature", "-1"], "temperature must be >= 0"),
+        (["--top-p", "1.5"], "top_p must be in (0, 1]"),
+        (["--top-p", "0"], "top_p must be in (0, 1]"),
+        (["--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
+    ],
+)
+def test_invalid_sampling_values(package, args, message):
+    result = onnxgen("generate", "--model", package, "--prompt", "hi", *args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unknown_model_lists_known_ones():
+    result = onnxgen("generate", "--model", "no-such-model", "--prompt", "hi")
+    assert result.returncode == 2
+    assert "smollm2-135m-instruct" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_empty_and_too_long_prompts(package):
+    empty = onnxgen("generate", "--model", package, "--prompt", "")
+    assert empty.returncode == 2 and "prompt is empty" in empty.stderr and "Traceback" not in empty.stderr
+    long_prompt = "word " * 9000  # SmolLM2's context is 8192 tokens
+    long = onnxgen("generate", "--model", package, "--prompt", long_prompt)
+    assert long.returncode == 2 and "context holds" in long.stderr and "Traceback" not in long.stderr
+
+
+def test_show_package_and_capture_plan(smollm2_packages):
+    package = str(smollm2_packages["fp32-standard"])
+    shown = onnxgen("show", package)
+    assert shown.returncode == 0, shown.stderr
+    assert "GroupQueryAttention" not in shown.stdout and "MatMul" in shown.stdout and "parameters:" in shown.stdout
+    plan = onnxgen("show", package, "--capture", "--json")
+    assert plan.returncode == 0, plan.stderr
+    data = json.loads(plan.stdout)
+    assert data["segments"] == 31  # 30 layers + 1 for the dynamic-KV decode step
+    assert {"name", "op_type", "capturable", "kind", "reason", "segment"} <= set(data["nodes"][0])
+
+
+def test_pull_prints_package_dir_last_and_list(package):
+    pulled = onnxgen("pull", "smollm2-135m-instruct")
+    assert pulled.returncode == 0, pulled.stderr
+    assert pulled.stdout.strip().splitlines()[-1] == package
+    listed = onnxgen("list")
+    assert listed.returncode == 0 and "qwen2.5-coder-0.5b-instruct" in listed.stdout
+
+
+def test_chat_repl_commands(package):
+    script = "Say hello.\n/stats\n/system You are terse.\n/reset\n/exit\n"
+    result = onnxgen("run", "--model", package, "-n", "8", stdin=script)
+    assert result.returncode == 0, result.stderr
+    assert "history cleared" in result.stderr and "tok/s" in result.stderr
