@@ -71,6 +71,12 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", "-m", default=None, help=f"registry name or package directory (default {DEFAULT_MODEL})")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--kv", choices=["auto", "static", "dynamic"], default="auto", help="KV cache strategy")
+    p.add_argument(
+        "--capture",
+        choices=["on", "off", "verify"],
+        default=None,
+        help="CUDA graphs for decode (default off: the CUDA path is not yet verified on a GPU)",
+    )
     _add_build_options(p)
 
 
@@ -91,7 +97,7 @@ def _load_generator(args: argparse.Namespace):
     from onnxgen.genai.generator import Generator
 
     package = resolve_model(args.model, args.device, args.precision, args.attention)
-    return Generator(package, device=args.device, kv=args.kv)
+    return Generator(package, device=args.device, kv=args.kv, capture=args.capture)
 
 
 # -- commands -----------------------------------------------------------------------------
@@ -106,6 +112,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     sys.stdout.write("\n")
     sys.stdout.flush()
     _eprint(generator.last_stats.summary())
+    if args.stats:
+        _eprint(generator.capture_stats.summary())
     return 0
 
 
@@ -201,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(p)
     p.add_argument("--prompt", "-p", required=True)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--stats", action="store_true", help="print capture statistics (segments, replays, seams)")
     _add_sampling_options(p)
     p.set_defaults(func=cmd_generate)
 

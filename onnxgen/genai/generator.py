@@ -16,6 +16,8 @@ from onnxgen.genai.kv_cache import DynamicKV, StaticKV
 from onnxgen.genai.package import PackageConfig, load_package_config
 from onnxgen.genai.sampling import LogitsSampler, SamplingParams
 from onnxgen.genai.tokenizer import Tokenizer
+from onnxgen.runtime.capture.runtime import CaptureRuntime
+from onnxgen.runtime.capture.stats import CaptureStats
 from onnxgen.runtime.dtypes import ONNX_TO_TORCH
 from onnxgen.runtime.session import InferenceSession
 
@@ -54,6 +56,8 @@ class Generator:
         *,
         kv: str = "auto",
         session: InferenceSession | None = None,
+        capture: str | None = None,
+        recorder: Any = None,
     ):
         self.config = package if isinstance(package, PackageConfig) else load_package_config(package)
         self.session = session or InferenceSession(self.config.model_file, device=device)
@@ -81,6 +85,17 @@ class Generator:
         if eos is not None:
             self.eos_ids.add(eos)
         self.last_stats = GenerationStats()
+        # CUDA graphs for the single-token decode step (prefill stays eager); a test passes a CPU
+        # ReplayRecorder. Off by default until the CUDA-graph path has run on a GPU (issue 6): its logic is tested on
+        # the CPU with a stand-in recorder, the CUDA recorder itself has not run yet.
+        self.capture = capture or "off"
+        self.capture_recorder = recorder
+        if self.capture not in ("on", "off", "verify"):
+            raise InvalidInputError(f"capture must be 'on', 'off' or 'verify', got {self.capture!r}")
+        if self.capture != "off" and self.device.type != "cuda" and recorder is None:
+            raise InvalidInputError("capture needs CUDA graphs: use capture='off' on the CPU")
+        self._capture: CaptureRuntime | None = None
+        self._static_kv: StaticKV | None = None
 
     # -- prompts ---------------------------------------------------------------------------
 
@@ -114,7 +129,18 @@ class Generator:
             ]
             if past.shape and isinstance(past.shape[2], int):
                 capacity = past.shape[2]  # a graph built for a fixed buffer length
-            return StaticKV(self.config, self.kv_dtype, self.device, capacity)
+            if self.capture == "off":
+                return StaticKV(self.config, self.kv_dtype, self.device, capacity)
+            # captured decode reads the KV buffers at fixed addresses: keep one cache, reset in
+            # place (a new one would invalidate the recording and cost a re-record per generation)
+            kv = self._static_kv
+            if kv is None or kv.capacity != capacity:
+                kv = self._static_kv = StaticKV(self.config, self.kv_dtype, self.device, capacity)
+            kv.length = 0
+            kv.mask.zero_()
+            for buffer in kv.buffers.values():
+                buffer.zero_()
+            return kv
         return DynamicKV(self.config, self.kv_dtype, self.device)
 
     def _step(self, kv: DynamicKV | StaticKV, ids: torch.Tensor) -> torch.Tensor:
@@ -126,9 +152,29 @@ class Generator:
         if self.has_positions:
             feeds[io.position_ids] = torch.arange(kv.length, kv.length + n, device=self.device).reshape(1, n)
         feeds.update(kv.feeds())
-        outputs = self.session.run_torch(feeds)
+        if n == 1 and self.capture != "off":
+            outputs = self._capture_runtime(kv).run(self.session._check_feeds(feeds))
+        else:
+            outputs = self.session.run_torch(feeds)
         kv.update(outputs, n)
         return outputs[io.logits][0, -1]
+
+    def _capture_runtime(self, kv: DynamicKV | StaticKV) -> CaptureRuntime:
+        if self._capture is None:
+            pin: set[str] = set()
+            if kv.kind == "static":  # fixed capacity: the KV length and the mask width are pinned
+                shapes = {i.name: i.shape or [] for i in self.session.program.inputs}
+                past = shapes.get(self.config.past_key_name(0), [])
+                mask = shapes.get(self.config.io.attention_mask, [])
+                pin = {d for d in (past[2:3] + mask[1:2]) if isinstance(d, str)}
+            self._capture = CaptureRuntime(
+                self.session.program, self.session.model, mode=self.capture, recorder=self.capture_recorder, pin=pin
+            )
+        return self._capture
+
+    @property
+    def capture_stats(self) -> CaptureStats:
+        return self._capture.stats if self._capture is not None else CaptureStats(mode=self.capture)
 
     def generate_ids(self, prompt_ids: list[int], params: SamplingParams | None = None) -> Iterator[int]:
         """Yields new token ids; stops on EOS or max_new_tokens (stop strings are text-level)."""

@@ -1,0 +1,218 @@
+"""A step cut up as the capture plan says: segments (recorded), seams (eager), shape arithmetic.
+
+Folded host shape arithmetic (DESIGN.md: resolved symbolically) comes in two kinds for one
+binding key: *static* (its value mentions no symbol once the key's symbols are bound: computed
+once per key, then a constant) and *dynamic* (it mentions a growing symbol, e.g. the KV length of a
+dynamic cache: evaluated every step, on the host, before the segment it sits in, which it may
+precede because its inputs are shapes of values the seams or the caller produced).
+
+``call_step`` runs one compiled step the way the executor does (host/device placement of inputs),
+so seams and recordings execute exactly the kernels and placements of an eager run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from onnxgen.errors import KernelError, OnnxgenError
+from onnxgen.runtime.capture.planner import CapturePlan, NodePlan
+from onnxgen.runtime.executor import GraphProgram, Step
+from onnxgen.runtime.shapes.infer import NodeShapes, ShapeResult
+
+
+class ScheduleRefused(Exception):
+    """The plan admits a node the runtime cannot record safely; ``op_type`` is to be quarantined."""
+
+    def __init__(self, message: str, op_type: str):
+        super().__init__(message)
+        self.op_type = op_type
+
+
+@dataclass
+class Unit:
+    kind: str  # "segment" | "seam" | "folded" (dynamic shape arithmetic)
+    steps: list[Step]
+    segment: int | None = None
+    reason: str | None = None
+    inputs: list[str] = field(default_factory=list)  # segment: values read from outside the segment
+    outputs: list[str] = field(default_factory=list)  # segment: values read after it (or graph outputs)
+
+    @property
+    def label(self) -> str:
+        first, last = self.steps[0].ctx.name, self.steps[-1].ctx.name
+        return f"segment {self.segment} ({len(self.steps)} nodes, {first} .. {last})"
+
+
+@dataclass
+class Schedule:
+    units: list[Unit]
+    static_outputs: set[str]  # values of static folded arithmetic: constants for the key
+    plan: CapturePlan
+
+    @property
+    def segments(self) -> list[Unit]:
+        return [u for u in self.units if u.kind == "segment"]
+
+
+def pair_steps(program: GraphProgram, plan: CapturePlan) -> list[tuple[Step, NodePlan]]:
+    """Compiled steps with their plan entries (Constant nodes were folded into initializers)."""
+    nodes = [n for n in plan.nodes if not (n.op_type == "Constant" and n.domain == "")]
+    if len(nodes) != len(program.steps):
+        raise ValueError(f"plan has {len(nodes)} runnable nodes, the program {len(program.steps)} steps")
+    for step, node in zip(program.steps, nodes):
+        if step.ctx.name != node.name or step.ctx.op_type != node.op_type:
+            raise ValueError(f"plan and program disagree: node {node.name!r} vs step {step.ctx.name!r}")
+    return list(zip(program.steps, nodes))
+
+
+def is_static(shapes: NodeShapes) -> bool:
+    """Folded arithmetic whose every output value is a constant once the key is bound."""
+    for name, info in zip(shapes.outputs, shapes.output_infos):
+        if not name:
+            continue
+        if info is None or info.value is None:
+            return False
+        for e in info.value.reshape(-1):
+            if e is None or not e.is_const():
+                return False
+    return True
+
+
+def build_schedule(program: GraphProgram, plan: CapturePlan, shapes: ShapeResult) -> Schedule:
+    by_index = {n.index: n for n in shapes.nodes}
+    units: list[Unit] = []
+    static_outputs: set[str] = set()
+    open_segment: Unit | None = None
+    constants = set(program.initializers)
+    for step, node in pair_steps(program, plan):
+        if node.capturable and step.on_host and all(not n or n in constants for n in step.inputs):
+            # host arithmetic over constants the planner could not fold (e.g. a Cast to float): its
+            # outputs are constants for the key too; left in a segment, its host result would need
+            # a host-to-device copy during the capture, which CUDA refuses
+            static_outputs.update(o for o in step.outputs if o)
+            constants.update(o for o in step.outputs if o)
+            continue
+        if node.folded:
+            if is_static(by_index[node.index]):
+                static_outputs.update(o for o in step.outputs if o)
+                constants.update(o for o in step.outputs if o)
+                continue
+            unit = Unit("folded", [step], reason=node.reason)
+            if open_segment is not None:  # hoist before the segment it sits in (checked below)
+                units.insert(units.index(open_segment), unit)
+            else:
+                units.append(unit)
+            continue
+        if node.capturable:
+            if open_segment is None or open_segment.segment != node.segment:
+                open_segment = Unit("segment", [], segment=node.segment)
+                units.append(open_segment)
+            open_segment.steps.append(step)
+            continue
+        open_segment = None
+        units.append(Unit("seam", [step], reason=node.reason))
+    schedule = Schedule(units, static_outputs, plan)
+    _wire(program, schedule)
+    return schedule
+
+
+def _reads(step: Step) -> list[str]:
+    names = [n for n in step.inputs if n]
+    for sub in step.ctx.subgraphs.values():
+        names.extend(sorted(sub.outer_references()))
+    return names
+
+
+def _wire(program: GraphProgram, schedule: Schedule) -> None:
+    """Each segment's external inputs/outputs; refuse what a recording cannot serve."""
+    constants = set(program.initializers) | schedule.static_outputs
+    graph_outputs = {o.name for o in program.outputs}
+    # every value must exist before the unit that reads it (hoisted arithmetic included)
+    available = constants | {vi.name for vi in program.inputs}
+    for unit in schedule.units:
+        for step in unit.steps:
+            for name in _reads(step):
+                if name not in available:
+                    raise ScheduleRefused(
+                        f"{step.ctx.name!r} would read {name!r} before it is produced (hoisted shape arithmetic)",
+                        step.ctx.op_type,
+                    )
+            available.update(o for o in step.outputs if o)
+    for i, unit in enumerate(schedule.units):
+        if unit.kind != "segment":
+            continue
+        inside = {o for s in unit.steps for o in s.outputs if o}
+        inputs: list[str] = []
+        for step in unit.steps:
+            if step.ctx.subgraphs:
+                raise ScheduleRefused(f"{step.ctx.name!r} runs a subgraph", step.ctx.op_type)
+            for position, name in enumerate(step.inputs):
+                if not name or name in inside or name in constants:
+                    continue
+                if step.on_host or position in step.host_input_positions:
+                    # a value read on the host would be baked into the recording, yet it changes
+                    # from step to step (or must first come back from the device): never capture
+                    raise ScheduleRefused(
+                        f"{step.ctx.name!r} reads the per-step value {name!r} on the host", step.ctx.op_type
+                    )
+                if name not in inputs:
+                    inputs.append(name)
+        later = set(graph_outputs)
+        for other in schedule.units[i + 1 :]:
+            for step in other.steps:
+                later.update(_reads(step))
+        unit.inputs = inputs
+        unit.outputs = [o for s in unit.steps for o in s.outputs if o and o in later]
+
+
+def call_step(
+    step: Step,
+    env: MutableMapping[str, Any],
+    device: torch.device,
+    host_copies: Mapping[str, Any],
+    device_copies: Mapping[str, Any] | None = None,
+    frozen: dict[int, Any] | None = None,
+    freeze: dict[int, Any] | None = None,
+) -> None:
+    """Run one step as the executor does. ``freeze``: store the host-read arguments here;
+    ``frozen``: use the stored ones instead (a replay: what a CUDA graph baked in)."""
+    args: list[Any] = []
+    for position, name in enumerate(step.inputs):
+        if not name:
+            args.append(None)
+            continue
+        if frozen is not None and position in frozen:
+            args.append(frozen[position])
+            continue
+        try:
+            value = env[name]
+        except KeyError:
+            raise KernelError(f"{step.ctx.op_type} node {step.ctx.name!r}: input {name!r} has no value") from None
+        want_host = step.on_host or position in step.host_input_positions
+        if isinstance(value, torch.Tensor) and not step.reads_shape_only:
+            if want_host and value.device.type != "cpu":
+                value = host_copies.get(name, value).cpu()
+            elif not want_host and value.device != device:
+                copy = device_copies.get(name) if device_copies else None
+                value = copy if copy is not None else value.to(device)
+        if freeze is not None and want_host:
+            freeze[position] = value
+        args.append(value)
+    step.ctx.scope = env
+    try:
+        result = step.spec.fn(step.ctx, *args)
+    except OnnxgenError:
+        raise
+    except Exception as exc:
+        raise KernelError(f"{step.ctx.op_type} node {step.ctx.name!r} failed: {type(exc).__name__}: {exc}") from exc
+    finally:
+        step.ctx.scope = None
+    if not isinstance(result, tuple):
+        result = (result,)
+    for name, value in zip(step.outputs, result):
+        if name:
+            env[name] = value
