@@ -33,6 +33,7 @@ def load_rules() -> dict[tuple[str, str], RuleFn]:
             contrib,
             control,
             elementwise,
+            extra_ops,
             misc,
             nn,
             shape_ops,
