@@ -315,32 +315,50 @@ class GraphProgram:
         env = self.run(feeds, outer=outer)
         return [env[o.name] for o in self.outputs]
 
+    def _route_inputs(self, step: Step, env: Mapping[str, Any]) -> list[Any]:
+        """A step's arguments, each moved to the host or the device as the step wants it."""
+        device = self.device
+        args: list[Any] = []
+        for position, name in enumerate(step.inputs):
+            if not name:
+                args.append(None)
+                continue
+            try:
+                value = env[name]
+            except KeyError:
+                raise KernelError(
+                    f"{step.ctx.op_type} node {step.ctx.name!r}: input {name!r} has no value "
+                    "(not a graph input, initializer or earlier output)"
+                ) from None
+            if isinstance(value, torch.Tensor) and not step.reads_shape_only:
+                want_host = step.on_host or position in step.host_input_positions
+                if want_host and value.device.type != "cpu":
+                    value = self.host_copies.get(name, value).cpu()
+                elif not want_host and value.device != device:
+                    value = value.to(device)
+            args.append(value)
+        return args
+
     def run(self, feeds: Mapping[str, Any], outer: Any = None) -> Mapping[str, Any]:
         local: dict[str, Any] = dict(self.initializers)
         local.update(feeds)
         env: Any = ChainMap(local, outer) if outer is not None else local
         device = self.device
+        # A CPU session holds only CPU tensors (feeds are moved on entry, initializers at load,
+        # kernels make their outputs on ctx.device): nothing to route, so inputs are plain lookups.
+        cpu_only = device.type == "cpu"
         for step in self.steps:
-            args = []
-            for position, name in enumerate(step.inputs):
-                if not name:
-                    args.append(None)
-                    continue
+            args: list[Any] | None = None
+            if cpu_only:
                 try:
-                    value = env[name]
+                    args = [env[name] if name else None for name in step.inputs]
                 except KeyError:
-                    raise KernelError(
-                        f"{step.ctx.op_type} node {step.ctx.name!r}: input {name!r} has no value "
-                        "(not a graph input, initializer or earlier output)"
-                    ) from None
-                if isinstance(value, torch.Tensor) and not step.reads_shape_only:
-                    want_host = step.on_host or position in step.host_input_positions
-                    if want_host and value.device.type != "cpu":
-                        value = self.host_copies.get(name, value).cpu()
-                    elif not want_host and value.device != device:
-                        value = value.to(device)
-                args.append(value)
-            step.ctx.scope = env
+                    args = None  # the loop below names the missing input
+            if args is None:
+                args = self._route_inputs(step, env)
+            scoped = bool(step.ctx.subgraphs)  # only subgraph runs read the scope
+            if scoped:
+                step.ctx.scope = env
             try:
                 result = step.spec.fn(step.ctx, *args)
             except OnnxgenError:
@@ -350,7 +368,8 @@ class GraphProgram:
                     f"{step.ctx.op_type} node {step.ctx.name!r} failed: {type(exc).__name__}: {exc}"
                 ) from exc
             finally:
-                step.ctx.scope = None
+                if scoped:
+                    step.ctx.scope = None
             if not isinstance(result, tuple):  # kernels return a tuple for several outputs
                 result = (result,)
             for name, value in zip(step.outputs, result):

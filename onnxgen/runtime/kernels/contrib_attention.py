@@ -15,12 +15,14 @@ sits at absolute position P + s and sees the keys j < min(P + s + 1, T), the las
 ``local_window_size`` of them when a window is set (onnxruntime 1.32 counts the current token in
 the window). Rotary positions are the same P + s unless position_ids are given.
 
-Nothing here reads device data on the host. total_sequence_length (a host input) sets the present
-length and tells a first prompt (S == total, S > 1) from a later chunk; for S == 1 the result does
-not depend on its value, so a captured decode step stays right as the sequence grows. On CUDA the
-attention spans the whole shared buffer (masked), so its shapes do not change from step to step.
-(The one departure from onnxruntime this costs: a one-token first prompt with position_ids, where
-onnxruntime would use position_ids[0] for every batch entry, uses each entry's own.)
+Nothing here reads device data on the host, except on the CPU (where a host read costs nothing)
+to spot a plain append step and take a shorter path (_cpu_appending). total_sequence_length (a
+host input) sets the present length and tells a first prompt (S == total, S > 1) from a later
+chunk; for S == 1 the result does not depend on its value, so a captured decode step stays right
+as the sequence grows. On CUDA the attention spans the whole shared buffer (masked), so its shapes
+do not change from step to step. (The one departure from onnxruntime this costs: a one-token
+first prompt with position_ids, where onnxruntime would use position_ids[0] for every batch entry,
+uses each entry's own.)
 
 sliding_window_cache=1 (window-sized buffers, rows [0, L(T)) holding the latest positions) is
 handled in place, like the shared layout. Not supported (the kernel says so): quantized KV caches,
@@ -30,6 +32,7 @@ the output_qk output. Supported beyond onnxruntime's CPU kernel: q_norm_weight/k
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -129,9 +132,15 @@ def group_query_attention(
     total = ints(total_sequence_length)[0]
     past_len = past_key.shape[2] if past_key is not None else 0
     present_len = max(total, past_len)
+    first_prompt = query_seqlens is None and seq > 1 and seq == total
+    appending = _cpu_appending(ctx, query, past_key, seqlens_k, query_seqlens, total, seq, first_prompt)
+    if appending:  # the CPU decode fast path (see _cpu_appending)
+        return _appending_step(
+            ctx, q, k, v, past_key, past_value, total, cos_cache, sin_cache, position_ids,
+            attention_bias, head_sink, q_norm_weight, k_norm_weight, first_prompt,
+        )  # fmt: skip
     cache_len = seqlens_k.to(torch.long) + 1  # T per batch entry
     steps = torch.arange(seq, device=device)
-    first_prompt = query_seqlens is None and seq > 1 and seq == total
     if query_seqlens is not None:
         start = cache_len - query_seqlens.to(torch.long)
     elif first_prompt or past_key is None:
@@ -182,6 +191,136 @@ def group_query_attention(
     values = present_value[:, :, :kv_len]
     allowed = _allowed_keys(ctx, positions, cache_len, kv_len)  # [B, 1, S, L]
     out = _attend(ctx, q, keys, values, allowed, attention_bias, head_sink, scale)
+    out = out.transpose(1, 2).reshape(batch, seq, num_heads * head_size)
+    return out, present_key, present_value
+
+
+def _cpu_appending(
+    ctx: NodeContext,
+    query: torch.Tensor,
+    past_key: torch.Tensor | None,
+    seqlens_k: torch.Tensor,
+    query_seqlens: torch.Tensor | None,
+    total: int,
+    seq: int,
+    first_prompt: bool,
+) -> bool:
+    """Whether this step only appends S rows to an unpadded single-sequence cache, on the CPU.
+
+    Then present is cat(past, new rows), positions are past_len + s, and a one-token step sees
+    every key (no mask needed). That is the common decode step of a separate-buffer (dynamic) KV;
+    the general path costs ~15 small ops more. Reading seqlens_k on the host is free on the CPU;
+    on CUDA (where it would sync, and where steps are captured) the general path always runs.
+    """
+    if not query.is_cpu or past_key is None or query.shape[0] != 1 or query_seqlens is not None:
+        return False
+    if int(ctx.attr("sliding_window_cache", 0)) or past_key.shape[2] + seq != total:
+        return False
+    cache_len = int(seqlens_k.reshape(-1)[0]) + 1
+    start = 0 if first_prompt else cache_len - seq
+    return cache_len == total and start == past_key.shape[2]
+
+
+class _RotaryFactors:
+    """Full-width rotary factors for positions [start, start + S), remembered for the next layer.
+
+    With cos2 = [cos, cos] and sin2 = [-sin, sin], x * cos2 + [x2, x1] * sin2 gives
+    [x1 cos - x2 sin, x2 cos + x1 sin] with the same roundings as apply_rotary (a + (-b) is a - b
+    exactly), in 4 ops instead of ~10. One entry: all layers of a step ask for the same positions.
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple = ()
+        self._refs: tuple = ()
+        self._value: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def factors(
+        self, cos_cache: torch.Tensor, sin_cache: torch.Tensor, start: int, seq: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (id(cos_cache), id(sin_cache), _version(cos_cache), _version(sin_cache), start, seq)
+        if self._value is not None and key == self._key and self._refs[0]() is cos_cache:
+            if self._refs[1]() is sin_cache:
+                return self._value
+        cos = cos_cache[start : start + seq].float()
+        sin = sin_cache[start : start + seq].float()
+        cos2 = torch.cat((cos, cos), dim=-1)[None, None]
+        sin2 = torch.cat((-sin, sin), dim=-1)[None, None]
+        self._key, self._refs, self._value = key, (weakref.ref(cos_cache), weakref.ref(sin_cache)), (cos2, sin2)
+        return cos2, sin2
+
+
+_ROTARY = _RotaryFactors()
+
+
+def _version(tensor: torch.Tensor) -> int:
+    """The in-place write counter (an inference-mode tensor has none: it counts as never written)."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return 0
+
+
+def _appending_step(
+    ctx: NodeContext,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    past_key: torch.Tensor,
+    past_value: torch.Tensor,
+    total: int,
+    cos_cache: torch.Tensor | None,
+    sin_cache: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    attention_bias: torch.Tensor | None,
+    head_sink: torch.Tensor | None,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
+    first_prompt: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The general path's arithmetic for a step that _cpu_appending accepted, with host positions."""
+    batch, num_heads, seq, head_size = q.shape
+    start = past_key.shape[2]
+    if q_norm_weight is not None:
+        default_eps = float(ctx.attr("qk_norm_epsilon", 1e-6))
+        q = _rms_norm_heads(q, q_norm_weight, float(ctx.attr("q_norm_epsilon", default_eps)))
+        k = _rms_norm_heads(k, k_norm_weight, float(ctx.attr("k_norm_epsilon", default_eps)))
+    if int(ctx.attr("do_rotary", 0)):
+        if cos_cache is None or sin_cache is None:
+            raise ctx.fail("do_rotary=1 needs cos_cache and sin_cache")
+        cos2 = None
+        interleaved = bool(ctx.attr("rotary_interleaved", 0))
+        if position_ids is None and not interleaved and cos_cache.shape[-1] * 2 == head_size:
+            # the common decode case: every layer rotates by the same angles, so the full-width
+            # factors are made once per step and shared (see _RotaryFactors)
+            cos2, sin2 = _ROTARY.factors(cos_cache, sin_cache, start, seq)
+            qk = torch.cat((q, k), dim=1)
+            half = head_size // 2
+            swapped = torch.cat((qk[..., half:], qk[..., :half]), dim=-1)
+            qk = (qk.float() * cos2 + swapped.float() * sin2).to(q.dtype)
+            q, k = qk[:, :num_heads], qk[:, num_heads:]
+        elif position_ids is None:  # positions start .. start + S - 1: a slice, not a gather
+            cos = cos_cache[start : start + seq][None, None]
+            sin = sin_cache[start : start + seq][None, None]
+        else:
+            pos = position_ids.to(torch.long).reshape(-1)
+            if first_prompt:  # as in the general path: only position_ids[0] counts
+                pos = pos[:1] + torch.arange(seq)
+            cos = cos_cache[pos][None, None]
+            sin = sin_cache[pos][None, None]
+        if cos2 is None:
+            # Q and K rotate by the same angles: one pass over both heads (elementwise, same values)
+            qk = apply_rotary(torch.cat((q, k), dim=1), cos, sin, interleaved)
+            q, k = qk[:, :num_heads], qk[:, num_heads:]
+    present_key = torch.cat((past_key, k.to(past_key.dtype)), dim=2)
+    present_value = torch.cat((past_value, v.to(past_value.dtype)), dim=2)
+    window = int(ctx.attr("local_window_size", -1))
+    if seq == 1 and (window <= 0 or window >= total):
+        allowed = None  # one query row at position T - 1 sees every key of the cache
+    else:
+        positions = torch.arange(start, start + seq).reshape(1, seq)
+        allowed = _allowed_keys(ctx, positions, torch.tensor([total]), total)
+    scale = float(ctx.attr("scale", 0.0)) or 1.0 / math.sqrt(head_size)
+    out = _attend(ctx, q, present_key, present_value, allowed, attention_bias, head_sink, scale)
     out = out.transpose(1, 2).reshape(batch, seq, num_heads * head_size)
     return out, present_key, present_value
 
@@ -310,12 +449,14 @@ def _attend(
     q: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
-    allowed: torch.Tensor,
+    allowed: torch.Tensor | None,
     attention_bias: torch.Tensor | None,
     head_sink: torch.Tensor | None,
     scale: float,
 ) -> torch.Tensor:
-    """softmax(q k^T * scale [softcap] + bias, masked [with sink]) v, grouped over KV heads."""
+    """softmax(q k^T * scale [softcap] + bias, masked [with sink]) v, grouped over KV heads.
+
+    allowed None: every key is visible (no mask)."""
     out_dtype = q.dtype
     dtype = compute_dtype(out_dtype, q.device)
     q, keys, values = q.to(dtype), keys.to(dtype), values.to(dtype)
@@ -325,7 +466,10 @@ def _attend(
 
     if softcap <= 0 and not smooth:
         # one fused kernel; the bias (if any) rides in a float mask
-        mask = allowed if bias is None else bias.masked_fill(~allowed, float("-inf"))
+        if allowed is None:
+            mask = bias
+        else:
+            mask = allowed if bias is None else bias.masked_fill(~allowed, float("-inf"))
         out = F.scaled_dot_product_attention(
             q, keys, values, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != keys.shape[1]
         )
@@ -341,7 +485,8 @@ def _attend(
         scores = softcap * torch.tanh(scores / softcap)
     if bias is not None:
         scores = scores + bias
-    scores = scores.masked_fill(~allowed, float("-inf"))
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
     if smooth:  # an extra logit (the head's sink, or 0) joins the softmax denominator only
         sink = head_sink.to(dtype) if head_sink is not None else torch.zeros(num_heads, dtype=dtype, device=q.device)
         sink = sink.reshape(1, num_heads, 1, 1).expand(batch, num_heads, seq, 1)

@@ -10,6 +10,7 @@ normalised axes set to 1.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from onnxgen.runtime.kernels.common import NodeContext, normalize_axis
 from onnxgen.runtime.kernels.registry import DEFAULT_DOMAIN, MS_DOMAIN, kernel
@@ -59,9 +60,16 @@ def skip_simplified_layer_norm(
     """Outputs: output, mean (zeros: RMSNorm has none), inv_std_var, input + skip (+ bias)."""
     eps = float(ctx.attr("epsilon", 1e-12))
     total = _skip_sum(x, skip, bias)
+    wanted = ctx.outputs_wanted
+    if len(wanted) == 4 and not (wanted[1] or wanted[2]) and x.dtype == gamma.dtype == torch.float32:
+        # the decoder case (output and sum only): torch's rms_norm does the same arithmetic
+        # (x * rsqrt(mean(x^2) + eps) * gamma, bit-identical in our checks) in one call
+        return _skip_outputs(ctx, F.rms_norm(total, (total.shape[-1],), gamma, eps), None, None, total)
     inv = _rms(total, (-1,), eps)
     y = (total * inv * gamma.float()).to(x.dtype)
-    return _skip_outputs(ctx, y, torch.zeros_like(inv), inv, total.to(x.dtype))
+    unwanted = len(wanted) > 1 and not wanted[1]  # decoders never read the mean
+    mean = None if unwanted else torch.zeros_like(inv)
+    return _skip_outputs(ctx, y, mean, inv, total.to(x.dtype))
 
 
 @kernel("SkipLayerNormalization", domain=MS_DOMAIN)
@@ -85,5 +93,5 @@ def skip_layer_norm(
     return _skip_outputs(ctx, y.to(x.dtype), mean, inv, total.to(x.dtype))
 
 
-def _skip_outputs(ctx: NodeContext, *values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def _skip_outputs(ctx: NodeContext, *values: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
     return values[: max(ctx.num_outputs, 1)]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from onnxgen.runtime.kernels.common import NodeContext
+from onnxgen.runtime.kernels.cpu_gemv import split_gemv
 from onnxgen.runtime.kernels.registry import kernel
 
 _NARROW_INTS = (torch.int8, torch.uint8, torch.int16, torch.uint16, torch.bool)
@@ -67,7 +68,8 @@ def matmul_any(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 @kernel("MatMul", since=1)
 def matmul(ctx: NodeContext, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return matmul_any(a, b)
+    fast = split_gemv(a, b)  # fp32 CPU decode: use every core's bandwidth (see cpu_gemv)
+    return fast if fast is not None else matmul_any(a, b)
 
 
 @kernel("Gemm", since=1)
@@ -83,7 +85,8 @@ def gemm(ctx: NodeContext, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | N
         if use_c:
             # one BLAS call: alpha * (a @ b) + beta * c, with c broadcast to [M, N]
             return torch.addmm(c, a, b, beta=beta, alpha=alpha)
-        y = torch.mm(a, b)
+        y = split_gemv(a, b.transpose(0, 1), b_transposed=True) if ctx.attr("transB", 0) else None
+        y = torch.mm(a, b) if y is None else y
         return y if alpha == 1.0 else y * alpha
     y = int_matmul(a, b, torch.int64)
     if alpha != 1.0 or (use_c and beta != 1.0):

@@ -1,0 +1,194 @@
+"""CPU decode speed: onnxgen vs onnxruntime-genai on the same package, same prompt ids, same process.
+
+    python bench/cpu_decode.py --precision int4 --new-tokens 128 --repeats 3
+    python bench/cpu_decode.py --precision fp32
+    python bench/cpu_decode.py --package DIR --accuracy-level 0   # rewrite MatMulNBits' level first
+
+Each engine gets one warm-up generation, then `--repeats` timed ones; the median is printed.
+TTFT is prompt prefill + first token; decode tok/s counts the tokens after the first (onnxgen's
+GenerationStats convention, applied to both). EOS is ignored by both (onnxruntime-genai through
+min_length = max_length), so both make exactly --new-tokens tokens. Thread counts: torch uses
+torch.get_num_threads() (its default is the core count); onnxruntime-genai's session uses
+onnxruntime's default intra-op pool (also the core count); both are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+
+@dataclass
+class Run:
+    ttft_s: float
+    decode_s: float
+    tokens: list[int]
+
+    @property
+    def decode_tok_s(self) -> float:
+        return (len(self.tokens) - 1) / self.decode_s if self.decode_s > 0 else 0.0
+
+
+def pull(precision: str) -> Path:
+    out = subprocess.run(
+        [sys.executable, "-m", "onnxgen", "pull", "smollm2-135m-instruct", "--precision", precision],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return Path(out.strip().splitlines()[-1])
+
+
+def with_accuracy_level(package: Path, out: Path, level: int) -> Path:
+    """A copy of the package whose MatMulNBits nodes use `level` (weights linked, not copied)."""
+    import onnx
+
+    model = onnx.load(package / "model.onnx", load_external_data=False)
+    for node in model.graph.node:
+        for attr in node.attribute:
+            if node.op_type == "MatMulNBits" and attr.name == "accuracy_level":
+                attr.i = level
+    for item in package.iterdir():
+        if item.name != "model.onnx":
+            try:
+                os.link(item, out / item.name)
+            except OSError:
+                shutil.copy2(item, out / item.name)
+    onnx.save(model, out / "model.onnx")
+    return out
+
+
+def with_genai_threads(package: Path, out: Path, threads: int) -> Path:
+    """A copy of the package whose genai_config.json pins onnxruntime's intra-op thread count."""
+    import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    for item in package.iterdir():
+        if item.name != "genai_config.json" and not (out / item.name).exists():
+            try:
+                os.link(item, out / item.name)
+            except OSError:
+                shutil.copy2(item, out / item.name)
+    config = json.loads((package / "genai_config.json").read_text())
+    config["model"]["decoder"].setdefault("session_options", {})["intra_op_num_threads"] = threads
+    (out / "genai_config.json").write_text(json.dumps(config, indent=4))
+    return out
+
+
+def run_onnxgen(generator, ids: list[int], new_tokens: int) -> Run:
+    from onnxgen.genai import SamplingParams
+
+    tokens = list(generator.generate_ids(ids, SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)))
+    stats = generator.last_stats
+    return Run(stats.ttft_s, stats.decode_s, tokens)
+
+
+def run_genai(model, ids: list[int], new_tokens: int) -> Run:
+    import onnxruntime_genai as og
+
+    params = og.GeneratorParams(model)
+    total = len(ids) + new_tokens
+    params.set_search_options(do_sample=False, max_length=total, min_length=total)
+    generator = og.Generator(model, params)
+    start = time.perf_counter()
+    generator.append_tokens(ids)
+    tokens: list[int] = []
+    first = 0.0
+    while not generator.is_done():
+        generator.generate_next_token()
+        tokens.append(int(generator.get_next_tokens()[0]))
+        if len(tokens) == 1:
+            first = time.perf_counter()
+    end = time.perf_counter()
+    return Run(first - start, end - first, tokens)
+
+
+def median_run(fn, repeats: int) -> tuple[Run, list[float]]:
+    fn()  # warm-up (first-call allocations, weight repacking, dequant caches)
+    runs = [fn() for _ in range(repeats)]
+    rates = [r.decode_tok_s for r in runs]
+    ordered = sorted(runs, key=lambda r: r.decode_tok_s)
+    return ordered[len(ordered) // 2], rates
+
+
+def describe(name: str, run: Run, rates: list[float]) -> str:
+    ms = 1000.0 / run.decode_tok_s if run.decode_tok_s else float("nan")
+    spread = ", ".join(f"{r:.1f}" for r in rates)
+    return (
+        f"{name:18s} decode {run.decode_tok_s:7.1f} tok/s  {ms:6.2f} ms/token  "
+        f"TTFT {run.ttft_s * 1000:7.1f} ms  (runs: {spread})"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--package", type=Path, help="package directory (default: pull SmolLM2-135M)")
+    parser.add_argument("--precision", default="int4", choices=["int4", "fp32", "fp16"])
+    parser.add_argument("--accuracy-level", type=int, help="rewrite MatMulNBits accuracy_level in a copy")
+    # (a prompt whose 128-token greedy continuation has no EOS, so the token comparison is whole)
+    parser.add_argument("--prompt", default="Once upon a time, in a small village, there lived")
+    parser.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--kv", default="auto", choices=["auto", "static", "dynamic"])
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's default)")
+    parser.add_argument("--genai-threads", type=int, help="onnxruntime intra-op threads (default: its default)")
+    parser.add_argument("--skip-genai", action="store_true")
+    parser.add_argument("--skip-onnxgen", action="store_true")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    package = args.package or pull(args.precision)
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.accuracy_level is not None:
+            package = with_accuracy_level(package, Path(tmp), args.accuracy_level)
+        from onnxgen.genai import Generator
+
+        generator = Generator(package, kv=args.kv)
+        ids = generator.encode(args.prompt, chat=args.chat)
+        print(f"package {package}")
+        print(f"prompt {len(ids)} tokens, {args.new_tokens} new tokens, greedy, median of {args.repeats}")
+        print(f"cpu: nproc {os.cpu_count()}, torch threads {torch.get_num_threads()}, torch {torch.__version__}")
+        # other processes on the machine distort both engines (torch's OpenMP threads worst of all)
+        print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        ours = theirs = None
+        if not args.skip_onnxgen:
+            ours, rates = median_run(lambda: run_onnxgen(generator, ids, args.new_tokens), args.repeats)
+            print(describe(f"onnxgen ({generator.kv_kind})", ours, rates))
+        if not args.skip_genai:
+            import onnxruntime_genai as og
+
+            genai_package = package
+            if args.genai_threads:
+                genai_package = with_genai_threads(package, Path(tmp) / "genai", args.genai_threads)
+            print(f"onnxruntime-genai intra-op threads: {args.genai_threads or 'default (one per core)'}")
+            model = og.Model(str(genai_package))
+            theirs, rates = median_run(lambda: run_genai(model, ids, args.new_tokens), args.repeats)
+            print(describe(f"ort-genai {og.__version__}", theirs, rates))
+        print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        if ours and theirs:
+            print(f"ratio onnxgen / onnxruntime-genai (decode tok/s): {ours.decode_tok_s / theirs.decode_tok_s:.2f}x")
+            # onnxruntime-genai suppresses EOS (min_length) where onnxgen emits it and goes on, so
+            # the sequences are comparable only up to onnxgen's first EOS
+            eos = next((i for i, t in enumerate(ours.tokens) if t in generator.eos_ids), len(ours.tokens))
+            a, b = ours.tokens[:eos], theirs.tokens[:eos]
+            same = a == b
+            differ = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+            print(
+                f"greedy tokens identical over {eos} tokens: {same}"
+                + ("" if same else f" (first difference at token {differ})")
+            )
+
+
+if __name__ == "__main__":
+    main()
