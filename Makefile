@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PROMPT ?= Write a haiku about graphs.
 
-.PHONY: install generate demo test test-gpu bench-analysis clean
+.PHONY: install generate test test-gpu clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,10 +19,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 generate: install
-	$(BIN)/onnxgen generate --prompt "$(PROMPT)"
-
-demo: install
-	$(BIN)/onnxgen demo
+	$(BIN)/onnxgen generate --chat --max-new-tokens 200 --prompt "$(PROMPT)"
 
 test: install
 	$(BIN)/ruff check .
