@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from onnxgen.models.package_variants import link_package_files, with_accuracy_level
 
 
 @dataclass
@@ -48,36 +49,11 @@ def pull(precision: str) -> Path:
     return Path(out.strip().splitlines()[-1])
 
 
-def with_accuracy_level(package: Path, out: Path, level: int) -> Path:
-    """A copy of the package whose MatMulNBits nodes use `level` (weights linked, not copied)."""
-    import onnx
-
-    model = onnx.load(package / "model.onnx", load_external_data=False)
-    for node in model.graph.node:
-        for attr in node.attribute:
-            if node.op_type == "MatMulNBits" and attr.name == "accuracy_level":
-                attr.i = level
-    for item in package.iterdir():
-        if item.name != "model.onnx":
-            try:
-                os.link(item, out / item.name)
-            except OSError:
-                shutil.copy2(item, out / item.name)
-    onnx.save(model, out / "model.onnx")
-    return out
-
-
 def with_genai_threads(package: Path, out: Path, threads: int) -> Path:
     """A copy of the package whose genai_config.json pins onnxruntime's intra-op thread count."""
     import json
 
-    out.mkdir(parents=True, exist_ok=True)
-    for item in package.iterdir():
-        if item.name != "genai_config.json" and not (out / item.name).exists():
-            try:
-                os.link(item, out / item.name)
-            except OSError:
-                shutil.copy2(item, out / item.name)
+    link_package_files(package, out, skip={"genai_config.json", *(p.name for p in out.glob("*"))})
     config = json.loads((package / "genai_config.json").read_text())
     config["model"]["decoder"].setdefault("session_options", {})["intra_op_num_threads"] = threads
     (out / "genai_config.json").write_text(json.dumps(config, indent=4))

@@ -26,26 +26,10 @@ from onnxgen.models.builder_parts import BuildOptions, DecoderGraph
 from onnxgen.models.builder_standard import build_standard
 from onnxgen.models.config import DecoderConfig
 from onnxgen.models.graph_writer import _INLINE_BELOW, GraphWriter
-from onnxgen.models.random_source import _shapes
+from onnxgen.models.random_source import MODEL_SHAPES, _shapes
 from onnxgen.runtime.capture.report import analyse
 
-QWEN25_15B = DecoderConfig(
-    architecture="qwen2",
-    vocab_size=151936,
-    hidden_size=1536,
-    intermediate_size=8960,
-    num_hidden_layers=28,
-    num_attention_heads=12,
-    num_key_value_heads=2,
-    head_dim=128,
-    rms_norm_eps=1e-6,
-    rope_theta=1000000.0,
-    max_position_embeddings=32768,
-    tie_word_embeddings=True,
-    attention_bias=True,
-    eos_token_id=[151645],
-    name="qwen2.5-1.5b-shape",
-)
+QWEN25_15B = MODEL_SHAPES["qwen2.5-coder-1.5b-instruct"]
 
 
 class ZeroSource:

