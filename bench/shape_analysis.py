@@ -24,9 +24,9 @@ from onnx import TensorProto
 from onnxgen.models.builder_gqa import build_gqa
 from onnxgen.models.builder_parts import BuildOptions, DecoderGraph
 from onnxgen.models.builder_standard import build_standard
-from onnxgen.models.config import DecoderConfig
+from onnxgen.models.config import DecoderConfig, weight_shapes
 from onnxgen.models.graph_writer import _INLINE_BELOW, GraphWriter
-from onnxgen.models.random_source import MODEL_SHAPES, _shapes
+from onnxgen.models.random_source import MODEL_SHAPES
 from onnxgen.runtime.capture.report import analyse
 
 QWEN25_15B = MODEL_SHAPES["qwen2.5-coder-1.5b-instruct"]
@@ -37,7 +37,7 @@ class ZeroSource:
 
     def __init__(self, config: DecoderConfig) -> None:
         self.config = config
-        self._shapes = _shapes(config)
+        self._shapes = weight_shapes(config)
 
     def names(self) -> list[str]:
         return list(self._shapes)

@@ -75,3 +75,29 @@ def iter_layer_names(config: DecoderConfig) -> Iterator[str]:
     yield "model.norm.weight"
     if not config.tie_word_embeddings:
         yield "lm_head.weight"
+
+
+def weight_shapes(config: DecoderConfig) -> dict[str, tuple[int, ...]]:
+    """The HF-layout shape of every weight iter_layer_names names, in the same order."""
+    c = config
+    q_out, kv_out = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    by_suffix = {
+        "input_layernorm.weight": (c.hidden_size,),
+        "post_attention_layernorm.weight": (c.hidden_size,),
+        "self_attn.q_proj.weight": (q_out, c.hidden_size),
+        "self_attn.k_proj.weight": (kv_out, c.hidden_size),
+        "self_attn.v_proj.weight": (kv_out, c.hidden_size),
+        "self_attn.q_proj.bias": (q_out,),
+        "self_attn.k_proj.bias": (kv_out,),
+        "self_attn.v_proj.bias": (kv_out,),
+        "self_attn.o_proj.weight": (c.hidden_size, q_out),
+        "mlp.gate_proj.weight": (c.intermediate_size, c.hidden_size),
+        "mlp.up_proj.weight": (c.intermediate_size, c.hidden_size),
+        "mlp.down_proj.weight": (c.hidden_size, c.intermediate_size),
+    }
+    top = {
+        "model.embed_tokens.weight": (c.vocab_size, c.hidden_size),
+        "model.norm.weight": (c.hidden_size,),
+        "lm_head.weight": (c.vocab_size, c.hidden_size),
+    }
+    return {n: top[n] if n in top else by_suffix[n.split(".", 3)[3]] for n in iter_layer_names(c)}

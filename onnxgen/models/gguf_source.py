@@ -20,7 +20,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from onnxgen.errors import ModelLoadError
-from onnxgen.models.config import DecoderConfig, iter_layer_names
+from onnxgen.models.config import DecoderConfig, iter_layer_names, weight_shapes
 from onnxgen.models.gguf_reader import GGUFFile
 
 Q = GGMLQuantizationType
@@ -133,32 +133,6 @@ def read_config(gguf: GGUFFile, name: str = "") -> DecoderConfig:
     )
 
 
-def _expected_shapes(c: DecoderConfig) -> dict[str, tuple[int, ...]]:
-    q_out, kv_out = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-    per_layer = {
-        "input_layernorm.weight": (c.hidden_size,),
-        "self_attn.q_proj.weight": (q_out, c.hidden_size),
-        "self_attn.k_proj.weight": (kv_out, c.hidden_size),
-        "self_attn.v_proj.weight": (kv_out, c.hidden_size),
-        "self_attn.q_proj.bias": (q_out,),
-        "self_attn.k_proj.bias": (kv_out,),
-        "self_attn.v_proj.bias": (kv_out,),
-        "self_attn.o_proj.weight": (c.hidden_size, q_out),
-        "post_attention_layernorm.weight": (c.hidden_size,),
-        "mlp.gate_proj.weight": (c.intermediate_size, c.hidden_size),
-        "mlp.up_proj.weight": (c.intermediate_size, c.hidden_size),
-        "mlp.down_proj.weight": (c.hidden_size, c.intermediate_size),
-    }
-    shapes = {
-        "model.embed_tokens.weight": (c.vocab_size, c.hidden_size),
-        "model.norm.weight": (c.hidden_size,),
-        "lm_head.weight": (c.vocab_size, c.hidden_size),
-    }
-    for i in range(c.num_hidden_layers):
-        shapes.update({f"model.layers.{i}.{k}": v for k, v in per_layer.items()})
-    return shapes
-
-
 def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     """Undo llama.cpp's Q/K row order: per head, rows (2i, 2i+1) go back to (i, i + D/2)."""
     rows = w.shape[0]
@@ -194,9 +168,11 @@ class GGUFWeightSource:
         if missing:
             shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
             raise ModelLoadError(f"{self.path}: GGUF lacks tensors: {shown}")
-        expected = _expected_shapes(self.config)
+        expected = weight_shapes(self.config)
         for h, gname in self._by_hf.items():
             got = self.gguf.tensors[gname].shape
+            if h not in expected:
+                raise ModelLoadError(f"{self.path}: tensor {gname!r} does not belong to this configuration")
             if got != expected[h]:
                 raise ModelLoadError(
                     f"{self.path}: tensor {gname!r} has shape {list(got)}, expected {list(expected[h])}"

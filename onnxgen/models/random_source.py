@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from onnxgen.models.config import DecoderConfig, iter_layer_names
+from onnxgen.models.config import DecoderConfig, weight_shapes
 
 
 class RandomSource:
@@ -21,7 +21,7 @@ class RandomSource:
     def __init__(self, config: DecoderConfig, seed: int = 0) -> None:
         self.config = config
         self.seed = seed
-        self._shapes = _shapes(config)
+        self._shapes = weight_shapes(config)
 
     def names(self) -> list[str]:
         return list(self._shapes)
@@ -39,33 +39,6 @@ class RandomSource:
         if name == "model.embed_tokens.weight":
             return values
         return values * np.float32(1.0 / np.sqrt(shape[1]))
-
-
-def _shapes(c: DecoderConfig) -> dict[str, tuple[int, ...]]:
-    q_out, kv_out = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-    by_suffix = {
-        "input_layernorm.weight": (c.hidden_size,),
-        "post_attention_layernorm.weight": (c.hidden_size,),
-        "self_attn.q_proj.weight": (q_out, c.hidden_size),
-        "self_attn.k_proj.weight": (kv_out, c.hidden_size),
-        "self_attn.v_proj.weight": (kv_out, c.hidden_size),
-        "self_attn.q_proj.bias": (q_out,),
-        "self_attn.k_proj.bias": (kv_out,),
-        "self_attn.v_proj.bias": (kv_out,),
-        "self_attn.o_proj.weight": (c.hidden_size, q_out),
-        "mlp.gate_proj.weight": (c.intermediate_size, c.hidden_size),
-        "mlp.up_proj.weight": (c.intermediate_size, c.hidden_size),
-        "mlp.down_proj.weight": (c.hidden_size, c.intermediate_size),
-    }
-    top = {
-        "model.embed_tokens.weight": (c.vocab_size, c.hidden_size),
-        "model.norm.weight": (c.hidden_size,),
-        "lm_head.weight": (c.vocab_size, c.hidden_size),
-    }
-    shapes = {}
-    for name in iter_layer_names(c):
-        shapes[name] = top[name] if name in top else by_suffix[name.split(".", 3)[3]]
-    return shapes
 
 
 _TINY = DecoderConfig(
