@@ -75,7 +75,7 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
         "--capture",
         choices=["on", "off", "verify"],
         default=None,
-        help="CUDA graphs for decode (default off: the CUDA path is not yet verified on a GPU)",
+        help="CUDA graphs for the decode step (default: on with --device cuda, off on the CPU)",
     )
     _add_build_options(p)
 

@@ -58,6 +58,7 @@ class Generator:
         session: InferenceSession | None = None,
         capture: str | None = None,
         recorder: Any = None,
+        verify_steps: int = 8,
     ):
         self.config = package if isinstance(package, PackageConfig) else load_package_config(package)
         self.session = session or InferenceSession(self.config.model_file, device=device)
@@ -85,11 +86,11 @@ class Generator:
         if eos is not None:
             self.eos_ids.add(eos)
         self.last_stats = GenerationStats()
-        # CUDA graphs for the single-token decode step (prefill stays eager); a test passes a CPU
-        # ReplayRecorder. Off by default until the CUDA-graph path has run on a GPU (issue 6): its logic is tested on
-        # the CPU with a stand-in recorder, the CUDA recorder itself has not run yet.
-        self.capture = capture or "off"
+        # CUDA graphs for the single-token decode step (prefill stays eager): on by default on CUDA,
+        # off on the CPU (a test passes a CPU ReplayRecorder to exercise the logic there)
+        self.capture = capture or ("on" if self.device.type == "cuda" else "off")
         self.capture_recorder = recorder
+        self.verify_steps = verify_steps
         if self.capture not in ("on", "off", "verify"):
             raise InvalidInputError(f"capture must be 'on', 'off' or 'verify', got {self.capture!r}")
         if self.capture != "off" and self.device.type != "cuda" and recorder is None:
@@ -121,14 +122,19 @@ class Generator:
 
     # -- the loop --------------------------------------------------------------------------
 
+    def _static_capacity(self, total: int) -> int:
+        """KV rows for a generation of ``total`` tokens: the next power of two (at least 256), at most
+        the context. On CUDA the attention spans the whole buffer (fixed shapes for capture), so a
+        buffer sized for the full context would cost every step; a few sizes keep recordings reusable."""
+        past = next(i for i in self.session.program.inputs if i.name == self.config.past_key_name(0))
+        if past.shape and isinstance(past.shape[2], int):
+            return past.shape[2]  # a graph built for a fixed buffer length
+        context = self.config.context_length
+        return min(context, max(256, 1 << max(0, total - 1).bit_length()))
+
     def _new_kv(self, total: int) -> DynamicKV | StaticKV:
         if self.kv_kind == "static":
-            capacity = self.config.context_length
-            past = self.session.program.inputs[
-                [i.name for i in self.session.program.inputs].index(self.config.past_key_name(0))
-            ]
-            if past.shape and isinstance(past.shape[2], int):
-                capacity = past.shape[2]  # a graph built for a fixed buffer length
+            capacity = self._static_capacity(total)
             if self.capture == "off":
                 return StaticKV(self.config, self.kv_dtype, self.device, capacity)
             # captured decode reads the KV buffers at fixed addresses: keep one cache, reset in
@@ -168,7 +174,12 @@ class Generator:
                 mask = shapes.get(self.config.io.attention_mask, [])
                 pin = {d for d in (past[2:3] + mask[1:2]) if isinstance(d, str)}
             self._capture = CaptureRuntime(
-                self.session.program, self.session.model, mode=self.capture, recorder=self.capture_recorder, pin=pin
+                self.session.program,
+                self.session.model,
+                mode=self.capture,
+                recorder=self.capture_recorder,
+                pin=pin,
+                verify_steps=self.verify_steps,
             )
         return self._capture
 

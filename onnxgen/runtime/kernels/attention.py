@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from onnxgen.runtime.dtypes import torch_dtype
-from onnxgen.runtime.kernels.common import NodeContext
+from onnxgen.runtime.kernels.common import NodeContext, sdpa
 from onnxgen.runtime.kernels.registry import kernel
 
 _NEG_INF = float("-inf")
@@ -197,9 +197,7 @@ def _sdpa_attention(
     kv_heads = k.shape[1]
     groups = q_heads // kv_heads
     if causal == "lower_right":
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=causal_lower_right(sq, k.shape[2]), scale=scale, enable_gqa=groups > 1
-        )
+        return sdpa(q, k, v, attn_mask=causal_lower_right(sq, k.shape[2]), scale=scale, enable_gqa=groups > 1)
     same_mask_per_head = mask is None or mask.dim() < 3 or mask.shape[-3] == 1
     if groups > 1 and causal is None and same_mask_per_head and q.device.type == "cpu":
         # CPU GQA: the G query heads that share a KV head become G*Sq rows of that head (no KV
@@ -207,12 +205,10 @@ def _sdpa_attention(
         q = q.reshape(batch, kv_heads, groups * sq, q.shape[-1])
         if mask is not None and mask.dim() >= 2 and mask.shape[-2] != 1:
             mask = mask.repeat(*([1] * (mask.dim() - 2)), groups, 1)  # row g*Sq + i is query i
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        y = sdpa(q, k, v, attn_mask=mask, scale=scale)
         y = y.reshape(batch, q_heads, sq, y.shape[-1])
     else:
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal == "top_left", scale=scale, enable_gqa=groups > 1
-        )
+        y = sdpa(q, k, v, attn_mask=mask, is_causal=causal == "top_left", scale=scale, enable_gqa=groups > 1)
     if live is not None:
         y = torch.where(live, y, 0.0)
     return y

@@ -37,7 +37,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from onnxgen.runtime.kernels.common import NodeContext, ints
+from onnxgen.runtime.kernels.common import NodeContext, ints, sdpa
 from onnxgen.runtime.kernels.registry import MS_DOMAIN, kernel
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -470,9 +470,7 @@ def _attend(
             mask = bias
         else:
             mask = allowed if bias is None else bias.masked_fill(~allowed, float("-inf"))
-        out = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != keys.shape[1]
-        )
+        out = sdpa(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != keys.shape[1])
         return out.to(out_dtype)
 
     # explicit path, in onnxruntime's order: scale, softcap, bias, mask, (smooth) softmax
@@ -602,7 +600,7 @@ def multi_head_attention(
     if attention_bias is not None:
         mask = mask + attention_bias.to(dtype)
     scale = float(ctx.attr("scale", 0.0)) or 1.0 / math.sqrt(q.shape[-1])
-    out = F.scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype), attn_mask=mask, scale=scale)
+    out = sdpa(q.to(dtype), k.to(dtype), v.to(dtype), attn_mask=mask, scale=scale)
     out = out.to(query.dtype).transpose(1, 2).reshape(batch, seq, -1)
     return (out, k, v)[: max(ctx.num_outputs, 1)]
 

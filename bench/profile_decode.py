@@ -1,0 +1,101 @@
+"""Where a decode step's time goes: kernels per token and the top GPU kernels and host ops, from the
+torch profiler, for eager decode and (with --capture) for captured decode of the same package.
+
+    python bench/profile_decode.py --shape smollm2-135m-instruct --precision fp16 --kv static --capture
+    python bench/profile_decode.py --shape qwen2.5-coder-0.5b-instruct --precision int4 --python-profile
+
+Random weights in a real model's shape. --python-profile adds a cProfile of the eager steps
+(host time by Python function), which tells dispatch overhead from kernel time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import tempfile
+import time
+from collections import Counter
+
+import torch
+from random_package import GreedyLoop, add_package_args, build_random_package, describe, open_package, static_pin
+
+from onnxgen.runtime.capture.runtime import CaptureRuntime
+
+
+def profile_steps(loop: GreedyLoop, runtime: CaptureRuntime | None, steps: int, label: str, top: int) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    loop.run(runtime, new_tokens=steps)  # warm (and for capture: record)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        ttft, decode_s, _ = loop.run(runtime, new_tokens=steps + 1)
+        torch.cuda.synchronize()
+    kernels: Counter[str] = Counter()
+    gpu_us: Counter[str] = Counter()
+    launches = Counter()
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            kernels[e.name] += 1
+            gpu_us[e.name] += e.device_time
+        elif e.name in (
+            "cudaLaunchKernel",
+            "cudaGraphLaunch",
+            "cudaMemcpyAsync",
+            "cudaStreamSynchronize",
+            "cudaDeviceSynchronize",
+            "cudaLaunchKernelExC",
+            "cuLaunchKernel",
+            "cuLaunchKernelEx",
+        ):
+            launches[e.name] += 1
+    # the profiled run holds one prefill and `steps` decode steps: subtract the prefill's share by
+    # counting over the whole run and reporting per token (the prefill is one step among steps + 1)
+    total = sum(kernels.values())
+    per_token = 1000 * decode_s / steps
+    print(f"\n== {label}: {steps} steps (+1 prefill), {per_token:.3f} ms/token, TTFT {1000 * ttft:.1f} ms")
+    print(f"GPU activities per token: {total / (steps + 1):.1f}  (kernels+memcpy+memset over prefill and decode)")
+    print("host API calls per token: " + ", ".join(f"{k} {v / (steps + 1):.1f}" for k, v in launches.most_common()))
+    print(f"GPU busy per token: {sum(gpu_us.values()) / (steps + 1) / 1000:.3f} ms")
+    print(f"top {top} GPU activities by time (count per token, total ms):")
+    for name, us in gpu_us.most_common(top):
+        print(f"  {kernels[name] / (steps + 1):7.1f}  {us / 1000:8.2f} ms  {name[:110]}")
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
+    print(f"top {top} host ops by self CPU time:\n{table}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_package_args(parser)
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--capture", action="store_true", help="also profile captured decode")
+    parser.add_argument("--python-profile", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        build_s = build_random_package(args, tmp)
+        session, config = open_package(args)
+        print(f"{describe(args)}: built in {build_s:.1f} s")
+        loop = GreedyLoop(session, config, args)
+        profile_steps(loop, None, args.steps, "eager", args.top)
+        if args.python_profile:
+            loop.run(None, new_tokens=4)
+            profiler = cProfile.Profile()
+            t0 = time.perf_counter()
+            profiler.enable()
+            loop.run(None, new_tokens=args.steps + 1)
+            profiler.disable()
+            print(f"\n== cProfile of eager decode ({time.perf_counter() - t0:.3f} s for prefill + {args.steps} steps)")
+            out = io.StringIO()
+            pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(args.top)
+            print(out.getvalue())
+        if args.capture:
+            pin = static_pin(session, config) if args.kv == "static" else set()
+            runtime = CaptureRuntime(session.program, session.model, mode="on", pin=pin)
+            profile_steps(loop, runtime, args.steps, "captured", args.top)
+            print(runtime.stats.summary())
+
+
+if __name__ == "__main__":
+    main()

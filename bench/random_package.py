@@ -1,0 +1,118 @@
+"""Shared by the GPU decode benches: a random-weights package in a real model's shape, and a
+greedy decode loop over InferenceSession (optionally through a CaptureRuntime for single-token
+steps) that reads one token id back per step, as the Generator does."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+from onnxgen.genai.kv_cache import DynamicKV, StaticKV
+from onnxgen.genai.package import PackageConfig, load_package_config
+from onnxgen.models.builder import build_package
+from onnxgen.models.random_source import MODEL_SHAPES, RandomSource
+from onnxgen.runtime import InferenceSession
+from onnxgen.runtime.capture.runtime import CaptureRuntime
+from onnxgen.runtime.dtypes import ONNX_TO_TORCH
+
+
+def add_package_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--shape", default="smollm2-135m-instruct", choices=sorted(MODEL_SHAPES))
+    parser.add_argument("--precision", default="fp16", choices=["fp32", "fp16", "int4"])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--attention", default="gqa", choices=["gqa", "standard"])
+    parser.add_argument("--kv", default="static", choices=["static", "dynamic"])
+    parser.add_argument("--prompt-tokens", type=int, default=16)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--context", type=int, default=2048)
+    parser.add_argument("--package", default=None, help="an existing package instead of random weights")
+
+
+def build_random_package(args: argparse.Namespace, directory: str | Path) -> float:
+    """Builds the random-weights package into ``directory`` (or, with --package, points args at it)."""
+    if args.package:
+        args.package_dir = Path(args.package)
+        return 0.0
+    args.package_dir = Path(directory)
+    t0 = time.perf_counter()
+    build_package(
+        RandomSource(MODEL_SHAPES[args.shape]),
+        directory,
+        precision=args.precision,
+        device=args.device,
+        attention=args.attention,
+        context_length=args.context,
+    )
+    return time.perf_counter() - t0
+
+
+def static_pin(session: InferenceSession, config: PackageConfig) -> set[str]:
+    """The symbols a static cache fixes: the KV buffer length and the mask width."""
+    shapes = {i.name: i.shape or [] for i in session.program.inputs}
+    dims = shapes[config.past_key_name(0)][2:3] + shapes[config.io.attention_mask][1:2]
+    return {d for d in dims if isinstance(d, str)}
+
+
+class GreedyLoop:
+    """Prefill + greedy single-token decode; one static cache reused across runs (reset in place),
+    so a recorded graph keeps its addresses from one run to the next."""
+
+    def __init__(self, session: InferenceSession, config: PackageConfig, args: argparse.Namespace):
+        self.session, self.config, self.args = session, config, args
+        self.inputs = {i.name for i in session.program.inputs}
+        past = next(i for i in session.program.inputs if i.name == config.past_key_name(0))
+        self.dtype = ONNX_TO_TORCH[past.elem_type]
+        self.static: StaticKV | None = None
+
+    def new_kv(self) -> StaticKV | DynamicKV:
+        dev = self.session.device
+        if self.args.kv == "dynamic":
+            return DynamicKV(self.config, self.dtype, dev)
+        if self.static is None:
+            self.static = StaticKV(self.config, self.dtype, dev, self.args.context)
+        kv = self.static
+        kv.length = 0
+        kv.mask.zero_()
+        return kv
+
+    def run(self, runtime: CaptureRuntime | None, new_tokens: int | None = None) -> tuple[float, float, list[int]]:
+        """Returns (TTFT seconds, decode seconds for the tokens after the first, token ids)."""
+        dev = self.session.device
+        kv = self.new_kv()
+        gen = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, self.config.vocab_size, (1, self.args.prompt_tokens), generator=gen).to(dev)
+        n_new = self.args.new_tokens if new_tokens is None else new_tokens
+
+        def step(tokens: torch.Tensor) -> torch.Tensor:
+            n = tokens.shape[1]
+            feeds = {"input_ids": tokens, "attention_mask": kv.attention_mask(n), **kv.feeds()}
+            if "position_ids" in self.inputs:
+                feeds["position_ids"] = torch.arange(kv.length, kv.length + n, device=dev).reshape(1, n)
+            out = runtime.run(feeds) if (runtime is not None and n == 1) else self.session.run_torch(feeds)
+            kv.update(out, n)
+            return out["logits"][0, -1].argmax().reshape(1, 1)
+
+        tokens: list[int] = []
+        with torch.inference_mode():
+            start = time.perf_counter()
+            token = step(ids)
+            tokens.append(int(token))
+            first = time.perf_counter()
+            for _ in range(n_new - 1):
+                token = step(token)
+                tokens.append(int(token))  # the one device-to-host read per token
+            return first - start, time.perf_counter() - first, tokens
+
+
+def open_package(args: argparse.Namespace) -> tuple[InferenceSession, PackageConfig]:
+    config = load_package_config(args.package_dir)
+    device = args.device
+    return InferenceSession(config.model_file, device=device), config
+
+
+def describe(args: argparse.Namespace) -> str:
+    what = str(args.package) if args.package else f"{args.shape} {args.precision} {args.attention} (random weights)"
+    return f"{what} kv={args.kv}"
