@@ -264,6 +264,17 @@ def test_gqa_shared_kv(name: str, batch: int, device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [TP.FLOAT, TP.FLOAT16])
+@pytest.mark.parametrize("packed", [False, True])
+def test_gqa_shared_decode_model_heads(packed: bool, dtype: int, device: str) -> None:
+    """Real-model head counts (14 query / 2 KV heads of 64) and a buffer longer than one 64-key block,
+    entries of different lengths: the shape of the fused CUDA decode kernels' split-K path."""
+    case = GqaCase(num_heads=14, kv_heads=2, head_size=64, dtype=dtype, rotary="half", packed=packed, max_pos=256)
+    steps = [(100, [100, 70]), (1, [101, 71]), (1, [102, 72]), (1, [103, 73])]
+    run_gqa_shared(case, steps, device, capacity=200)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shared", [False, True])
 def test_gqa_fp16(shared: bool, device: str) -> None:
     case = GqaCase(dtype=TP.FLOAT16, rotary="half", attrs={"local_window_size": 4})

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from onnxgen.runtime.kernels.common import NodeContext, ints, sdpa
 from onnxgen.runtime.kernels.registry import MS_DOMAIN, kernel
+from onnxgen.runtime.kernels.triton_support import triton_serves
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -114,6 +115,13 @@ def group_query_attention(
         raise ctx.fail(f"query must be 3D [batch, seq, hidden], got shape {list(query.shape)}")
     batch, seq, hidden = query.shape
     device = query.device
+    if seq == 1 and triton_serves(query):
+        fast = _triton_decode(
+            ctx, num_heads, kv_heads, query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
+            cos_cache, sin_cache, position_ids, attention_bias, head_sink, q_norm_weight, query_seqlens,
+        )  # fmt: skip
+        if fast is not None:
+            return fast
 
     # -- split and shape Q, K, V as [B, heads, S, D] -------------------------------------------
     if key is None:  # packed QKV in query
@@ -193,6 +201,79 @@ def group_query_attention(
     out = _attend(ctx, q, keys, values, allowed, attention_bias, head_sink, scale)
     out = out.transpose(1, 2).reshape(batch, seq, num_heads * head_size)
     return out, present_key, present_value
+
+
+def _triton_decode(
+    ctx: NodeContext,
+    num_heads: int,
+    kv_heads: int,
+    query: torch.Tensor,
+    key: torch.Tensor | None,
+    value: torch.Tensor | None,
+    past_key: torch.Tensor | None,
+    past_value: torch.Tensor | None,
+    seqlens_k: torch.Tensor,
+    total_sequence_length: torch.Tensor,
+    cos_cache: torch.Tensor | None,
+    sin_cache: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    attention_bias: torch.Tensor | None,
+    head_sink: torch.Tensor | None,
+    q_norm_weight: torch.Tensor | None,
+    query_seqlens: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The decode step over a shared KV buffer in three Triton kernels (triton_gqa), or None when
+    the node or its inputs need the general path (extras such as bias, sinks, softcap, a growing
+    KV, unusual layouts)."""
+    if past_key is None or past_value is None or query_seqlens is not None:
+        return None
+    if attention_bias is not None or head_sink is not None or q_norm_weight is not None:
+        return None
+    if float(ctx.attr("softcap", 0.0)) > 0 or int(ctx.attr("smooth_softmax", 0)):
+        return None
+    if int(ctx.attr("sliding_window_cache", 0)):
+        return None
+    batch = query.shape[0]
+    head_size = past_key.shape[3] if past_key.dim() == 4 else 0
+    total = ints(total_sequence_length)[0]
+    if past_key.shape[2] < total or past_key.shape[0] != batch or past_key.shape[1] != kv_heads:
+        return None  # not a shared buffer that already holds the new row's slot
+    if not (16 <= head_size <= 256) or past_value.shape != past_key.shape or seqlens_k.numel() != batch:
+        return None
+    if not (past_key.is_contiguous() and past_value.is_contiguous()) or past_key.dtype != query.dtype:
+        return None
+    expected = (num_heads + (0 if key is not None else 2 * kv_heads)) * head_size
+    if query.shape[2] != expected or query.stride(-1) != 1:
+        return None
+    for t in (key, value):
+        if t is not None and (t.shape != (batch, 1, kv_heads * head_size) or t.stride(-1) != 1):
+            return None
+    do_rotary = bool(int(ctx.attr("do_rotary", 0)))
+    if do_rotary:
+        if cos_cache is None or sin_cache is None or cos_cache.shape[-1] * 2 > head_size:
+            return None
+        cos_cache, sin_cache = cos_cache.contiguous(), sin_cache.contiguous()
+        if position_ids is not None and position_ids.numel() != batch:
+            return None
+    from onnxgen.runtime.kernels.triton_gqa import decode_step
+
+    out = decode_step(
+        query,
+        key,
+        value,
+        past_key,
+        past_value,
+        seqlens_k,
+        num_heads=num_heads,
+        kv_heads=kv_heads,
+        scale=float(ctx.attr("scale", 0.0)) or 1.0 / math.sqrt(head_size),
+        cos_cache=cos_cache if do_rotary else None,
+        sin_cache=sin_cache if do_rotary else None,
+        position_ids=position_ids if do_rotary else None,
+        interleaved=bool(ctx.attr("rotary_interleaved", 0)),
+        window=int(ctx.attr("local_window_size", -1)),
+    )
+    return out, past_key, past_value
 
 
 def _cpu_appending(

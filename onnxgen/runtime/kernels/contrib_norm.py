@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from onnxgen.runtime.kernels.common import NodeContext, normalize_axis
 from onnxgen.runtime.kernels.registry import DEFAULT_DOMAIN, MS_DOMAIN, kernel
+from onnxgen.runtime.kernels.triton_support import triton_serves
 
 _STASH_DOUBLE = 11  # TensorProto.DOUBLE
 
@@ -35,6 +36,12 @@ def simplified_layer_norm(
     axis = normalize_axis(int(ctx.attr("axis", -1)), x.dim())
     eps = float(ctx.attr("epsilon", 1e-5))
     stats = _stats_dtype(ctx)
+    if axis == x.dim() - 1 and stats == torch.float32 and triton_serves(x):
+        from onnxgen.runtime.kernels.triton_norm import fused_rms_norm, rms_norm_applies
+
+        if rms_norm_applies(x, scale):
+            y, _, inv = fused_rms_norm(x, scale, eps, out_dtype=scale.dtype, want_inv=ctx.num_outputs > 1)
+            return (y, inv) if ctx.num_outputs > 1 else y
     xf = x.to(stats)
     inv = _rms(xf, tuple(range(axis, x.dim())), eps)
     # Y takes the scale's dtype (the op's type V), which may differ from X's
@@ -59,8 +66,16 @@ def skip_simplified_layer_norm(
 ) -> tuple[torch.Tensor, ...]:
     """Outputs: output, mean (zeros: RMSNorm has none), inv_std_var, input + skip (+ bias)."""
     eps = float(ctx.attr("epsilon", 1e-12))
-    total = _skip_sum(x, skip, bias)
     wanted = ctx.outputs_wanted
+    if skip.shape == x.shape and triton_serves(x) and not (len(wanted) > 1 and wanted[1]):
+        from onnxgen.runtime.kernels.triton_norm import fused_rms_norm, rms_norm_applies
+
+        if rms_norm_applies(x, gamma, skip, bias):  # one kernel instead of about twelve
+            want_inv = len(wanted) > 2 and wanted[2]
+            want_sum = len(wanted) > 3 and wanted[3]
+            y, total, inv = fused_rms_norm(x, gamma, eps, skip=skip, bias=bias, want_sum=want_sum, want_inv=want_inv)
+            return _skip_outputs(ctx, y, None, inv, total)
+    total = _skip_sum(x, skip, bias)
     if len(wanted) == 4 and not (wanted[1] or wanted[2]) and x.dtype == gamma.dtype == torch.float32:
         # the decoder case (output and sum only): torch's rms_norm does the same arithmetic
         # (x * rsqrt(mean(x^2) + eps) * gamma, bit-identical in our checks) in one call

@@ -95,6 +95,7 @@ def load_all_kernels() -> None:
     from onnxgen.runtime import kernels
 
     for module in pkgutil.iter_modules(kernels.__path__):
-        if module.name not in ("registry", "common"):
+        # triton_* modules hold Triton kernels (imported on use: triton may be absent)
+        if module.name not in ("registry", "common") and not module.name.startswith("triton_"):
             importlib.import_module(f"onnxgen.runtime.kernels.{module.name}")
     _LOADED = True

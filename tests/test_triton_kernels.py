@@ -1,0 +1,36 @@
+"""The fused Triton kernels (onnxgen/runtime/kernels/triton_*.py) against onnxruntime, on the CPU.
+
+On CUDA the kernel tests reach them directly (`pytest -m gpu`). Here they run through Triton's
+interpreter (TRITON_INTERPRET=1), which must be set before triton compiles anything, so the
+onnxruntime parity tests of the ops they serve run again in a subprocess with it set, and a probe
+plugin reports how often each fused kernel ran: the test fails if the fused path was not taken.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from onnxgen.runtime.kernels.triton_support import triton_importable
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.skipif(not triton_importable(), reason="triton is not installed")
+def test_parity_tests_pass_through_the_triton_interpreter() -> None:
+    selection = "gqa_shared or gqa_fp16 or layer_norm or genai_built or growing_kv or silu_mul"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.triton_probe"]
+    cmd += ["tests/test_kernels_contrib.py", "tests/test_model_parity.py", "tests/test_fusion.py"]
+    cmd += ["-k", selection, "-m", "not gpu"]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "ONNXGEN_TRITON": "1"}
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("TRITON-LAUNCHES"))
+    launches = ast.literal_eval(line.split(" ", 1)[1])
+    assert launches.get("gqa_decode", 0) >= 20 and launches.get("rms_norm", 0) >= 20, launches
+    assert launches.get("silu_mul", 0) >= 10, launches

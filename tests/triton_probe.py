@@ -1,0 +1,7 @@
+"""pytest plugin (-p tests.triton_probe): print how often each fused Triton kernel ran."""
+
+
+def pytest_sessionfinish(session, exitstatus):
+    from onnxgen.runtime.kernels.triton_support import LAUNCHES
+
+    print(f"\nTRITON-LAUNCHES {dict(LAUNCHES)}")
