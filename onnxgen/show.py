@@ -109,6 +109,6 @@ def show_model(
         from onnxgen.runtime.capture.report import capture_report
 
         onnx_path, _ = _model_path(target)
-        return capture_report(onnx_path, bind=bind, as_json=as_json)
+        return capture_report(onnx_path, bind=bind, as_json=as_json, device=device)
     summary = model_summary(target)
     return json.dumps(summary, indent=2) if as_json else _format(summary)

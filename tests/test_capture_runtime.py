@@ -139,6 +139,25 @@ def test_decode_bit_identical_to_eager(packages, attention: str, kv_kind: str) -
         assert any("classifier veto" in r for r in stats.seam_reasons)
 
 
+@pytest.mark.parametrize(("attention", "kv_kind"), FLAVOURS)
+def test_fused_graph_captures_bit_identical(packages, attention: str, kv_kind: str, monkeypatch) -> None:
+    """The graph CUDA sessions run (fusion pass applied) plans and replays like the original."""
+    from onnxgen.runtime import session as session_module
+    from onnxgen.runtime.fusion import fuse_graph
+
+    monkeypatch.setattr(session_module, "fuse_for_device", lambda model, device: fuse_graph(model))
+    eager = Decoder(packages[attention], kv_kind)
+    runtime_kw = {"recorder": ReplayRecorder(), "mode": "verify", "verify_steps": STEPS}
+    captured = Decoder(packages[attention], kv_kind, runtime_kw=runtime_kw)
+    assert captured.session.fusions.total > 0
+    decode_pair(eager, captured)
+    stats = captured.runtime.stats
+    bind = {"past_sequence_length": CAPACITY, "total_sequence_length": CAPACITY} if kv_kind == "static" else {}
+    assert stats.segments_per_step == len(analyse(captured.session.model, bind).plan.segments)
+    assert (stats.segments_per_step == 1) == (kv_kind == "static")
+    assert stats.verified_steps == STEPS - 2 and stats.invalidations == 0 and not stats.quarantined
+
+
 def test_verify_mode_passes_and_counts(packages) -> None:
     eager = Decoder(packages["standard"], "dynamic")
     captured = Decoder(packages["standard"], "dynamic", runtime_kw={"recorder": ReplayRecorder(), "mode": "verify"})

@@ -12,6 +12,7 @@ machine carry it with tools/pack-gguf.sh); the Qwen2.5-0.5B shape runs on random
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -23,8 +24,7 @@ from onnxgen.genai.sampling import SamplingParams
 from onnxgen.genai.tokenizer import Tokenizer
 from onnxgen.models.builder import build_package
 from onnxgen.models.random_source import MODEL_SHAPES, RandomSource
-from onnxgen.runtime.capture.report import analyse
-from onnxgen.runtime.model_io import load_model
+from onnxgen.runtime.capture.report import capture_report
 from tests.conftest import HAS_CUDA
 from tests.test_capture_runtime import write_word_tokenizer
 
@@ -58,13 +58,13 @@ def qwen_shape_packages(tmp_path_factory):
 
 
 def predicted_segments(package: Path, generator: Generator) -> int:
-    """What `onnxgen show --capture [--bind ...]` prints for the binding the generator used."""
-    model, _ = load_model(generator.config.model_file)
-    bind: dict[str, int | None] = {}
+    """What `onnxgen show PKG --capture --device cuda [--bind ...]` prints for the generator's binding."""
+    bind = ""
     if generator.kv_kind == "static":
         capacity = generator._static_kv.capacity
-        bind = {"past_sequence_length": capacity, "total_sequence_length": capacity}
-    return len(analyse(model, bind).plan.segments)
+        bind = f"past_sequence_length={capacity},total_sequence_length={capacity}"
+    report = json.loads(capture_report(generator.config.model_file, bind=bind or None, as_json=True, device="cuda"))
+    return int(report["segments"])
 
 
 def check_capture_matches_eager(

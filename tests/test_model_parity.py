@@ -54,12 +54,24 @@ def packages(tmp_path_factory):
     return built
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["graph", "fused"])
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("flavour, precision, name, tol", CASES)
-def test_logits_match_onnxruntime_with_growing_kv(packages, flavour, precision, name, tol, device):
+def test_logits_match_onnxruntime_with_growing_kv(packages, flavour, precision, name, tol, device, fused):
+    """fused: onnxgen runs the graph its CUDA fusion pass rewrites (QKV and gate/up GEMM groups,
+    bias folded, SiluMul), onnxruntime the original; CUDA sessions fuse by themselves."""
     package = packages[(flavour, precision, name)]
     config = load_package_config(package)
-    ours = InferenceSession(config.model_file, device=device)
+    if fused:
+        from onnxgen.runtime.fusion import fuse_graph
+        from onnxgen.runtime.model_io import load_model
+
+        model, report = fuse_graph(load_model(config.model_file)[0])
+        assert report.silu_mul == config.num_layers, report
+        assert report.matmul_groups + report.matmul_nbits_groups == 2 * config.num_layers, report
+        ours = InferenceSession(model, device=device, base_dir=package)
+    else:
+        ours = InferenceSession(config.model_file, device=device)
     oracle = _ort_session(config.model_file)
     input_names = {i.name for i in oracle.get_inputs()}
     kv_type = {i.name: i.type for i in oracle.get_inputs()}[config.past_key_name(0)]

@@ -15,6 +15,7 @@ import torch
 from onnxgen.errors import InvalidInputError, ModelLoadError
 from onnxgen.runtime.dtypes import ONNX_TO_TORCH, numpy_to_torch, onnx_type_name, torch_to_numpy
 from onnxgen.runtime.executor import GraphProgram, ValueInfo, compile_model
+from onnxgen.runtime.fusion import fuse_for_device
 from onnxgen.runtime.model_io import load_model
 
 
@@ -68,6 +69,9 @@ class InferenceSession:
             directory = Path(base_dir).resolve() if base_dir else None
         else:
             model, directory = load_model(path_or_model)
+        # CUDA: fewer, larger kernels per step (see runtime/fusion.py); the rewritten graph is the
+        # one that runs and that the capture planner sees
+        model, self.fusions = fuse_for_device(model, self.device.type)
         self.model = model
         self.model_dir = directory
         self.program: GraphProgram = compile_model(model, self.device, directory)

@@ -104,8 +104,12 @@ def _text(analysis: Analysis, path: str) -> str:
     return "\n".join(lines)
 
 
-def capture_report(onnx_path: str | os.PathLike, bind: str | None, as_json: bool) -> str:
+def capture_report(onnx_path: str | os.PathLike, bind: str | None, as_json: bool, device: str = "cpu") -> str:
+    """The plan for the graph a session on ``device`` runs (CUDA sessions run the fused graph)."""
+    from onnxgen.runtime.fusion import fuse_for_device
+
     model, _ = load_model(onnx_path)
+    model, _ = fuse_for_device(model, device)
     analysis = analyse(model, parse_bind(bind))
     if as_json:
         data = analysis.plan.to_json()

@@ -34,6 +34,7 @@ def load_rules() -> dict[tuple[str, str], RuleFn]:
             control,
             elementwise,
             extra_ops,
+            fused,
             misc,
             nn,
             shape_ops,

@@ -1,0 +1,229 @@
+"""Graph rewrites that cut the number of kernels per decode step on CUDA.
+
+A batch-1 decode step is bound by launches, not bandwidth: every node costs a kernel (~2-5 us even
+inside a CUDA graph, measured on the H200: docs/benchmarks/). Three rewrites, each a pattern
+match on the ONNX graph that keeps every value name the rest of the graph reads:
+
+- ``MatMulGroup``: MatMuls that share their input A and have constant 2-D weights (Q/K/V; gate/up)
+  become one GEMM over the concatenated weights, split into the original outputs; a following
+  Add of a constant bias (Qwen's QKV bias) folds into it.
+- ``MatMulNBitsGroup``: the same for com.microsoft MatMulNBits siblings with equal K, bits,
+  block size and accuracy level (the CUDA kernel dequantizes and concatenates them once).
+- ``SiluMul``: Sigmoid(g) -> Mul(g, .) -> Mul(., u), the SwiGLU of Llama-style MLPs, becomes
+  silu(g) * u in one kernel.
+
+The fused ops live in the ``onnxgen`` domain (kernels: kernels/fused.py, shapes:
+shapes/rules/fused.py). They change roundings a little (one GEMM + bias epilogue instead of GEMM
+then Add; silu in fp32 rounded once): parity with onnxruntime is tested within the stated
+tolerances, and captured == eager holds because both run the same fused graph.
+Only CUDA sessions are rewritten (the CPU is not launch-bound); ``ONNXGEN_FUSE=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+
+import onnx
+from onnx import helper
+
+FUSED_DOMAIN = "onnxgen"
+_FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+
+
+@dataclass
+class FusionReport:
+    matmul_groups: int = 0
+    matmul_nbits_groups: int = 0
+    silu_mul: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.matmul_groups + self.matmul_nbits_groups + self.silu_mul
+
+
+def fusion_enabled(device_type: str) -> bool:
+    return device_type == "cuda" and os.environ.get("ONNXGEN_FUSE", "1") != "0"
+
+
+def fuse_for_device(model: onnx.ModelProto, device_type: str) -> tuple[onnx.ModelProto, FusionReport]:
+    """The model rewritten for ``device_type`` (a copy; the input is left alone) and what was fused."""
+    if not fusion_enabled(device_type):
+        return model, FusionReport()
+    return fuse_graph(model)
+
+
+def fuse_graph(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FusionReport]:
+    fused = onnx.ModelProto()
+    fused.CopyFrom(model)
+    graph = fused.graph
+    report = FusionReport()
+    _Rewriter(graph).run(report)
+    if report.total and not any(o.domain == FUSED_DOMAIN for o in fused.opset_import):
+        fused.opset_import.append(helper.make_opsetid(FUSED_DOMAIN, 1))
+    return fused, report
+
+
+class _Rewriter:
+    def __init__(self, graph: onnx.GraphProto):
+        self.graph = graph
+        self.inits = {t.name: t for t in graph.initializer}
+        self.graph_outputs = {o.name for o in graph.output}
+
+    def _consumers(self) -> dict[str, list[onnx.NodeProto]]:
+        found: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+        for node in self.graph.node:
+            for name in node.input:
+                if name:
+                    found[name].append(node)
+            for attr in node.attribute:  # a subgraph reading the value counts as a consumer
+                for sub in [attr.g, *attr.graphs]:
+                    for inner in sub.node:
+                        for name in inner.input:
+                            if name:
+                                found[name].append(node)
+        return found
+
+    def run(self, report: FusionReport) -> None:
+        report.silu_mul += self._fuse_silu_mul()
+        report.matmul_groups += self._fuse_groups("MatMul", "", self._matmul_member)
+        report.matmul_nbits_groups += self._fuse_groups("MatMulNBits", "com.microsoft", self._nbits_member)
+
+    # -- the only-consumer test every pattern needs ----------------------------------------
+
+    def _sole_consumer(self, value: str, consumers: dict[str, list[onnx.NodeProto]]) -> onnx.NodeProto | None:
+        users = consumers.get(value, [])
+        if len(users) != 1 or value in self.graph_outputs:
+            return None
+        return users[0]
+
+    def _const(self, name: str, rank: int) -> onnx.TensorProto | None:
+        t = self.inits.get(name)
+        return t if t is not None and len(t.dims) == rank else None
+
+    # -- SiluMul ---------------------------------------------------------------------------
+
+    def _fuse_silu_mul(self) -> int:
+        consumers = self._consumers()
+        replace: dict[int, onnx.NodeProto | None] = {}
+        index = {id(n): i for i, n in enumerate(self.graph.node)}
+        count = 0
+        for node in self.graph.node:
+            if node.op_type != "Sigmoid" or node.domain not in ("", "ai.onnx") or id(node) in replace:
+                continue
+            gate, sig = node.input[0], node.output[0]
+            first = self._sole_consumer(sig, consumers)
+            if first is None or first.op_type != "Mul" or first.domain not in ("", "ai.onnx"):
+                continue
+            if sorted(first.input) != sorted([gate, sig]):
+                continue
+            second = self._sole_consumer(first.output[0], consumers)
+            if second is None or second.op_type != "Mul" or second.domain not in ("", "ai.onnx"):
+                continue
+            up = second.input[1] if second.input[0] == first.output[0] else second.input[0]
+            if up == first.output[0]:
+                continue
+            name = f"{second.name or first.name}/SiluMul"
+            fused = helper.make_node("SiluMul", [gate, up], [second.output[0]], name=name, domain=FUSED_DOMAIN)
+            # the fused node takes the second Mul's place: `up` is produced before it
+            replace[index[id(node)]] = None
+            replace[index[id(first)]] = None
+            replace[index[id(second)]] = fused
+            count += 1
+        self._apply(replace)
+        return count
+
+    # -- MatMul / MatMulNBits groups -------------------------------------------------------
+
+    def _matmul_member(self, node: onnx.NodeProto) -> tuple | None:
+        w = self._const(node.input[1], 2) if len(node.input) == 2 else None
+        if w is None or w.data_type not in _FLOATS:
+            return None
+        return (w.data_type, w.dims[0])  # members must agree on this
+
+    def _nbits_member(self, node: onnx.NodeProto) -> tuple | None:
+        inputs = list(node.input) + [""] * (6 - len(node.input))
+        if inputs[4] or inputs[5]:  # g_idx (act order) and a fused bias: left alone
+            return None
+        if any(n and n not in self.inits for n in inputs[1:4]):
+            return None
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if int(attrs.get("weight_prepacked", 0)) or "N" not in attrs or "K" not in attrs:
+            return None
+        return (attrs["K"], attrs.get("bits", 4), attrs["block_size"], attrs.get("accuracy_level", 0))
+
+    def _bias_of(self, node: onnx.NodeProto, width: int, consumers, dtype: int | None) -> onnx.NodeProto | None:
+        add = self._sole_consumer(node.output[0], consumers)
+        if add is None or add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.input) != 2:
+            return None
+        other = add.input[1] if add.input[0] == node.output[0] else add.input[0]
+        bias = self._const(other, 1)
+        if bias is None or bias.dims[0] != width or (dtype is not None and bias.data_type != dtype):
+            return None
+        return add
+
+    def _fuse_groups(self, op_type: str, domain: str, member_key) -> int:
+        consumers = self._consumers()
+        by_input: dict[tuple, list[onnx.NodeProto]] = defaultdict(list)
+        for node in self.graph.node:
+            if node.op_type != op_type or node.domain not in (domain, "ai.onnx" if not domain else domain):
+                continue
+            key = member_key(node)
+            if key is not None and node.input[0]:
+                by_input[(node.input[0], key)].append(node)
+        index = {id(n): i for i, n in enumerate(self.graph.node)}
+        replace: dict[int, onnx.NodeProto | None] = {}
+        count = 0
+        for (a, key), members in by_input.items():
+            if len(members) < 2:
+                continue
+            if op_type == "MatMul":
+                widths = [self.inits[m.input[1]].dims[1] for m in members]
+                dtype = key[0]
+            else:
+                widths = [next(helper.get_attribute_value(x) for x in m.attribute if x.name == "N") for m in members]
+                dtype = None
+            adds = [self._bias_of(m, w, consumers, dtype) for m, w in zip(members, widths)]
+            biases = [("" if add is None else (add.input[1] if add.input[0] == m.output[0] else add.input[0]))
+                      for m, add in zip(members, adds)]  # fmt: skip
+            outputs = [m.output[0] if add is None else add.output[0] for m, add in zip(members, adds)]
+            first = min(members, key=lambda m: index[id(m)])
+            if op_type == "MatMul":
+                inputs = [a, *(m.input[1] for m in members), *biases]
+                fused = helper.make_node(
+                    "MatMulGroup", inputs, outputs, name=f"{first.name}/MatMulGroup", domain=FUSED_DOMAIN,
+                    widths=[int(w) for w in widths],
+                )  # fmt: skip
+            else:
+                triples = []
+                for m in members:
+                    padded = list(m.input) + [""] * (4 - len(m.input))
+                    triples += padded[1:4]
+                k, bits, block_size, level = key
+                fused = helper.make_node(
+                    "MatMulNBitsGroup", [a, *triples, *biases], outputs, name=f"{first.name}/MatMulNBitsGroup",
+                    domain=FUSED_DOMAIN, widths=[int(w) for w in widths], K=int(k), bits=int(bits),
+                    block_size=int(block_size), accuracy_level=int(level),
+                )  # fmt: skip
+            for m, add in zip(members, adds):
+                replace[index[id(m)]] = None
+                if add is not None:
+                    replace[index[id(add)]] = None
+            replace[index[id(first)]] = fused  # every input exists where the first member ran
+            count += 1
+        self._apply(replace)
+        return count
+
+    def _apply(self, replace: dict[int, onnx.NodeProto | None]) -> None:
+        if not replace:
+            return
+        nodes = []
+        for i, node in enumerate(self.graph.node):
+            if i in replace:
+                if replace[i] is not None:
+                    nodes.append(replace[i])
+            else:
+                nodes.append(node)
+        del self.graph.node[:]
+        self.graph.node.extend(nodes)

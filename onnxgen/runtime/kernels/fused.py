@@ -1,0 +1,92 @@
+"""Kernels of the ops the CUDA fusion pass writes (onnxgen/runtime/fusion.py; domain ``onnxgen``).
+
+- ``MatMulGroup(A, W_1..W_n, bias_1..bias_n)``, attribute ``widths``: one GEMM of A with the
+  weights concatenated along N (made once per weight set and cached), bias in the GEMM's
+  epilogue, split into the n outputs (views).
+- ``MatMulNBitsGroup(A, (B, scales, zero_points)_1..n, bias_1..n)``: each MatMulNBits weight
+  dequantized as MatMulNBits would, concatenated, then the same GEMM.
+- ``SiluMul(g, u)``: silu(g) * u.
+The concatenated weights cost memory next to the originals (which the graph still holds); the
+MatMulNBits dequantized copy counts against ONNXGEN_DEQUANT_CACHE_MB like MatMulNBits' own.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from onnxgen.runtime.kernels.common import NodeContext
+from onnxgen.runtime.kernels.contrib_attention import compute_dtype
+from onnxgen.runtime.kernels.contrib_quant import DEQUANT_CACHE, dequantize_nbits
+from onnxgen.runtime.kernels.registry import kernel
+from onnxgen.runtime.kernels.triton_support import triton_serves
+
+FUSED_DOMAIN = "onnxgen"
+
+
+def _cached_bias(biases: tuple, widths: list[int], like: torch.Tensor) -> torch.Tensor | None:
+    """The members' biases end to end (zeros for a member without one), made once."""
+    if all(b is None for b in biases):
+        return None
+    return DEQUANT_CACHE.get(biases, ("group-bias", like.dtype), lambda: _group_bias(biases, widths, like))
+
+
+def _group_bias(biases: tuple, widths: list[int], like: torch.Tensor) -> torch.Tensor:
+    parts = [b.to(like.dtype) if b is not None else torch.zeros(w, dtype=like.dtype, device=like.device)
+             for b, w in zip(biases, widths)]  # fmt: skip
+    return torch.cat(parts)
+
+
+def _linear_split(a: torch.Tensor, weight_nk: torch.Tensor, bias: torch.Tensor | None, widths: list[int]):
+    out = F.linear(a, weight_nk, bias)
+    return tuple(torch.split(out, widths, dim=-1))
+
+
+@kernel("MatMulGroup", domain=FUSED_DOMAIN)
+def matmul_group(ctx: NodeContext, a: torch.Tensor, *rest: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    widths = [int(w) for w in ctx.require("widths")]
+    n = len(widths)
+    weights, biases = tuple(rest[:n]), tuple(rest[n : 2 * n]) + (None,) * (2 * n - len(rest))
+    for w, width in zip(weights, widths):
+        if w is None or w.dim() != 2 or w.shape[1] != width or w.shape[0] != a.shape[-1]:
+            raise ctx.fail(f"weights must be [K={a.shape[-1]}, N] with N as in widths {widths}")
+
+    def build() -> torch.Tensor:  # [sum N, K]: F.linear's layout, one contiguous copy
+        return torch.cat([w.t() for w in weights]).contiguous()
+
+    weight = DEQUANT_CACHE.get(tuple(weights), ("MatMulGroup", a.dtype), build)
+    bias = _cached_bias(biases, widths, a)
+    return _linear_split(a, weight.to(a.dtype), bias, widths)
+
+
+@kernel("MatMulNBitsGroup", domain=FUSED_DOMAIN)
+def matmul_nbits_group(ctx: NodeContext, a: torch.Tensor, *rest: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    widths = [int(w) for w in ctx.require("widths")]
+    n = len(widths)
+    k, bits, block_size = int(ctx.require("K")), int(ctx.attr("bits", 4)), int(ctx.require("block_size"))
+    if a.shape[-1] != k:
+        raise ctx.fail(f"A has {a.shape[-1]} columns, K is {k}")
+    triples = [tuple(rest[3 * i : 3 * i + 3]) for i in range(n)]
+    biases = tuple(rest[3 * n : 4 * n]) + (None,) * (4 * n - len(rest))
+    dtype = compute_dtype(a.dtype, a.device)
+
+    def build() -> torch.Tensor:
+        return torch.cat([
+            dequantize_nbits(b, s, z, None, k=k, n=width, bits=bits, block_size=block_size, dtype=dtype)
+            for (b, s, z), width in zip(triples, widths)
+        ])  # fmt: skip
+
+    sources = tuple(t for triple in triples for t in triple)
+    weight = DEQUANT_CACHE.get(sources, ("MatMulNBitsGroup", k, bits, block_size, dtype, a.device), build)
+    bias = _cached_bias(biases, widths, a.to(dtype))
+    outs = _linear_split(a.to(dtype), weight, bias, widths)
+    return tuple(o.to(a.dtype) for o in outs) if dtype != a.dtype else outs
+
+
+@kernel("SiluMul", domain=FUSED_DOMAIN)
+def silu_mul(ctx: NodeContext, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    if g.shape == u.shape and g.dtype == u.dtype and g.is_floating_point() and triton_serves(g):
+        from onnxgen.runtime.kernels.triton_silu import silu_mul as fused
+
+        return fused(g, u)
+    return F.silu(g) * u

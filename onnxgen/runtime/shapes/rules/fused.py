@@ -1,0 +1,22 @@
+"""Shapes of the ops onnxgen's CUDA fusion pass writes (onnxgen/runtime/fusion.py)."""
+
+from __future__ import annotations
+
+from onnxgen.runtime.shapes.context import RuleContext
+from onnxgen.runtime.shapes.rules import rule
+from onnxgen.runtime.shapes.tensor import TensorInfo
+
+FUSED = "onnxgen"
+
+
+@rule("MatMulGroup", "MatMulNBitsGroup", domain=FUSED)
+def matmul_group(ctx: RuleContext) -> list[TensorInfo | None]:
+    a = ctx.shape(0)
+    if ctx.op_type == "MatMulNBitsGroup":
+        ctx.unify(a[-1], int(ctx.attr("K")))
+    return [ctx.out([*a[:-1], int(w)], ctx.dtype(0)) for w in ctx.attr("widths")]
+
+
+@rule("SiluMul", domain=FUSED)
+def silu_mul(ctx: RuleContext) -> list[TensorInfo | None]:
+    return [ctx.out(ctx.broadcast([ctx.shape(0), ctx.shape(1)]), ctx.dtype(0))]
