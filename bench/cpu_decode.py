@@ -19,24 +19,12 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from genai_peer import Run, genai_config_variant, median_run, run_genai, run_onnxgen
 
-from onnxgen.models.package_variants import link_package_files, with_accuracy_level
-
-
-@dataclass
-class Run:
-    ttft_s: float
-    decode_s: float
-    tokens: list[int]
-
-    @property
-    def decode_tok_s(self) -> float:
-        return (len(self.tokens) - 1) / self.decode_s if self.decode_s > 0 else 0.0
+from onnxgen.models.package_variants import with_accuracy_level
 
 
 def pull(precision: str) -> Path:
@@ -51,49 +39,11 @@ def pull(precision: str) -> Path:
 
 def with_genai_threads(package: Path, out: Path, threads: int) -> Path:
     """A copy of the package whose genai_config.json pins onnxruntime's intra-op thread count."""
-    import json
 
-    link_package_files(package, out, skip={"genai_config.json", *(p.name for p in out.glob("*"))})
-    config = json.loads((package / "genai_config.json").read_text())
-    config["model"]["decoder"].setdefault("session_options", {})["intra_op_num_threads"] = threads
-    (out / "genai_config.json").write_text(json.dumps(config, indent=4))
-    return out
+    def pin(config: dict) -> None:
+        config["model"]["decoder"].setdefault("session_options", {})["intra_op_num_threads"] = threads
 
-
-def run_onnxgen(generator, ids: list[int], new_tokens: int) -> Run:
-    from onnxgen.genai import SamplingParams
-
-    tokens = list(generator.generate_ids(ids, SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)))
-    stats = generator.last_stats
-    return Run(stats.ttft_s, stats.decode_s, tokens)
-
-
-def run_genai(model, ids: list[int], new_tokens: int) -> Run:
-    import onnxruntime_genai as og
-
-    params = og.GeneratorParams(model)
-    total = len(ids) + new_tokens
-    params.set_search_options(do_sample=False, max_length=total, min_length=total)
-    generator = og.Generator(model, params)
-    start = time.perf_counter()
-    generator.append_tokens(ids)
-    tokens: list[int] = []
-    first = 0.0
-    while not generator.is_done():
-        generator.generate_next_token()
-        tokens.append(int(generator.get_next_tokens()[0]))
-        if len(tokens) == 1:
-            first = time.perf_counter()
-    end = time.perf_counter()
-    return Run(first - start, end - first, tokens)
-
-
-def median_run(fn, repeats: int) -> tuple[Run, list[float]]:
-    fn()  # warm-up (first-call allocations, weight repacking, dequant caches)
-    runs = [fn() for _ in range(repeats)]
-    rates = [r.decode_tok_s for r in runs]
-    ordered = sorted(runs, key=lambda r: r.decode_tok_s)
-    return ordered[len(ordered) // 2], rates
+    return genai_config_variant(package, out, pin)
 
 
 def describe(name: str, run: Run, rates: list[float]) -> str:

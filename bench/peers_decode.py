@@ -1,0 +1,671 @@
+"""Decode speed of onnxgen beside its peers, one model shape and precision, one table (issue 7).
+
+One set of seeded random weights in a real model's shape is written as a Hugging Face checkpoint
+(config.json + model.safetensors + a stand-in word-level tokenizer); onnxgen's builder turns that
+directory into a package (attention gqa) for the target device and precision. Engines:
+
+    onnxgen          onnxgen's Generator on the package, CUDA graphs on (capture="on"; the CPU has none)
+    onnxgen-eager    the same with capture="off"
+    ort-genai-graph  onnxruntime-genai on the same package, cuda provider option enable_cuda_graph "1" (CUDA only)
+    ort-genai        the same with enable_cuda_graph "0" (on the CPU: its CPU provider)
+    hf-eager         transformers' generate from the checkpoint directory (default attention, dynamic cache)
+    hf-compile       transformers' generate with a static KV cache and the single-token forward compiled by
+                     torch.compile(mode="reduce-overhead") (CUDA only)
+
+Every engine decodes the same --prompt-tokens random prompt ids greedily and makes exactly
+--new-tokens tokens: onnxgen ignores EOS (ignore_eos), onnxruntime-genai and transformers are kept
+from stopping by min_length = max_length / min_new_tokens = max_new_tokens (which also keeps EOS from
+being chosen, so token sequences are compared only before onnxgen's first EOS). Precision: the
+package is fp16, int4 (MatMulNBits, fp16 activations on CUDA) or fp32; transformers runs fp16
+weights on CUDA for both fp16 and int4 (it has no int4 path here: its int4 row is an fp16 run) and
+fp32 on the CPU. The checkpoint holds fp16 weights unless --precision fp32, so onnxgen, onnxruntime-genai
+and transformers compute from the same rounded values.
+
+Method: one warm-up generation per engine, then --repeats timed ones; the table shows medians.
+TTFT is prompt prefill + first token; decode tok/s = (N - 1) / (time after the first token).
+onnxgen and onnxruntime-genai are timed token by token (each reads every token id back to the host).
+transformers exposes only a whole generate() call, so each timed repeat is a 1-token generate (its
+time is the TTFT) and an N-token generate: decode time = (time for N tokens - TTFT), over N - 1 tokens.
+hf-compile keeps one StaticCache for every call (reset in between) so the recorded CUDA graphs keep
+their KV addresses; where transformers has CompileConfig, generate() compiles the decode step itself
+(prefill stays eager, as transformers requires for a static cache), else model.forward is wrapped
+in torch.compile. A compile failure is reported in the table, not raised.
+
+Bandwidth floor: a decode step must read every weight once; the floor is the bytes of the decoder's
+initializers as stored in the package (tables that only a Gather reads, i.e. the embedding lookup of
+one row, left out; rotary caches counted) divided by the H200's measured copy bandwidth. KV-cache
+reads (under 1 MB at these lengths) are left out.
+
+Set-up on the offline GPU machine (facts from ../shared/device/README.md and pack-wheels.sh):
+  1. here, from the repo root (downloads the cp312 wheels, about 272 MB, into git-ignored .wc1/ .wc2/ ...):
+       bash ../shared/device/pack-wheels.sh onnxruntime-gpu==1.31.1 onnxruntime-genai-cuda==0.18.0
+  2. on the device, one call per folder, in order K = 1, 2, ... (the last installs into /tmp/site and
+     writes /tmp/site-env.sh; a restarted machine has lost /tmp: start again from .wc1):
+       run(command="bash .wcK/stash.sh", carry=[".wcK"])
+  3. on the device, in the same command as the bench (onnxruntime-gpu 1.31.1 is a CUDA 13 build that
+     finds its CUDA libraries through that machine's torch; /tmp/site shadows the CPU onnxruntime there):
+       export PYTHONPATH=/tmp/site:$PWD; source /tmp/site-env.sh
+
+Examples (device):
+    export PYTHONPATH=/tmp/site:$PWD; source /tmp/site-env.sh
+    python3 bench/peers_decode.py --shape qwen2.5-coder-0.5b-instruct --precision fp16
+    python3 bench/peers_decode.py --shape qwen2.5-coder-0.5b-instruct --precision int4 --workdir /tmp/peers
+    python3 bench/peers_decode.py --shape smollm2-135m-instruct --engines onnxgen,ort-genai-graph --repeats 5
+Smoke run on a CPU (seconds):
+    python bench/peers_decode.py --device cpu --tiny --engines onnxgen,onnxgen-eager,ort-genai,hf-eager
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import inspect
+import json
+import os
+import platform
+import shlex
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, fields
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from genai_peer import Run, genai_config_variant, run_genai, run_onnxgen, set_provider_option, timed_runs
+
+from onnxgen.models.config import DecoderConfig, weight_shapes
+from onnxgen.models.pull import build_from_source, default_precision, is_complete_package
+from onnxgen.models.random_source import MODEL_SHAPES, TINY_CONFIGS, RandomSource
+
+# ../shared/device/README.md: on the H200 "a 4 GiB device-to-device copy moved about 4.2 TB/s".
+H200_COPY_BYTES_PER_S = 4.2e12
+
+ENGINES = ("onnxgen", "onnxgen-eager", "ort-genai-graph", "ort-genai", "hf-eager", "hf-compile")
+CUDA_ONLY = {"ort-genai-graph", "hf-compile"}
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# --- arguments --------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="qwen2.5-coder-0.5b-instruct", choices=sorted(MODEL_SHAPES))
+    parser.add_argument(
+        "--tiny", nargs="?", const="tiny-llama", choices=sorted(TINY_CONFIGS), help="a test-sized config instead"
+    )
+    parser.add_argument("--precision", choices=["fp16", "int4", "fp32"], help="default: fp16 on cuda, int4 on cpu")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--prompt-tokens", type=int, default=16)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--engines", help=f"comma list of {', '.join(ENGINES)} (default: every one that can run)")
+    parser.add_argument("--seed", type=int, default=0, help="weights and prompt ids")
+    parser.add_argument("--workdir", type=Path, help="keep (and reuse) the checkpoint and packages here")
+    args = parser.parse_args(argv)
+    args.precision = args.precision or default_precision(args.device)
+    args.config = TINY_CONFIGS[args.tiny] if args.tiny else MODEL_SHAPES[args.shape]
+    args.label = args.tiny or args.shape
+    if args.new_tokens < 2 or args.prompt_tokens < 1 or args.repeats < 1:
+        parser.error("need --new-tokens >= 2, --prompt-tokens >= 1 and --repeats >= 1")
+    if args.prompt_tokens + args.new_tokens > args.config.max_position_embeddings:
+        parser.error(f"prompt + new tokens exceed {args.label}'s context ({args.config.max_position_embeddings})")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda, but torch sees no CUDA device (use --device cpu for a smoke run)")
+    args.engines = choose_engines(parser, args)
+    return args
+
+
+def engine_blocker(engine: str, device: str) -> str | None:
+    """Why `engine` cannot run here, or None."""
+    if engine in CUDA_ONLY and device != "cuda":
+        return "CUDA only"
+    if engine.startswith("ort-genai"):
+        try:
+            import onnxruntime_genai as og
+        except ImportError as exc:
+            return f"onnxruntime_genai does not import ({exc}); see the set-up in this script's docstring"
+        if device == "cuda" and not og.is_cuda_available():
+            return "this onnxruntime-genai has no CUDA (the onnxruntime-genai-cuda wheel: see the docstring)"
+    if engine.startswith("hf"):
+        try:
+            import transformers  # noqa: F401
+        except ImportError as exc:
+            return f"transformers does not import ({exc})"
+    return None
+
+
+def choose_engines(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    if args.engines:
+        wanted = [e.strip() for e in args.engines.split(",") if e.strip()]
+        unknown = [e for e in wanted if e not in ENGINES]
+        if unknown:
+            parser.error(f"unknown engine(s) {', '.join(unknown)}; choose from {', '.join(ENGINES)}")
+        for engine in wanted:
+            blocker = engine_blocker(engine, args.device)
+            if blocker:
+                parser.error(f"engine {engine} cannot run here: {blocker}")
+        return wanted
+    chosen = []
+    for engine in ENGINES:
+        blocker = engine_blocker(engine, args.device)
+        if blocker:
+            say(f"skipping {engine}: {blocker}")
+        else:
+            chosen.append(engine)
+    return chosen
+
+
+# --- the Hugging Face checkpoint -------------------------------------------------------------
+
+
+def hf_config_for(config: DecoderConfig) -> Any:
+    """A transformers config of the same architecture, chosen from the layout facts alone."""
+    import transformers
+
+    if config.rope_interleaved or config.partial_rotary_factor != 1.0:
+        raise SystemExit("no transformers config here for interleaved or partial rotary embeddings")
+    eos = config.eos_token_id
+    common = dict(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+        hidden_act=config.hidden_act,
+        rms_norm_eps=config.rms_norm_eps,
+        rope_theta=config.rope_theta,
+        max_position_embeddings=config.max_position_embeddings,
+        tie_word_embeddings=config.tie_word_embeddings,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=eos[0] if len(eos) == 1 else list(eos),
+        pad_token_id=config.pad_token_id,
+    )
+    if config.attention_bias:
+        # biases on q/k/v only (none on o_proj or the MLP): the layout transformers calls Qwen2
+        return transformers.Qwen2Config(**common, use_sliding_window=False)
+    # no biases at all: Llama's layout
+    return transformers.LlamaConfig(**common, attention_bias=False, mlp_bias=False)
+
+
+def check_hf_layout(hf_config: Any, config: DecoderConfig) -> None:
+    """The transformers model of `hf_config` (built on the meta device: no memory) must hold exactly
+    the weights of `config`, in the same shapes, tied the same way; otherwise the chosen class
+    does not express this shape and the comparison would be of two different models."""
+    import transformers
+
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(hf_config)
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    theirs = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    if tied:
+        theirs.pop("lm_head.weight", None)  # the embedding table itself
+    ours = weight_shapes(config)
+    problems = [
+        f"{name}: {theirs.get(name)} in transformers, {ours.get(name)} here"
+        for name in sorted(set(theirs) | set(ours))
+        if theirs.get(name) != ours.get(name)
+    ]
+    if tied != config.tie_word_embeddings:
+        problems.insert(0, f"embeddings tied: {tied} in transformers, {config.tie_word_embeddings} here")
+    if problems:
+        raise SystemExit(f"{type(model).__name__} does not match {config.name or config.architecture}: {problems[:5]}")
+
+
+def write_tokenizer(config: DecoderConfig, directory: Path) -> None:
+    """A word-level vocabulary "<tN>" of the model's size: the benches feed token ids, but a package
+    (and onnxgen's Generator) wants tokenizer files, and transformers wants special-token names."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"<t{i}>": i for i in range(config.vocab_size)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<t0>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.save(str(directory / "tokenizer.json"))
+    specials = {"bos_token": config.bos_token_id, "pad_token": config.pad_token_id}
+    specials["eos_token"] = config.eos_token_id[0] if config.eos_token_id else None
+    tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<t0>"}
+    tokenizer_config |= {key: f"<t{i}>" for key, i in specials.items() if i is not None}
+    (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
+
+
+def write_checkpoint(config: DecoderConfig, directory: Path, dtype: torch.dtype, seed: int) -> None:
+    """config.json (save_pretrained), model.safetensors with RandomSource's seeded weights (the same
+    initialization the other random-weight benches use), tokenizer files."""
+    from safetensors.torch import save_file
+
+    hf_config = hf_config_for(config)
+    check_hf_layout(hf_config, config)
+    directory.mkdir(parents=True)
+    hf_config.save_pretrained(directory)
+    source = RandomSource(config, seed)
+    # names as transformers writes them; a tied lm_head is absent, which is how loaders see the tie
+    tensors = {name: torch.from_numpy(source.get(name)).to(dtype) for name in source.names()}
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    write_tokenizer(config, directory)
+
+
+def check_roundtrip(directory: Path, config: DecoderConfig) -> None:
+    """What onnxgen reads back from the checkpoint must be the shape it was written from."""
+    from onnxgen.models.hf_source import HFSource
+
+    back = HFSource(directory).config
+    skip = {"architecture", "name", "eos_token_id", "bos_token_id", "pad_token_id"}
+    differ = [
+        f"{f.name}: wrote {getattr(config, f.name)!r}, read {getattr(back, f.name)!r}"
+        for f in fields(DecoderConfig)
+        if f.name not in skip and getattr(config, f.name) != getattr(back, f.name)
+    ]
+    if differ:
+        raise SystemExit(f"the checkpoint in {directory} does not read back as written: {differ}")
+
+
+def ensure_checkpoint(args: argparse.Namespace, workdir: Path) -> Path:
+    dtype = torch.float32 if args.precision == "fp32" else torch.float16
+    directory = workdir / f"hf-{args.label}-{str(dtype).removeprefix('torch.')}-seed{args.seed}"
+    if (directory / "model.safetensors").is_file() and (directory / "tokenizer.json").is_file():
+        say(f"checkpoint: reusing {directory}")
+        return directory
+    say(f"checkpoint: writing {args.label} random weights ({dtype}) to {directory}")
+    start = time.perf_counter()
+    partial = directory.with_name(directory.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    write_checkpoint(args.config, partial, dtype, args.seed)
+    check_roundtrip(partial, args.config)
+    os.replace(partial, directory)  # complete or absent: a later --workdir run never reuses half a checkpoint
+    say(f"checkpoint: written in {time.perf_counter() - start:.1f} s")
+    return directory
+
+
+def ensure_package(args: argparse.Namespace, hf_dir: Path, workdir: Path) -> Path:
+    package = workdir / f"pkg-{args.label}-{args.precision}-{args.device}-gqa-seed{args.seed}"
+    if is_complete_package(package):
+        say(f"package: reusing {package}")
+        return package
+    shutil.rmtree(package, ignore_errors=True)
+    say(f"package: building {args.precision}/{args.device}/gqa into {package}")
+    start = time.perf_counter()
+    build_from_source(hf_dir, package, precision=args.precision, device=args.device, attention="gqa")
+    say(f"package: built in {time.perf_counter() - start:.1f} s")
+    check_providers(package, args.device)
+    return package
+
+
+def check_providers(package: Path, device: str) -> None:
+    """onnxruntime-genai runs the decoder on the providers genai_config.json names: on CUDA it must name cuda."""
+    config = json.loads((package / "genai_config.json").read_text())
+    named = [name for entry in config["model"]["decoder"]["session_options"]["provider_options"] for name in entry]
+    if (device == "cuda") != ("cuda" in named):
+        raise SystemExit(f"{package}/genai_config.json names providers {named} for device {device}")
+
+
+# --- the weight bytes a decode step reads -------------------------------------------------------
+
+
+def weight_bytes(package: Path) -> tuple[int, int]:
+    """(bytes of every initializer as stored, the same without tables that only a Gather reads)."""
+    import onnx
+
+    model = onnx.load(str(package / "model.onnx"), load_external_data=False)
+    consumers: dict[str, set[str]] = defaultdict(set)
+    for node in model.graph.node:
+        for name in node.input:
+            consumers[name].add(node.op_type)
+    stored = read = 0
+    for tensor in model.graph.initializer:
+        size = _stored_size(tensor)
+        stored += size
+        # a Gather reads one row per token (the embedding lookup), not the table
+        if consumers[tensor.name] and not consumers[tensor.name] <= {"Gather", "GatherBlockQuantized"}:
+            read += size
+    return stored, read
+
+
+def _stored_size(tensor: Any) -> int:
+    import onnx
+
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        return int({entry.key: entry.value for entry in tensor.external_data}["length"])
+    if tensor.raw_data:
+        return len(tensor.raw_data)
+    itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    return int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
+
+
+# --- engines ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Bench:
+    args: argparse.Namespace
+    workdir: Path
+    hf_dir: Path
+    package: Path
+    ids: list[int]
+
+
+@dataclass
+class EngineResult:
+    name: str
+    note: str = ""
+    runs: list[Run] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def decode_tok_s(self) -> float:
+        return statistics.median(r.decode_tok_s for r in self.runs)
+
+    @property
+    def ms_per_token(self) -> float:
+        return 1000.0 / self.decode_tok_s if self.decode_tok_s else float("nan")
+
+    @property
+    def ttft_ms(self) -> float:
+        return 1000.0 * statistics.median(r.ttft_s for r in self.runs)
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.runs[0].tokens if self.runs else []
+
+
+def run_onnxgen_engine(bench: Bench, eager: bool) -> EngineResult:
+    from onnxgen.genai import Generator
+
+    args = bench.args
+    # the CPU has no CUDA graphs: there both onnxgen rows run eagerly
+    capture = "off" if eager or args.device == "cpu" else "on"
+    generator = Generator(bench.package, device=args.device, capture=capture)
+    runs = timed_runs(lambda: run_onnxgen(generator, bench.ids, args.new_tokens), args.repeats)
+    note = f"capture {capture}, {generator.kv_kind} KV"
+    if capture == "on":
+        stats = generator.capture_stats
+        say(f"onnxgen {stats.summary()}")
+        note += f", {stats.segments_per_step} segment(s) + {stats.seams_per_step} seam(s)/step"
+    elif args.device == "cpu":
+        note += " (CPU: no CUDA graphs)"
+    return EngineResult("", note, runs)
+
+
+def run_genai_engine(bench: Bench, graph: bool) -> EngineResult:
+    import onnxruntime_genai as og
+
+    args = bench.args
+    package, note = bench.package, "CPU provider, the package's genai_config.json"
+    if args.device == "cuda":
+        value = "1" if graph else "0"
+        # a sibling package sharing the weights (hard links) whose genai_config.json sets the option
+        variant = bench.workdir / f"{bench.package.name}-genai-cuda-graph-{value}"
+        shutil.rmtree(variant, ignore_errors=True)
+        genai_config_variant(
+            bench.package, variant, lambda config: set_provider_option(config, "cuda", "enable_cuda_graph", value)
+        )
+        package, note = variant, f"cuda provider, enable_cuda_graph={value}"
+    model = og.Model(str(package))
+    runs = timed_runs(lambda: run_genai(model, bench.ids, args.new_tokens), args.repeats)
+    return EngineResult("", note, runs)
+
+
+class HFRunner:
+    """transformers' generate on one prompt; compiled=True: one static cache for every call and a
+    compiled single-token step (see the module docstring)."""
+
+    def __init__(self, bench: Bench, compiled: bool) -> None:
+        import transformers
+
+        args = bench.args
+        self.device = torch.device(args.device)
+        self.dtype = torch.float16 if args.device == "cuda" and args.precision != "fp32" else torch.float32
+        # loaded as stored, then cast: the same call whatever transformers calls its dtype argument
+        model = transformers.AutoModelForCausalLM.from_pretrained(bench.hf_dir)
+        self.model = model.to(device=self.device, dtype=self.dtype).eval()
+        self.ids = torch.tensor([bench.ids], dtype=torch.int64, device=self.device)
+        config = args.config
+        self.base = dict(do_sample=False, num_beams=1, pad_token_id=config.pad_token_id)
+        self.base["eos_token_id"] = list(config.eos_token_id)
+        self.cache: Any = None
+        self.cache_arg = ""
+        attention = getattr(self.model.config, "_attn_implementation", None) or "default"
+        self.how = f"{self.dtype}".removeprefix("torch.") + f" weights, {attention} attention"
+        if compiled:
+            self._prepare_compile(len(bench.ids) + args.new_tokens)
+
+    def _prepare_compile(self, length: int) -> None:
+        import transformers
+
+        self.cache = static_cache(self.model, length)
+        forward = inspect.signature(self.model.forward).parameters
+        self.cache_arg = "cache" if "cache" in forward else "past_key_values"
+        if hasattr(transformers, "CompileConfig"):
+            # generate() compiles the single-token step itself for a static cache and keeps prefill eager
+            self.base["compile_config"] = transformers.CompileConfig(mode="reduce-overhead", fullgraph=True)
+            self.how += ", static cache, generate's torch.compile(reduce-overhead) of the decode step"
+        else:
+            self.model.forward = torch.compile(self.model.forward, mode="reduce-overhead", fullgraph=True)
+            self.how += ", static cache, torch.compile(model.forward, reduce-overhead)"
+
+    def generate(self, n: int) -> tuple[float, list[int]]:
+        import transformers
+
+        config = transformers.GenerationConfig(max_new_tokens=n, min_new_tokens=n, **self.base)
+        extra = {}
+        if self.cache is not None:
+            self.cache.reset()  # the same tensors every call: recorded graphs keep their addresses
+            extra[self.cache_arg] = self.cache
+        mask = torch.ones_like(self.ids)
+        self._sync()
+        start = time.perf_counter()
+        out = self.model.generate(input_ids=self.ids, attention_mask=mask, generation_config=config, **extra)
+        tokens = out[0, self.ids.shape[1] :].tolist()
+        self._sync()
+        return time.perf_counter() - start, tokens
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def run(self, new_tokens: int) -> Run:
+        ttft, _ = self.generate(1)
+        total, tokens = self.generate(new_tokens)
+        return Run(ttft, total - ttft, tokens)
+
+
+def static_cache(model: Any, length: int) -> Any:
+    """A StaticCache for batch 1 and `length` positions; the constructor's arguments changed across
+    transformers versions, so only those it accepts are passed."""
+    from transformers import StaticCache
+
+    offered = dict(config=model.config, max_cache_len=length, max_batch_size=1, batch_size=1)
+    offered |= dict(device=model.device, dtype=model.dtype)
+    accepted = inspect.signature(StaticCache.__init__).parameters
+    return StaticCache(**{key: value for key, value in offered.items() if key in accepted})
+
+
+def run_hf_engine(bench: Bench, compiled: bool) -> EngineResult:
+    runner = HFRunner(bench, compiled)
+    runs = timed_runs(lambda: runner.run(bench.args.new_tokens), bench.args.repeats)
+    note = runner.how
+    if compiled and "compile_config" in runner.base and not hasattr(runner.model, "_compiled_call"):
+        note += " (generate did not compile: eager steps)"
+    if bench.args.precision == "int4":
+        note += f"; int4 row: HF runs the unquantized weights in {runner.dtype}".replace("torch.", "")
+    return EngineResult("", note, runs)
+
+
+RUNNERS: dict[str, Callable[[Bench], EngineResult]] = {
+    "onnxgen": lambda b: run_onnxgen_engine(b, eager=False),
+    "onnxgen-eager": lambda b: run_onnxgen_engine(b, eager=True),
+    "ort-genai-graph": lambda b: run_genai_engine(b, graph=True),
+    "ort-genai": lambda b: run_genai_engine(b, graph=False),
+    "hf-eager": lambda b: run_hf_engine(b, compiled=False),
+    "hf-compile": lambda b: run_hf_engine(b, compiled=True),
+}
+
+
+def run_engine(name: str, bench: Bench) -> EngineResult:
+    """One engine, its failure caught and named (a peer that cannot run is a result, not a crash)."""
+    say(f"{name}: warm-up + {bench.args.repeats} timed generation(s)")
+    start = time.perf_counter()
+    try:
+        result = RUNNERS[name](bench)
+    except Exception as exc:  # any failure of a peer becomes its table row
+        import traceback
+
+        traceback.print_exc(file=sys.stderr)
+        first_line = (str(exc).strip().splitlines() or [""])[0][:200]
+        result = EngineResult("", error=f"{type(exc).__name__}: {first_line}")
+    finally:
+        gc.collect()  # drop this engine's weights before the next one loads its own
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    result.name = name
+    if result.runs:
+        took = time.perf_counter() - start
+        say(f"{name}: {result.decode_tok_s:.1f} tok/s, TTFT {result.ttft_ms:.1f} ms (engine total {took:.1f} s)")
+    return result
+
+
+# --- report -----------------------------------------------------------------------------------
+
+
+def versions() -> Iterator[str]:
+    yield f"torch {torch.__version__}"
+    for module in ("transformers", "onnxruntime_genai", "onnxruntime"):
+        try:
+            imported = __import__(module)
+        except ImportError:
+            yield f"{module} not installed"
+            continue
+        line = f"{module} {getattr(imported, '__version__', '?')}"
+        if module == "onnxruntime":
+            line += f" (providers: {', '.join(imported.get_available_providers())})"
+        yield line
+
+
+def device_name(device: str) -> str:
+    if device == "cuda":
+        return torch.cuda.get_device_name(0)
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                return f"{name} ({os.cpu_count()} CPUs, torch threads {torch.get_num_threads()})"
+    return platform.processor() or "CPU"
+
+
+def cell(text: str) -> str:
+    return text.replace("|", "/").replace("\n", " ")
+
+
+def table(results: list[EngineResult], floor_ms: float | None) -> list[str]:
+    reference = next((r for r in results if r.name == "onnxgen" and r.runs), None)
+    lines = [
+        "| engine | decode tok/s | ms/token | TTFT ms | onnxgen / engine | x floor | notes |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in results:
+        if not r.runs:
+            lines.append(f"| {r.name} | - | - | - | - | - | failed: {cell(r.error)} |")
+            continue
+        ratio = f"{reference.decode_tok_s / r.decode_tok_s:.2f}" if reference else "-"
+        over = f"{r.ms_per_token / floor_ms:.1f}" if floor_ms else "-"
+        lines.append(
+            f"| {r.name} | {r.decode_tok_s:.1f} | {r.ms_per_token:.3f} | {r.ttft_ms:.1f} | {ratio} | {over} | "
+            f"{cell(r.note)} |"
+        )
+    return lines
+
+
+def token_agreement(results: list[EngineResult], eos_ids: set[int]) -> list[str]:
+    """Each engine's greedy ids against onnxgen's, up to onnxgen's first EOS (the peers suppress EOS
+    there, onnxgen takes it). fp16 runs may part at near-ties: reported, never a failure."""
+    reference = next((r for r in results if r.name in ("onnxgen", "onnxgen-eager") and r.runs), None)
+    if reference is None:
+        return ["tokens: no onnxgen run to compare against"]
+    ours = reference.tokens
+    end = next((i for i, t in enumerate(ours) if t in eos_ids), len(ours))
+    lines = [] if end == len(ours) else [f"tokens: {reference.name} chose EOS at position {end}; compared before it"]
+    for r in results:
+        if r is reference or not r.runs:
+            continue
+        theirs = r.tokens[:end]
+        differ = next((i for i, (a, b) in enumerate(zip(ours[:end], theirs)) if a != b), None)
+        if differ is None and len(theirs) == end:
+            lines.append(f"tokens: {r.name} = {reference.name} over all {end} greedy tokens")
+        else:
+            at = differ if differ is not None else len(theirs)
+            lines.append(f"tokens: {r.name} differs from {reference.name} first at position {at} (of {end})")
+    return lines
+
+
+def report(bench: Bench, results: list[EngineResult]) -> list[str]:
+    args = bench.args
+    stored, read = weight_bytes(bench.package)
+    floor_ms = 1000.0 * read / H200_COPY_BYTES_PER_S if args.device == "cuda" else None
+    lines = [
+        f"## decode speed: {args.label} {args.precision} on {args.device}",
+        "",
+        f"random weights; prompt {len(bench.ids)} tokens, {args.new_tokens} new, greedy, "
+        f"median of {args.repeats} after a warm-up",
+        "",
+        *table(results, floor_ms),
+        "",
+    ]
+    lines.append("onnxgen / engine: ratio of decode tok/s (above 1: onnxgen is faster)")
+    weights = f"decoder weights as stored {stored / 1e6:.1f} MB, {read / 1e6:.1f} MB without Gather-only tables"
+    if floor_ms:
+        ours = next((r for r in results if r.name == "onnxgen" and r.runs), None)
+        lines.append(
+            f"bandwidth floor: {weights} / 4.2 TB/s (H200 device copy) = {floor_ms:.3f} ms/token"
+            + (f"; onnxgen at {ours.ms_per_token / floor_ms:.1f}x the floor" if ours else "")
+        )
+    else:
+        lines.append(f"{weights} (no floor on the CPU: the 4.2 TB/s constant is the H200's)")
+    if args.precision == "int4" and any(r.name.startswith("hf") for r in results):
+        dtype = "fp16" if args.device == "cuda" else "fp32"
+        lines.append(f"int4: transformers has no int4 path here; its rows run the checkpoint's weights in {dtype}")
+    lines += token_agreement(results, set(args.config.eos_token_id))
+    if args.device == "cpu" and args.precision == "int4" and any(r.name == "ort-genai" for r in results):
+        # builder_parts: MatMulNBits accuracy_level 4 on the CPU, genai's default there
+        lines.append("int4 on the CPU: onnxruntime rounds MatMulNBits activations to int8 (accuracy_level 4)")
+    lines += ["", f"device: {device_name(args.device)}", "versions: " + "; ".join(versions())]
+    lines.append(f"date: {datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}")
+    lines.append(f"command: python {shlex.join(sys.argv)}")
+    return lines
+
+
+# --- main -------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        if args.workdir:
+            workdir = args.workdir
+            workdir.mkdir(parents=True, exist_ok=True)
+        else:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="peers-decode-")))
+        hf_dir = ensure_checkpoint(args, workdir)
+        package = ensure_package(args, hf_dir, workdir)
+        rng = np.random.default_rng(args.seed)
+        ids = [int(i) for i in rng.integers(0, args.config.vocab_size, args.prompt_tokens)]
+        bench = Bench(args, workdir, hf_dir, package, ids)
+        results = [run_engine(name, bench) for name in args.engines]
+        print("\n".join(report(bench, results)), flush=True)
+    failed = [r.name for r in results if r.name.startswith("onnxgen") and not r.runs]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
