@@ -1,0 +1,31 @@
+"""bench/peers_decode.py end to end on the CPU with a tiny config: every engine gets a measured row."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ENGINES = ["onnxgen", "onnxgen-eager", "ort-genai", "hf-eager"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tiny,precision", [("tiny-llama", "int4"), ("tiny-qwen2", "fp32")])
+def test_peers_decode_tiny_cpu(tiny: str, precision: str) -> None:
+    pytest.importorskip("onnxruntime_genai")
+    pytest.importorskip("transformers")
+    command = [sys.executable, str(ROOT / "bench" / "peers_decode.py"), "--device", "cpu", "--tiny", tiny]
+    command += ["--precision", precision, "--new-tokens", "32", "--repeats", "2", "--engines", ",".join(ENGINES)]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = {line.split("|")[1].strip(): line for line in done.stdout.splitlines() if line.startswith("| ")}
+    for engine in ENGINES:
+        cells = [c.strip() for c in rows[engine].split("|")[2:5]]  # tok/s, ms/token, TTFT ms
+        assert all(float(c) > 0 for c in cells), rows[engine]
+    assert "command: python" in done.stdout and "versions: torch" in done.stdout
+    if precision == "fp32":  # the same fp32 weights everywhere: greedy ids agree token for token
+        for engine in ENGINES[1:]:
+            assert f"tokens: {engine} = onnxgen over all 32 greedy tokens" in done.stdout, done.stdout
