@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxgen.runtime import InferenceSession
-from onnxgen.runtime.fusion import fuse_for_device, fuse_graph
+from onnxgen.runtime.fusion import fuse_for_device, fuse_graph, pack_matmul_groups
 from tests.conftest import DEVICES, make_model, ort_run
 
 RNG = np.random.default_rng(3)
@@ -46,9 +46,14 @@ def test_matmul_group_matches_onnxruntime(bias_on, device: str) -> None:
     assert [n.op_type for n in fused.graph.node] == ["MatMulGroup"]
     x = RNG.standard_normal((2, 3, 8)).astype(np.float32)
     want = ort_run(model, {"x": x})
-    got = InferenceSession(fused, device=device).run(None, {"x": x})
-    for g, w in zip(got, want):
-        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    session = InferenceSession(fused, device=device)
+    for packed in (False, True):
+        if packed and device == "cpu":  # CUDA sessions pack by themselves
+            assert pack_matmul_groups(session.program) == 1
+            assert not {"w_q", "w_k", "w_v"} & set(session.program.initializers)  # one copy left
+        got = session.run(None, {"x": x})
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
 def test_a_bias_add_whose_input_is_read_elsewhere_stays() -> None:

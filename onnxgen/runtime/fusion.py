@@ -22,8 +22,9 @@ Only CUDA sessions are rewritten (the CPU is not launch-bound); ``ONNXGEN_FUSE=0
 from __future__ import annotations
 
 import os
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
+from typing import Any
 
 import onnx
 from onnx import helper
@@ -227,3 +228,36 @@ class _Rewriter:
                 nodes.append(node)
         del self.graph.node[:]
         self.graph.node.extend(nodes)
+
+
+def pack_matmul_groups(program: Any) -> int:
+    """Concatenate each MatMulGroup's weights once, as the GEMM wants them ([sum N, K]), and drop
+    the separate weights the program no longer reads: the group then holds one copy of its weights
+    instead of two. Returns the number of groups packed."""
+    import torch
+
+    readers: Counter[str] = Counter()
+    for step in program.steps:
+        readers.update(name for name in step.inputs if name)
+        for sub in step.ctx.subgraphs.values():
+            readers.update(sub.outer_references())
+    graph_inputs = {vi.name for vi in program.inputs} | {vi.name for vi in program.outputs}
+    packed = 0
+    for step in program.steps:
+        if step.ctx.op_type != "MatMulGroup" or step.ctx.domain != FUSED_DOMAIN or step.ctx.attrs.get("packed_weight"):
+            continue
+        n = len(step.ctx.attrs["widths"])
+        names = step.inputs[1 : 1 + n]
+        weights = [program.initializers.get(name) for name in names]
+        if any(w is None or name in graph_inputs for w, name in zip(weights, names)):
+            continue
+        name = f"onnxgen.packed[{','.join(names)}]"
+        program.initializers[name] = torch.cat([w.t() for w in weights]).contiguous()
+        step.inputs[1 : 1 + n] = [name] + [""] * (n - 1)
+        step.ctx.attrs["packed_weight"] = 1
+        for old in names:
+            readers[old] -= 1
+            if readers[old] == 0:
+                del program.initializers[old]
+        packed += 1
+    return packed

@@ -15,7 +15,7 @@ import torch
 from onnxgen.errors import InvalidInputError, ModelLoadError
 from onnxgen.runtime.dtypes import ONNX_TO_TORCH, numpy_to_torch, onnx_type_name, torch_to_numpy
 from onnxgen.runtime.executor import GraphProgram, ValueInfo, compile_model
-from onnxgen.runtime.fusion import fuse_for_device
+from onnxgen.runtime.fusion import fuse_for_device, pack_matmul_groups
 from onnxgen.runtime.model_io import load_model
 
 
@@ -75,6 +75,8 @@ class InferenceSession:
         self.model = model
         self.model_dir = directory
         self.program: GraphProgram = compile_model(model, self.device, directory)
+        if self.fusions.matmul_groups:
+            pack_matmul_groups(self.program)  # one copy of the grouped weights, not two
         inits = set(self.program.initializers)
         self._inputs = [vi for vi in self.program.inputs if vi.name not in inits]
         self._optional_inputs = {vi.name for vi in self.program.inputs if vi.name in inits}

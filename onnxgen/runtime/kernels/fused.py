@@ -47,6 +47,8 @@ def matmul_group(ctx: NodeContext, a: torch.Tensor, *rest: torch.Tensor | None) 
     widths = [int(w) for w in ctx.require("widths")]
     n = len(widths)
     weights, biases = tuple(rest[:n]), tuple(rest[n : 2 * n]) + (None,) * (2 * n - len(rest))
+    if ctx.attrs.get("packed_weight"):  # the session packed the weights already (pack_matmul_groups)
+        return _linear_split(a, weights[0], _cached_bias(biases, widths, a), widths)
     for w, width in zip(weights, widths):
         if w is None or w.dim() != 2 or w.shape[1] != width or w.shape[0] != a.shape[-1]:
             raise ctx.fail(f"weights must be [K={a.shape[-1]}, N] with N as in widths {widths}")
