@@ -82,6 +82,7 @@ import torch
 from genai_peer import Run, genai_config_variant, run_genai, run_onnxgen, set_provider_option, timed_runs
 
 from onnxgen.models.config import DecoderConfig, weight_shapes
+from onnxgen.models.hf_reference import transformers_config
 from onnxgen.models.pull import build_from_source, default_precision, is_complete_package
 from onnxgen.models.random_source import MODEL_SHAPES, TINY_CONFIGS, RandomSource
 
@@ -172,33 +173,10 @@ def choose_engines(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
 
 def hf_config_for(config: DecoderConfig) -> Any:
     """A transformers config of the same architecture, chosen from the layout facts alone."""
-    import transformers
-
-    if config.rope_interleaved or config.partial_rotary_factor != 1.0:
-        raise SystemExit("no transformers config here for interleaved or partial rotary embeddings")
-    eos = config.eos_token_id
-    common = dict(
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_hidden_layers,
-        num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=config.num_key_value_heads,
-        head_dim=config.head_dim,
-        hidden_act=config.hidden_act,
-        rms_norm_eps=config.rms_norm_eps,
-        rope_theta=config.rope_theta,
-        max_position_embeddings=config.max_position_embeddings,
-        tie_word_embeddings=config.tie_word_embeddings,
-        bos_token_id=config.bos_token_id,
-        eos_token_id=eos[0] if len(eos) == 1 else list(eos),
-        pad_token_id=config.pad_token_id,
-    )
-    if config.attention_bias:
-        # biases on q/k/v only (none on o_proj or the MLP): the layout transformers calls Qwen2
-        return transformers.Qwen2Config(**common, use_sliding_window=False)
-    # no biases at all: Llama's layout
-    return transformers.LlamaConfig(**common, attention_bias=False, mlp_bias=False)
+    try:
+        return transformers_config(config)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def check_hf_layout(hf_config: Any, config: DecoderConfig) -> None:

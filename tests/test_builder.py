@@ -14,6 +14,7 @@ import torch
 
 from onnxgen.models.builder import BuildError, build_package
 from onnxgen.models.config import DecoderConfig, WeightSource
+from onnxgen.models.hf_reference import transformers_config
 from onnxgen.models.hf_source import HFSource
 from onnxgen.models.quantize import quantize_4bit
 from onnxgen.models.random_source import TINY_CONFIGS, RandomSource
@@ -30,26 +31,9 @@ def hf_model(config: DecoderConfig, source: WeightSource) -> torch.nn.Module:
     """A transformers model of the same architecture holding the source's weights (fp32, eager attention)."""
     import transformers
 
-    kwargs = dict(
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_hidden_layers,
-        num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=config.num_key_value_heads,
-        rms_norm_eps=config.rms_norm_eps,
-        rope_theta=config.rope_theta,
-        max_position_embeddings=config.max_position_embeddings,
-        tie_word_embeddings=config.tie_word_embeddings,
-    )
-    if config.architecture == "qwen2":
-        hf_config = transformers.Qwen2Config(**kwargs)
-        model_cls = transformers.Qwen2ForCausalLM
-    else:
-        hf_config = transformers.LlamaConfig(**kwargs, head_dim=config.head_dim, attention_bias=False)
-        model_cls = transformers.LlamaForCausalLM
-    hf_config._attn_implementation = "eager"
-    model = model_cls(hf_config).eval()
+    hf_config = transformers_config(config)
+    model_cls = transformers.AutoModelForCausalLM
+    model = model_cls.from_config(hf_config, attn_implementation="eager").eval()
     state = {name: torch.from_numpy(source.get(name)) for name in source.names()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected
