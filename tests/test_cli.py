@@ -100,6 +100,11 @@ def test_show_package_and_capture_plan(smollm2_packages):
     data = json.loads(plan.stdout)
     assert data["segments"] == 31  # 30 layers + 1 for the dynamic-KV decode step
     assert {"name", "op_type", "capturable", "kind", "reason", "segment"} <= set(data["nodes"][0])
+    assert data["device"] == "cpu" and not any(data["fusions"].values())
+    # what a CUDA session runs: the fused graph (Q/K/V and gate/up groups, SiLU-mul), same segments
+    fused = json.loads(onnxgen("show", package, "--capture", "--json", "--device", "cuda").stdout)
+    assert fused["fusions"] == {"matmul_groups": 60, "matmul_nbits_groups": 0, "silu_mul": 30}
+    assert fused["segments"] == 31 and len(fused["nodes"]) < len(data["nodes"])
 
 
 def test_pull_prints_package_dir_last_and_list(package):

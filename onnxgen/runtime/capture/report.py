@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -109,11 +110,16 @@ def capture_report(onnx_path: str | os.PathLike, bind: str | None, as_json: bool
     from onnxgen.runtime.fusion import fuse_for_device
 
     model, _ = load_model(onnx_path)
-    model, _ = fuse_for_device(model, device)
+    model, fused = fuse_for_device(model, device)
     analysis = analyse(model, parse_bind(bind))
+    rewrites = dataclasses.asdict(fused)
     if as_json:
         data = analysis.plan.to_json()
         data["segments_without_classifier"] = len(analysis.baseline.segments)
         data["binding"] = analysis.shapes.binding
+        data["device"], data["fusions"] = device, rewrites
         return json.dumps(data, indent=2)
-    return _text(analysis, str(onnx_path))
+    text = _text(analysis, str(onnx_path))
+    done = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in rewrites.items() if n)
+    header, _, rest = text.partition("\n")
+    return f"{header}\ngraph as a {device} session runs it: {'fused (' + done + ')' if done else 'as stored'}\n{rest}"
