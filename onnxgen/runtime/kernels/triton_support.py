@@ -47,7 +47,9 @@ def _warn_fallback() -> None:
         )
 
 
+@functools.cache
 def interpreting() -> bool:
+    """Triton's interpreter is on (read once: triton itself decides when a kernel is defined)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
@@ -58,4 +60,4 @@ def triton_serves(t: torch.Tensor) -> bool:
             return True
         _warn_fallback()
         return False
-    return t.device.type == "cpu" and interpreting() and triton_importable()
+    return interpreting() and t.device.type == "cpu" and triton_importable()
