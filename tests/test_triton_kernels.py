@@ -21,16 +21,28 @@ from onnxgen.runtime.kernels.triton_support import triton_importable
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.skipif(not triton_importable(), reason="triton is not installed")
-def test_parity_tests_pass_through_the_triton_interpreter() -> None:
-    selection = "gqa_shared or gqa_fp16 or layer_norm or genai_built or growing_kv or silu_mul"
+def run_interpreted(selection: str, **env: str) -> dict[str, int]:
+    """The parity tests matching ``selection`` with Triton interpreted; returns the kernel launches."""
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.triton_probe"]
     cmd += ["tests/test_kernels_contrib.py", "tests/test_model_parity.py", "tests/test_fusion.py"]
     cmd += ["-k", selection, "-m", "not gpu"]
-    env = {**os.environ, "TRITON_INTERPRET": "1", "ONNXGEN_TRITON": "1"}
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    full_env = {**os.environ, "TRITON_INTERPRET": "1", "ONNXGEN_TRITON": "1", **env}
+    done = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     line = next(x for x in done.stdout.splitlines() if x.startswith("TRITON-LAUNCHES"))
-    launches = ast.literal_eval(line.split(" ", 1)[1])
+    return ast.literal_eval(line.split(" ", 1)[1])
+
+
+@pytest.mark.skipif(not triton_importable(), reason="triton is not installed")
+def test_parity_tests_pass_through_the_triton_interpreter() -> None:
+    launches = run_interpreted("gqa_shared or gqa_fp16 or layer_norm or genai_built or growing_kv or silu_mul")
     assert launches.get("gqa_decode", 0) >= 20 and launches.get("rms_norm", 0) >= 20, launches
     assert launches.get("silu_mul", 0) >= 10, launches
+
+
+@pytest.mark.skipif(not triton_importable(), reason="triton is not installed")
+def test_int4_gemv_parity_through_the_triton_interpreter() -> None:
+    """The opt-in one-row int4 GEMV: MatMulNBits single-op cases (zero point kinds, block sizes, bias)
+    and whole int4 models, plain and fused into groups."""
+    launches = run_interpreted("matmul_nbits or growing_kv or genai_built", ONNXGEN_TRITON_GEMV="1")
+    assert launches.get("gemv_int4", 0) >= 30, launches

@@ -47,6 +47,7 @@ from onnxgen.runtime.kernels.common import NodeContext, normalize_axis
 from onnxgen.runtime.kernels.contrib_attention import compute_dtype
 from onnxgen.runtime.kernels.cpu_gemv import split_gemv
 from onnxgen.runtime.kernels.registry import MS_DOMAIN, kernel
+from onnxgen.runtime.kernels.triton_support import gemv_opted_in, triton_serves
 
 _CHUNK_ELEMENTS = 1 << 24  # fp32 elements per dequantization chunk (64 MiB)
 _FLOAT8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2, torch.float8_e5m2fnuz)
@@ -335,13 +336,19 @@ def matmul_nbits(
     def build() -> torch.Tensor:
         return dequantize_nbits(b, scales, zero_points, g_idx, k=k, n=n, bits=bits, block_size=block_size, dtype=dtype)
 
+    int8_a = _int8_activations(ctx, a, zero_points, bits, block_size)
+    if bits == 4 and g_idx is None and a.numel() == k and not int8_a and gemv_opted_in() and triton_serves(a):
+        from onnxgen.runtime.kernels.triton_gemv import gemv_int4
+
+        out = gemv_int4(a.reshape(k), b, scales, zero_points, bias, n=n, k=k, block_size=block_size)
+        return out.reshape(*a.shape[:-1], n)
     if _int4pack_applies(ctx, a, b, g_idx, k=k, n=n, bits=bits, block_size=block_size):
         plan = _Int4Plan(b, scales, zero_points, k=k, n=n, block_size=block_size)
         ctx.__dict__["_int4pack"] = plan
         return plan.run(a, bias)
     extra = (k, n, bits, block_size, dtype, a.device)
     weight = DEQUANT_CACHE.get((b, scales, zero_points, g_idx), extra, build)
-    if _int8_activations(ctx, a, zero_points, bits, block_size):
+    if int8_a:
         a = fake_quantize_int8_blocks(a, block_size)
     a = a.to(dtype)
     out = split_gemv(a, weight, b_transposed=True) if bias is None else None  # fp32 CPU decode

@@ -12,14 +12,21 @@ MatMulNBits dequantized copy counts against ONNXGEN_DEQUANT_CACHE_MB like MatMul
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 
 from onnxgen.runtime.kernels.common import NodeContext
 from onnxgen.runtime.kernels.contrib_attention import compute_dtype
-from onnxgen.runtime.kernels.contrib_quant import DEQUANT_CACHE, dequantize_nbits
+from onnxgen.runtime.kernels.contrib_quant import (
+    DEQUANT_CACHE,
+    _int8_activations,
+    dequantize_nbits,
+    fake_quantize_int8_blocks,
+)
 from onnxgen.runtime.kernels.registry import kernel
-from onnxgen.runtime.kernels.triton_support import triton_serves
+from onnxgen.runtime.kernels.triton_support import gemv_opted_in, triton_serves
 
 FUSED_DOMAIN = "onnxgen"
 
@@ -71,6 +78,18 @@ def matmul_nbits_group(ctx: NodeContext, a: torch.Tensor, *rest: torch.Tensor | 
     triples = [tuple(rest[3 * i : 3 * i + 3]) for i in range(n)]
     biases = tuple(rest[3 * n : 4 * n]) + (None,) * (4 * n - len(rest))
     dtype = compute_dtype(a.dtype, a.device)
+    if any(_int8_activations(ctx, a, z, bits, block_size) for _, _, z in triples):
+        # as each MatMulNBits would (accuracy_level 4 emulation, see contrib_quant): A's rounding
+        # depends on A and the block size only, so one rounding serves every member
+        a = fake_quantize_int8_blocks(a, block_size)
+    elif bits == 4 and a.numel() == k and gemv_opted_in() and triton_serves(a):
+        packed = _packed_group(ctx, triples, biases, widths, k, block_size)
+        if packed is not None:
+            from onnxgen.runtime.kernels.triton_gemv import gemv_int4
+
+            b, s, z, bias = packed
+            out = gemv_int4(a.reshape(k), b, s, z, bias, n=sum(widths), k=k, block_size=block_size)
+            return tuple(torch.split(out.reshape(*a.shape[:-1], -1), widths, dim=-1))
 
     def build() -> torch.Tensor:
         return torch.cat([
@@ -92,3 +111,23 @@ def silu_mul(ctx: NodeContext, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor
 
         return fused(g, u)
     return F.silu(g) * u
+
+
+def _packed_group(ctx: NodeContext, triples: list, biases: tuple, widths: list[int], k: int, block_size: int):
+    """The members' packed weights, scales, zero points and biases end to end along N (made once per
+    node; None when the members' zero points are of different kinds)."""
+    sources = [t for triple in triples for t in triple] + list(biases)
+    cached = ctx.__dict__.get("_packed_group")
+    if cached is not None and all(r() is t for r, t in zip(cached[0], sources) if r is not None):
+        return cached[1]
+    kinds = {None if z is None else z.dtype == torch.uint8 for _, _, z in triples}
+    if len(kinds) != 1:
+        return None
+    n_blocks = -(-k // block_size)
+    b = torch.cat([bb.reshape(w, -1) for (bb, _, _), w in zip(triples, widths)])
+    s = torch.cat([ss.reshape(w, n_blocks) for (_, ss, _), w in zip(triples, widths)])
+    z = None if kinds == {None} else torch.cat([zz.reshape(w, -1) for (_, _, zz), w in zip(triples, widths)])
+    bias = _group_bias(biases, widths, s) if any(x is not None for x in biases) else None
+    refs = [weakref.ref(t) if t is not None else None for t in sources]
+    ctx.__dict__["_packed_group"] = (refs, (b, s, z, bias))
+    return b, s, z, bias

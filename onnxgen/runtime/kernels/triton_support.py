@@ -61,3 +61,9 @@ def triton_serves(t: torch.Tensor) -> bool:
         _warn_fallback()
         return False
     return interpreting() and t.device.type == "cpu" and triton_importable()
+
+
+@functools.cache
+def gemv_opted_in() -> bool:
+    """The one-row int4 GEMV (triton_gemv) is opt-in until it is measured on a GPU."""
+    return os.environ.get("ONNXGEN_TRITON_GEMV", "0") == "1"
