@@ -23,15 +23,22 @@ from random_package import GreedyLoop, add_package_args, build_random_package, d
 
 from onnxgen.runtime.capture.runtime import CaptureRuntime
 
+LAUNCH_CALLS = {
+    "cudaLaunchKernel", "cudaGraphLaunch", "cudaMemcpyAsync", "cudaStreamSynchronize", "cudaDeviceSynchronize",
+    "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
+}  # fmt: skip
+
 
 def profile_steps(loop: GreedyLoop, runtime: CaptureRuntime | None, steps: int, label: str, top: int) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     loop.run(runtime, new_tokens=steps)  # warm (and for capture: record)
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        ttft, decode_s, _ = loop.run(runtime, new_tokens=steps + 1)
-        torch.cuda.synchronize()
+    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    # decode steps only: the profiler starts once the prefill's token is back
+    ttft, decode_s, _ = loop.run(runtime, new_tokens=steps + 1, after_prefill=prof.start)
+    torch.cuda.synchronize()
+    prof.stop()
     kernels: Counter[str] = Counter()
     gpu_us: Counter[str] = Counter()
     launches = Counter()
@@ -39,28 +46,18 @@ def profile_steps(loop: GreedyLoop, runtime: CaptureRuntime | None, steps: int, 
         if e.device_type == torch.autograd.DeviceType.CUDA:
             kernels[e.name] += 1
             gpu_us[e.name] += e.device_time
-        elif e.name in (
-            "cudaLaunchKernel",
-            "cudaGraphLaunch",
-            "cudaMemcpyAsync",
-            "cudaStreamSynchronize",
-            "cudaDeviceSynchronize",
-            "cudaLaunchKernelExC",
-            "cuLaunchKernel",
-            "cuLaunchKernelEx",
-        ):
+        elif e.name in LAUNCH_CALLS:
             launches[e.name] += 1
-    # the profiled run holds one prefill and `steps` decode steps: subtract the prefill's share by
-    # counting over the whole run and reporting per token (the prefill is one step among steps + 1)
     total = sum(kernels.values())
     per_token = 1000 * decode_s / steps
-    print(f"\n== {label}: {steps} steps (+1 prefill), {per_token:.3f} ms/token, TTFT {1000 * ttft:.1f} ms")
-    print(f"GPU activities per token: {total / (steps + 1):.1f}  (kernels+memcpy+memset over prefill and decode)")
-    print("host API calls per token: " + ", ".join(f"{k} {v / (steps + 1):.1f}" for k, v in launches.most_common()))
-    print(f"GPU busy per token: {sum(gpu_us.values()) / (steps + 1) / 1000:.3f} ms")
-    print(f"top {top} GPU activities by time (count per token, total ms):")
+    print(f"\n== {label}: {steps} decode steps profiled (prefill excluded), {per_token:.3f} ms/token")
+    print(f"TTFT {1000 * ttft:.1f} ms")
+    print(f"GPU activities per decode step: {total / steps:.1f}  (kernels + memcpy + memset)")
+    print("host API calls per decode step: " + ", ".join(f"{k} {v / steps:.1f}" for k, v in launches.most_common()))
+    print(f"GPU busy per decode step: {sum(gpu_us.values()) / steps / 1000:.3f} ms")
+    print(f"top {top} GPU activities by time (count per step, total ms):")
     for name, us in gpu_us.most_common(top):
-        print(f"  {kernels[name] / (steps + 1):7.1f}  {us / 1000:8.2f} ms  {name[:110]}")
+        print(f"  {kernels[name] / steps:7.1f}  {us / 1000:8.2f} ms  {name[:110]}")
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
     print(f"top {top} host ops by self CPU time:\n{table}")
 

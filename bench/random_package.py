@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -78,8 +79,11 @@ class GreedyLoop:
         kv.mask.zero_()
         return kv
 
-    def run(self, runtime: CaptureRuntime | None, new_tokens: int | None = None) -> tuple[float, float, list[int]]:
-        """Returns (TTFT seconds, decode seconds for the tokens after the first, token ids)."""
+    def run(
+        self, runtime: CaptureRuntime | None, new_tokens: int | None = None, after_prefill: Any = None
+    ) -> tuple[float, float, list[int]]:
+        """Returns (TTFT seconds, decode seconds for the tokens after the first, token ids).
+        ``after_prefill()`` is called once the first token is read back (a profiler starts there)."""
         dev = self.session.device
         kv = self.new_kv()
         gen = torch.Generator().manual_seed(0)
@@ -100,6 +104,8 @@ class GreedyLoop:
             start = time.perf_counter()
             token = step(ids)
             tokens.append(int(token))
+            if after_prefill is not None:
+                after_prefill()
             first = time.perf_counter()
             for _ in range(n_new - 1):
                 token = step(token)
