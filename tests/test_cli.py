@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
 
-def onnxgen(*args: str, stdin: str | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+def onnxgen(
+    *args: str, stdin: str | None = None, timeout: int = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "onnxgen", *args], input=stdin, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "onnxgen", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **env} if env else None,
     )
 
 
@@ -95,16 +103,23 @@ def test_show_package_and_capture_plan(smollm2_packages):
     shown = onnxgen("show", package)
     assert shown.returncode == 0, shown.stderr
     assert "GroupQueryAttention" not in shown.stdout and "MatMul" in shown.stdout and "parameters:" in shown.stdout
+    as_stored = json.loads(onnxgen("show", package, "--capture", "--json", env={"ONNXGEN_FUSE": "0"}).stdout)
+    assert as_stored["segments"] == 31  # 30 layers + 1 for the dynamic-KV decode step
+    assert {"name", "op_type", "capturable", "kind", "reason", "segment"} <= set(as_stored["nodes"][0])
+    assert not any(as_stored["fusions"].values())
+    # what a CPU session runs: the attention rewrite only; a CUDA session: every rewrite
     plan = onnxgen("show", package, "--capture", "--json")
     assert plan.returncode == 0, plan.stderr
     data = json.loads(plan.stdout)
-    assert data["segments"] == 31  # 30 layers + 1 for the dynamic-KV decode step
-    assert {"name", "op_type", "capturable", "kind", "reason", "segment"} <= set(data["nodes"][0])
-    assert data["device"] == "cpu" and not any(data["fusions"].values())
-    # what a CUDA session runs: the fused graph (Q/K/V and gate/up groups, SiLU-mul), same segments
+    assert data["device"] == "cpu" and data["fusions"] == {
+        "attention": 30, "matmul_groups": 0, "matmul_nbits_groups": 0, "silu_mul": 0
+    }  # fmt: skip
     fused = json.loads(onnxgen("show", package, "--capture", "--json", "--device", "cuda").stdout)
-    assert fused["fusions"] == {"matmul_groups": 60, "matmul_nbits_groups": 0, "silu_mul": 30}
-    assert fused["segments"] == 31 and len(fused["nodes"]) < len(data["nodes"])
+    assert fused["fusions"] == {"attention": 30, "matmul_groups": 60, "matmul_nbits_groups": 0, "silu_mul": 30}
+    assert data["segments"] == fused["segments"] == 31 and len(fused["nodes"]) < len(data["nodes"])
+    # attention over the growing KV: one eager op per layer instead of a dozen
+    stored_seams = as_stored["counts"]["eager_seams"]
+    assert fused["counts"]["eager_seams"] == data["counts"]["eager_seams"] < stored_seams / 3
 
 
 def test_pull_prints_package_dir_last_and_list(package):

@@ -91,10 +91,85 @@ def test_sigmoid_read_elsewhere_is_not_fused() -> None:
     assert report.silu_mul == 0
 
 
-def test_only_cuda_sessions_are_rewritten(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rewrites_per_device(monkeypatch: pytest.MonkeyPatch) -> None:
     model = swiglu_model(False)
     assert fuse_for_device(model, "cpu")[1].total == 0
     assert fuse_for_device(model, "cuda")[1].total == 1
     monkeypatch.setenv("ONNXGEN_FUSE", "0")
     assert fuse_for_device(model, "cuda")[1].total == 0
     assert fuse_graph(model)[0] is not model and len(model.graph.node) == 3  # the input is left alone
+
+
+def attention_model(groups: int, mask: str, scale_op: str = "Mul", cast: bool = True, leak: bool = False):
+    """Q [1,4,2,8], K/V [1,4/groups,5,8] -> the default-domain attention pattern fusion_attention knows."""
+    heads, kv = 4, 4 // groups
+    nodes, inits = [], [numpy_helper.from_array(np.array(0.35 if scale_op == "Mul" else 1 / 0.35, np.float32), "c")]
+
+    def repeat(name: str) -> str:
+        if groups == 1:
+            return name
+        inits.extend([
+            numpy_helper.from_array(np.array([2], np.int64), f"{name}_ax"),
+            numpy_helper.from_array(np.array([1, 1, groups, 1, 1], np.int64), f"{name}_rep"),
+            numpy_helper.from_array(np.array([0, heads, -1, 8], np.int64), f"{name}_shape"),
+        ])  # fmt: skip
+        nodes.extend([
+            helper.make_node("Unsqueeze", [name, f"{name}_ax"], [f"{name}_u"]),
+            helper.make_node("Expand", [f"{name}_u", f"{name}_rep"], [f"{name}_e"]),
+            helper.make_node("Reshape", [f"{name}_e", f"{name}_shape"], [f"{name}_r"]),
+        ])  # fmt: skip
+        return f"{name}_r"
+
+    k, v = repeat("k"), repeat("v")
+    nodes.append(helper.make_node("Transpose", [k], ["kt"], perm=[0, 1, 3, 2]))
+    nodes.append(helper.make_node("MatMul", ["q", "kt"], ["qk"]))
+    nodes.append(helper.make_node(scale_op, ["qk", "c"], ["scaled"]))
+    scores = "scaled"
+    if cast:
+        nodes.append(helper.make_node("Cast", [scores], ["scores32"], to=TensorProto.FLOAT))
+        scores = "scores32"
+    if mask == "where":
+        inits.append(numpy_helper.from_array(np.array(-3.4e38, np.float32), "fill"))
+        nodes.append(helper.make_node("Where", ["m", scores, "fill"], ["masked"]))
+        scores = "masked"
+    elif mask == "add":
+        nodes.append(helper.make_node("Add", ["bias", scores], ["masked"]))
+        scores = "masked"
+    nodes.append(helper.make_node("Softmax", [scores], ["p"], axis=-1))
+    nodes.append(helper.make_node("MatMul", ["p", v], ["y"]))
+    f = TensorProto.FLOAT
+    ins = [helper.make_tensor_value_info("q", f, [1, heads, 2, 8])]
+    ins += [helper.make_tensor_value_info(n, f, [1, kv, 5, 8]) for n in ("k", "v")]
+    if mask == "where":
+        ins.append(helper.make_tensor_value_info("m", TensorProto.BOOL, [1, 1, 2, 5]))
+    elif mask == "add":
+        ins.append(helper.make_tensor_value_info("bias", f, [1, 1, 2, 5]))
+    outs = [helper.make_tensor_value_info("y", f, None)]
+    if leak:
+        outs.append(helper.make_tensor_value_info("qk", f, None))
+    return make_model(nodes, ins, outs, inits)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    ("groups", "mask", "scale_op", "cast"),
+    [(2, "where", "Mul", True), (1, "where", "Mul", False), (4, "add", "Div", True), (2, "none", "Mul", False)],
+)
+def test_masked_attention_matches_onnxruntime(groups: int, mask: str, scale_op: str, cast: bool, device: str) -> None:
+    model = attention_model(groups, mask, scale_op, cast)
+    fused, report = fuse_graph(model)
+    assert report.attention == 1 and [n.op_type for n in fused.graph.node] == ["MaskedAttention"]
+    feeds = {"q": RNG.standard_normal((1, 4, 2, 8)).astype(np.float32)}
+    feeds.update({n: RNG.standard_normal((1, 4 // groups, 5, 8)).astype(np.float32) for n in ("k", "v")})
+    if mask == "where":
+        feeds["m"] = np.array([[[[1, 1, 0, 0, 0], [0, 0, 0, 0, 0]]]], bool)  # the second row sees nothing
+    elif mask == "add":
+        feeds["bias"] = RNG.standard_normal((1, 1, 2, 5)).astype(np.float32)
+    (want,) = ort_run(model, feeds)
+    (got,) = InferenceSession(fused, device=device).run(None, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_scores_read_elsewhere_are_not_fused() -> None:
+    _, report = fuse_graph(attention_model(2, "where", leak=True))
+    assert report.attention == 0

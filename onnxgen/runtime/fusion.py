@@ -16,7 +16,8 @@ The fused ops live in the ``onnxgen`` domain (kernels: kernels/fused.py, shapes:
 shapes/rules/fused.py). They change roundings a little (one GEMM + bias epilogue instead of GEMM
 then Add; silu in fp32 rounded once): parity with onnxruntime is tested within the stated
 tolerances, and captured == eager holds because both run the same fused graph.
-Only CUDA sessions are rewritten (the CPU is not launch-bound); ``ONNXGEN_FUSE=0`` turns it off.
+CUDA sessions get every rewrite, CPU sessions the attention rewrite only (DEVICE_REWRITES says
+why); ``ONNXGEN_FUSE=0`` turns them off.
 """
 
 from __future__ import annotations
@@ -35,33 +36,43 @@ _FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BF
 
 @dataclass
 class FusionReport:
+    attention: int = 0
     matmul_groups: int = 0
     matmul_nbits_groups: int = 0
     silu_mul: int = 0
 
     @property
     def total(self) -> int:
-        return self.matmul_groups + self.matmul_nbits_groups + self.silu_mul
+        return self.attention + self.matmul_groups + self.matmul_nbits_groups + self.silu_mul
+
+
+ALL_REWRITES = frozenset({"attention", "matmul_groups", "matmul_nbits_groups", "silu_mul"})
+# what pays on each device (measured, docs/benchmarks/cpu.md and 2026-11-29-h200-capture.md): on the
+# CPU the grouped GEMMs lose the one-row GEMV fast path (SmolLM2 fp32 standard 28 -> 25 tok/s with
+# every rewrite) while the attention rewrite alone gains (29.9 -> 32.1 tok/s); on CUDA every rewrite
+# removes launches
+DEVICE_REWRITES = {"cuda": ALL_REWRITES, "cpu": frozenset({"attention"})}
 
 
 def fusion_enabled(device_type: str) -> bool:
-    return device_type == "cuda" and os.environ.get("ONNXGEN_FUSE", "1") != "0"
+    return bool(DEVICE_REWRITES.get(device_type)) and os.environ.get("ONNXGEN_FUSE", "1") != "0"
 
 
 def fuse_for_device(model: onnx.ModelProto, device_type: str) -> tuple[onnx.ModelProto, FusionReport]:
     """The model rewritten for ``device_type`` (a copy; the input is left alone) and what was fused."""
     if not fusion_enabled(device_type):
         return model, FusionReport()
-    return fuse_graph(model)
+    return fuse_graph(model, DEVICE_REWRITES[device_type])
 
 
-def fuse_graph(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FusionReport]:
+def fuse_graph(model: onnx.ModelProto, rewrites: frozenset[str] = ALL_REWRITES) -> tuple[onnx.ModelProto, FusionReport]:
+    report = FusionReport()
     fused = onnx.ModelProto()
     fused.CopyFrom(model)
-    graph = fused.graph
-    report = FusionReport()
-    _Rewriter(graph).run(report)
-    if report.total and not any(o.domain == FUSED_DOMAIN for o in fused.opset_import):
+    _Rewriter(fused.graph).run(report, rewrites)
+    if not report.total:
+        return model, report
+    if not any(o.domain == FUSED_DOMAIN for o in fused.opset_import):
         fused.opset_import.append(helper.make_opsetid(FUSED_DOMAIN, 1))
     return fused, report
 
@@ -86,10 +97,17 @@ class _Rewriter:
                                 found[name].append(node)
         return found
 
-    def run(self, report: FusionReport) -> None:
-        report.silu_mul += self._fuse_silu_mul()
-        report.matmul_groups += self._fuse_groups("MatMul", "", self._matmul_member)
-        report.matmul_nbits_groups += self._fuse_groups("MatMulNBits", "com.microsoft", self._nbits_member)
+    def run(self, report: FusionReport, rewrites: frozenset[str] = ALL_REWRITES) -> None:
+        from onnxgen.runtime.fusion_attention import fuse_masked_attention
+
+        if "attention" in rewrites:
+            report.attention += fuse_masked_attention(self)
+        if "silu_mul" in rewrites:
+            report.silu_mul += self._fuse_silu_mul()
+        if "matmul_groups" in rewrites:
+            report.matmul_groups += self._fuse_groups("MatMul", "", self._matmul_member)
+        if "matmul_nbits_groups" in rewrites:
+            report.matmul_nbits_groups += self._fuse_groups("MatMulNBits", "com.microsoft", self._nbits_member)
 
     # -- the only-consumer test every pattern needs ----------------------------------------
 

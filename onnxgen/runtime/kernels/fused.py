@@ -17,7 +17,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from onnxgen.runtime.kernels.common import NodeContext
+from onnxgen.runtime.kernels.common import NodeContext, sdpa
 from onnxgen.runtime.kernels.contrib_attention import compute_dtype
 from onnxgen.runtime.kernels.contrib_quant import (
     DEQUANT_CACHE,
@@ -102,6 +102,41 @@ def matmul_nbits_group(ctx: NodeContext, a: torch.Tensor, *rest: torch.Tensor | 
     bias = _cached_bias(biases, widths, a.to(dtype))
     outs = _linear_split(a.to(dtype), weight, bias, widths)
     return tuple(o.to(a.dtype) for o in outs) if dtype != a.dtype else outs
+
+
+@kernel("MaskedAttention", domain=FUSED_DOMAIN)
+def masked_attention(
+    ctx: NodeContext, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """softmax(Q K^T * scale, masked) V with K/V heads shared by ``groups`` query heads (fusion_attention)."""
+    scale = float(ctx.attr("scale", 1.0))
+    groups = int(ctx.attr("groups", 1))
+    kind = ctx.attr("mask_kind", "none")
+    kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+    fill = float(ctx.attr("fill", 0.0))
+    if q.dim() != 4 or k.dim() != 4 or k.shape[1] * groups != q.shape[1] or v.shape[:3] != k.shape[:3]:
+        raise ctx.fail(f"Q {list(q.shape)}, K {list(k.shape)}, V {list(v.shape)} do not fit {groups} group(s)")
+    dtype = compute_dtype(q.dtype, q.device)
+    qc, kc, vc = q.to(dtype), k.to(dtype), v.to(dtype)
+    attn_mask = None
+    if kind == "add" and mask is not None:
+        attn_mask = mask.to(dtype)
+    elif kind == "where" and mask is not None:
+        if fill > -1e4:  # not a "minus infinity" fill: Where's exact semantics
+            return _explicit_attention(qc, kc, vc, mask, scale, groups, fill).to(q.dtype)
+        # masked scores at the fill value and scores + (most negative) agree after the softmax
+        attn_mask = torch.zeros(mask.shape, dtype=dtype, device=q.device)
+        attn_mask.masked_fill_(~mask.bool(), torch.finfo(dtype).min)
+    out = sdpa(qc, kc, vc, attn_mask, scale=scale, enable_gqa=groups > 1)
+    return out.to(q.dtype)
+
+
+def _explicit_attention(q, k, v, mask, scale: float, groups: int, fill: float) -> torch.Tensor:
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = torch.where(mask.bool(), scores, torch.tensor(fill, dtype=scores.dtype, device=scores.device))
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
 @kernel("SiluMul", domain=FUSED_DOMAIN)

@@ -20,3 +20,9 @@ def matmul_group(ctx: RuleContext) -> list[TensorInfo | None]:
 @rule("SiluMul", domain=FUSED)
 def silu_mul(ctx: RuleContext) -> list[TensorInfo | None]:
     return [ctx.out(ctx.broadcast([ctx.shape(0), ctx.shape(1)]), ctx.dtype(0))]
+
+
+@rule("MaskedAttention", domain=FUSED)
+def masked_attention(ctx: RuleContext) -> list[TensorInfo | None]:
+    q, v = ctx.shape(0), ctx.shape(2)
+    return [ctx.out([*q[:-1], v[-1]], ctx.dtype(0))]
