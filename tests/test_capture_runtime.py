@@ -359,6 +359,50 @@ def test_gpu_planted_admission_caught(packages) -> None:
 
 @pytest.mark.gpu
 @needs_cuda
+def test_gpu_planted_admission_without_the_guard_is_caught_by_verify(packages) -> None:
+    device = torch.device("cuda", torch.cuda.current_device())
+    eager = Decoder(packages["gqa"], "dynamic", device="cuda")
+    runtime_kw = {"recorder": CudaGraphRecorder(device), "mode": "verify", "guard": False}
+    captured = Decoder(packages["gqa"], "dynamic", device="cuda", runtime_kw=runtime_kw)
+    original = captured.runtime.plan_for
+    captured.runtime.plan_for = lambda key: (force_into_segments(original(key)[0], {PLANTED}), original(key)[1])
+    with pytest.raises(CaptureMismatchError, match="differs from eager"):
+        decode_pair(eager, captured, steps=12)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_a_syncing_kernel_breaks_the_recording_and_is_quarantined(packages) -> None:
+    """A kernel that reads a device value on the host (here: every residual norm calls .item()) cannot
+    be recorded: CUDA refuses the sync during stream capture. The recording aborts, the op type is
+    quarantined, the step is re-planned around it and the decode goes on, bit-identical to eager."""
+    broken = "SkipSimplifiedLayerNormalization"  # present in the graph CUDA sessions run (fused or not)
+    device = torch.device("cuda", torch.cuda.current_device())
+    eager = Decoder(packages["gqa"], "static", device="cuda")
+    captured = Decoder(packages["gqa"], "static", device="cuda", runtime_kw={"recorder": CudaGraphRecorder(device)})
+    patched = 0
+    for step in captured.session.program.steps:
+        if step.ctx.op_type == broken:
+            original = step.spec.fn
+
+            def fn(ctx, *args, _original=original):
+                out = _original(ctx, *args)
+                first = out[0] if isinstance(out, tuple) else out
+                first.reshape(-1)[0].item()  # a host read of device data: legal eagerly, not while capturing
+                return out
+
+            step.spec = dataclasses.replace(step.spec, fn=fn)
+            patched += 1
+    assert patched
+    decode_pair(eager, captured, steps=16)
+    stats = captured.runtime.stats
+    assert stats.recording_failures == 1 and broken in stats.quarantined, stats.summary()
+    (program,) = captured.runtime.keys.values()
+    assert program.phase == READY and stats.segments_per_step > 1 and stats.replays > 0, stats.summary()
+
+
+@pytest.mark.gpu
+@needs_cuda
 def test_gpu_generator_capture_on_matches_off(packages) -> None:
     from onnxgen.genai.sampling import SamplingParams
 
