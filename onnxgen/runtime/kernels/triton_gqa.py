@@ -7,7 +7,8 @@ kernels instead of the ~40 torch kernels of the general path.
 2. ``_attend_split``: one program per (batch, KV head, key block): the G query heads that share
    the KV head attend to BLOCK_N keys (split-K over the sequence, "flash decoding"); partial max,
    sum and weighted values go to fp32 scratch. Blocks past the valid length T = seqlens_k + 1 exit.
-3. ``_combine``: one program per (batch, query head) merges the valid blocks in a fixed order.
+3. ``_combine``: one program per (batch, query head) merges the valid blocks in a fixed order,
+   COMBINE_SPLITS at a time.
 
 The grid depends only on the buffer capacity, never on T, so a recorded graph serves every step;
 every reduction has a fixed order, so the result is the same bit for bit from run to run (what
@@ -21,6 +22,10 @@ import triton
 import triton.language as tl
 
 from onnxgen.runtime.kernels.triton_support import LAUNCHES
+
+# splits the combine kernel merges per iteration: a 32K-row buffer has 512 splits, too many for one
+# register tile, so long buffers loop (tests lower it to exercise the loop)
+COMBINE_SPLITS = 64
 
 
 @triton.jit
@@ -170,26 +175,35 @@ def _combine(
     head_size,
     num_splits,
     BLOCK_N: tl.constexpr,
-    BLOCK_S: tl.constexpr,
+    BLOCK_S: tl.constexpr,  # splits merged per iteration (long buffers take several)
     BLOCK_D: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
     total = tl.load(seqlens_ptr + b).to(tl.int32) + 1
     used = tl.minimum((total + BLOCK_N - 1) // BLOCK_N, num_splits)
-    s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
-    live = s < used
     base = (b * num_heads + h) * num_splits
-    m = tl.load(part_max_ptr + base + s, mask=live, other=float("-inf"))
-    l_part = tl.load(part_sum_ptr + base + s, mask=live, other=0.0)
-    top = tl.max(m, axis=0)
+    # pass 1: the largest partial max; pass 2: the rescaled sums, in split order (deterministic)
+    top = float("-inf")
+    for first in range(0, used, BLOCK_S):
+        s = first + tl.arange(0, BLOCK_S)
+        m = tl.load(part_max_ptr + base + s, mask=s < used, other=float("-inf"))
+        top = tl.maximum(top, tl.max(m, axis=0))
     top = tl.where(top == float("-inf"), 0.0, top)
-    w = tl.where(live & (m > float("-inf")), tl.exp(m - top), 0.0)
-    denominator = tl.sum(l_part * w, axis=0)
-    acc_mask = live[:, None] & (d[None, :] < head_size)
-    acc = tl.load(part_acc_ptr + (base + s[:, None]) * head_size + d[None, :], mask=acc_mask, other=0.0)
-    out = tl.sum(acc * w[:, None], axis=0) / denominator
+    denominator = 0.0
+    out = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    for first in range(0, used, BLOCK_S):
+        s = first + tl.arange(0, BLOCK_S)
+        live = s < used
+        m = tl.load(part_max_ptr + base + s, mask=live, other=float("-inf"))
+        l_part = tl.load(part_sum_ptr + base + s, mask=live, other=0.0)
+        w = tl.where(live & (m > float("-inf")), tl.exp(m - top), 0.0)
+        denominator += tl.sum(l_part * w, axis=0)
+        acc_mask = live[:, None] & (d[None, :] < head_size)
+        acc = tl.load(part_acc_ptr + (base + s[:, None]) * head_size + d[None, :], mask=acc_mask, other=0.0)
+        out += tl.sum(acc * w[:, None], axis=0)
+    out = out / denominator
     tl.store(out_ptr + (b * num_heads + h) * head_size + d, out.to(out_ptr.dtype.element_ty), mask=d < head_size)
 
 
@@ -284,7 +298,7 @@ def decode_step(
         head_size,
         splits,
         BLOCK_N=block_n,
-        BLOCK_S=triton.next_power_of_2(splits),
+        BLOCK_S=min(COMBINE_SPLITS, triton.next_power_of_2(splits)),
         BLOCK_D=block_d,
     )
     return out
