@@ -37,23 +37,20 @@ def test_rms_norm_compiles(dtype: str, skip: bool) -> None:
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "fp32"])
-@pytest.mark.parametrize("interleaved", [False, True])
-def test_gqa_decode_kernels_compile(dtype: str, interleaved: bool) -> None:
+@pytest.mark.parametrize(
+    ("rotary", "interleaved", "positions"), [(True, False, False), (True, True, True), (False, False, False)]
+)
+def test_gqa_decode_kernels_compile(dtype: str, rotary: bool, interleaved: bool, positions: bool) -> None:
     from onnxgen.runtime.kernels import triton_gqa
 
     ptr = f"*{dtype}"
-    ints = ("q_row_stride", "k_row_stride", "v_row_stride", "cache_batch_stride", "cache_head_stride")
-    sig = dict.fromkeys(["q_ptr", "k_ptr", "v_ptr", "cos_ptr", "sin_ptr", "q_out_ptr"], ptr)
-    sig.update(dict.fromkeys(["key_cache_ptr", "value_cache_ptr"], ptr))
-    sig.update(dict.fromkeys([*ints, "num_heads", "head_size"], "i32"), seqlens_ptr="*i32", pos_ptr="*i64")
-    const = dict(HAS_POSITIONS=True, DO_ROTARY=True, INTERLEAVED=interleaved, HALF_ROT=32, BLOCK_HALF=32, BLOCK_D=64)
-    assert compile_for_sm90(triton_gqa._rotate_and_append, sig, const)
-
-    sig = dict(q_ptr=ptr, key_cache_ptr=ptr, value_cache_ptr=ptr, seqlens_ptr="*i32")
-    sig.update(dict.fromkeys(["part_max_ptr", "part_sum_ptr", "part_acc_ptr"], "*fp32"))
-    sig.update(dict.fromkeys(["cache_batch_stride", "cache_head_stride", "num_heads", "head_size"], "i32"))
-    sig.update(num_splits="i32", scale="fp32", window="i32")
-    const = dict(GROUP=7, BLOCK_G=16, BLOCK_N=64, BLOCK_D=64, IEEE=dtype == "fp32")
+    sig = dict.fromkeys(["q_ptr", "k_ptr", "v_ptr", "cos_ptr", "sin_ptr", "key_cache_ptr", "value_cache_ptr"], ptr)
+    sig.update(dict.fromkeys(["part_max_ptr", "part_sum_ptr", "part_acc_ptr"], "*fp32"), seqlens_ptr="*i32")
+    ints = ["q_row_stride", "k_row_stride", "v_row_stride", "cache_batch_stride", "cache_head_stride"]
+    sig.update(dict.fromkeys([*ints, "num_heads", "head_size", "num_splits", "window"], "i32"))
+    sig.update(pos_ptr="*i64" if positions else "*i32", scale="fp32")
+    const = dict(HAS_POSITIONS=positions, DO_ROTARY=rotary, INTERLEAVED=interleaved, HALF_ROT=32 if rotary else 1)
+    const.update(GROUP=7, BLOCK_G=16, BLOCK_N=64, BLOCK_D=64, IEEE=dtype == "fp32")
     assert compile_for_sm90(triton_gqa._attend_split, sig, const)
 
     sig = dict.fromkeys(["part_max_ptr", "part_sum_ptr", "part_acc_ptr"], "*fp32")

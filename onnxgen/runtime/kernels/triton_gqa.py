@@ -1,13 +1,14 @@
-"""GroupQueryAttention's single-token decode step over a shared (static) KV buffer, in three Triton
+"""GroupQueryAttention's single-token decode step over a shared (static) KV buffer, in two Triton
 kernels instead of the ~40 torch kernels of the general path.
 
-1. ``_rotate_and_append``: one program per (batch, head) over the query heads and the KV heads:
-   rotary (fp32, as onnxruntime computes it for half inputs) on Q and K, the new K/V row written
-   into the cache at row seqlens_k[b] (read on the device: no host sync, capture-safe).
-2. ``_attend_split``: one program per (batch, KV head, key block): the G query heads that share
-   the KV head attend to BLOCK_N keys (split-K over the sequence, "flash decoding"); partial max,
-   sum and weighted values go to fp32 scratch. Blocks past the valid length T = seqlens_k + 1 exit.
-3. ``_combine``: one program per (batch, query head) merges the valid blocks in a fixed order,
+1. ``_attend_split``: one program per (batch, KV head, key block): the G query heads that share
+   the KV head attend to BLOCK_N keys (split-K over the sequence, "flash decoding"). Each program
+   applies rotary (fp32, as onnxruntime computes it for half inputs) to its query heads and to the
+   new K row; the new row sits at cache row seqlens_k[b] (read on the device: no host sync,
+   capture-safe), comes from registers in the block that holds it, and that block's program writes
+   K and V there. Partial max, sum and weighted values go to fp32 scratch. Blocks past the valid
+   length T = seqlens_k + 1 exit.
+2. ``_combine``: one program per (batch, query head) merges the valid blocks in a fixed order,
    COMBINE_SPLITS at a time.
 
 The grid depends only on the buffer capacity, never on T, so a recorded graph serves every step;
@@ -29,8 +30,34 @@ COMBINE_SPLITS = 64
 
 
 @triton.jit
-def _rotate_and_append(
-    q_ptr,
+def _rope(
+    src, d, ok, cos_ptr, sin_ptr, pos, DO_ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr, HALF_ROT: tl.constexpr
+):
+    """Channels ``d`` of the row(s) at ``src``, rotated by position ``pos``, in fp32 (``ok``: which exist).
+
+    Channel d pairs with a partner channel (d +- R/2, or its neighbour when interleaved):
+    x_d * cos - x_partner * sin for the first of a pair, x_d * cos + x_partner * sin for the second."""
+    x = tl.load(src + d, mask=ok, other=0.0).to(tl.float32)
+    if DO_ROTARY:
+        in_rot = ok & (d < 2 * HALF_ROT)
+        if INTERLEAVED:
+            partner = d ^ 1
+            sign = tl.where(d % 2 == 0, -1.0, 1.0)
+            j = d // 2
+        else:
+            partner = tl.where(d < HALF_ROT, d + HALF_ROT, d - HALF_ROT)
+            sign = tl.where(d < HALF_ROT, -1.0, 1.0)
+            j = tl.where(d < HALF_ROT, d, d - HALF_ROT)
+        other = tl.load(src + partner, mask=in_rot, other=0.0).to(tl.float32)
+        cos = tl.load(cos_ptr + pos * HALF_ROT + j, mask=in_rot, other=1.0).to(tl.float32)
+        sin = tl.load(sin_ptr + pos * HALF_ROT + j, mask=in_rot, other=0.0).to(tl.float32)
+        x = tl.where(in_rot, x * cos + sign * other * sin, x)
+    return x
+
+
+@triton.jit
+def _attend_split(
+    q_ptr,  # the step's rows: query heads, then (for the new K/V) k and v rows
     k_ptr,
     v_ptr,
     q_row_stride,
@@ -40,73 +67,8 @@ def _rotate_and_append(
     pos_ptr,
     cos_ptr,
     sin_ptr,
-    q_out_ptr,
     key_cache_ptr,
     value_cache_ptr,
-    cache_batch_stride,
-    cache_head_stride,
-    num_heads,
-    head_size,
-    HAS_POSITIONS: tl.constexpr,
-    DO_ROTARY: tl.constexpr,
-    INTERLEAVED: tl.constexpr,
-    HALF_ROT: tl.constexpr,  # rotary_dim / 2 (cos_cache's width)
-    BLOCK_HALF: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    b = tl.program_id(0)
-    h = tl.program_id(1)  # 0 .. num_heads-1: query heads; then the KV heads
-    row = tl.load(seqlens_ptr + b).to(tl.int64)  # the new token's cache row
-    is_q = h < num_heads
-    if is_q:
-        src = q_ptr + b * q_row_stride + h * head_size
-    else:
-        src = k_ptr + b * k_row_stride + (h - num_heads) * head_size
-    d = tl.arange(0, BLOCK_D)
-    x = tl.load(src + d, mask=d < head_size, other=0.0)
-    if DO_ROTARY:
-        if HAS_POSITIONS:
-            pos = tl.load(pos_ptr + b).to(tl.int64)
-        else:
-            pos = row
-        i = tl.arange(0, BLOCK_HALF)
-        in_rot = i < HALF_ROT
-        if INTERLEAVED:
-            lo, hi = 2 * i, 2 * i + 1
-        else:
-            lo, hi = i, i + HALF_ROT
-        cos = tl.load(cos_ptr + pos * HALF_ROT + i, mask=in_rot, other=1.0).to(tl.float32)
-        sin = tl.load(sin_ptr + pos * HALF_ROT + i, mask=in_rot, other=0.0).to(tl.float32)
-        x1 = tl.load(src + lo, mask=in_rot, other=0.0).to(tl.float32)
-        x2 = tl.load(src + hi, mask=in_rot, other=0.0).to(tl.float32)
-        r1 = x1 * cos - x2 * sin
-        r2 = x2 * cos + x1 * sin
-    # channels past the rotary dims pass through (all of them without rotary)
-    plain = (d < head_size) & (d >= 2 * HALF_ROT) if DO_ROTARY else d < head_size
-    if is_q:
-        dst = q_out_ptr + (b * num_heads + h) * head_size
-        tl.store(dst + d, x, mask=plain)
-        if DO_ROTARY:
-            tl.store(dst + lo, r1.to(x.dtype), mask=in_rot)
-            tl.store(dst + hi, r2.to(x.dtype), mask=in_rot)
-    else:
-        kv = h - num_heads
-        base = b * cache_batch_stride + kv * cache_head_stride + row * head_size
-        dst = key_cache_ptr + base
-        tl.store(dst + d, x.to(key_cache_ptr.dtype.element_ty), mask=plain)
-        if DO_ROTARY:
-            tl.store(dst + lo, r1.to(key_cache_ptr.dtype.element_ty), mask=in_rot)
-            tl.store(dst + hi, r2.to(key_cache_ptr.dtype.element_ty), mask=in_rot)
-        vrow = tl.load(v_ptr + b * v_row_stride + kv * head_size + d, mask=d < head_size, other=0.0)
-        tl.store(value_cache_ptr + base + d, vrow.to(value_cache_ptr.dtype.element_ty), mask=d < head_size)
-
-
-@triton.jit
-def _attend_split(
-    q_ptr,  # [B, H, D] rotated queries
-    key_cache_ptr,
-    value_cache_ptr,
-    seqlens_ptr,
     part_max_ptr,  # [B, H, S] fp32
     part_sum_ptr,  # [B, H, S] fp32
     part_acc_ptr,  # [B, H, S, D] fp32
@@ -117,6 +79,10 @@ def _attend_split(
     num_splits,
     scale,
     window,  # local_window_size (<= 0: none)
+    HAS_POSITIONS: tl.constexpr,
+    DO_ROTARY: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    HALF_ROT: tl.constexpr,  # rotary_dim / 2 (cos_cache's width)
     GROUP: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -126,22 +92,43 @@ def _attend_split(
     b = tl.program_id(0)
     kv = tl.program_id(1)
     split = tl.program_id(2)
-    total = tl.load(seqlens_ptr + b).to(tl.int32) + 1  # valid rows T
+    row = tl.load(seqlens_ptr + b).to(tl.int32)  # the new token's row; T = row + 1 rows are valid
+    total = row + 1
     start = split * BLOCK_N
     if start < total:
+        if HAS_POSITIONS:
+            pos = tl.load(pos_ptr + b).to(tl.int64)
+        else:
+            pos = row.to(tl.int64)
         g = tl.arange(0, BLOCK_G)
         d = tl.arange(0, BLOCK_D)
-        n = start + tl.arange(0, BLOCK_N)
+        d_ok = d < head_size
         heads = kv * GROUP + g
-        q_mask = (g[:, None] < GROUP) & (d[None, :] < head_size)
-        q = tl.load(q_ptr + (b * num_heads + heads[:, None]) * head_size + d[None, :], mask=q_mask, other=0.0)
+        q_mask = (g[:, None] < GROUP) & d_ok[None, :]
+        q_src = q_ptr + b * q_row_stride + heads[:, None] * head_size
+        q = _rope(q_src, d[None, :], q_mask, cos_ptr, sin_ptr, pos, DO_ROTARY, INTERLEAVED, HALF_ROT)
+        q = q.to(q_ptr.dtype.element_ty)
+        # the new row, rotated, as the cache stores it; the block that holds it writes it there
+        k_new = _rope(k_ptr + b * k_row_stride + kv * head_size, d, d_ok, cos_ptr, sin_ptr, pos,
+                      DO_ROTARY, INTERLEAVED, HALF_ROT).to(key_cache_ptr.dtype.element_ty)  # fmt: skip
+        v_new = tl.load(v_ptr + b * v_row_stride + kv * head_size + d, mask=d_ok, other=0.0)
+        v_new = v_new.to(value_cache_ptr.dtype.element_ty)
+        kv_base = b * cache_batch_stride + kv * cache_head_stride
+        here = start + tl.zeros_like(d)  # the block's first row, per channel (a vector mask)
+        owns = d_ok & (here <= row) & (row < here + BLOCK_N)
+        new_at = kv_base + row.to(tl.int64) * head_size + d
+        tl.store(key_cache_ptr + new_at, k_new, mask=owns)
+        tl.store(value_cache_ptr + new_at, v_new, mask=owns)
+
+        n = start + tl.arange(0, BLOCK_N)
         visible = n < total
         if window > 0:
             visible = visible & (n >= total - window)
-        kv_base = b * cache_batch_stride + kv * cache_head_stride
-        kv_mask = visible[:, None] & (d[None, :] < head_size)
+        old = visible & (n != row)  # rows written by earlier steps; the new one comes from registers
+        kv_mask = old[:, None] & d_ok[None, :]
         offsets = kv_base + n[:, None].to(tl.int64) * head_size + d[None, :]
-        k = tl.load(key_cache_ptr + offsets, mask=kv_mask, other=0.0).to(q.dtype)
+        k = tl.load(key_cache_ptr + offsets, mask=kv_mask, other=0.0)
+        k = tl.where((n == row)[:, None], k_new[None, :], k).to(q.dtype)
         if IEEE:
             scores = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -152,7 +139,8 @@ def _attend_split(
         safe_max = tl.where(block_max == float("-inf"), 0.0, block_max)
         p = tl.exp(scores - safe_max[:, None])
         block_sum = tl.sum(p, axis=1)
-        v = tl.load(value_cache_ptr + offsets, mask=kv_mask, other=0.0).to(q.dtype)
+        v = tl.load(value_cache_ptr + offsets, mask=kv_mask, other=0.0)
+        v = tl.where((n == row)[:, None], v_new[None, :], v).to(q.dtype)
         if IEEE:
             acc = tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:
@@ -230,12 +218,17 @@ def decode_step(
     if k is None:  # packed QKV: views into the one row
         width = num_heads * head_size
         q, k, v = q[..., :width], q[..., width : width + kv_heads * head_size], q[..., width + kv_heads * head_size :]
-    q_rot = torch.empty((batch, num_heads, head_size), dtype=q.dtype, device=q.device)
     seqlens = seqlens_k.reshape(-1)
     do_rotary = cos_cache is not None
     half_rot = cos_cache.shape[-1] if do_rotary else 1
     block_d = triton.next_power_of_2(head_size)
-    _rotate_and_append[(batch, num_heads + kv_heads)](
+    group = num_heads // kv_heads
+    block_n = 64
+    splits = triton.cdiv(capacity, block_n)
+    part_max = torch.empty((batch, num_heads, splits), dtype=torch.float32, device=q.device)
+    part_sum = torch.empty_like(part_max)
+    part_acc = torch.empty((batch, num_heads, splits, head_size), dtype=torch.float32, device=q.device)
+    _attend_split[(batch, kv_heads, splits)](
         q,
         k,
         v,
@@ -246,31 +239,8 @@ def decode_step(
         position_ids.reshape(-1) if position_ids is not None else seqlens,
         cos_cache if do_rotary else q,
         sin_cache if do_rotary else q,
-        q_rot,
         key_cache,
         value_cache,
-        key_cache.stride(0),
-        key_cache.stride(1),
-        num_heads,
-        head_size,
-        HAS_POSITIONS=position_ids is not None,
-        DO_ROTARY=do_rotary,
-        INTERLEAVED=interleaved,
-        HALF_ROT=half_rot,
-        BLOCK_HALF=triton.next_power_of_2(half_rot),
-        BLOCK_D=block_d,
-    )
-    group = num_heads // kv_heads
-    block_n = 64
-    splits = triton.cdiv(capacity, block_n)
-    part_max = torch.empty((batch, num_heads, splits), dtype=torch.float32, device=q.device)
-    part_sum = torch.empty_like(part_max)
-    part_acc = torch.empty((batch, num_heads, splits, head_size), dtype=torch.float32, device=q.device)
-    _attend_split[(batch, kv_heads, splits)](
-        q_rot,
-        key_cache,
-        value_cache,
-        seqlens,
         part_max,
         part_sum,
         part_acc,
@@ -281,6 +251,10 @@ def decode_step(
         splits,
         scale,
         window,
+        HAS_POSITIONS=position_ids is not None,
+        DO_ROTARY=do_rotary,
+        INTERLEAVED=interleaved,
+        HALF_ROT=half_rot,
         GROUP=group,
         BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n,
