@@ -52,9 +52,7 @@ def build_random_package(args: argparse.Namespace, directory: str | Path) -> flo
 
 def static_pin(session: InferenceSession, config: PackageConfig) -> set[str]:
     """The symbols a static cache fixes: the KV buffer length and the mask width."""
-    shapes = {i.name: i.shape or [] for i in session.program.inputs}
-    dims = shapes[config.past_key_name(0)][2:3] + shapes[config.io.attention_mask][1:2]
-    return {d for d in dims if isinstance(d, str)}
+    return StaticKV.pinned_symbols(session.program.inputs, config)
 
 
 class GreedyLoop:
@@ -74,10 +72,8 @@ class GreedyLoop:
             return DynamicKV(self.config, self.dtype, dev)
         if self.static is None:
             self.static = StaticKV(self.config, self.dtype, dev, self.args.context)
-        kv = self.static
-        kv.length = 0
-        kv.mask.zero_()
-        return kv
+        self.static.reset()
+        return self.static
 
     def run(
         self, runtime: CaptureRuntime | None, new_tokens: int | None = None, after_prefill: Any = None

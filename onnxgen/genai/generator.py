@@ -142,10 +142,7 @@ class Generator:
             kv = self._static_kv
             if kv is None or kv.capacity != capacity:
                 kv = self._static_kv = StaticKV(self.config, self.kv_dtype, self.device, capacity)
-            kv.length = 0
-            kv.mask.zero_()
-            for buffer in kv.buffers.values():
-                buffer.zero_()
+            kv.reset()
             return kv
         return DynamicKV(self.config, self.kv_dtype, self.device)
 
@@ -169,10 +166,7 @@ class Generator:
         if self._capture is None:
             pin: set[str] = set()
             if kv.kind == "static":  # fixed capacity: the KV length and the mask width are pinned
-                shapes = {i.name: i.shape or [] for i in self.session.program.inputs}
-                past = shapes.get(self.config.past_key_name(0), [])
-                mask = shapes.get(self.config.io.attention_mask, [])
-                pin = {d for d in (past[2:3] + mask[1:2]) if isinstance(d, str)}
+                pin = StaticKV.pinned_symbols(self.session.program.inputs, self.config)
             self._capture = CaptureRuntime(
                 self.session.program,
                 self.session.model,

@@ -9,6 +9,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 import torch
 
 from onnxgen.genai.package import PackageConfig
@@ -57,6 +60,22 @@ class StaticKV:
             self.buffers[config.past_key_name(layer)] = torch.zeros(shape, dtype=dtype, device=device)
             self.buffers[config.past_value_name(layer)] = torch.zeros(shape, dtype=dtype, device=device)
         self.mask = torch.zeros((batch, capacity), dtype=torch.int64, device=device)
+
+    def reset(self) -> None:
+        """Empty again, in place: the buffers and the mask keep their addresses (what a recorded
+        CUDA graph reads), so one cache serves generation after generation."""
+        self.length = 0
+        self.mask.zero_()
+        for buffer in self.buffers.values():
+            buffer.zero_()
+
+    @staticmethod
+    def pinned_symbols(inputs: Iterable[Any], config: PackageConfig) -> set[str]:
+        """The graph-input symbols a static cache fixes (the KV buffer length and the mask width):
+        what a capture runtime pins for it. ``inputs``: value infos with .name and .shape."""
+        shapes = {i.name: i.shape or [] for i in inputs}
+        dims = shapes.get(config.past_key_name(0), [])[2:3] + shapes.get(config.io.attention_mask, [])[1:2]
+        return {d for d in dims if isinstance(d, str)}
 
     def attention_mask(self, new_tokens: int) -> torch.Tensor:
         end = self.length + new_tokens
