@@ -47,7 +47,7 @@ from onnxgen.runtime.kernels.common import NodeContext, normalize_axis
 from onnxgen.runtime.kernels.contrib_attention import compute_dtype
 from onnxgen.runtime.kernels.cpu_gemv import split_gemv
 from onnxgen.runtime.kernels.registry import MS_DOMAIN, kernel
-from onnxgen.runtime.kernels.triton_support import gemv_opted_in, triton_serves
+from onnxgen.runtime.kernels.triton_support import int4_gemv_serves
 
 _CHUNK_ELEMENTS = 1 << 24  # fp32 elements per dequantization chunk (64 MiB)
 _FLOAT8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2, torch.float8_e5m2fnuz)
@@ -337,7 +337,7 @@ def matmul_nbits(
         return dequantize_nbits(b, scales, zero_points, g_idx, k=k, n=n, bits=bits, block_size=block_size, dtype=dtype)
 
     int8_a = _int8_activations(ctx, a, zero_points, bits, block_size)
-    if bits == 4 and g_idx is None and a.numel() == k and not int8_a and gemv_opted_in() and triton_serves(a):
+    if g_idx is None and not int8_a and int4_gemv_serves(a, k, bits):
         from onnxgen.runtime.kernels.triton_gemv import gemv_int4
 
         out = gemv_int4(a.reshape(k), b, scales, zero_points, bias, n=n, k=k, block_size=block_size)

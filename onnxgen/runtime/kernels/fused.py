@@ -26,7 +26,7 @@ from onnxgen.runtime.kernels.contrib_quant import (
     fake_quantize_int8_blocks,
 )
 from onnxgen.runtime.kernels.registry import kernel
-from onnxgen.runtime.kernels.triton_support import gemv_opted_in, triton_serves
+from onnxgen.runtime.kernels.triton_support import int4_gemv_serves, triton_serves
 
 FUSED_DOMAIN = "onnxgen"
 
@@ -82,7 +82,7 @@ def matmul_nbits_group(ctx: NodeContext, a: torch.Tensor, *rest: torch.Tensor | 
         # as each MatMulNBits would (accuracy_level 4 emulation, see contrib_quant): A's rounding
         # depends on A and the block size only, so one rounding serves every member
         a = fake_quantize_int8_blocks(a, block_size)
-    elif bits == 4 and a.numel() == k and gemv_opted_in() and triton_serves(a):
+    elif int4_gemv_serves(a, k, bits):
         packed = _packed_group(ctx, triples, biases, widths, k, block_size)
         if packed is not None:
             from onnxgen.runtime.kernels.triton_gemv import gemv_int4

@@ -67,3 +67,8 @@ def triton_serves(t: torch.Tensor) -> bool:
 def gemv_opted_in() -> bool:
     """The one-row int4 GEMV (triton_gemv) is opt-in until it is measured on a GPU."""
     return os.environ.get("ONNXGEN_TRITON_GEMV", "0") == "1"
+
+
+def int4_gemv_serves(a: torch.Tensor, k: int, bits: int) -> bool:
+    """The one-row int4 GEMV applies: opted in, 4-bit weights, one row of A, Triton on A's device."""
+    return bits == 4 and a.numel() == k and gemv_opted_in() and triton_serves(a)
