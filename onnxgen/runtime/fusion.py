@@ -65,8 +65,16 @@ def fuse_for_device(model: onnx.ModelProto, device_type: str) -> tuple[onnx.Mode
     return fuse_graph(model, DEVICE_REWRITES[device_type])
 
 
+# an op each rewrite needs (at least this many times) before the graph is worth copying
+_NEEDS = {"attention": ("Softmax", 1), "silu_mul": ("Sigmoid", 1), "matmul_groups": ("MatMul", 2),
+          "matmul_nbits_groups": ("MatMulNBits", 2)}  # fmt: skip
+
+
 def fuse_graph(model: onnx.ModelProto, rewrites: frozenset[str] = ALL_REWRITES) -> tuple[onnx.ModelProto, FusionReport]:
     report = FusionReport()
+    ops = Counter(n.op_type for n in model.graph.node)
+    if not any(ops[_NEEDS[r][0]] >= _NEEDS[r][1] for r in rewrites):
+        return model, report  # nothing can match: no copy (a model with inline weights would double)
     fused = onnx.ModelProto()
     fused.CopyFrom(model)
     _Rewriter(fused.graph).run(report, rewrites)
