@@ -8,6 +8,8 @@ For each mode it decodes --new-tokens greedy tokens after a --prompt-tokens prom
 TTFT, the ratio, and the capture statistics (segments per step, replays, seams and their reasons).
 Both modes must produce the same tokens: the script fails loudly if they do not. --capture verify
 additionally checks the first --verify-steps steps bit for bit against an eager run of each.
+With static KV the captured loop is pipelined (step N+1 enqueued before token N is read, as the
+Generator does); --no-pipeline runs it sequentially, to compare the two.
 """
 
 from __future__ import annotations
@@ -60,8 +62,9 @@ def main() -> int:
             ttft = statistics.median(r[0] for r in runs)
             results[mode] = (ttft, decode_s, runs[0][2])
             n = args.new_tokens - 1
+            loop_kind = "pipelined" if loop.pipelined(rt) else "sequential"
             print(
-                f"{describe(args)} capture {mode:6s}: "
+                f"{describe(args)} capture {mode:6s} ({loop_kind}): "
                 f"{n / decode_s:8.1f} tok/s  ({1000 * decode_s / n:.3f} ms/token, TTFT {1000 * ttft:.1f} ms, "
                 f"median of {args.repeats}; first run {warm_s:.1f} s)",
                 flush=True,

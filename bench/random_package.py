@@ -1,6 +1,7 @@
 """Shared by the GPU decode benches: a random-weights package in a real model's shape, and a
 greedy decode loop over InferenceSession (optionally through a CaptureRuntime for single-token
-steps) that reads one token id back per step, as the Generator does."""
+steps) that reads one token id back per step, as the Generator does (pipelined with a captured
+static-KV step, as the Generator's default on CUDA; --no-pipeline for the sequential loop)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 import torch
 
+from onnxgen.genai.generator import host_read
 from onnxgen.genai.kv_cache import DynamicKV, StaticKV
 from onnxgen.genai.package import PackageConfig, load_package_config
 from onnxgen.models.builder import build_package
@@ -30,6 +32,12 @@ def add_package_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--context", type=int, default=2048)
     parser.add_argument("--package", default=None, help="an existing package instead of random weights")
+    parser.add_argument(
+        "--no-pipeline",
+        action="store_true",
+        help="captured static-KV decode reads each token before building the next step (the old sequential "
+        "loop) instead of enqueuing step N+1 before waiting for token N",
+    )
 
 
 def build_random_package(args: argparse.Namespace, directory: str | Path) -> float:
@@ -65,6 +73,11 @@ class GreedyLoop:
         past = next(i for i in session.program.inputs if i.name == config.past_key_name(0))
         self.dtype = ONNX_TO_TORCH[past.elem_type]
         self.static: StaticKV | None = None
+
+    def pipelined(self, runtime: CaptureRuntime | None) -> bool:
+        """Whether run() looks one step ahead: what the Generator does by default on CUDA (captured
+        decode, static KV), unless --no-pipeline. (On the CPU with --replay-recorder: a smoke test.)"""
+        return runtime is not None and self.args.kv == "static" and not getattr(self.args, "no_pipeline", False)
 
     def new_kv(self) -> StaticKV | DynamicKV:
         dev = self.session.device
@@ -103,9 +116,22 @@ class GreedyLoop:
             if after_prefill is not None:
                 after_prefill()
             first = time.perf_counter()
-            for _ in range(n_new - 1):
+            if not self.pipelined(runtime):
+                for _ in range(n_new - 1):
+                    token = step(token)
+                    tokens.append(int(token))  # the one device-to-host read per token
+                return first - start, time.perf_counter() - first, tokens
+            # as Generator._decode_pipelined: token i's read is enqueued, then step i+1 (from the device
+            # tensor), then the host waits for token i only, so it builds step i+2 while the GPU runs i+1;
+            # no step past n_new tokens
+            reader = host_read(dev)
+            if n_new > 1:
                 token = step(token)
-                tokens.append(int(token))  # the one device-to-host read per token
+            for i in range(2, n_new + 1):  # token i is on the device
+                reader.start(token)
+                ahead = step(token) if i < n_new else token
+                tokens.append(reader.wait())
+                token = ahead
             return first - start, time.perf_counter() - first, tokens
 
 

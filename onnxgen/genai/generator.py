@@ -46,8 +46,66 @@ class GenerationStats:
         )
 
 
+class HostRead:
+    """One sampled token on its way to the host: ``start(token)`` enqueues the read of the 0-d device
+    tensor, ``wait()`` blocks until that token (not later work) is there and returns it. One read
+    is pending at a time; the pipelined decode loop starts it before it enqueues the next step."""
+
+    def start(self, token: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def wait(self) -> int:
+        raise NotImplementedError
+
+
+class CpuHostRead(HostRead):
+    """CPU: nothing runs ahead of the host, so the value is simply read at wait time (this is what
+    lets the tests run the pipelined loop on the CPU)."""
+
+    def __init__(self) -> None:
+        self.token: torch.Tensor | None = None
+
+    def start(self, token: torch.Tensor) -> None:
+        self.token = token
+
+    def wait(self) -> int:
+        assert self.token is not None, "wait() without start()"
+        token, self.token = self.token, None
+        return int(token.item())
+
+
+class CudaHostRead(HostRead):
+    """CUDA: a non-blocking copy into pinned memory with an event recorded right after it. Both are
+    enqueued before the next step, so ``wait`` waits for this token's kernels only, while the next
+    step runs; ``int(token)`` there would wait for everything enqueued so far."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.buffer = torch.empty((), dtype=torch.int64, pin_memory=True)  # reused: one read pending at a time
+        self.event = torch.cuda.Event()
+
+    def start(self, token: torch.Tensor) -> None:
+        self.buffer.copy_(token.reshape(()), non_blocking=True)
+        self.event.record(torch.cuda.current_stream(self.device))
+
+    def wait(self) -> int:
+        self.event.synchronize()
+        return int(self.buffer.item())
+
+
+def host_read(device: torch.device) -> HostRead:
+    """The pending token read for ``device`` (also used by bench/random_package.py)."""
+    return CudaHostRead(device) if device.type == "cuda" else CpuHostRead()
+
+
 class Generator:
-    """Runs a package's decoder: ``Generator(path, device="cpu")``, then ``generate``/``stream``."""
+    """Runs a package's decoder: ``Generator(path, device="cpu")``, then ``generate``/``stream``.
+
+    ``pipeline``: "auto" (default: on with CUDA, static KV and capture on/verify), "on" (True) or
+    "off" (False). Pipelined, the decode loop enqueues step N+1 before it waits for token N, so the
+    host builds the next step while the GPU runs the current one; tokens and stats are the same.
+    "on" needs static KV; on the CPU it only exists for the tests (there is nothing to overlap).
+    """
 
     def __init__(
         self,
@@ -59,6 +117,7 @@ class Generator:
         capture: str | None = None,
         recorder: Any = None,
         verify_steps: int = 8,
+        pipeline: str | bool = "auto",
     ):
         self.config = package if isinstance(package, PackageConfig) else load_package_config(package)
         self.session = session or InferenceSession(self.config.model_file, device=device)
@@ -97,6 +156,17 @@ class Generator:
             raise InvalidInputError("capture needs CUDA graphs: use capture='off' on the CPU")
         self._capture: CaptureRuntime | None = None
         self._static_kv: StaticKV | None = None
+        mode = {True: "on", False: "off"}[pipeline] if isinstance(pipeline, bool) else pipeline
+        if mode not in ("auto", "on", "off"):
+            raise InvalidInputError(f"pipeline must be 'auto', 'on' or 'off' (or True/False), got {pipeline!r}")
+        if mode == "on" and self.kv_kind != "static":
+            # dynamic KV: the next step's feeds are this step's present outputs, and its graph is not
+            # captured; keep the sequential loop there
+            raise InvalidInputError("pipeline='on' needs static KV (kv='static'); dynamic KV decodes sequentially")
+        self.pipeline = mode
+        self.pipelined = mode == "on" or (
+            mode == "auto" and self.device.type == "cuda" and self.kv_kind == "static" and self.capture != "off"
+        )
 
     # -- prompts ---------------------------------------------------------------------------
 
@@ -156,7 +226,7 @@ class Generator:
             feeds[io.position_ids] = torch.arange(kv.length, kv.length + n, device=self.device).reshape(1, n)
         feeds.update(kv.feeds())
         if n == 1 and self.capture != "off":
-            outputs = self._capture_runtime(kv).run(self.session._check_feeds(feeds))
+            outputs = self._capture_runtime(kv).run(self.session._check_feeds_repeated(feeds))
         else:
             outputs = self.session.run_torch(feeds)
         kv.update(outputs, n)
@@ -197,6 +267,9 @@ class Generator:
         first_done = 0.0
         with torch.inference_mode():
             logits = self._step(kv, ids)
+            if self.pipelined and isinstance(kv, StaticKV):
+                yield from self._decode_pipelined(kv, sampler, logits, stats, start, max_new, room, params.ignore_eos)
+                return
             while True:
                 token = sampler.sample(logits)
                 token_id = int(token)  # the one device-to-host read per token
@@ -215,6 +288,71 @@ class Generator:
                     return
                 sampler.observe(token.reshape(1))
                 logits = self._step(kv, token.reshape(1, 1))
+
+    def _decode_pipelined(
+        self,
+        kv: StaticKV,
+        sampler: LogitsSampler,
+        logits: torch.Tensor,
+        stats: GenerationStats,
+        start: float,
+        max_new: int,
+        room: int,
+        ignore_eos: bool,
+    ) -> Iterator[int]:
+        """generate_ids' loop with one step of lookahead: once token N exists on the device (sampled,
+        its host read started), step N+1 is enqueued from that device tensor, and only then does the
+        host wait for token N. Same tokens, stop reasons and stats as the sequential loop:
+
+        - a step is enqueued only for a token after which one more may come (N < max_new), so no step
+          runs past max_new_tokens or the context;
+        - the first token is read before the next step is built (then enqueued before it is handed
+          out): TTFT stays prefill + first read, and a first decode step that warms up or records the
+          capture is not counted in it;
+        - EOS is seen when the token is read: the lookahead step already enqueued is dropped. It wrote
+          one KV row past this generation's end into the static cache, which the next generation resets
+          (``_new_kv``), as it does when the consumer stops iterating early;
+        - an error raised while enqueuing step N+1 surfaces after token N is handed out (or not at
+          all if token N is EOS), where the sequential loop would have raised it.
+
+        ``sampler.observe`` and the sampling stay on the device, in stream order with the steps."""
+        reader = host_read(self.device)
+        first_done = 0.0
+
+        def advance(token: torch.Tensor) -> Exception | None:
+            """Enqueue the step fed by ``token``; an error is returned, to be raised after the token."""
+            nonlocal logits
+            try:
+                sampler.observe(token.reshape(1))
+                logits = self._step(kv, token.reshape(1, 1))
+            except Exception as exc:
+                return exc
+            return None
+
+        token = sampler.sample(logits)
+        while True:
+            n = stats.new_tokens + 1  # the token on the device is the n-th new one
+            reader.start(token)  # before step n+1 is enqueued: the wait below is for token n only
+            failed = advance(token) if 1 < n < max_new else None
+            token_id = reader.wait()
+            stats.new_tokens = n
+            if n == 1:
+                first_done = time.perf_counter()
+                stats.ttft_s = first_done - start
+            else:
+                stats.decode_s = time.perf_counter() - first_done
+            if token_id in self.eos_ids and not ignore_eos:
+                stats.stop_reason = "eos"
+                return
+            if n == 1 and n < max_new:  # the first token is back: its step runs while it is handed out
+                failed = advance(token)
+            yield token_id
+            if failed is not None:
+                raise failed
+            if n >= max_new:
+                stats.stop_reason = "length" if max_new < room else "context full"
+                return
+            token = sampler.sample(logits)
 
     def stream(
         self, prompt: str | list[int], params: SamplingParams | None = None, *, chat: bool = False

@@ -60,6 +60,15 @@ class StaticKV:
             self.buffers[config.past_key_name(layer)] = torch.zeros(shape, dtype=dtype, device=device)
             self.buffers[config.past_value_name(layer)] = torch.zeros(shape, dtype=dtype, device=device)
         self.mask = torch.zeros((batch, capacity), dtype=torch.int64, device=device)
+        # (present output name, the past buffer it must land in), made once: update() runs every step
+        self._pairs = [
+            (present, self.buffers[past])
+            for layer in range(config.num_layers)
+            for past, present in (
+                (config.past_key_name(layer), config.present_key_name(layer)),
+                (config.past_value_name(layer), config.present_value_name(layer)),
+            )
+        ]
 
     def reset(self) -> None:
         """Empty again, in place: the buffers and the mask keep their addresses (what a recorded
@@ -88,14 +97,9 @@ class StaticKV:
         return dict(self.buffers)
 
     def update(self, outputs: dict[str, torch.Tensor], new_tokens: int) -> None:
-        c = self.config
-        for layer in range(c.num_layers):
-            for past, present in (
-                (c.past_key_name(layer), c.present_key_name(layer)),
-                (c.past_value_name(layer), c.present_value_name(layer)),
-            ):
-                out = outputs[present]
-                if out.data_ptr() != self.buffers[past].data_ptr():
-                    # the op returned a new tensor instead of writing in place: keep the buffer current
-                    self.buffers[past].copy_(out)
+        for present, buffer in self._pairs:
+            out = outputs[present]
+            if out.data_ptr() != buffer.data_ptr():
+                # the op returned a new tensor instead of writing in place: keep the buffer current
+                buffer.copy_(out)
         self.length += new_tokens

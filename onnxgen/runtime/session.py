@@ -81,6 +81,7 @@ class InferenceSession:
         self._inputs = [vi for vi in self.program.inputs if vi.name not in inits]
         self._optional_inputs = {vi.name for vi in self.program.inputs if vi.name in inits}
         self._outputs = self.program.outputs
+        self._checked_layouts: set[tuple[Any, ...]] = set()  # see _check_feeds_repeated
 
     # -- onnxruntime-like metadata ---------------------------------------------------------
 
@@ -131,6 +132,29 @@ class InferenceSession:
                 if value.device != self.device:
                     value = value.to(self.device)
             checked[name] = value
+        return checked
+
+    def _check_feeds_repeated(self, feeds: Mapping[str, Any]) -> Mapping[str, Any]:
+        """``_check_feeds`` for a step that repeats every token (the captured decode step).
+
+        _check_feeds' verdict depends only on the feed names, their order (which input binds a symbol
+        first) and each tensor's shape, dtype and device; other values pass through untouched. So once
+        a layout has passed with every tensor already on this device (nothing moved: the checked feeds
+        are the feeds), the same layout needs neither the check nor a copy. Any other layout runs the
+        full check (and raises like it)."""
+        layout = tuple(
+            [
+                (n, v.shape, v.dtype, v.device) if isinstance(v, torch.Tensor) else (n, v.__class__)
+                for n, v in feeds.items()
+            ]
+        )
+        if layout in self._checked_layouts:
+            return feeds
+        checked = self._check_feeds(feeds)
+        if all(v.device == self.device for v in feeds.values() if isinstance(v, torch.Tensor)):
+            if len(self._checked_layouts) >= 16:  # a handful per generator (one per KV capacity): bounded anyway
+                self._checked_layouts.clear()
+            self._checked_layouts.add(layout)
         return checked
 
 

@@ -63,5 +63,48 @@ class Binding:
         # exactly what a CUDA graph would do, and verify mode must notice
 
 
+class Guard:
+    """A segment's replay guard, precomputed: the bindings' expected signatures as one tuple.
+
+    ``mismatch`` builds the same tuple from this step's values and compares it once (the per-binding
+    calls were a visible part of a replayed step's host time). It is never weaker than
+    ``Binding.mismatch``: the tuple holds each value's class plus, for an adopted binding, its full
+    signature and, for an owned one, its shape and dtype, so equal tuples imply that every
+    ``Binding.mismatch`` returns None. Any difference (or a value that is not a tensor) goes through
+    the per-binding check, which decides and names the reason.
+    """
+
+    def __init__(self, bindings: dict[str, Binding]):
+        self.names = list(bindings)
+        self.bindings = list(bindings.values())
+        self.adopted = [b.adopted for b in self.bindings]
+        self.owned = [k for k, b in enumerate(self.bindings) if not b.adopted]
+        self.expected = tuple(
+            (b.tensor.__class__, *b.recorded) if b.adopted else (b.tensor.__class__, b.tensor.shape, b.tensor.dtype)
+            for b in self.bindings
+        )
+
+    def mismatch(self, values: list[Any]) -> str | None:
+        """Why the values (in ``names`` order) cannot be served (None: they can)."""
+        try:
+            current = tuple(
+                [
+                    (v.__class__, v.data_ptr(), v.shape, v.dtype, v.stride(), v.device)
+                    if adopted
+                    else (v.__class__, v.shape, v.dtype)
+                    for adopted, v in zip(self.adopted, values)
+                ]
+            )
+            if current == self.expected:
+                return None
+        except Exception:
+            pass  # not a tensor, or not tensor-like: the per-binding check says why
+        for binding, value in zip(self.bindings, values):
+            why = binding.mismatch(value)
+            if why is not None:
+                return why
+        return None
+
+
 def _describe(t: torch.Tensor) -> str:
     return f"{list(t.shape)} {str(t.dtype).replace('torch.', '')} @{t.data_ptr():#x}"

@@ -30,7 +30,7 @@ import onnx
 import torch
 
 from onnxgen.errors import InvalidInputError, OnnxgenError
-from onnxgen.runtime.capture.bindings import Binding, Signature
+from onnxgen.runtime.capture.bindings import Binding, Guard, Signature
 from onnxgen.runtime.capture.classifier import classify
 from onnxgen.runtime.capture.planner import CapturePlan, plan_capture
 from onnxgen.runtime.capture.recorder import CudaGraphRecorder, Recorder, Recording, RecordingFailed, SegmentFn
@@ -51,6 +51,15 @@ class CaptureMismatchError(OnnxgenError):
 
 def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
+
+
+def _values(env: Mapping[str, Any], names: list[str]) -> list[Any]:
+    """``[env[n] for n in names]``; a ChainMap's first map (the step's feeds and outputs) is read
+    directly, as ChainMap.__getitem__ would, without its Python-level lookup per name."""
+    if isinstance(env, ChainMap):
+        first = env.maps[0]
+        return [first[n] if n in first else env[n] for n in names]
+    return [env[n] for n in names]
 
 
 def key_label(key: Key) -> str:
@@ -89,6 +98,7 @@ class CapturedProgram:
         self.device_copies: dict[str, Any] = {}
         self.recordings: dict[int, Recording] = {}
         self.bindings: dict[int, dict[str, Binding]] = {}
+        self.guards: dict[int, Guard] = {}
         self.last_feeds: dict[str, weakref.ref] = {}
 
     # -- the signature every replay is guarded by -------------------------------------------
@@ -98,17 +108,23 @@ class CapturedProgram:
 
     def unsupported(self, reason: str) -> None:
         self.phase, self.reason = UNSUPPORTED, reason
-        self.recordings, self.bindings = {}, {}
+        self.recordings, self.bindings, self.guards = {}, {}, {}
 
     # -- one step ----------------------------------------------------------------------------
 
     def run(self, feeds: Mapping[str, Any], stats: CaptureStats) -> tuple[Mapping[str, Any], bool]:
         """Run one step; returns the values and whether any segment was recorded or replayed."""
+        result = self._run_phase(feeds, stats)
         # feeds the caller hands again, the same tensor unchanged (StaticKV buffers and mask), are
-        # used in place; weak references: an equal address alone may be a reused allocation
-        last = self.last_feeds
-        persistent = {n for n, v in feeds.items() if n in last and last[n]() is v}
-        self.last_feeds = {n: weakref.ref(v) for n, v in feeds.items() if isinstance(v, torch.Tensor)}
+        # used in place by the recording; only the step right before one needs remembering (every
+        # step used to pay for this). Weak references: an equal address alone may be a reused allocation
+        if self.phase == ARMED:
+            self.last_feeds = {n: weakref.ref(v) for n, v in feeds.items() if isinstance(v, torch.Tensor)}
+        elif self.last_feeds:
+            self.last_feeds = {}
+        return result
+
+    def _run_phase(self, feeds: Mapping[str, Any], stats: CaptureStats) -> tuple[Mapping[str, Any], bool]:
         if self.phase == UNSUPPORTED:
             return self.program.run(feeds), False
         if self.phase == WARMUP:
@@ -118,6 +134,8 @@ class CapturedProgram:
                 self.phase = ARMED
             return env, False
         if self.phase == ARMED:
+            last = self.last_feeds
+            persistent = {n for n, v in feeds.items() if n in last and last[n]() is v}
             return self._record(feeds, persistent, stats), True
         return self._replay(feeds, stats), True
 
@@ -179,7 +197,7 @@ class CapturedProgram:
         return fn
 
     def _record(self, feeds: Mapping[str, Any], persistent: set[str], stats: CaptureStats) -> Mapping[str, Any]:
-        self.recordings, self.bindings = {}, {}
+        self.recordings, self.bindings, self.guards = {}, {}, {}
         self.recorder.begin_key()
         env = self._env(feeds)
         recorded: dict[str, torch.Tensor] = {}  # outputs of segments recorded so far
@@ -200,7 +218,7 @@ class CapturedProgram:
             recording = self.recorder.record(self._segment_fn(unit, bindings), unit.label)
             recording.replay()  # a CUDA capture does not execute: the replay computes this step
             stats.captures += 1
-            self.recordings[i], self.bindings[i] = recording, bindings
+            self.recordings[i], self.bindings[i], self.guards[i] = recording, bindings, Guard(bindings)
             for name, value in recording.outputs.items():
                 env[name] = value
                 recorded[name] = value
@@ -214,21 +232,17 @@ class CapturedProgram:
             if unit.kind != "segment":
                 self._run_unit_eagerly(unit, env)
                 continue
-            bindings = self.bindings[i]
-            why = None
-            if self.guard:
-                for name, binding in bindings.items():
-                    why = binding.mismatch(env[name])
-                    if why is not None:
-                        break
+            guard = self.guards[i]
+            values = _values(env, guard.names)
+            why = guard.mismatch(values) if self.guard else None
             if why is not None:  # never replay on a mismatch: this segment runs eagerly
                 stats.invalidations += 1
                 stats.invalidation_reasons[why.split(" (")[0]] += 1
                 invalid = why
                 self._run_unit_eagerly(unit, env)
                 continue
-            for name, binding in bindings.items():
-                binding.write(env[name])
+            for k in guard.owned:  # adopted bindings are used in place: nothing to write
+                guard.bindings[k].write(values[k])
             recording = self.recordings[i]
             recording.replay()
             stats.replays += 1
@@ -301,23 +315,35 @@ class CaptureRuntime:
         self.stats = CaptureStats(mode=mode)
         inits = set(program.initializers)
         self.inputs = [vi for vi in program.inputs if vi.name not in inits]
+        self.output_names = [o.name for o in program.outputs]
         decode = infer_shapes(model, decode_binding(model))
         growing = classify(decode, mode=classifier_mode).growing
         # the symbols a key leaves free: growing ones the caller did not pin (the KV length)
         self.free = {d for vi in self.inputs for d in vi.shape or () if isinstance(d, str) and d in growing}
         self.free -= self.pin
+        # per input: its rank and the (axis, symbol) pairs that make the key, worked out once (key_of
+        # runs every step; walking every input's full shape there was a visible part of a step's host time)
+        self.key_axes: list[tuple[str, int, tuple[tuple[int, str], ...]]] = []
+        for vi in self.inputs:
+            if vi.shape is None:
+                continue
+            axes = tuple((a, d) for a, d in enumerate(vi.shape) if isinstance(d, str) and d and d not in self.free)
+            if axes:
+                self.key_axes.append((vi.name, len(vi.shape), axes))
 
     # -- keys and plans ----------------------------------------------------------------------
 
     def key_of(self, feeds: Mapping[str, Any]) -> Key:
         bind: dict[str, int] = {}
-        for vi in self.inputs:
-            value = feeds.get(vi.name)
-            if not isinstance(value, torch.Tensor) or vi.shape is None or value.dim() != len(vi.shape):
+        for name, rank, axes in self.key_axes:  # in input order: a later input's value wins, as before
+            value = feeds.get(name)
+            if not isinstance(value, torch.Tensor):
                 continue
-            for axis, d in enumerate(vi.shape):
-                if isinstance(d, str) and d and d not in self.free:
-                    bind[d] = int(value.shape[axis])
+            shape = value.shape
+            if len(shape) != rank:
+                continue
+            for axis, d in axes:
+                bind[d] = shape[axis]
         return tuple(sorted(bind.items()))
 
     def plan_for(self, key: Key) -> tuple[CapturePlan, ShapeResult]:
@@ -367,7 +393,7 @@ class CaptureRuntime:
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         """Run one step; returns every graph output."""
-        names = [o.name for o in self.program.outputs]
+        names = self.output_names
         self.stats.steps += 1
         if self.mode == "off":
             self.stats.eager_steps += 1
@@ -384,7 +410,7 @@ class CaptureRuntime:
             env = self.program.run(copies)
             reference = {n: env[n] for n in names}
         env = self._run_captured(captured, feeds)
-        out = {n: env[n] for n in names}
+        out = dict(zip(names, _values(env, names)))
         if reference is not None:
             self._compare(reference, out, captured)
             self.stats.verified_steps += 1
