@@ -173,3 +173,63 @@ def test_masked_attention_matches_onnxruntime(groups: int, mask: str, scale_op: 
 def test_attention_scores_read_elsewhere_are_not_fused() -> None:
     _, report = fuse_graph(attention_model(2, "where", leak=True))
     assert report.attention == 0
+
+
+def norm_mlp_model(dtype: int = TensorProto.FLOAT, norm_read_elsewhere: bool = False, sum_output: bool = True):
+    """x, skip -> SkipSimplifiedLayerNorm -> MatMul gate/up -> SwiGLU -> MatMul down -> outputs,
+    with the residual sum as a graph output: every rewrite of the decode MLP block applies."""
+    np_type = np.float16 if dtype == TensorProto.FLOAT16 else np.float32
+
+    def w(name: str, *shape: int) -> object:
+        return numpy_helper.from_array((RNG.standard_normal(shape) * 0.3).astype(np_type), name)
+
+    inits = [w("gamma", 16), w("w_gate", 16, 24), w("w_up", 16, 24), w("w_down", 24, 16)]
+    nodes = [
+        helper.make_node(
+            "SkipSimplifiedLayerNormalization", ["x", "skip", "gamma"],
+            ["normed", "", "", "total" if sum_output else ""],
+            domain="com.microsoft", epsilon=1e-6, name="norm",
+        ),
+        helper.make_node("MatMul", ["normed", "w_gate"], ["g"], name="gate"),
+        helper.make_node("MatMul", ["normed", "w_up"], ["u"], name="up"),
+        helper.make_node("Sigmoid", ["g"], ["sg"], name="sig"),
+        helper.make_node("Mul", ["g", "sg"], ["act"], name="act"),
+        helper.make_node("Mul", ["act", "u"], ["h"], name="mul"),
+        helper.make_node("MatMul", ["h", "w_down"], ["y"], name="down"),
+    ]  # fmt: skip
+    outs = [helper.make_tensor_value_info("y", dtype, None)]
+    if sum_output:
+        outs.append(helper.make_tensor_value_info("total", dtype, None))
+    if norm_read_elsewhere:
+        nodes.append(helper.make_node("Neg", ["normed"], ["neg"], name="neg"))
+        outs.append(helper.make_tensor_value_info("neg", dtype, None))
+    ins = [helper.make_tensor_value_info(n, dtype, ["b", "s", 16]) for n in ("x", "skip")]
+    return make_model(nodes, ins, outs, inits)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("dtype", [TensorProto.FLOAT, TensorProto.FLOAT16])
+@pytest.mark.parametrize("sum_output", [True, False])
+def test_norm_and_silu_prologues_match_onnxruntime(rows: int, dtype: int, sum_output: bool, device: str) -> None:
+    """The norm moves into the gate/up group, SiLU-mul into the down projection (a group of one);
+    one row takes the one-row kernels (through Triton where it serves), more rows the unfused path."""
+    model = norm_mlp_model(dtype, sum_output=sum_output)
+    fused, report = fuse_graph(model)
+    assert (report.matmul_groups, report.singles, report.prologues, report.silu_mul) == (1, 1, 2, 1), report
+    assert [n.op_type for n in fused.graph.node] == ["MatMulGroup", "MatMulGroup"]
+    np_type = np.float16 if dtype == TensorProto.FLOAT16 else np.float32
+    feeds = {n: RNG.standard_normal((1, rows, 16)).astype(np_type) for n in ("x", "skip")}
+    want = ort_run(model, feeds)
+    got = InferenceSession(fused, device=device).run(None, feeds)
+    tol = 2e-2 if dtype == TensorProto.FLOAT16 else 1e-5
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g.astype(np.float32), w.astype(np.float32), rtol=tol, atol=tol)
+
+
+def test_a_norm_read_elsewhere_stays_its_own_op() -> None:
+    fused, report = fuse_graph(norm_mlp_model(norm_read_elsewhere=True))
+    ops = [n.op_type for n in fused.graph.node]
+    assert "SkipSimplifiedLayerNormalization" in ops and report.prologues == 1, ops  # SiLU-mul still moves
+    group = next(n for n in fused.graph.node if n.op_type == "MatMulGroup" and len(n.output) == 2)
+    assert group.input[0] == "normed" and not any(a.name == "prologue" for a in group.attribute)

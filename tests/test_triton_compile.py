@@ -65,12 +65,25 @@ def test_silu_mul_compiles() -> None:
     assert compile_for_sm90(triton_silu._silu_mul_kernel, sig, dict(BLOCK=1024))
 
 
-@pytest.mark.parametrize("zero_kind", [0, 1, 2])
-def test_int4_gemv_compiles(zero_kind: int) -> None:
-    from onnxgen.runtime.kernels import triton_gemv
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize("prologue", [0, 1, 2, 3])
+def test_linear_row_compiles(dtype: str, prologue: int) -> None:
+    from onnxgen.runtime.kernels import triton_linear
 
-    sig = dict(a_ptr="*fp16", b_ptr="*u8", scale_ptr="*fp16", zero_ptr="*u8" if zero_kind != 2 else "*fp16")
-    sig.update(bias_ptr="*fp16", out_ptr="*fp16")
+    sig = dict.fromkeys(["x_ptr", "x2_ptr", "gamma_ptr", "sum_ptr", "w_ptr", "bias_ptr", "out_ptr"], f"*{dtype}")
+    sig.update(n="i32", k="i32", w_stride="i32", eps="fp32")
+    const = dict(PROLOGUE=prologue, HAS_BIAS=True, BLOCK_N=8, BLOCK_K=128)
+    assert compile_for_sm90(triton_linear._linear_row_kernel, sig, const)
+
+
+@pytest.mark.parametrize("zero_kind", [0, 1, 2])
+@pytest.mark.parametrize("prologue", [0, 2, 3])
+def test_linear_row_q4_compiles(zero_kind: int, prologue: int) -> None:
+    from onnxgen.runtime.kernels import triton_linear
+
+    sig = dict.fromkeys(["x_ptr", "x2_ptr", "gamma_ptr", "sum_ptr", "scale_ptr", "bias_ptr", "out_ptr"], "*fp16")
+    sig.update(b_ptr="*u8", zero_ptr="*fp16" if zero_kind == 2 else "*u8", eps="fp32")
     sig.update(dict.fromkeys(["n", "k", "n_blocks", "row_bytes", "zp_row_bytes"], "i32"))
-    const = dict(BLOCK_SIZE=32, ZERO_KIND=zero_kind, HAS_BIAS=True, BLOCK_N=8, BLOCK_K=64)
-    assert compile_for_sm90(triton_gemv._gemv_int4_kernel, sig, const)
+    const = dict(PROLOGUE=prologue, ZERO_KIND=zero_kind, HAS_BIAS=prologue == 0, QBLOCK=32)
+    const.update(BLOCK_N=8, BLOCKS_PER_ITER=8)
+    assert compile_for_sm90(triton_linear._linear_row_q4_kernel, sig, const)

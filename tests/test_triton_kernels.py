@@ -35,14 +35,19 @@ def run_interpreted(selection: str, **env: str) -> dict[str, int]:
 
 @pytest.mark.skipif(not triton_importable(), reason="triton is not installed")
 def test_parity_tests_pass_through_the_triton_interpreter() -> None:
-    launches = run_interpreted("gqa_shared or gqa_fp16 or layer_norm or genai_built or growing_kv or silu_mul")
+    launches = run_interpreted(
+        "gqa_shared or gqa_fp16 or layer_norm or genai_built or growing_kv or silu_mul or prologues",
+        ONNXGEN_TRITON_LINEAR="1",  # the opt-in one-row GEMVs too
+    )
     assert launches.get("gqa_decode", 0) >= 20 and launches.get("rms_norm", 0) >= 20, launches
     assert launches.get("silu_mul", 0) >= 10, launches
+    # the one-row GEMVs with their prologues (fused whole-model decode, fp32/fp16 and int4)
+    assert launches.get("linear_row", 0) >= 100 and launches.get("linear_row_q4", 0) >= 20, launches
 
 
 @pytest.mark.skipif(not triton_importable(), reason="triton is not installed")
-def test_int4_gemv_parity_through_the_triton_interpreter() -> None:
-    """The opt-in one-row int4 GEMV: MatMulNBits single-op cases (zero point kinds, block sizes, bias)
-    and whole int4 models, plain and fused into groups."""
-    launches = run_interpreted("matmul_nbits or growing_kv or genai_built", ONNXGEN_TRITON_GEMV="1")
-    assert launches.get("gemv_int4", 0) >= 30, launches
+def test_int4_row_kernel_parity_through_the_triton_interpreter() -> None:
+    """triton_linear's opt-in 4-bit kernel on the plain MatMulNBits op: single-op cases (zero point
+    kinds, block sizes, bias) against onnxruntime."""
+    launches = run_interpreted("matmul_nbits", ONNXGEN_TRITON_LINEAR="1")
+    assert launches.get("linear_row_q4", 0) >= 10, launches

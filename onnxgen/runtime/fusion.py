@@ -11,6 +11,13 @@ match on the ONNX graph that keeps every value name the rest of the graph reads:
   block size and accuracy level (the CUDA kernel dequantizes and concatenates them once).
 - ``SiluMul``: Sigmoid(g) -> Mul(g, .) -> Mul(., u), the SwiGLU of Llama-style MLPs, becomes
   silu(g) * u in one kernel.
+- Singles: a lone MatMul with a constant 2-D weight (o_proj, down_proj) or a lone MatMulNBits
+  becomes a group of one, so that every decode GEMV runs through one kernel family.
+- Prologues: the op that feeds a group and nothing else (SimplifiedLayerNormalization, its Skip
+  variant, or SiluMul) moves into the group as its ``prologue``: at one row the group's kernel
+  recomputes it per program (kernels/triton_linear.py) instead of a kernel of its own; at more
+  rows the group runs it first, as the unfused graph did. The Skip variant's residual sum becomes
+  the group's last output.
 
 The fused ops live in the ``onnxgen`` domain (kernels: kernels/fused.py, shapes:
 shapes/rules/fused.py). They change roundings a little (one GEMM + bias epilogue instead of GEMM
@@ -40,13 +47,17 @@ class FusionReport:
     matmul_groups: int = 0
     matmul_nbits_groups: int = 0
     silu_mul: int = 0
+    singles: int = 0
+    prologues: int = 0
 
     @property
     def total(self) -> int:
-        return self.attention + self.matmul_groups + self.matmul_nbits_groups + self.silu_mul
+        return self.attention + self.matmul_groups + self.matmul_nbits_groups + self.silu_mul + self.singles + (
+            self.prologues
+        )
 
 
-ALL_REWRITES = frozenset({"attention", "matmul_groups", "matmul_nbits_groups", "silu_mul"})
+ALL_REWRITES = frozenset({"attention", "matmul_groups", "matmul_nbits_groups", "silu_mul", "singles", "prologues"})
 # what pays on each device (measured, docs/benchmarks/cpu.md and 2026-11-29-h200-capture.md): on the
 # CPU the grouped GEMMs lose the one-row GEMV fast path (SmolLM2 fp32 standard 28 -> 25 tok/s with
 # every rewrite) while the attention rewrite alone gains (29.9 -> 32.1 tok/s); on CUDA every rewrite
@@ -67,12 +78,13 @@ def fuse_for_device(model: onnx.ModelProto, device_type: str) -> tuple[onnx.Mode
 
 # an op each rewrite needs (at least this many times) before the graph is worth copying
 _NEEDS = {"attention": ("Softmax", 1), "silu_mul": ("Sigmoid", 1), "matmul_groups": ("MatMul", 2),
-          "matmul_nbits_groups": ("MatMulNBits", 2)}  # fmt: skip
+          "matmul_nbits_groups": ("MatMulNBits", 2), "singles": ("MatMul", 1), "prologues": ("MatMul", 1)}  # fmt: skip
 
 
 def fuse_graph(model: onnx.ModelProto, rewrites: frozenset[str] = ALL_REWRITES) -> tuple[onnx.ModelProto, FusionReport]:
     report = FusionReport()
     ops = Counter(n.op_type for n in model.graph.node)
+    ops["MatMul"] += ops["MatMulNBits"]  # the singles and prologue rewrites take either
     if not any(ops[_NEEDS[r][0]] >= _NEEDS[r][1] for r in rewrites):
         return model, report  # nothing can match: no copy (a model with inline weights would double)
     fused = onnx.ModelProto()
@@ -116,6 +128,11 @@ class _Rewriter:
             report.matmul_groups += self._fuse_groups("MatMul", "", self._matmul_member)
         if "matmul_nbits_groups" in rewrites:
             report.matmul_nbits_groups += self._fuse_groups("MatMulNBits", "com.microsoft", self._nbits_member)
+        if "singles" in rewrites:
+            report.singles += self._fuse_groups("MatMul", "", self._matmul_member, least=1)
+            report.singles += self._fuse_groups("MatMulNBits", "com.microsoft", self._nbits_member, least=1)
+        if "prologues" in rewrites:
+            report.prologues += self._fuse_prologues()
 
     # -- the only-consumer test every pattern needs ----------------------------------------
 
@@ -190,7 +207,7 @@ class _Rewriter:
             return None
         return add
 
-    def _fuse_groups(self, op_type: str, domain: str, member_key) -> int:
+    def _fuse_groups(self, op_type: str, domain: str, member_key, least: int = 2) -> int:
         consumers = self._consumers()
         by_input: dict[tuple, list[onnx.NodeProto]] = defaultdict(list)
         for node in self.graph.node:
@@ -203,7 +220,7 @@ class _Rewriter:
         replace: dict[int, onnx.NodeProto | None] = {}
         count = 0
         for (a, key), members in by_input.items():
-            if len(members) < 2:
+            if len(members) < least:
                 continue
             if op_type == "MatMul":
                 widths = [self.inits[m.input[1]].dims[1] for m in members]
@@ -238,6 +255,63 @@ class _Rewriter:
                 if add is not None:
                     replace[index[id(add)]] = None
             replace[index[id(first)]] = fused  # every input exists where the first member ran
+            count += 1
+        self._apply(replace)
+        return count
+
+    # -- prologues -------------------------------------------------------------------------
+
+    def _prologue_of(self, node: onnx.NodeProto, consumers) -> tuple[str, list[str], float, str] | None:
+        """(prologue, [x, x2, gamma], epsilon, residual-sum output) when ``node`` can move into the
+        group that reads its output, else None."""
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        inputs = list(node.input)
+        if node.op_type == "SiluMul" and node.domain == FUSED_DOMAIN:
+            return "silu_mul", [inputs[0], inputs[1], ""], 0.0, ""
+        if int(attrs.get("stash_type", 1)) != 1:
+            return None
+        if node.op_type == "SimplifiedLayerNormalization" and node.domain in ("", "ai.onnx", "com.microsoft"):
+            if int(attrs.get("axis", -1)) != -1 or len(inputs) != 2 or any(node.output[1:]):
+                return None
+            if self._const(inputs[1], 1) is None:
+                return None
+            return "rms", [inputs[0], "", inputs[1]], float(attrs.get("epsilon", 1e-5)), ""
+        if node.op_type == "SkipSimplifiedLayerNormalization" and node.domain == "com.microsoft":
+            if len(inputs) > 3 and inputs[3]:  # a bias: left alone
+                return None
+            outs = list(node.output) + [""] * (4 - len(node.output))
+            if outs[1] or outs[2] or self._const(inputs[2], 1) is None:
+                return None
+            return "skip_rms", inputs[:3], float(attrs.get("epsilon", 1e-12)), outs[3]
+        return None
+
+    def _fuse_prologues(self) -> int:
+        consumers = self._consumers()
+        producer = {out: node for node in self.graph.node for out in node.output if out}
+        index = {id(n): i for i, n in enumerate(self.graph.node)}
+        replace: dict[int, onnx.NodeProto | None] = {}
+        count = 0
+        for node in self.graph.node:
+            if node.op_type not in ("MatMulGroup", "MatMulNBitsGroup") or node.domain != FUSED_DOMAIN:
+                continue
+            if any(a.name == "prologue" for a in node.attribute):
+                continue
+            before = producer.get(node.input[0])
+            if before is None or id(before) in replace or self._sole_consumer(node.input[0], consumers) is not node:
+                continue
+            found = self._prologue_of(before, consumers)
+            if found is None:
+                continue
+            kind, (x, x2, gamma), eps, total = found
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            fused = helper.make_node(
+                node.op_type, [x, *node.input[1:], x2, gamma], [*node.output, total] if kind == "skip_rms" else
+                list(node.output), name=f"{node.name}/{kind}", domain=FUSED_DOMAIN, prologue=kind, epsilon=eps, **attrs,
+            )  # fmt: skip
+            # at the prologue's place: its inputs exist there, the group's others are constants, and
+            # the residual sum's readers may come before the group
+            replace[index[id(before)]] = fused
+            replace[index[id(node)]] = None
             count += 1
         self._apply(replace)
         return count

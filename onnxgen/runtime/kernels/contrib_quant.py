@@ -47,7 +47,7 @@ from onnxgen.runtime.kernels.common import NodeContext, normalize_axis
 from onnxgen.runtime.kernels.contrib_attention import compute_dtype
 from onnxgen.runtime.kernels.cpu_gemv import split_gemv
 from onnxgen.runtime.kernels.registry import MS_DOMAIN, kernel
-from onnxgen.runtime.kernels.triton_support import int4_gemv_serves
+from onnxgen.runtime.kernels.triton_support import linear_row_serves
 
 _CHUNK_ELEMENTS = 1 << 24  # fp32 elements per dequantization chunk (64 MiB)
 _FLOAT8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2, torch.float8_e5m2fnuz)
@@ -184,6 +184,13 @@ def _int8_activations(
         return False
     float_zero_points = zero_points is not None and zero_points.dtype != torch.uint8
     return not float_zero_points and not (bits == 2 and block < 32)
+
+
+def q4_row_serves(a: torch.Tensor, k: int, bits: int, block_size: int) -> bool:
+    """One row of A over 4-bit weights in blocks triton_linear's kernel takes (opt-in: on the H200 it
+    was slower than cuBLAS on the dequantized copy, docs/benchmarks/2026-12-01-h200.md)."""
+    pow2 = block_size >= 16 and not block_size & (block_size - 1)
+    return bits == 4 and pow2 and a.numel() == k and linear_row_serves(a)
 
 
 def fake_quantize_int8_blocks(a: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -337,10 +344,10 @@ def matmul_nbits(
         return dequantize_nbits(b, scales, zero_points, g_idx, k=k, n=n, bits=bits, block_size=block_size, dtype=dtype)
 
     int8_a = _int8_activations(ctx, a, zero_points, bits, block_size)
-    if g_idx is None and not int8_a and int4_gemv_serves(a, k, bits):
-        from onnxgen.runtime.kernels.triton_gemv import gemv_int4
+    if g_idx is None and not int8_a and q4_row_serves(a, k, bits, block_size) and scales.dtype == a.dtype:
+        from onnxgen.runtime.kernels.triton_linear import linear_row_q4
 
-        out = gemv_int4(a.reshape(k), b, scales, zero_points, bias, n=n, k=k, block_size=block_size)
+        out = linear_row_q4(a, b, scales, zero_points, bias, n=n, k=k, block_size=block_size)
         return out.reshape(*a.shape[:-1], n)
     if _int4pack_applies(ctx, a, b, g_idx, k=k, n=n, bits=bits, block_size=block_size):
         plan = _Int4Plan(b, scales, zero_points, k=k, n=n, block_size=block_size)

@@ -6,6 +6,10 @@
 - ``MatMulNBitsGroup(A, (B, scales, zero_points)_1..n, bias_1..n)``: each MatMulNBits weight
   dequantized as MatMulNBits would, concatenated, then the same GEMM.
 - ``SiluMul(g, u)``: silu(g) * u.
+Either group may carry a ``prologue`` (attribute; inputs x2 and gamma after the biases, see
+fusion.py): rms, skip_rms (residual sum as the last output) or silu_mul, applied to A first. At one
+row on a Triton device the group is one kernel, prologue included (kernels/triton_linear.py);
+otherwise the prologue runs first, as the unfused graph's op would, then the GEMM.
 The concatenated weights cost memory next to the originals (which the graph still holds); the
 MatMulNBits dequantized copy counts against ONNXGEN_DEQUANT_CACHE_MB like MatMulNBits' own.
 """
@@ -13,6 +17,7 @@ MatMulNBits dequantized copy counts against ONNXGEN_DEQUANT_CACHE_MB like MatMul
 from __future__ import annotations
 
 import weakref
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -24,9 +29,10 @@ from onnxgen.runtime.kernels.contrib_quant import (
     _int8_activations,
     dequantize_nbits,
     fake_quantize_int8_blocks,
+    q4_row_serves,
 )
 from onnxgen.runtime.kernels.registry import kernel
-from onnxgen.runtime.kernels.triton_support import int4_gemv_serves, triton_serves
+from onnxgen.runtime.kernels.triton_support import linear_row_serves, triton_serves
 
 FUSED_DOMAIN = "onnxgen"
 
@@ -49,23 +55,109 @@ def _linear_split(a: torch.Tensor, weight_nk: torch.Tensor, bias: torch.Tensor |
     return tuple(torch.split(out, widths, dim=-1))
 
 
+def _prologue(ctx: NodeContext) -> str:
+    kind = ctx.attr("prologue", "")
+    return kind.decode() if isinstance(kind, bytes) else str(kind)
+
+
+def _split_prologue(ctx: NodeContext, rest: tuple, count: int) -> tuple[tuple, Any, Any]:
+    """(the group's own inputs, x2, gamma): a prologue's two inputs come after the ``count`` own ones."""
+    own = tuple(rest[:count]) + (None,) * (count - len(rest))
+    if not _prologue(ctx):
+        return own, None, None
+    extra = tuple(rest[count : count + 2]) + (None,) * 2
+    return own, extra[0], extra[1]
+
+
+def apply_prologue(ctx: NodeContext, a: torch.Tensor, x2, gamma) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The prologue as its own op computes it: (the group's A, the residual sum or None)."""
+    kind = _prologue(ctx)
+    eps = float(ctx.attr("epsilon", 0.0))
+    if kind == "silu_mul":
+        if x2 is None or x2.shape != a.shape:
+            raise ctx.fail(f"silu_mul prologue: up {None if x2 is None else list(x2.shape)} vs gate {list(a.shape)}")
+        if x2.dtype == a.dtype and a.is_floating_point() and triton_serves(a):
+            from onnxgen.runtime.kernels.triton_silu import silu_mul as fused
+
+            return fused(a, x2), None
+        return F.silu(a) * x2, None
+    if kind not in ("rms", "skip_rms"):
+        raise ctx.fail(f"unknown prologue {kind!r} (rms, skip_rms or silu_mul)")
+    if gamma is None or gamma.shape != (a.shape[-1],):
+        raise ctx.fail(f"{kind} prologue: gamma must be [{a.shape[-1]}]")
+    skip = x2 if kind == "skip_rms" else None
+    if kind == "skip_rms" and (skip is None or skip.shape != a.shape):
+        raise ctx.fail("skip_rms prologue: the skip input must have A's shape")
+    if triton_serves(a):
+        from onnxgen.runtime.kernels.triton_norm import fused_rms_norm, rms_norm_applies
+
+        if rms_norm_applies(a, gamma, skip):
+            out_dtype = gamma.dtype if skip is None else a.dtype
+            y, total, _ = fused_rms_norm(a, gamma, eps, skip=skip, out_dtype=out_dtype, want_sum=skip is not None)
+            return y, total
+    total = a.float() + skip.float() if skip is not None else a.float()
+    inv = torch.rsqrt(total.pow(2).mean(dim=-1, keepdim=True) + eps)
+    y = (total * inv * gamma.float()).to(gamma.dtype if skip is None else a.dtype)
+    return y, (total.to(a.dtype) if skip is not None else None)
+
+
+def _with_sum(ctx: NodeContext, outs: tuple[torch.Tensor, ...], total: torch.Tensor | None) -> tuple:
+    return (*outs, total) if _prologue(ctx) == "skip_rms" else outs
+
+
+def _row_prologue_ok(ctx: NodeContext, a: torch.Tensor, k: int, x2, gamma) -> bool:
+    """The one-row kernel can compute this prologue itself (else the prologue runs first)."""
+    kind = _prologue(ctx)
+    if a.numel() != k:
+        return False
+    if kind in ("silu_mul", "skip_rms") and (x2 is None or x2.dtype != a.dtype or x2.numel() != k):
+        return False
+    if kind in ("rms", "skip_rms") and (gamma is None or gamma.dtype != a.dtype or gamma.numel() != k):
+        return False
+    return True
+
+
+def _row_kwargs(ctx: NodeContext, a: torch.Tensor, x2, gamma) -> tuple[dict, torch.Tensor | None]:
+    kind = _prologue(ctx) or "none"
+    total = torch.empty_like(a) if kind == "skip_rms" else None
+    args = dict(prologue=kind, x2=x2, gamma=gamma, eps=float(ctx.attr("epsilon", 0.0)), sum_out=total)
+    return args, total
+
+
 @kernel("MatMulGroup", domain=FUSED_DOMAIN)
 def matmul_group(ctx: NodeContext, a: torch.Tensor, *rest: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
     widths = [int(w) for w in ctx.require("widths")]
     n = len(widths)
-    weights, biases = tuple(rest[:n]), tuple(rest[n : 2 * n]) + (None,) * (2 * n - len(rest))
+    own, x2, gamma = _split_prologue(ctx, rest, 2 * n)
+    weights, biases = own[:n], own[n:]
     if ctx.attrs.get("packed_weight"):  # the session packed the weights already (pack_matmul_groups)
-        return _linear_split(a, weights[0], _cached_bias(biases, widths, a), widths)
-    for w, width in zip(weights, widths):
-        if w is None or w.dim() != 2 or w.shape[1] != width or w.shape[0] != a.shape[-1]:
-            raise ctx.fail(f"weights must be [K={a.shape[-1]}, N] with N as in widths {widths}")
+        weight = weights[0]
+    else:
+        k = a.shape[-1]
+        for w, width in zip(weights, widths):
+            if w is None or w.dim() != 2 or w.shape[1] != width or w.shape[0] != k:
+                raise ctx.fail(f"weights must be [K={k}, N] with N as in widths {widths}")
 
-    def build() -> torch.Tensor:  # [sum N, K]: F.linear's layout, one contiguous copy
-        return torch.cat([w.t() for w in weights]).contiguous()
+        def build() -> torch.Tensor:  # [sum N, K]: F.linear's layout, one contiguous copy
+            return torch.cat([w.t() for w in weights]).contiguous()
 
-    weight = DEQUANT_CACHE.get(tuple(weights), ("MatMulGroup", a.dtype), build)
+        weight = DEQUANT_CACHE.get(tuple(weights), ("MatMulGroup", a.dtype), build).to(a.dtype)
     bias = _cached_bias(biases, widths, a)
-    return _linear_split(a, weight.to(a.dtype), bias, widths)
+    if (
+        linear_row_serves(a)
+        and _row_prologue_ok(ctx, a, weight.shape[1], x2, gamma)
+        and weight.dtype == a.dtype
+        and (bias is None or bias.dtype == a.dtype)
+    ):
+        from onnxgen.runtime.kernels.triton_linear import linear_row
+
+        kwargs, total = _row_kwargs(ctx, a, x2, gamma)
+        out = linear_row(a, weight, bias, **kwargs).reshape(*a.shape[:-1], -1)
+        return _with_sum(ctx, tuple(torch.split(out, widths, dim=-1)), total)
+    total = None
+    if _prologue(ctx):
+        a, total = apply_prologue(ctx, a, x2, gamma)
+    return _with_sum(ctx, _linear_split(a, weight, bias, widths), total)
 
 
 @kernel("MatMulNBitsGroup", domain=FUSED_DOMAIN)
@@ -75,21 +167,32 @@ def matmul_nbits_group(ctx: NodeContext, a: torch.Tensor, *rest: torch.Tensor | 
     k, bits, block_size = int(ctx.require("K")), int(ctx.attr("bits", 4)), int(ctx.require("block_size"))
     if a.shape[-1] != k:
         raise ctx.fail(f"A has {a.shape[-1]} columns, K is {k}")
-    triples = [tuple(rest[3 * i : 3 * i + 3]) for i in range(n)]
-    biases = tuple(rest[3 * n : 4 * n]) + (None,) * (4 * n - len(rest))
+    own, x2, gamma = _split_prologue(ctx, rest, 4 * n)
+    triples = [tuple(own[3 * i : 3 * i + 3]) for i in range(n)]
+    biases = tuple(own[3 * n : 4 * n])
+    int8_a = any(_int8_activations(ctx, a, z, bits, block_size) for _, _, z in triples)
+    if not int8_a and q4_row_serves(a, k, bits, block_size) and _row_prologue_ok(ctx, a, k, x2, gamma):
+        packed = _packed_group(ctx, triples, biases, widths, k, block_size)
+        if packed is not None and packed[1].dtype == a.dtype:
+            from onnxgen.runtime.kernels.triton_linear import linear_row_q4
+
+            b, s, z, bias = packed
+            kwargs, total = _row_kwargs(ctx, a, x2, gamma)
+            out = linear_row_q4(a, b, s, z, bias, n=sum(widths), k=k, block_size=block_size, **kwargs)
+            outs = tuple(torch.split(out.reshape(*a.shape[:-1], -1), widths, dim=-1))
+            return _with_sum(ctx, outs, total)
+    total = None
+    if _prologue(ctx):
+        a, total = apply_prologue(ctx, a, x2, gamma)
+    return _with_sum(ctx, _nbits_group_gemm(ctx, a, triples, biases, widths, k, bits, block_size, int8_a), total)
+
+
+def _nbits_group_gemm(ctx, a, triples, biases, widths, k: int, bits: int, block_size: int, int8_a: bool) -> tuple:
     dtype = compute_dtype(a.dtype, a.device)
-    if any(_int8_activations(ctx, a, z, bits, block_size) for _, _, z in triples):
+    if int8_a:
         # as each MatMulNBits would (accuracy_level 4 emulation, see contrib_quant): A's rounding
         # depends on A and the block size only, so one rounding serves every member
         a = fake_quantize_int8_blocks(a, block_size)
-    elif int4_gemv_serves(a, k, bits):
-        packed = _packed_group(ctx, triples, biases, widths, k, block_size)
-        if packed is not None:
-            from onnxgen.runtime.kernels.triton_gemv import gemv_int4
-
-            b, s, z, bias = packed
-            out = gemv_int4(a.reshape(k), b, s, z, bias, n=sum(widths), k=k, block_size=block_size)
-            return tuple(torch.split(out.reshape(*a.shape[:-1], -1), widths, dim=-1))
 
     def build() -> torch.Tensor:
         return torch.cat([
@@ -159,9 +262,13 @@ def _packed_group(ctx: NodeContext, triples: list, biases: tuple, widths: list[i
     if len(kinds) != 1:
         return None
     n_blocks = -(-k // block_size)
-    b = torch.cat([bb.reshape(w, -1) for (bb, _, _), w in zip(triples, widths)])
-    s = torch.cat([ss.reshape(w, n_blocks) for (_, ss, _), w in zip(triples, widths)])
-    z = None if kinds == {None} else torch.cat([zz.reshape(w, -1) for (_, _, zz), w in zip(triples, widths)])
+
+    def join(parts: list[torch.Tensor]) -> torch.Tensor:  # a group of one keeps its tensors (views)
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    b = join([bb.reshape(w, -1) for (bb, _, _), w in zip(triples, widths)])
+    s = join([ss.reshape(w, n_blocks) for (_, ss, _), w in zip(triples, widths)])
+    z = None if kinds == {None} else join([zz.reshape(w, -1) for (_, _, zz), w in zip(triples, widths)])
     bias = _group_bias(biases, widths, s) if any(x is not None for x in biases) else None
     refs = [weakref.ref(t) if t is not None else None for t in sources]
     ctx.__dict__["_packed_group"] = (refs, (b, s, z, bias))

@@ -64,11 +64,13 @@ def triton_serves(t: torch.Tensor) -> bool:
 
 
 @functools.cache
-def gemv_opted_in() -> bool:
-    """The one-row int4 GEMV (triton_gemv) is opt-in until it is measured on a GPU."""
-    return os.environ.get("ONNXGEN_TRITON_GEMV", "0") == "1"
+def linear_row_enabled() -> bool:
+    """The one-row GEMV kernels of triton_linear, opt-in (ONNXGEN_TRITON_LINEAR=1): on the H200 they
+    lost to cuBLAS (docs/benchmarks/2026-12-01-h200.md), so by default a fused group runs its
+    prologue's kernel and then cuBLAS (on the dequantized copy for 4-bit weights)."""
+    return os.environ.get("ONNXGEN_TRITON_LINEAR", "0") == "1"
 
 
-def int4_gemv_serves(a: torch.Tensor, k: int, bits: int) -> bool:
-    """The one-row int4 GEMV applies: opted in, 4-bit weights, one row of A, Triton on A's device."""
-    return bits == 4 and a.numel() == k and gemv_opted_in() and triton_serves(a)
+def linear_row_serves(a: torch.Tensor) -> bool:
+    """A one-row linear layer over ``a`` may run as triton_linear's kernel."""
+    return a.dtype in (torch.float16, torch.bfloat16, torch.float32) and linear_row_enabled() and triton_serves(a)

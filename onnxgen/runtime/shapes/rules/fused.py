@@ -14,7 +14,11 @@ def matmul_group(ctx: RuleContext) -> list[TensorInfo | None]:
     a = ctx.shape(0)
     if ctx.op_type == "MatMulNBitsGroup":
         ctx.unify(a[-1], int(ctx.attr("K")))
-    return [ctx.out([*a[:-1], int(w)], ctx.dtype(0)) for w in ctx.attr("widths")]
+    outs = [ctx.out([*a[:-1], int(w)], ctx.dtype(0)) for w in ctx.attr("widths")]
+    prologue = ctx.attr("prologue", "")
+    if (prologue.decode() if isinstance(prologue, bytes) else prologue) == "skip_rms":
+        outs.append(ctx.out(list(a), ctx.dtype(0)))  # the residual sum (fusion.py's prologues)
+    return outs
 
 
 @rule("SiluMul", domain=FUSED)

@@ -1,0 +1,170 @@
+"""One-row GEMV kernels at the decode step's shapes, inside CUDA graphs (GPU only).
+
+    python bench/gemv_micro.py [--shape qwen2.5-coder-0.5b-instruct] [--quick]
+
+For each linear layer of the shape (QKV, o_proj, gate/up, down, lm_head) it times, per call inside
+one captured CUDA graph of many calls over distinct weight copies (so the weights stream from HBM,
+not from L2):
+    cublas-linear   F.linear(x, W[N, K])      (what MatMulGroup runs)
+    cublas-matmul   x @ W[K, N]               (what a plain MatMul runs)
+    triton BN/BK/W  kernels/triton_linear.py's dense kernel, swept over launch configurations
+    q4-dequant      F.linear over the dequantized fp16 copy (the int4 package's default path before)
+    q4 BN/BPI/W     kernels/triton_linear.py's 4-bit kernel, swept
+and the same kernel with its norm prologue fused (skip_rms) at the chosen configuration. Each row
+gives us/call and the bandwidth it reached (weight bytes / time). The chosen configurations of
+dense_config/q4_config are marked with '*'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from onnxgen.models.random_source import MODEL_SHAPES
+from onnxgen.runtime.kernels import triton_linear as TL
+
+
+def layer_shapes(shape: str) -> list[tuple[str, int, int]]:
+    c = MODEL_SHAPES[shape]
+    hd = c.head_dim
+    qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * hd
+    return [
+        ("qkv", c.hidden_size, qkv),
+        ("o_proj", c.num_attention_heads * hd, c.hidden_size),
+        ("gate_up", c.hidden_size, 2 * c.intermediate_size),
+        ("down", c.intermediate_size, c.hidden_size),
+        ("lm_head", c.hidden_size, c.vocab_size),
+    ]
+
+
+def time_in_graph(fn, copies: int, replays: int = 20) -> float:
+    """Microseconds per call of fn(i) for i in range(copies), recorded in one CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(copies):  # warm-up: compile, allocate
+            fn(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(copies):
+            fn(i)
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(5):
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / (replays * copies))
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="qwen2.5-coder-0.5b-instruct", choices=sorted(MODEL_SHAPES))
+    parser.add_argument("--quick", action="store_true", help="a smaller sweep")
+    parser.add_argument("--block-size", type=int, default=32, help="MatMulNBits block size")
+    parser.add_argument("--layers", help="comma list of qkv, o_proj, gate_up, down, lm_head (default: all)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("needs a CUDA device", file=sys.stderr)
+        return 2
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    print(f"{torch.cuda.get_device_name()} torch {torch.__version__} shape {args.shape}")
+    bn_list = [2, 4, 8, 16] if args.quick else [1, 2, 4, 8]
+    bk_list = [128, 256] if args.quick else [128, 256, 512, 1024]
+    w_list = [4] if args.quick else [4, 8]
+    bpi_list = [4, 8] if args.quick else [2, 4, 8, 16]
+    summary = []
+    for name, k, n in layer_shapes(args.shape):
+        if args.layers and name not in args.layers.split(","):
+            continue
+        rows = bench_shape(name, k, n, args, dev, (bn_list, bk_list, w_list, bpi_list))
+        dense = [r for r in rows if r[0].startswith("triton ") and "prologue" not in r[0]]
+        q4 = [r for r in rows if r[0].startswith("q4 ")]
+        summary.append((name, rows[0][1], rows[1][1], min(dense, key=lambda r: r[1]), min(q4, key=lambda r: r[1])))
+        torch.cuda.empty_cache()
+    print("\nshape summary (us/call): cublas-linear, cublas-matmul, best triton dense, best q4")
+    for name, lin, mm, bd, bq in summary:
+        print(f"  {name:8s} {lin:7.2f} {mm:7.2f}  {bd[1]:7.2f} ({bd[0]})  {bq[1]:7.2f} ({bq[0]})")
+    return 0
+
+
+def bench_shape(name: str, k: int, n: int, args, dev, sweeps) -> list[tuple[str, float, float]]:
+    bn_list, bk_list, w_list, bpi_list = sweeps
+    wbytes = n * k * 2
+    copies = max(2, min(48, int(256e6 // wbytes)))  # >= 256 MB per graph: far past the L2
+    ws = [torch.randn(n, k, device=dev, dtype=torch.float16) * 0.02 for _ in range(copies)]
+    wt = [w.t().contiguous() for w in ws]
+    x = torch.randn(1, k, device=dev, dtype=torch.float16)
+    skip = torch.randn(k, device=dev, dtype=torch.float16)
+    gamma = torch.rand(k, device=dev, dtype=torch.float16) + 0.5
+    total = torch.empty(k, device=dev, dtype=torch.float16)
+    rows: list[tuple[str, float, float]] = []
+
+    def add(label: str, us: float, nbytes: int = wbytes) -> None:
+        rows.append((label, us, nbytes / us / 1e3))
+
+    ref = F.linear(x, ws[0]).float()
+    add("cublas-linear", time_in_graph(lambda i: F.linear(x, ws[i]), copies))
+    add("cublas-matmul", time_in_graph(lambda i: x @ wt[i], copies))
+    chosen = TL.dense_config(n, k)
+    for bn, bk, warps in itertools.product(bn_list, bk_list, w_list):
+        if bk > 2 * triton_pow2(k):
+            continue
+        os.environ["ONNXGEN_GEMV_DENSE"] = f"{bn},{bk},{warps}"
+        got = TL.linear_row(x, ws[0]).float()
+        err = ((got - ref).norm() / ref.norm()).item()
+        if not err < 1e-2:
+            print(f"  {name} triton {bn}/{bk}/{warps}: WRONG (rel err {err:.3g})")
+            continue
+        mark = "*" if (bn, bk, warps) == chosen else ""
+        add(f"triton {bn}/{bk}/{warps}{mark}", time_in_graph(lambda i: TL.linear_row(x, ws[i]), copies))
+    os.environ.pop("ONNXGEN_GEMV_DENSE", None)
+
+    def fused(i: int) -> torch.Tensor:
+        return TL.linear_row(x, ws[i], prologue="skip_rms", x2=skip, gamma=gamma, eps=1e-6, sum_out=total)
+
+    add("triton chosen + skip_rms prologue", time_in_graph(fused, copies))
+    # 4-bit weights, MatMulNBits layout, symmetric (no zero points)
+    bs = args.block_size
+    nb = -(-k // bs)
+    qbytes = n * nb * (bs // 2) + n * nb * 2
+    qcopies = max(2, min(96, int(256e6 // qbytes)))
+    qb = [torch.randint(0, 256, (n, nb, bs // 2), device=dev, dtype=torch.uint8) for _ in range(qcopies)]
+    qs = [torch.rand(n, nb, device=dev, dtype=torch.float16) * 0.01 for _ in range(qcopies)]
+    add("q4-dequant (fp16 copy)", time_in_graph(lambda i: F.linear(x, ws[i]), copies), wbytes)
+
+    qchosen = TL.q4_config(n, k, bs)
+
+    def q4(i: int) -> torch.Tensor:
+        return TL.linear_row_q4(x, qb[i], qs[i], None, n=n, k=k, block_size=bs)
+
+    for bn, bpi, warps in itertools.product(bn_list, bpi_list, w_list):
+        os.environ["ONNXGEN_GEMV_Q4"] = f"{bn},{bpi},{warps}"
+        mark = "*" if (bn, bpi, warps) == qchosen else ""
+        add(f"q4 {bn}/{bpi}/{warps}{mark}", time_in_graph(q4, qcopies), qbytes)
+    os.environ.pop("ONNXGEN_GEMV_Q4", None)
+    print(f"\n{name}: K={k} N={n}  fp16 weight {wbytes / 1e6:.2f} MB, int4 {qbytes / 1e6:.2f} MB", flush=True)
+    for label, us, gbs in rows:
+        print(f"  {label:36s} {us:8.2f} us  {gbs:7.0f} GB/s")
+    return rows
+
+
+def triton_pow2(k: int) -> int:
+    return 1 << max(0, (k - 1).bit_length())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,281 @@
+"""One-row linear layers (the decode step's GEMVs) in one Triton kernel each, with the op before
+them fused in as a prologue.
+
+At batch 1 a decode step is a chain of matrix-vector products separated by small ops (RMSNorm,
+residual add, SiLU-mul). Each small op is a kernel of its own that costs more in launch and
+latency than its few kilobytes of data; folded into the GEMV that reads its output, it costs
+nothing extra: every program of the GEMV recomputes the prologue over the K-vector (a few KB from
+L2) and only the weights stream from memory.
+
+    y[n] = sum_k p(x)[k] * W[n, k]  (+ bias[n])
+
+Prologues p (PROLOGUE):
+    0  none         p(x) = x
+    1  rms          p(x) = rms_norm(x) * gamma
+    2  skip_rms     s = x + x2 (written to ``sum_out`` by program 0); p = rms_norm(s) * gamma
+    3  silu_mul     p(x) = silu(x) * x2
+p(x) is computed in fp32. SiLU-mul is rounded to the activation dtype before the products, as the
+unfused kernel stores it; the norms are not: 1/rms multiplies the finished dot product (one pass
+over K), so the fused kernel differs from the unfused pair by the activation's fp16 rounding and the
+summation order (~1e-3 relative in fp16, ~1e-7 in fp32; tested against onnxruntime).
+Weights: a dense [N, K] matrix (fp16/bf16/fp32), or MatMulNBits' 4-bit codes ([N, K/2] bytes, low
+nibble first) with per-block scales and zero points.
+Products accumulate in fp32 in a fixed order: the result is run-to-run deterministic, so captured
+and eager steps agree bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from onnxgen.runtime.kernels.triton_support import LAUNCHES
+
+PROLOGUES = {"none": 0, "rms": 1, "skip_rms": 2, "silu_mul": 3}
+
+
+@triton.jit
+def _activation(x_ptr, x2_ptr, gamma_ptr, sum_ptr, cols, inside, PROLOGUE: tl.constexpr):
+    """(a, s*s) at ``cols`` in fp32: the value each weight column multiplies, and for the norms the
+    squares their statistics sum. The norms' 1/rms is a common factor of every product, so it is
+    applied once to the finished dot product: one pass over K instead of two (measured on the
+    H200: a first statistics pass cost ~2 us of latency per kernel)."""
+    x = tl.load(x_ptr + cols, mask=inside, other=0.0)
+    xf = x.to(tl.float32)
+    if PROLOGUE == 3:  # rounded as the unfused SiLU-mul kernel stores it
+        u = tl.load(x2_ptr + cols, mask=inside, other=0.0).to(tl.float32)
+        return (xf / (1.0 + tl.exp(-xf)) * u).to(x.dtype).to(tl.float32), xf * 0.0
+    if PROLOGUE == 0:
+        return xf, xf * 0.0
+    if PROLOGUE == 2:
+        xf += tl.load(x2_ptr + cols, mask=inside, other=0.0).to(tl.float32)
+        first = (cols * 0 + tl.program_id(0)) == 0  # a block mask: the interpreter takes no scalar
+        tl.store(sum_ptr + cols, xf.to(sum_ptr.dtype.element_ty), mask=inside & first)
+    gamma = tl.load(gamma_ptr + cols, mask=inside, other=0.0).to(tl.float32)
+    return xf * gamma, xf * xf
+
+
+@triton.jit
+def _finish(dot, squares, k, eps, PROLOGUE: tl.constexpr):
+    if PROLOGUE == 1 or PROLOGUE == 2:
+        dot = dot / tl.sqrt(tl.sum(squares, axis=0) / k + eps)
+    return dot
+
+
+@triton.jit
+def _linear_row_kernel(
+    x_ptr,
+    x2_ptr,  # skip (skip_rms) or up (silu_mul)
+    gamma_ptr,
+    sum_ptr,  # x + x2 out (skip_rms)
+    w_ptr,  # [N, K], rows w_stride apart
+    bias_ptr,
+    out_ptr,
+    n,
+    k,
+    w_stride,
+    eps,
+    PROLOGUE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < n
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for start in range(0, k, BLOCK_K):
+        cols = start + tl.arange(0, BLOCK_K)
+        inside = cols < k
+        a, sq = _activation(x_ptr, x2_ptr, gamma_ptr, sum_ptr, cols, inside, PROLOGUE)
+        squares += sq
+        w = tl.load(w_ptr + rows[:, None] * w_stride + cols[None, :], mask=row_ok[:, None] & inside[None, :], other=0.0)
+        acc += w.to(tl.float32) * a[None, :]
+    y = _finish(tl.sum(acc, axis=1), squares, k, eps, PROLOGUE)
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=row_ok)
+
+
+@triton.jit
+def _linear_row_q4_kernel(
+    x_ptr,
+    x2_ptr,
+    gamma_ptr,
+    sum_ptr,
+    b_ptr,  # uint8 [N, row_bytes]: two 4-bit codes per byte, low nibble first
+    scale_ptr,  # [N, n_blocks]
+    zero_ptr,  # uint8 [N, zp_row_bytes] (packed), or [N, n_blocks] in the scales' dtype, or unused
+    bias_ptr,
+    out_ptr,
+    n,
+    k,
+    n_blocks,
+    row_bytes,
+    zp_row_bytes,
+    eps,
+    PROLOGUE: tl.constexpr,
+    ZERO_KIND: tl.constexpr,  # 0: none (8), 1: packed uint8, 2: the scales' dtype
+    HAS_BIAS: tl.constexpr,
+    QBLOCK: tl.constexpr,  # the quantization block along K (even)
+    BLOCK_N: tl.constexpr,
+    BLOCKS_PER_ITER: tl.constexpr,  # quantization blocks per iteration
+):
+    HALF: tl.constexpr = QBLOCK // 2
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < n
+    blk = tl.arange(0, BLOCKS_PER_ITER)
+    pair = tl.arange(0, HALF)
+    acc = tl.zeros((BLOCK_N, BLOCKS_PER_ITER, HALF), dtype=tl.float32)
+    squares = tl.zeros((BLOCKS_PER_ITER, HALF), dtype=tl.float32)
+    for first_block in range(0, n_blocks, BLOCKS_PER_ITER):
+        blocks = first_block + blk  # [B]
+        block_ok = blocks < n_blocks
+        even = blocks[:, None] * QBLOCK + 2 * pair[None, :]  # [B, HALF]: the low nibble's element
+        ok_even = block_ok[:, None] & (even < k)
+        ok_odd = block_ok[:, None] & (even + 1 < k)
+        a_even, sq_even = _activation(x_ptr, x2_ptr, gamma_ptr, sum_ptr, even, ok_even, PROLOGUE)
+        a_odd, sq_odd = _activation(x_ptr, x2_ptr, gamma_ptr, sum_ptr, even + 1, ok_odd, PROLOGUE)
+        squares += sq_even + sq_odd
+        r3 = rows[:, None, None]
+        m3 = row_ok[:, None, None] & ok_even[None, :, :]
+        packed = tl.load(b_ptr + r3 * row_bytes + (even // 2)[None, :, :], mask=m3, other=0)
+        low = (packed & 0xF).to(tl.float32)
+        high = (packed >> 4).to(tl.float32)
+        sm = row_ok[:, None] & block_ok[None, :]
+        scale = tl.load(scale_ptr + rows[:, None] * n_blocks + blocks[None, :], mask=sm, other=0.0).to(tl.float32)
+        if ZERO_KIND == 0:
+            zero = tl.full((BLOCK_N, BLOCKS_PER_ITER), 8.0, tl.float32)
+        elif ZERO_KIND == 1:
+            zbyte = tl.load(zero_ptr + rows[:, None] * zp_row_bytes + (blocks // 2)[None, :], mask=sm, other=0)
+            zero = tl.where((blocks % 2)[None, :] == 0, zbyte & 0xF, zbyte >> 4).to(tl.float32)
+        else:
+            zero = tl.load(zero_ptr + rows[:, None] * n_blocks + blocks[None, :], mask=sm, other=0.0).to(tl.float32)
+        s3 = scale[:, :, None]
+        z3 = zero[:, :, None]
+        acc += (low - z3) * s3 * a_even[None, :, :] + (high - z3) * s3 * a_odd[None, :, :]
+    y = _finish(tl.sum(tl.sum(acc, axis=2), axis=1), tl.sum(squares, axis=1), k, eps, PROLOGUE)
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=row_ok)
+
+
+# -- launch configurations ---------------------------------------------------------------------
+
+
+def _override(name: str) -> tuple[int, ...] | None:
+    """ONNXGEN_GEMV_<NAME>=a,b,c forces a configuration (the GPU micro bench sweeps them)."""
+    raw = os.environ.get(f"ONNXGEN_GEMV_{name}")
+    return tuple(int(v) for v in raw.split(",")) if raw else None
+
+
+def dense_config(n: int, k: int) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps) for a dense [N, K] weight: rows streamed in 512-byte (fp16)
+    runs, and rows per program chosen so that there are about a thousand programs or more
+    (bench/gemv_micro.py on the H200: 2/256 best at N ~ 1,000, 8/256 at N ~ 10,000 and 150,000)."""
+    forced = _override("DENSE")
+    if forced:
+        return forced  # type: ignore[return-value]
+    if k >= 2048:  # long rows (down_proj, K=4864): one row per program, 1 KB runs, 8 warps: 4.7 us vs cuBLAS 7.1
+        return 1, 512, 8
+    block_k = 256 if k >= 256 else max(16, triton.next_power_of_2(k))
+    block_n = 8
+    while block_n > 2 and triton.cdiv(n, block_n) < 1024:
+        block_n //= 2
+    return block_n, block_k, 4
+
+
+def q4_config(n: int, k: int, block_size: int) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCKS_PER_ITER, num_warps) for 4-bit weights."""
+    forced = _override("Q4")
+    if forced:
+        return forced  # type: ignore[return-value]
+    per_iter = max(1, 256 // block_size)
+    block_n = 16
+    while block_n > 2 and triton.cdiv(n, block_n) < 4 * 132:
+        block_n //= 2
+    return block_n, per_iter, 4
+
+
+# -- launchers ---------------------------------------------------------------------------------
+
+
+def _prologue_args(x: torch.Tensor, prologue: str, x2, gamma, sum_out):
+    code = PROLOGUES[prologue]
+    if code in (2, 3) and (x2 is None or x2.numel() != x.numel()):
+        raise ValueError(f"prologue {prologue} needs a second input of x's size")
+    if code in (1, 2) and (gamma is None or gamma.numel() != x.numel()):
+        raise ValueError(f"prologue {prologue} needs gamma of x's size")
+    if code == 2 and (sum_out is None or sum_out.numel() != x.numel()):
+        raise ValueError("prologue skip_rms needs sum_out of x's size")
+    x2 = x2.contiguous() if x2 is not None else x
+    return code, x2, gamma if gamma is not None else x, sum_out if sum_out is not None else x
+
+
+def linear_row(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    prologue: str = "none",
+    x2: torch.Tensor | None = None,
+    gamma: torch.Tensor | None = None,
+    eps: float = 0.0,
+    sum_out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """p(x) @ weight.T (+ bias) for one row x of K values and a [N, K] weight; returns [N] in x's dtype."""
+    n, k = weight.shape
+    x = x.reshape(k).contiguous()
+    if weight.stride(1) != 1:
+        raise ValueError("the weight must be [N, K] with K contiguous")
+    code, x2, gamma, sum_out = _prologue_args(x, prologue, x2, gamma, sum_out)
+    out = torch.empty(n, dtype=x.dtype, device=x.device)
+    block_n, block_k, warps = dense_config(n, k)
+    LAUNCHES["linear_row"] += 1
+    _linear_row_kernel[(triton.cdiv(n, block_n),)](
+        x, x2, gamma, sum_out, weight, bias if bias is not None else out, out,
+        n, k, weight.stride(0), float(eps),
+        PROLOGUE=code, HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+    )  # fmt: skip
+    return out
+
+
+def linear_row_q4(
+    x: torch.Tensor,
+    b: torch.Tensor,
+    scales: torch.Tensor,
+    zero_points: torch.Tensor | None,
+    bias: torch.Tensor | None = None,
+    *,
+    n: int,
+    k: int,
+    block_size: int,
+    prologue: str = "none",
+    x2: torch.Tensor | None = None,
+    gamma: torch.Tensor | None = None,
+    eps: float = 0.0,
+    sum_out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The same over MatMulNBits' 4-bit weights (B, scales, zero points as the op takes them)."""
+    if block_size % 2 or block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(f"block_size {block_size} is not a power of two >= 16")
+    x = x.reshape(k).contiguous()
+    code, x2, gamma, sum_out = _prologue_args(x, prologue, x2, gamma, sum_out)
+    n_blocks = -(-k // block_size)
+    packed = b.reshape(n, -1)
+    zero_kind = 0 if zero_points is None else (1 if zero_points.dtype == torch.uint8 else 2)
+    zeros = zero_points.reshape(n, -1) if zero_points is not None else packed
+    out = torch.empty(n, dtype=x.dtype, device=x.device)
+    block_n, per_iter, warps = q4_config(n, k, block_size)
+    LAUNCHES["linear_row_q4"] += 1
+    _linear_row_q4_kernel[(triton.cdiv(n, block_n),)](
+        x, x2, gamma, sum_out, packed, scales.reshape(n, n_blocks), zeros,
+        bias if bias is not None else out, out,
+        n, k, n_blocks, packed.shape[1], zeros.shape[1], float(eps),
+        PROLOGUE=code, ZERO_KIND=zero_kind, HAS_BIAS=bias is not None, QBLOCK=block_size,
+        BLOCK_N=block_n, BLOCKS_PER_ITER=per_iter, num_warps=warps,
+    )  # fmt: skip
+    return out
