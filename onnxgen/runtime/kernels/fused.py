@@ -231,7 +231,20 @@ def masked_attention(
         attn_mask = torch.zeros(mask.shape, dtype=dtype, device=q.device)
         attn_mask.masked_fill_(~mask.bool(), torch.finfo(dtype).min)
     out = sdpa(qc, kc, vc, attn_mask, scale=scale, enable_gqa=groups > 1)
+    if kind == "where" and mask is not None and q.device.type == "cuda":
+        out = _fully_masked_rows_as_where(out, vc, mask, groups)
     return out.to(q.dtype)
+
+
+def _fully_masked_rows_as_where(out: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, groups: int) -> torch.Tensor:
+    """A row whose every key is masked: Where puts the one fill value everywhere, so the softmax is
+    uniform and the row is the mean of V. CUDA's fused SDPA kernels scale the most negative score
+    past -inf and return 0 there instead (seen on the H200); three small kernels put the mean back."""
+    blind = ~mask.bool().any(dim=-1, keepdim=True)  # [..., Sq, 1], broadcast like the mask
+    mean = v.mean(dim=-2, keepdim=True)
+    if groups > 1:
+        mean = mean.repeat_interleave(groups, dim=1)
+    return torch.where(blind, mean.to(out.dtype), out)
 
 
 def _explicit_attention(q, k, v, mask, scale: float, groups: int, fill: float) -> torch.Tensor:
