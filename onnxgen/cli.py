@@ -1,4 +1,4 @@
-"""The `onnxgen` command: generate, run (chat), show, pull, list, build.
+"""The `onnxgen` command: generate, run (chat), bench, show, pull, list, build.
 
 Generated text goes to stdout; progress, stats and errors go to stderr. User errors print one
 line (no traceback) and exit with status 2.
@@ -166,6 +166,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         history.append({"role": "assistant", "content": "".join(reply)})
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    import json
+
+    from onnxgen.genai.benchmark import run_bench
+
+    generator = _load_generator(args)
+    result = run_bench(
+        generator, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, repeats=args.repeats,
+        seed=args.seed, progress=lambda line: _eprint(f"bench: {line}"),
+    )  # fmt: skip
+    print(json.dumps(result.as_dict(), indent=2) if args.json else result.table())
+    return 0
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     from onnxgen.show import show_model
 
@@ -218,6 +232,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", default=None, help="system prompt")
     _add_sampling_options(p)
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("bench", help="decode speed of a model: TTFT and tok/s over a fixed greedy workload")
+    _add_model_options(p)
+    p.add_argument("--prompt-tokens", type=int, default=16)
+    p.add_argument("--new-tokens", "-n", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3, help="timed runs after one warm-up (the median is reported)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompt ids")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("show", help="print a package or .onnx file: architecture, I/O, ops, parameters")
     p.add_argument("model", help="package directory, .onnx file or registry name")

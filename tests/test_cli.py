@@ -36,6 +36,23 @@ def test_generate_streams_text_and_stats(package):
     assert "tok/s" not in result.stdout
 
 
+def test_bench_reports_the_generators_own_timing(package):
+    """`onnxgen bench`: the fixed greedy workload, median of the timed runs, numbers on stdout
+    (JSON here), progress on stderr; the tokens per run are checked inside (exactly -n of them)."""
+    import json
+
+    result = onnxgen("bench", "--model", package, "-n", "6", "--prompt-tokens", "5", "--repeats", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert (data["prompt_tokens"], data["new_tokens"], data["repeats"], data["device"]) == (5, 6, 2, "cpu")
+    assert len(data["decode_tok_s_runs"]) == 2 and data["decode_tok_s"] in data["decode_tok_s_runs"]
+    assert data["decode_tok_s"] > 0 and data["ttft_ms"] > 0
+    assert abs(data["ms_per_token"] - 1000 / data["decode_tok_s"]) < 1e-6 * data["ms_per_token"] + 1e-9
+    assert "warm-up run" in result.stderr and "timed run 2 of 2" in result.stderr
+    too_long = onnxgen("bench", "--model", package, "--prompt-tokens", "9000")
+    assert too_long.returncode == 2 and "exceed the model's context" in too_long.stderr
+
+
 def test_generate_default_model_without_model_flag(smollm2_packages):
     # the default model resolves through the registry to the cached int4 cpu package
     result = onnxgen("generate", "--prompt", "Hello", "-n", "4")
