@@ -124,40 +124,40 @@ def _linear_row_q4_kernel(
     BLOCK_N: tl.constexpr,
     BLOCKS_PER_ITER: tl.constexpr,  # quantization blocks per iteration
 ):
-    HALF: tl.constexpr = QBLOCK // 2
+    # each iteration: BLOCKS_PER_ITER whole quantization blocks, loaded as contiguous bytes per row
+    # and unpacked in memory order (low nibble = even element), so the activations load contiguously
+    # too; per block sum_j q*a and sum_j a, then one multiply by the scale: w*a = s*(q*a - z*a)
+    ELEMS: tl.constexpr = QBLOCK * BLOCKS_PER_ITER
+    BYTES: tl.constexpr = ELEMS // 2
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < n
-    blk = tl.arange(0, BLOCKS_PER_ITER)
-    pair = tl.arange(0, HALF)
-    acc = tl.zeros((BLOCK_N, BLOCKS_PER_ITER, HALF), dtype=tl.float32)
-    squares = tl.zeros((BLOCKS_PER_ITER, HALF), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCKS_PER_ITER), dtype=tl.float32)
+    squares = tl.zeros((ELEMS,), dtype=tl.float32)
     for first_block in range(0, n_blocks, BLOCKS_PER_ITER):
-        blocks = first_block + blk  # [B]
-        block_ok = blocks < n_blocks
-        even = blocks[:, None] * QBLOCK + 2 * pair[None, :]  # [B, HALF]: the low nibble's element
-        ok_even = block_ok[:, None] & (even < k)
-        ok_odd = block_ok[:, None] & (even + 1 < k)
-        a_even, sq_even = _activation(x_ptr, x2_ptr, gamma_ptr, sum_ptr, even, ok_even, PROLOGUE)
-        a_odd, sq_odd = _activation(x_ptr, x2_ptr, gamma_ptr, sum_ptr, even + 1, ok_odd, PROLOGUE)
-        squares += sq_even + sq_odd
-        r3 = rows[:, None, None]
-        m3 = row_ok[:, None, None] & ok_even[None, :, :]
-        packed = tl.load(b_ptr + r3 * row_bytes + (even // 2)[None, :, :], mask=m3, other=0)
-        low = (packed & 0xF).to(tl.float32)
-        high = (packed >> 4).to(tl.float32)
-        sm = row_ok[:, None] & block_ok[None, :]
+        cols = first_block * QBLOCK + tl.arange(0, ELEMS)
+        a, sq = _activation(x_ptr, x2_ptr, gamma_ptr, sum_ptr, cols, cols < k, PROLOGUE)
+        squares += sq
+        byte = first_block * (QBLOCK // 2) + tl.arange(0, BYTES)
+        b_mask = row_ok[:, None] & (byte < row_bytes)[None, :]
+        packed = tl.load(b_ptr + rows[:, None] * row_bytes + byte[None, :], mask=b_mask, other=0)
+        codes = tl.join((packed & 0xF).to(tl.float32), (packed >> 4).to(tl.float32))  # [N, BYTES, 2]
+        codes = tl.reshape(codes, (BLOCK_N, BLOCKS_PER_ITER, QBLOCK))
+        a3 = tl.reshape(a, (1, BLOCKS_PER_ITER, QBLOCK))
+        qa = tl.sum(codes * a3, axis=2)  # [N, B]
+        a_sum = tl.sum(a3, axis=2)  # [1, B]
+        blocks = first_block + tl.arange(0, BLOCKS_PER_ITER)
+        sm = row_ok[:, None] & (blocks < n_blocks)[None, :]
         scale = tl.load(scale_ptr + rows[:, None] * n_blocks + blocks[None, :], mask=sm, other=0.0).to(tl.float32)
         if ZERO_KIND == 0:
-            zero = tl.full((BLOCK_N, BLOCKS_PER_ITER), 8.0, tl.float32)
+            acc += scale * (qa - 8.0 * a_sum)
         elif ZERO_KIND == 1:
             zbyte = tl.load(zero_ptr + rows[:, None] * zp_row_bytes + (blocks // 2)[None, :], mask=sm, other=0)
             zero = tl.where((blocks % 2)[None, :] == 0, zbyte & 0xF, zbyte >> 4).to(tl.float32)
+            acc += scale * (qa - zero * a_sum)
         else:
             zero = tl.load(zero_ptr + rows[:, None] * n_blocks + blocks[None, :], mask=sm, other=0.0).to(tl.float32)
-        s3 = scale[:, :, None]
-        z3 = zero[:, :, None]
-        acc += (low - z3) * s3 * a_even[None, :, :] + (high - z3) * s3 * a_odd[None, :, :]
-    y = _finish(tl.sum(tl.sum(acc, axis=2), axis=1), tl.sum(squares, axis=1), k, eps, PROLOGUE)
+            acc += scale * (qa - zero * a_sum)
+    y = _finish(tl.sum(acc, axis=1), squares, k, eps, PROLOGUE)
     if HAS_BIAS:
         y += tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=row_ok)
