@@ -175,7 +175,9 @@ def test_attention_scores_read_elsewhere_are_not_fused() -> None:
     assert report.attention == 0
 
 
-def norm_mlp_model(dtype: int = TensorProto.FLOAT, norm_read_elsewhere: bool = False, sum_output: bool = True):
+def norm_mlp_model(
+    dtype: int = TensorProto.FLOAT, norm_read_elsewhere: bool = False, sum_output: bool = True, inner: int = 24
+):
     """x, skip -> SkipSimplifiedLayerNorm -> MatMul gate/up -> SwiGLU -> MatMul down -> outputs,
     with the residual sum as a graph output: every rewrite of the decode MLP block applies."""
     np_type = np.float16 if dtype == TensorProto.FLOAT16 else np.float32
@@ -183,7 +185,7 @@ def norm_mlp_model(dtype: int = TensorProto.FLOAT, norm_read_elsewhere: bool = F
     def w(name: str, *shape: int) -> object:
         return numpy_helper.from_array((RNG.standard_normal(shape) * 0.3).astype(np_type), name)
 
-    inits = [w("gamma", 16), w("w_gate", 16, 24), w("w_up", 16, 24), w("w_down", 24, 16)]
+    inits = [w("gamma", 16), w("w_gate", 16, inner), w("w_up", 16, inner), w("w_down", inner, 16)]
     nodes = [
         helper.make_node(
             "SkipSimplifiedLayerNormalization", ["x", "skip", "gamma"],
@@ -210,11 +212,12 @@ def norm_mlp_model(dtype: int = TensorProto.FLOAT, norm_read_elsewhere: bool = F
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("rows", [1, 5])
 @pytest.mark.parametrize("dtype", [TensorProto.FLOAT, TensorProto.FLOAT16])
-@pytest.mark.parametrize("sum_output", [True, False])
-def test_norm_and_silu_prologues_match_onnxruntime(rows: int, dtype: int, sum_output: bool, device: str) -> None:
+@pytest.mark.parametrize(("sum_output", "inner"), [(True, 24), (False, 24), (True, 2100)])
+def test_norm_and_silu_prologues_match_onnxruntime(rows: int, dtype: int, sum_output: bool, inner: int, device: str):
     """The norm moves into the gate/up group, SiLU-mul into the down projection (a group of one);
-    one row takes the one-row kernels (through Triton where it serves), more rows the unfused path."""
-    model = norm_mlp_model(dtype, sum_output=sum_output)
+    one row takes the one-row kernels (through Triton where it serves), more rows the unfused path.
+    inner=2100: the down projection's long rows take triton_linear's long-K launch configuration."""
+    model = norm_mlp_model(dtype, sum_output=sum_output, inner=inner)
     fused, report = fuse_graph(model)
     assert (report.matmul_groups, report.singles, report.prologues, report.silu_mul) == (1, 1, 2, 1), report
     assert [n.op_type for n in fused.graph.node] == ["MatMulGroup", "MatMulGroup"]
