@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import onnx
@@ -52,9 +52,7 @@ class FusionReport:
 
     @property
     def total(self) -> int:
-        return self.attention + self.matmul_groups + self.matmul_nbits_groups + self.silu_mul + self.singles + (
-            self.prologues
-        )
+        return sum(getattr(self, f.name) for f in fields(self))
 
 
 ALL_REWRITES = frozenset({"attention", "matmul_groups", "matmul_nbits_groups", "silu_mul", "singles", "prologues"})
@@ -77,15 +75,15 @@ def fuse_for_device(model: onnx.ModelProto, device_type: str) -> tuple[onnx.Mode
 
 
 # an op each rewrite needs (at least this many times) before the graph is worth copying
-_NEEDS = {"attention": ("Softmax", 1), "silu_mul": ("Sigmoid", 1), "matmul_groups": ("MatMul", 2),
-          "matmul_nbits_groups": ("MatMulNBits", 2), "singles": ("MatMul", 1), "prologues": ("MatMul", 1)}  # fmt: skip
+_LINEAR = ("MatMul", "MatMulNBits")
+_NEEDS = {"attention": (("Softmax",), 1), "silu_mul": (("Sigmoid",), 1), "matmul_groups": (("MatMul",), 2),
+          "matmul_nbits_groups": (("MatMulNBits",), 2), "singles": (_LINEAR, 1), "prologues": (_LINEAR, 1)}  # fmt: skip
 
 
 def fuse_graph(model: onnx.ModelProto, rewrites: frozenset[str] = ALL_REWRITES) -> tuple[onnx.ModelProto, FusionReport]:
     report = FusionReport()
     ops = Counter(n.op_type for n in model.graph.node)
-    ops["MatMul"] += ops["MatMulNBits"]  # the singles and prologue rewrites take either
-    if not any(ops[_NEEDS[r][0]] >= _NEEDS[r][1] for r in rewrites):
+    if not any(sum(ops[op] for op in _NEEDS[r][0]) >= _NEEDS[r][1] for r in rewrites):
         return model, report  # nothing can match: no copy (a model with inline weights would double)
     fused = onnx.ModelProto()
     fused.CopyFrom(model)
@@ -261,7 +259,7 @@ class _Rewriter:
 
     # -- prologues -------------------------------------------------------------------------
 
-    def _prologue_of(self, node: onnx.NodeProto, consumers) -> tuple[str, list[str], float, str] | None:
+    def _prologue_of(self, node: onnx.NodeProto) -> tuple[str, list[str], float, str] | None:
         """(prologue, [x, x2, gamma], epsilon, residual-sum output) when ``node`` can move into the
         group that reads its output, else None."""
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -299,7 +297,7 @@ class _Rewriter:
             before = producer.get(node.input[0])
             if before is None or id(before) in replace or self._sole_consumer(node.input[0], consumers) is not node:
                 continue
-            found = self._prologue_of(before, consumers)
+            found = self._prologue_of(before)
             if found is None:
                 continue
             kind, (x, x2, gamma), eps, total = found
