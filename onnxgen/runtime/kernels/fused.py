@@ -16,6 +16,7 @@ MatMulNBits dequantized copy counts against ONNXGEN_DEQUANT_CACHE_MB like MatMul
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from typing import Any
 
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 
 from onnxgen.runtime.kernels.common import NodeContext, sdpa
 from onnxgen.runtime.kernels.contrib_attention import compute_dtype
+from onnxgen.runtime.kernels.contrib_norm import simplified_layer_norm, skip_simplified_layer_norm
 from onnxgen.runtime.kernels.contrib_quant import (
     DEQUANT_CACHE,
     _int8_activations,
@@ -69,36 +71,36 @@ def _split_prologue(ctx: NodeContext, rest: tuple, count: int) -> tuple[tuple, A
     return own, extra[0], extra[1]
 
 
+# the op each prologue stands for, run as that op (same kernel, same roundings): its type, the
+# number of outputs and which of them the group needs
+_PROLOGUE_OPS = {
+    "rms": ("SimplifiedLayerNormalization", 1, (True,)),
+    "skip_rms": ("SkipSimplifiedLayerNormalization", 4, (True, False, False, True)),
+}
+
+
 def apply_prologue(ctx: NodeContext, a: torch.Tensor, x2, gamma) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The prologue as its own op computes it: (the group's A, the residual sum or None)."""
     kind = _prologue(ctx)
-    eps = float(ctx.attr("epsilon", 0.0))
     if kind == "silu_mul":
         if x2 is None or x2.shape != a.shape:
             raise ctx.fail(f"silu_mul prologue: up {None if x2 is None else list(x2.shape)} vs gate {list(a.shape)}")
-        if x2.dtype == a.dtype and a.is_floating_point() and triton_serves(a):
-            from onnxgen.runtime.kernels.triton_silu import silu_mul as fused
-
-            return fused(a, x2), None
-        return F.silu(a) * x2, None
-    if kind not in ("rms", "skip_rms"):
+        return silu_mul(ctx, a, x2), None
+    if kind not in _PROLOGUE_OPS:
         raise ctx.fail(f"unknown prologue {kind!r} (rms, skip_rms or silu_mul)")
     if gamma is None or gamma.shape != (a.shape[-1],):
         raise ctx.fail(f"{kind} prologue: gamma must be [{a.shape[-1]}]")
-    skip = x2 if kind == "skip_rms" else None
-    if kind == "skip_rms" and (skip is None or skip.shape != a.shape):
+    if kind == "skip_rms" and (x2 is None or x2.shape != a.shape):
         raise ctx.fail("skip_rms prologue: the skip input must have A's shape")
-    if triton_serves(a):
-        from onnxgen.runtime.kernels.triton_norm import fused_rms_norm, rms_norm_applies
-
-        if rms_norm_applies(a, gamma, skip):
-            out_dtype = gamma.dtype if skip is None else a.dtype
-            y, total, _ = fused_rms_norm(a, gamma, eps, skip=skip, out_dtype=out_dtype, want_sum=skip is not None)
-            return y, total
-    total = a.float() + skip.float() if skip is not None else a.float()
-    inv = torch.rsqrt(total.pow(2).mean(dim=-1, keepdim=True) + eps)
-    y = (total * inv * gamma.float()).to(gamma.dtype if skip is None else a.dtype)
-    return y, (total.to(a.dtype) if skip is not None else None)
+    op_type, outputs, wanted = _PROLOGUE_OPS[kind]
+    norm_ctx = dataclasses.replace(
+        ctx, op_type=op_type, attrs={"epsilon": float(ctx.attr("epsilon", 0.0))}, num_outputs=outputs,
+        outputs_wanted=wanted,
+    )  # fmt: skip
+    if kind == "rms":
+        return simplified_layer_norm(norm_ctx, a, gamma), None
+    y, _, _, total = skip_simplified_layer_norm(norm_ctx, a, x2, gamma)
+    return y, total
 
 
 def _with_sum(ctx: NodeContext, outs: tuple[torch.Tensor, ...], total: torch.Tensor | None) -> tuple:
