@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,17 @@ class GenerationStats:
     decode_s: float = 0.0  # time for the tokens after the first
     stop_reason: str = ""
     kv: str = ""
+    first_read_at: float = field(default=0.0, repr=False)  # perf_counter when the first token was read
+
+    def count_token(self, start: float) -> None:
+        """One more token read back on the host; ``start``: when the prompt was handed to the model."""
+        now = time.perf_counter()
+        self.new_tokens += 1
+        if self.new_tokens == 1:
+            self.first_read_at = now
+            self.ttft_s = now - start
+        else:
+            self.decode_s = now - self.first_read_at
 
     @property
     def decode_tok_s(self) -> float:
@@ -264,7 +275,6 @@ class Generator:
         ids = torch.tensor([prompt_ids], dtype=torch.int64, device=self.device)
         sampler.observe(ids)
         start = time.perf_counter()
-        first_done = 0.0
         with torch.inference_mode():
             logits = self._step(kv, ids)
             if self.pipelined and isinstance(kv, StaticKV):
@@ -273,12 +283,7 @@ class Generator:
             while True:
                 token = sampler.sample(logits)
                 token_id = int(token)  # the one device-to-host read per token
-                stats.new_tokens += 1
-                if stats.new_tokens == 1:
-                    first_done = time.perf_counter()
-                    stats.ttft_s = first_done - start
-                else:
-                    stats.decode_s = time.perf_counter() - first_done
+                stats.count_token(start)
                 if token_id in self.eos_ids and not params.ignore_eos:
                     stats.stop_reason = "eos"
                     return
@@ -317,7 +322,6 @@ class Generator:
 
         ``sampler.observe`` and the sampling stay on the device, in stream order with the steps."""
         reader = host_read(self.device)
-        first_done = 0.0
 
         def advance(token: torch.Tensor) -> Exception | None:
             """Enqueue the step fed by ``token``; an error is returned, to be raised after the token."""
@@ -335,12 +339,7 @@ class Generator:
             reader.start(token)  # before step n+1 is enqueued: the wait below is for token n only
             failed = advance(token) if 1 < n < max_new else None
             token_id = reader.wait()
-            stats.new_tokens = n
-            if n == 1:
-                first_done = time.perf_counter()
-                stats.ttft_s = first_done - start
-            else:
-                stats.decode_s = time.perf_counter() - first_done
+            stats.count_token(start)
             if token_id in self.eos_ids and not ignore_eos:
                 stats.stop_reason = "eos"
                 return
