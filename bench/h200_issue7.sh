@@ -47,4 +47,50 @@ stage peers_fp16_triton 80 $T python3 peers_decode.py $Q --precision fp16 --work
 stage peers15_fp16 250 python3 peers_decode.py --shape qwen2.5-coder-1.5b-instruct --precision fp16 --workdir /tmp/peers15
 stage gpu_tests 200 $T python3 -m pytest -q -p no:cacheprovider -m gpu ../tests/test_fusion.py ../tests/test_model_parity.py ../tests/test_kernels_contrib.py
 stage proof 240 python3 -m pytest -q -p no:cacheprovider -m gpu ../tests/test_gpu_capture_models.py ../tests/test_capture_runtime.py -s
+# programmatic dependent launch (ONNXGEN_PDL, default on where supported): each Triton kernel of the
+# step may start while the one before finishes and streams its first weight tile before waiting
+P="env ONNXGEN_PDL=0"
+stage pdl_env 30 python3 -c "import torch, triton; from triton.backends.nvidia.compiler import CUDAOptions as O; print(torch.__version__, triton.__version__, torch.cuda.get_device_name(), 'launch_pdl' in O.__dataclass_fields__)"
+stage pdl_fp16_cublas_nopdl 60 $P $C $Q --precision fp16 --context 512 --capture-only
+stage pdl_fp16_cublas 60 $C $Q --precision fp16 --context 512 --capture-only
+stage pdl_fp16_triton_nopdl 60 $P $T $C $Q --precision fp16 --context 512 --capture-only
+stage pdl_fp16_triton 60 $T $C $Q --precision fp16 --context 512 --capture-only
+stage pdl_fp16_verify 90 $T $C $Q --precision fp16 --context 512 --capture verify --verify-steps 24 --repeats 1
+stage pdl_int4_triton_nopdl 60 $P $T $C $Q --precision int4 --context 512 --capture-only
+stage pdl_int4_triton 60 $T $C $Q --precision int4 --context 512 --capture-only
+stage pdl_qwen15_triton 90 $T $C --shape qwen2.5-coder-1.5b-instruct --precision fp16 --context 512 --capture-only
+stage pdl_qwen15_cublas 90 $C --shape qwen2.5-coder-1.5b-instruct --precision fp16 --context 512 --capture-only
+stage pdl_profile 60 $T python3 profile_decode.py $Q --precision fp16 --context 512 --capture --steps 16 --top 15
+stage pdl_proof 240 $T python3 -m pytest -q -p no:cacheprovider -m gpu ../tests/test_gpu_capture_models.py ../tests/test_capture_runtime.py -s
+# one process per shape, many kernel settings (bench/step_sweep.py): the launch configurations of
+# the one-row GEMVs under PDL, with a whole weight row per tile for K <= 1,024
+S="python3 step_sweep.py --context 512"
+L=ONNXGEN_TRITON_LINEAR=1
+stage sweep05_fp16 200 $S $Q --precision fp16 --variant "cublas:" --variant "triton:$L" --variant "triton-nopdl:$L,ONNXGEN_PDL=0" \
+  --variant "row1k-a:$L,ONNXGEN_GEMV_DENSE_1152x896=2,1024,4,ONNXGEN_GEMV_DENSE_896x896=1,1024,4,ONNXGEN_GEMV_DENSE_9728x896=8,1024,8" \
+  --variant "row1k-b:$L,ONNXGEN_GEMV_DENSE_1152x896=4,1024,4,ONNXGEN_GEMV_DENSE_896x896=2,1024,4,ONNXGEN_GEMV_DENSE_9728x896=4,1024,4" \
+  --variant "gate16:$L,ONNXGEN_GEMV_DENSE_9728x896=16,1024,8" \
+  --variant "down1k:$L,ONNXGEN_GEMV_DENSE_896x4864=1,1024,8" --variant "down2:$L,ONNXGEN_GEMV_DENSE_896x4864=2,512,8" \
+  --variant "down4w:$L,ONNXGEN_GEMV_DENSE_896x4864=1,512,4"
+stage sweep05_int4 200 $S $Q --precision int4 --variant "cublas:" --variant "triton:$L" \
+  --variant "q4row-a:$L,ONNXGEN_GEMV_Q4_1152x896=2,32,4,ONNXGEN_GEMV_Q4_896x896=2,32,4,ONNXGEN_GEMV_Q4_9728x896=8,32,8" \
+  --variant "q4row-b:$L,ONNXGEN_GEMV_Q4_1152x896=4,32,4,ONNXGEN_GEMV_Q4_896x896=4,32,4,ONNXGEN_GEMV_Q4_9728x896=16,32,8" \
+  --variant "q4down-a:$L,ONNXGEN_GEMV_Q4_896x4864=1,16,4" --variant "q4down-b:$L,ONNXGEN_GEMV_Q4_896x4864=2,16,8"
+stage sweep15_fp16 250 $S --shape qwen2.5-coder-1.5b-instruct --precision fp16 --variant "cublas:" --variant "triton:$L" \
+  --variant "k512:$L,ONNXGEN_GEMV_DENSE_2048x1536=2,512,4,ONNXGEN_GEMV_DENSE_1536x1536=2,512,4,ONNXGEN_GEMV_DENSE_17920x1536=8,512,8" \
+  --variant "k2k:$L,ONNXGEN_GEMV_DENSE_2048x1536=1,2048,4,ONNXGEN_GEMV_DENSE_1536x1536=1,2048,4,ONNXGEN_GEMV_DENSE_17920x1536=4,2048,8" \
+  --variant "down1k:$L,ONNXGEN_GEMV_DENSE_1536x8960=1,1024,8" --variant "down2:$L,ONNXGEN_GEMV_DENSE_1536x8960=2,512,8"
+stage gqa_gpu 150 python3 -m pytest -q -p no:cacheprovider -m gpu ../tests/test_kernels_contrib.py -k "gqa"
+# the defaults after the sweeps (one-row kernels + PDL where supported, whole-row tiles) against
+# cuBLAS, the 4-bit kernel (3D tiles) against the dense kernel on the dequantized copy
+Q4=ONNXGEN_TRITON_Q4=1
+stage final05_fp16 120 $S $Q --precision fp16 --variant "default:" --variant "cublas:ONNXGEN_TRITON_LINEAR=0" \
+  --variant "qkv8:ONNXGEN_GEMV_DENSE_1152x896=8,1024,4" --variant "nopdl:ONNXGEN_PDL=0"
+stage final05_int4 150 $S $Q --precision int4 --variant "default:" --variant "cublas:ONNXGEN_TRITON_LINEAR=0" \
+  --variant "q4:$Q4" --variant "q4-bn2:$Q4,ONNXGEN_GEMV_Q4_1152x896=2,32,4,ONNXGEN_GEMV_Q4_896x896=2,32,4,ONNXGEN_GEMV_Q4_9728x896=2,32,4" \
+  --variant "q4-bn8:$Q4,ONNXGEN_GEMV_Q4_1152x896=8,32,4,ONNXGEN_GEMV_Q4_896x896=8,32,4,ONNXGEN_GEMV_Q4_9728x896=8,32,8" \
+  --variant "q4-down1:$Q4,ONNXGEN_GEMV_Q4_896x4864=1,32,4"
+stage final15_fp16 150 $S --shape qwen2.5-coder-1.5b-instruct --precision fp16 --variant "default:" --variant "cublas:ONNXGEN_TRITON_LINEAR=0"
+stage final_kernels_gpu 120 env $Q4 python3 -m pytest -q -p no:cacheprovider -m gpu ../tests/test_fusion.py ../tests/test_kernels_contrib.py -k "nbits or prologue or gqa or group"
+stage final_proof 240 python3 -m pytest -q -p no:cacheprovider -m gpu ../tests/test_gpu_capture_models.py ../tests/test_capture_runtime.py -s
 echo "logs in $out"

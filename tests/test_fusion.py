@@ -212,11 +212,11 @@ def norm_mlp_model(
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("rows", [1, 5])
 @pytest.mark.parametrize("dtype", [TensorProto.FLOAT, TensorProto.FLOAT16])
-@pytest.mark.parametrize(("sum_output", "inner"), [(True, 24), (False, 24), (True, 2100)])
+@pytest.mark.parametrize(("sum_output", "inner"), [(True, 24), (False, 24), (True, 1300), (True, 2100)])
 def test_norm_and_silu_prologues_match_onnxruntime(rows: int, dtype: int, sum_output: bool, inner: int, device: str):
     """The norm moves into the gate/up group, SiLU-mul into the down projection (a group of one);
     one row takes the one-row kernels (through Triton where it serves), more rows the unfused path.
-    inner=2100: the down projection's long rows take triton_linear's long-K launch configuration."""
+    inner=1300 and 2100: the down projection takes triton_linear's middle and long-K launch configurations."""
     model = norm_mlp_model(dtype, sum_output=sum_output, inner=inner)
     fused, report = fuse_graph(model)
     assert (report.matmul_groups, report.singles, report.prologues, report.silu_mul) == (1, 1, 2, 1), report

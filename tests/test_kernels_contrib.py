@@ -278,11 +278,11 @@ def test_gqa_shared_decode_model_heads(packed: bool, dtype: int, device: str) ->
 @pytest.mark.parametrize("device", DEVICES)
 def test_gqa_shared_decode_combine_in_chunks(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Long buffers: the fused CUDA kernel merges its split-K partials a few splits at a time
-    (here 2 of 4 per pass, as a 32K-row buffer does 64 of 512)."""
+    (here 2 of 4 per pass: a merge tile of 16 heads x 2 splits x 64 channels)."""
     if importlib.util.find_spec("triton") is not None:
         from onnxgen.runtime.kernels import triton_gqa
 
-        monkeypatch.setattr(triton_gqa, "COMBINE_SPLITS", 2)
+        monkeypatch.setattr(triton_gqa, "COMBINE_TILE", 16 * 2 * 64)
     case = GqaCase(num_heads=14, kv_heads=2, head_size=64, rotary="half", max_pos=256)
     run_gqa_shared(case, [(100, [100, 70]), (1, [101, 71]), (1, [102, 72])], device, capacity=256)
 

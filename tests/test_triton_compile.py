@@ -19,20 +19,25 @@ def compile_for_sm90(fn, signature: dict[str, str], constexprs: dict[str, object
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    constexprs = {"PDL": False, **constexprs} if "PDL" in fn.arg_names else constexprs
     sig = {name: ("constexpr" if name in constexprs else signature[name]) for name in fn.arg_names}
     kernel = triton.compile(ASTSource(fn, sig, constexprs), target=GPUTarget("cuda", 90, 32))
-    return kernel.asm["ptx"]
+    ptx = kernel.asm["ptx"]
+    # under programmatic dependent launch every kernel waits for the one before (griddepcontrol)
+    assert ("griddepcontrol.wait" in ptx) == bool(constexprs.get("PDL")), "griddepcontrol.wait where PDL asks"
+    return ptx
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "fp32"])
 @pytest.mark.parametrize("skip", [False, True])
-def test_rms_norm_compiles(dtype: str, skip: bool) -> None:
+@pytest.mark.parametrize("pdl", [False, True])
+def test_rms_norm_compiles(dtype: str, skip: bool, pdl: bool) -> None:
     from onnxgen.runtime.kernels import triton_norm
 
     ptr = f"*{dtype}"
     sig = dict.fromkeys(["x_ptr", "skip_ptr", "bias_ptr", "gamma_ptr", "y_ptr", "sum_ptr"], ptr)
     sig.update(inv_ptr="*fp32", hidden="i32", eps="fp32")
-    const = dict(HAS_SKIP=skip, HAS_BIAS=False, WRITE_SUM=skip, WRITE_INV=not skip, BLOCK=1024)
+    const = dict(HAS_SKIP=skip, HAS_BIAS=False, WRITE_SUM=skip, WRITE_INV=not skip, BLOCK=1024, PDL=pdl)
     assert compile_for_sm90(triton_norm._rms_norm_kernel, sig, const)
 
 
@@ -40,7 +45,8 @@ def test_rms_norm_compiles(dtype: str, skip: bool) -> None:
 @pytest.mark.parametrize(
     ("rotary", "interleaved", "positions"), [(True, False, False), (True, True, True), (False, False, False)]
 )
-def test_gqa_decode_kernels_compile(dtype: str, rotary: bool, interleaved: bool, positions: bool) -> None:
+@pytest.mark.parametrize("pdl", [False, True])
+def test_gqa_decode_kernels_compile(dtype: str, rotary: bool, interleaved: bool, positions: bool, pdl: bool) -> None:
     from onnxgen.runtime.kernels import triton_gqa
 
     ptr = f"*{dtype}"
@@ -50,40 +56,71 @@ def test_gqa_decode_kernels_compile(dtype: str, rotary: bool, interleaved: bool,
     sig.update(dict.fromkeys([*ints, "num_heads", "head_size", "num_splits", "window"], "i32"))
     sig.update(pos_ptr="*i64" if positions else "*i32", scale="fp32")
     const = dict(HAS_POSITIONS=positions, DO_ROTARY=rotary, INTERLEAVED=interleaved, HALF_ROT=32 if rotary else 1)
-    const.update(GROUP=7, BLOCK_G=16, BLOCK_N=64, BLOCK_D=64, IEEE=dtype == "fp32")
-    assert compile_for_sm90(triton_gqa._attend_split, sig, const)
+    sig.update(ticket_ptr="*i32", out_ptr=ptr)
+    const.update(GROUP=7, BLOCK_G=16, BLOCK_N=64, BLOCK_D=64, BLOCK_S=8, IEEE=dtype == "fp32", PDL=pdl)
+    ptx = compile_for_sm90(triton_gqa._attend_split, sig, const)
+    # the merge ticket is an acquire-release atomic, and the partials it merges are read from L2
+    assert "atom.global.gpu.acq_rel" in ptx and "ld.global.cg" in ptx
 
-    sig = dict.fromkeys(["part_max_ptr", "part_sum_ptr", "part_acc_ptr"], "*fp32")
-    sig.update(seqlens_ptr="*i32", out_ptr=ptr, num_heads="i32", head_size="i32", num_splits="i32")
-    assert compile_for_sm90(triton_gqa._combine, sig, dict(BLOCK_N=64, BLOCK_S=64, BLOCK_D=64))
 
-
-def test_silu_mul_compiles() -> None:
+@pytest.mark.parametrize("pdl", [False, True])
+def test_silu_mul_compiles(pdl: bool) -> None:
     from onnxgen.runtime.kernels import triton_silu
 
     sig = dict(g_ptr="*fp16", u_ptr="*fp16", out_ptr="*fp16", n="i32")
-    assert compile_for_sm90(triton_silu._silu_mul_kernel, sig, dict(BLOCK=1024))
+    assert compile_for_sm90(triton_silu._silu_mul_kernel, sig, dict(BLOCK=1024, PDL=pdl))
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
 @pytest.mark.parametrize("prologue", [0, 1, 2, 3])
-def test_linear_row_compiles(dtype: str, prologue: int) -> None:
+@pytest.mark.parametrize("pdl", [False, True])
+def test_linear_row_compiles(dtype: str, prologue: int, pdl: bool) -> None:
     from onnxgen.runtime.kernels import triton_linear
 
     sig = dict.fromkeys(["x_ptr", "x2_ptr", "gamma_ptr", "sum_ptr", "w_ptr", "bias_ptr", "out_ptr"], f"*{dtype}")
     sig.update(n="i32", k="i32", w_stride="i32", eps="fp32")
-    const = dict(PROLOGUE=prologue, HAS_BIAS=True, BLOCK_N=8, BLOCK_K=128)
-    assert compile_for_sm90(triton_linear._linear_row_kernel, sig, const)
+    const = dict(PROLOGUE=prologue, HAS_BIAS=True, BLOCK_N=8, BLOCK_K=128, PDL=pdl)
+    ptx = compile_for_sm90(triton_linear._linear_row_kernel, sig, const)
+    if pdl:  # the first weight tile streams before the wait for the kernel before
+        assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait")
 
 
 @pytest.mark.parametrize("zero_kind", [0, 1, 2])
 @pytest.mark.parametrize("prologue", [0, 2, 3])
-def test_linear_row_q4_compiles(zero_kind: int, prologue: int) -> None:
+@pytest.mark.parametrize("pdl", [False, True])
+def test_linear_row_q4_compiles(zero_kind: int, prologue: int, pdl: bool) -> None:
     from onnxgen.runtime.kernels import triton_linear
 
     sig = dict.fromkeys(["x_ptr", "x2_ptr", "gamma_ptr", "sum_ptr", "scale_ptr", "bias_ptr", "out_ptr"], "*fp16")
     sig.update(b_ptr="*u8", zero_ptr="*fp16" if zero_kind == 2 else "*u8", eps="fp32")
     sig.update(dict.fromkeys(["n", "k", "n_blocks", "row_bytes", "zp_row_bytes"], "i32"))
     const = dict(PROLOGUE=prologue, ZERO_KIND=zero_kind, HAS_BIAS=prologue == 0, QBLOCK=32)
-    const.update(BLOCK_N=8, BLOCKS_PER_ITER=8)
-    assert compile_for_sm90(triton_linear._linear_row_q4_kernel, sig, const)
+    const.update(BLOCK_N=8, BLOCKS_PER_ITER=8, PDL=pdl)
+    ptx = compile_for_sm90(triton_linear._linear_row_q4_kernel, sig, const)
+    if pdl:
+        assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait")
+
+
+def test_one_row_kernel_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ONNXGEN_TRITON_LINEAR: 1 forces the one-row kernels, 0 turns them off, unset they run only
+    where programmatic dependent launch is (a CUDA device of sm_90 or later): never on this CPU."""
+    import torch
+
+    from onnxgen.runtime.kernels import triton_support as ts
+
+    row = torch.zeros(8, dtype=torch.float16)
+    for raw, mode in [(None, "auto"), ("1", "on"), ("0", "off"), ("auto", "auto")]:
+        if raw is None:
+            monkeypatch.delenv("ONNXGEN_TRITON_LINEAR", raising=False)
+        else:
+            monkeypatch.setenv("ONNXGEN_TRITON_LINEAR", raw)
+        ts.linear_row_enabled.cache_clear()
+        assert ts.linear_row_enabled() == mode
+        if mode != "on":
+            assert not ts.linear_row_serves(row)
+    assert ts.pdl_launch(row) == {"PDL": False}
+    monkeypatch.setenv("ONNXGEN_TRITON_LINEAR", "yes")
+    ts.linear_row_enabled.cache_clear()
+    with pytest.raises(ValueError, match="expected 1 .on., 0 .off. or unset"):
+        ts.linear_row_serves(row)
+    ts.linear_row_enabled.cache_clear()

@@ -37,7 +37,8 @@ def run_interpreted(selection: str, **env: str) -> dict[str, int]:
 def test_parity_tests_pass_through_the_triton_interpreter() -> None:
     launches = run_interpreted(
         "gqa_shared or gqa_fp16 or layer_norm or genai_built or growing_kv or silu_mul or prologues",
-        ONNXGEN_TRITON_LINEAR="1",  # the opt-in one-row GEMVs too
+        ONNXGEN_TRITON_LINEAR="1",  # the one-row GEMVs (on by default only where PDL is)
+        ONNXGEN_TRITON_Q4="1",  # and the opt-in 4-bit one
     )
     assert launches.get("gqa_decode", 0) >= 20 and launches.get("rms_norm", 0) >= 20, launches
     assert launches.get("silu_mul", 0) >= 10, launches
@@ -49,5 +50,13 @@ def test_parity_tests_pass_through_the_triton_interpreter() -> None:
 def test_int4_row_kernel_parity_through_the_triton_interpreter() -> None:
     """triton_linear's opt-in 4-bit kernel on the plain MatMulNBits op: single-op cases (zero point
     kinds, block sizes, bias) against onnxruntime."""
-    launches = run_interpreted("matmul_nbits", ONNXGEN_TRITON_LINEAR="1")
+    launches = run_interpreted("matmul_nbits", ONNXGEN_TRITON_LINEAR="1", ONNXGEN_TRITON_Q4="1")
     assert launches.get("linear_row_q4", 0) >= 10, launches
+
+
+@pytest.mark.skipif(not triton_importable(), reason="triton is not installed")
+def test_int4_groups_take_the_dense_row_kernel_over_the_dequantized_copy() -> None:
+    """Without the opt-in 4-bit kernel, a one-row MatMulNBits group runs the dense kernel (prologue
+    fused) over its dequantized weights: the whole-model int4 parity against onnxruntime."""
+    launches = run_interpreted("growing_kv and int4 and fused", ONNXGEN_TRITON_LINEAR="1")
+    assert launches.get("linear_row", 0) >= 20 and launches.get("linear_row_q4", 0) == 0, launches

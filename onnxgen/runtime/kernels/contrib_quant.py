@@ -47,7 +47,7 @@ from onnxgen.runtime.kernels.common import NodeContext, normalize_axis
 from onnxgen.runtime.kernels.contrib_attention import compute_dtype
 from onnxgen.runtime.kernels.cpu_gemv import split_gemv
 from onnxgen.runtime.kernels.registry import MS_DOMAIN, kernel
-from onnxgen.runtime.kernels.triton_support import linear_row_serves
+from onnxgen.runtime.kernels.triton_support import linear_row_serves, q4_row_enabled
 
 _CHUNK_ELEMENTS = 1 << 24  # fp32 elements per dequantization chunk (64 MiB)
 _FLOAT8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2, torch.float8_e5m2fnuz)
@@ -187,10 +187,10 @@ def _int8_activations(
 
 
 def q4_row_serves(a: torch.Tensor, k: int, bits: int, block_size: int) -> bool:
-    """One row of A over 4-bit weights in blocks triton_linear's kernel takes (opt-in: on the H200 it
-    was slower than cuBLAS on the dequantized copy, docs/benchmarks/2026-12-01-h200.md)."""
+    """One row of A over 4-bit weights in blocks triton_linear's kernel takes (opt-in, ONNXGEN_TRITON_Q4=1:
+    on the H200 it was slower than the dense kernel on the dequantized copy, docs/benchmarks/2026-12-01-h200.md)."""
     pow2 = block_size >= 16 and not block_size & (block_size - 1)
-    return bits == 4 and pow2 and a.numel() == k and linear_row_serves(a)
+    return bits == 4 and pow2 and a.numel() == k and q4_row_enabled() and linear_row_serves(a)
 
 
 def fake_quantize_int8_blocks(a: torch.Tensor, block_size: int) -> torch.Tensor:

@@ -183,18 +183,25 @@ def matmul_nbits_group(ctx: NodeContext, a: torch.Tensor, *rest: torch.Tensor | 
             out = linear_row_q4(a, b, s, z, bias, n=sum(widths), k=k, block_size=block_size, **kwargs)
             outs = tuple(torch.split(out.reshape(*a.shape[:-1], -1), widths, dim=-1))
             return _with_sum(ctx, outs, total)
+    dtype = compute_dtype(a.dtype, a.device)
+    if not int8_a and dtype == a.dtype and linear_row_serves(a) and _row_prologue_ok(ctx, a, k, x2, gamma):
+        # one row over the dequantized copy: the dense kernel, prologue fused (measured faster than
+        # the 4-bit kernel and than cuBLAS on the same copy, docs/benchmarks/2026-12-01-h200.md)
+        from onnxgen.runtime.kernels.triton_linear import linear_row
+
+        weight = _dequantized_group(triples, widths, k, bits, block_size, dtype, a.device)
+        bias = _cached_bias(biases, widths, a)
+        kwargs, total = _row_kwargs(ctx, a, x2, gamma)
+        out = linear_row(a, weight, bias, **kwargs).reshape(*a.shape[:-1], -1)
+        return _with_sum(ctx, tuple(torch.split(out, widths, dim=-1)), total)
     total = None
     if _prologue(ctx):
         a, total = apply_prologue(ctx, a, x2, gamma)
     return _with_sum(ctx, _nbits_group_gemm(ctx, a, triples, biases, widths, k, bits, block_size, int8_a), total)
 
 
-def _nbits_group_gemm(ctx, a, triples, biases, widths, k: int, bits: int, block_size: int, int8_a: bool) -> tuple:
-    dtype = compute_dtype(a.dtype, a.device)
-    if int8_a:
-        # as each MatMulNBits would (accuracy_level 4 emulation, see contrib_quant): A's rounding
-        # depends on A and the block size only, so one rounding serves every member
-        a = fake_quantize_int8_blocks(a, block_size)
+def _dequantized_group(triples, widths, k: int, bits: int, block_size: int, dtype, device) -> torch.Tensor:
+    """The members' weights dequantized, [sum N, K] (F.linear's layout), made once and cached."""
 
     def build() -> torch.Tensor:
         return torch.cat([
@@ -203,7 +210,16 @@ def _nbits_group_gemm(ctx, a, triples, biases, widths, k: int, bits: int, block_
         ])  # fmt: skip
 
     sources = tuple(t for triple in triples for t in triple)
-    weight = DEQUANT_CACHE.get(sources, ("MatMulNBitsGroup", k, bits, block_size, dtype, a.device), build)
+    return DEQUANT_CACHE.get(sources, ("MatMulNBitsGroup", k, bits, block_size, dtype, device), build)
+
+
+def _nbits_group_gemm(ctx, a, triples, biases, widths, k: int, bits: int, block_size: int, int8_a: bool) -> tuple:
+    dtype = compute_dtype(a.dtype, a.device)
+    if int8_a:
+        # as each MatMulNBits would (accuracy_level 4 emulation, see contrib_quant): A's rounding
+        # depends on A and the block size only, so one rounding serves every member
+        a = fake_quantize_int8_blocks(a, block_size)
+    weight = _dequantized_group(triples, widths, k, bits, block_size, dtype, a.device)
     bias = _cached_bias(biases, widths, a.to(dtype))
     outs = _linear_split(a.to(dtype), weight, bias, widths)
     return tuple(o.to(a.dtype) for o in outs) if dtype != a.dtype else outs

@@ -1,19 +1,22 @@
-"""GroupQueryAttention's single-token decode step over a shared (static) KV buffer, in two Triton
-kernels instead of the ~40 torch kernels of the general path.
+"""GroupQueryAttention's single-token decode step over a shared (static) KV buffer, in one Triton
+kernel instead of the ~40 torch kernels of the general path.
 
-1. ``_attend_split``: one program per (batch, KV head, key block): the G query heads that share
-   the KV head attend to BLOCK_N keys (split-K over the sequence, "flash decoding"). Each program
-   applies rotary (fp32, as onnxruntime computes it for half inputs) to its query heads and to the
-   new K row; the new row sits at cache row seqlens_k[b] (read on the device: no host sync,
-   capture-safe), comes from registers in the block that holds it, and that block's program writes
-   K and V there. Partial max, sum and weighted values go to fp32 scratch. Blocks past the valid
-   length T = seqlens_k + 1 exit.
-2. ``_combine``: one program per (batch, query head) merges the valid blocks in a fixed order,
-   COMBINE_SPLITS at a time.
+One program per (batch, KV head, key block): the G query heads that share the KV head attend to
+BLOCK_N keys (split-K over the sequence, "flash decoding"). Each program applies rotary (fp32, as
+onnxruntime computes it for half inputs) to its query heads and to the new K row; the new row sits
+at cache row seqlens_k[b] (read on the device: no host sync, capture-safe), comes from registers in
+the block that holds it, and that block's program writes K and V there. Partial max, sum and
+weighted values go to fp32 scratch. Blocks past the valid length T = seqlens_k + 1 exit.
+
+The last program of a (batch, KV head) to finish merges the partials of its G heads: each program
+takes a ticket from a counter after its partials are stored, and the one that draws the last
+ticket combines the valid blocks in block order (then resets the counter for the next step). A
+second kernel for the merge would cost a launch per layer; the ticket costs one atomic.
 
 The grid depends only on the buffer capacity, never on T, so a recorded graph serves every step;
-every reduction has a fixed order, so the result is the same bit for bit from run to run (what
-captured == eager needs). fp32 models use IEEE fp32 dot products (no TF32).
+every reduction has a fixed order (the merge does not depend on which program drew the last
+ticket), so the result is the same bit for bit from run to run (what captured == eager needs).
+fp32 models use IEEE fp32 dot products (no TF32).
 """
 
 from __future__ import annotations
@@ -22,11 +25,15 @@ import torch
 import triton
 import triton.language as tl
 
-from onnxgen.runtime.kernels.triton_support import LAUNCHES
+from onnxgen.runtime.kernels.triton_support import LAUNCHES, pdl_launch
 
-# splits the combine kernel merges per iteration: a 32K-row buffer has 512 splits, too many for one
-# register tile, so long buffers loop (tests lower it to exercise the loop)
-COMBINE_SPLITS = 64
+# fp32 elements of one merge tile (heads x splits x head_size): long buffers merge in several passes
+# (tests lower it to exercise the loop)
+COMBINE_TILE = 8192
+
+# per KV buffer, the (batch x KV head) tickets of the merge: zero between calls (the last program
+# resets them), and one per buffer so that concurrent sessions and layers never share a counter
+_TICKETS: dict[tuple[int, torch.device, int], torch.Tensor] = {}
 
 
 @triton.jit
@@ -72,6 +79,8 @@ def _attend_split(
     part_max_ptr,  # [B, H, S] fp32
     part_sum_ptr,  # [B, H, S] fp32
     part_acc_ptr,  # [B, H, S, D] fp32
+    ticket_ptr,  # [B * KV] int32, zero between calls
+    out_ptr,  # [B, 1, H * D]
     cache_batch_stride,
     cache_head_stride,
     num_heads,
@@ -87,8 +96,13 @@ def _attend_split(
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,  # splits merged per pass
     IEEE: tl.constexpr,
+    PDL: tl.constexpr,  # programmatic dependent launch: wait for the kernel before, first thing
 ):
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     kv = tl.program_id(1)
     split = tl.program_id(2)
@@ -150,49 +164,62 @@ def _attend_split(
         tl.store(part_max_ptr + part, block_max, mask=g_ok)
         tl.store(part_sum_ptr + part, block_sum, mask=g_ok)
         tl.store(part_acc_ptr + part[:, None] * head_size + d[None, :], acc, mask=q_mask)
+        # every thread's partials are stored before the ticket (release); the last drawer merges
+        tl.debug_barrier()
+        used = tl.minimum((total + BLOCK_N - 1) // BLOCK_N, num_splits)
+        ticket = tl.atomic_add(ticket_ptr + b * tl.num_programs(1) + kv, 1, sem="acq_rel")
+        if ticket == used - 1:
+            _merge_group(part_max_ptr, part_sum_ptr, part_acc_ptr, out_ptr, b, heads, g_ok, d, used,
+                         num_heads, head_size, num_splits, BLOCK_S)  # fmt: skip
+            tl.store(ticket_ptr + b * tl.num_programs(1) + kv, 0)
 
 
 @triton.jit
-def _combine(
+def _merge_group(
     part_max_ptr,
     part_sum_ptr,
     part_acc_ptr,
-    seqlens_ptr,
-    out_ptr,  # [B, 1, H * D]
+    out_ptr,
+    b,
+    heads,
+    g_ok,
+    d,
+    used,
     num_heads,
     head_size,
     num_splits,
-    BLOCK_N: tl.constexpr,
-    BLOCK_S: tl.constexpr,  # splits merged per iteration (long buffers take several)
-    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    total = tl.load(seqlens_ptr + b).to(tl.int32) + 1
-    used = tl.minimum((total + BLOCK_N - 1) // BLOCK_N, num_splits)
-    d = tl.arange(0, BLOCK_D)
-    base = (b * num_heads + h) * num_splits
-    # pass 1: the largest partial max; pass 2: the rescaled sums, in split order (deterministic)
-    top = float("-inf")
+    """The attention output of the query heads ``heads`` from the ``used`` blocks' partials, BLOCK_S
+    blocks per pass in block order. Partials of other programs are read from L2 (.cg): this
+    program's L1 may hold older lines of the scratch."""
+    base = (b * num_heads + heads) * num_splits  # [G]
+    d_ok = d < head_size
+    # pass 1: the largest partial max per head; pass 2: the rescaled sums
+    top = tl.full(heads.shape, float("-inf"), tl.float32)
     for first in range(0, used, BLOCK_S):
         s = first + tl.arange(0, BLOCK_S)
-        m = tl.load(part_max_ptr + base + s, mask=s < used, other=float("-inf"))
-        top = tl.maximum(top, tl.max(m, axis=0))
+        live = g_ok[:, None] & (s < used)[None, :]
+        m = tl.load(part_max_ptr + base[:, None] + s[None, :], mask=live, other=float("-inf"), cache_modifier=".cg")
+        top = tl.maximum(top, tl.max(m, axis=1))
     top = tl.where(top == float("-inf"), 0.0, top)
-    denominator = 0.0
-    out = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    denominator = tl.zeros(heads.shape, tl.float32)
+    out = tl.zeros((heads.shape[0], d.shape[0]), tl.float32)
     for first in range(0, used, BLOCK_S):
         s = first + tl.arange(0, BLOCK_S)
-        live = s < used
-        m = tl.load(part_max_ptr + base + s, mask=live, other=float("-inf"))
-        l_part = tl.load(part_sum_ptr + base + s, mask=live, other=0.0)
-        w = tl.where(live & (m > float("-inf")), tl.exp(m - top), 0.0)
-        denominator += tl.sum(l_part * w, axis=0)
-        acc_mask = live[:, None] & (d[None, :] < head_size)
-        acc = tl.load(part_acc_ptr + (base + s[:, None]) * head_size + d[None, :], mask=acc_mask, other=0.0)
-        out += tl.sum(acc * w[:, None], axis=0)
-    out = out / denominator
-    tl.store(out_ptr + (b * num_heads + h) * head_size + d, out.to(out_ptr.dtype.element_ty), mask=d < head_size)
+        live = g_ok[:, None] & (s < used)[None, :]
+        at = base[:, None] + s[None, :]  # [G, S]
+        m = tl.load(part_max_ptr + at, mask=live, other=float("-inf"), cache_modifier=".cg")
+        l_part = tl.load(part_sum_ptr + at, mask=live, other=0.0, cache_modifier=".cg")
+        w = tl.where(live & (m > float("-inf")), tl.exp(m - top[:, None]), 0.0)
+        denominator += tl.sum(l_part * w, axis=1)
+        acc_at = at[:, :, None] * head_size + d[None, None, :]
+        acc_mask = live[:, :, None] & d_ok[None, None, :]
+        acc = tl.load(part_acc_ptr + acc_at, mask=acc_mask, other=0.0, cache_modifier=".cg")
+        out += tl.sum(acc * w[:, :, None], axis=1)
+    out = out / tl.where(g_ok, denominator, 1.0)[:, None]
+    out_at = (b * num_heads + heads)[:, None] * head_size + d[None, :]
+    tl.store(out_ptr + out_at, out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
 
 
 def decode_step(
@@ -228,6 +255,8 @@ def decode_step(
     part_max = torch.empty((batch, num_heads, splits), dtype=torch.float32, device=q.device)
     part_sum = torch.empty_like(part_max)
     part_acc = torch.empty((batch, num_heads, splits, head_size), dtype=torch.float32, device=q.device)
+    out = torch.empty((batch, 1, num_heads * head_size), dtype=q.dtype, device=q.device)
+    block_g = max(16, triton.next_power_of_2(group))
     _attend_split[(batch, kv_heads, splits)](
         q,
         k,
@@ -244,6 +273,8 @@ def decode_step(
         part_max,
         part_sum,
         part_acc,
+        _tickets(key_cache, batch * kv_heads),
+        out,
         key_cache.stride(0),
         key_cache.stride(1),
         num_heads,
@@ -256,23 +287,21 @@ def decode_step(
         INTERLEAVED=interleaved,
         HALF_ROT=half_rot,
         GROUP=group,
-        BLOCK_G=max(16, triton.next_power_of_2(group)),
+        BLOCK_G=block_g,
         BLOCK_N=block_n,
         BLOCK_D=block_d,
+        BLOCK_S=max(1, min(COMBINE_TILE // (block_g * block_d), triton.next_power_of_2(splits))),
         IEEE=q.dtype == torch.float32,
-    )
-    out = torch.empty((batch, 1, num_heads * head_size), dtype=q.dtype, device=q.device)
-    _combine[(batch, num_heads)](
-        part_max,
-        part_sum,
-        part_acc,
-        seqlens,
-        out,
-        num_heads,
-        head_size,
-        splits,
-        BLOCK_N=block_n,
-        BLOCK_S=min(COMBINE_SPLITS, triton.next_power_of_2(splits)),
-        BLOCK_D=block_d,
+        **pdl_launch(q),
     )
     return out
+
+
+def _tickets(key_cache: torch.Tensor, count: int) -> torch.Tensor:
+    """The merge counters of this KV buffer, allocated and zeroed once (the kernel leaves them zero).
+    Buffers come from torch's caching allocator, whose addresses repeat, so the map stays small."""
+    key = (key_cache.data_ptr(), key_cache.device, count)
+    tickets = _TICKETS.get(key)
+    if tickets is None:
+        tickets = _TICKETS[key] = torch.zeros(count, dtype=torch.int32, device=key_cache.device)
+    return tickets

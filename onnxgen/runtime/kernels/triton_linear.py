@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from onnxgen.runtime.kernels.triton_support import LAUNCHES
+from onnxgen.runtime.kernels.triton_support import LAUNCHES, pdl_launch
 
 PROLOGUES = {"none": 0, "rms": 1, "skip_rms": 2, "silu_mul": 3}
 
@@ -82,17 +82,28 @@ def _linear_row_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,  # programmatic dependent launch (triton_support.pdl_launch)
 ):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < n
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    # the weight tile of each iteration is loaded one iteration ahead; the first before the wait
+    # for the kernel before (weights are constant), so under PDL it streams while that one finishes
+    w_rows = w_ptr + rows[:, None] * w_stride
+    cols = tl.arange(0, BLOCK_K)
+    w_next = tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & (cols < k)[None, :], other=0.0)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     for start in range(0, k, BLOCK_K):
         cols = start + tl.arange(0, BLOCK_K)
         inside = cols < k
+        w = w_next
+        ahead = cols + BLOCK_K
+        w_next = tl.load(w_rows + ahead[None, :], mask=row_ok[:, None] & (ahead < k)[None, :], other=0.0)
         a, sq = _activation(x_ptr, x2_ptr, gamma_ptr, sum_ptr, cols, inside, PROLOGUE)
         squares += sq
-        w = tl.load(w_ptr + rows[:, None] * w_stride + cols[None, :], mask=row_ok[:, None] & inside[None, :], other=0.0)
         acc += w.to(tl.float32) * a[None, :]
     y = _finish(tl.sum(acc, axis=1), squares, k, eps, PROLOGUE)
     if HAS_BIAS:
@@ -123,39 +134,57 @@ def _linear_row_q4_kernel(
     QBLOCK: tl.constexpr,  # the quantization block along K (even)
     BLOCK_N: tl.constexpr,
     BLOCKS_PER_ITER: tl.constexpr,  # quantization blocks per iteration
+    PDL: tl.constexpr,
 ):
-    # each iteration: BLOCKS_PER_ITER whole quantization blocks, loaded as contiguous bytes per row
-    # and unpacked in memory order (low nibble = even element), so the activations load contiguously
-    # too; per block sum_j q*a and sum_j a, then one multiply by the scale: w*a = s*(q*a - z*a)
-    ELEMS: tl.constexpr = QBLOCK * BLOCKS_PER_ITER
-    BYTES: tl.constexpr = ELEMS // 2
+    # tiles are [rows, blocks, bytes of a block]: each block's bytes are contiguous in memory and
+    # its scale is one value per (row, block), so no tile is ever reshaped (a reshape or join
+    # costs a shuffle through shared memory). Byte j of a block holds elements 2j (low nibble) and
+    # 2j + 1: the activations load as an even and an odd half. Per block sum_j q*a and sum_j a,
+    # then one multiply by the scale: w*a = s*(q*a - z*a)
+    HALF: tl.constexpr = QBLOCK // 2
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < n
+    blk = tl.arange(0, BLOCKS_PER_ITER)
+    j = tl.arange(0, HALF)
     acc = tl.zeros((BLOCK_N, BLOCKS_PER_ITER), dtype=tl.float32)
-    squares = tl.zeros((ELEMS,), dtype=tl.float32)
+    squares = tl.zeros((BLOCKS_PER_ITER,), dtype=tl.float32)
+    byte_in_row = blk[:, None] * HALF + j[None, :]  # [B, H]
+    b_rows = b_ptr + rows[:, None, None] * row_bytes
+    # the codes and scales of the first iteration before the wait (constant weights; see
+    # _linear_row_kernel), each later iteration's one ahead
+    bm = row_ok[:, None, None] & (blk < n_blocks)[None, :, None]
+    packed_next = tl.load(b_rows + byte_in_row[None, :, :], mask=bm, other=0)
+    sm = row_ok[:, None] & (blk < n_blocks)[None, :]
+    scale_next = tl.load(scale_ptr + rows[:, None] * n_blocks + blk[None, :], mask=sm, other=0.0)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     for first_block in range(0, n_blocks, BLOCKS_PER_ITER):
-        cols = first_block * QBLOCK + tl.arange(0, ELEMS)
-        a, sq = _activation(x_ptr, x2_ptr, gamma_ptr, sum_ptr, cols, cols < k, PROLOGUE)
-        squares += sq
-        byte = first_block * (QBLOCK // 2) + tl.arange(0, BYTES)
-        b_mask = row_ok[:, None] & (byte < row_bytes)[None, :]
-        packed = tl.load(b_ptr + rows[:, None] * row_bytes + byte[None, :], mask=b_mask, other=0)
-        codes = tl.join((packed & 0xF).to(tl.float32), (packed >> 4).to(tl.float32))  # [N, BYTES, 2]
-        codes = tl.reshape(codes, (BLOCK_N, BLOCKS_PER_ITER, QBLOCK))
-        a3 = tl.reshape(a, (1, BLOCKS_PER_ITER, QBLOCK))
-        qa = tl.sum(codes * a3, axis=2)  # [N, B]
-        a_sum = tl.sum(a3, axis=2)  # [1, B]
-        blocks = first_block + tl.arange(0, BLOCKS_PER_ITER)
-        sm = row_ok[:, None] & (blocks < n_blocks)[None, :]
-        scale = tl.load(scale_ptr + rows[:, None] * n_blocks + blocks[None, :], mask=sm, other=0.0).to(tl.float32)
+        blocks = first_block + blk
+        live = blocks < n_blocks
+        packed, scale = packed_next, scale_next.to(tl.float32)
+        ahead = blocks + BLOCKS_PER_ITER
+        bm = row_ok[:, None, None] & (ahead < n_blocks)[None, :, None]
+        packed_next = tl.load(b_rows + (ahead[:, None] * HALF + j[None, :])[None, :, :], mask=bm, other=0)
+        sm = row_ok[:, None] & (ahead < n_blocks)[None, :]
+        scale_next = tl.load(scale_ptr + rows[:, None] * n_blocks + ahead[None, :], mask=sm, other=0.0)
+        even = blocks[:, None] * QBLOCK + 2 * j[None, :]  # [B, H] element index of the low nibble
+        a_lo, sq_lo = _activation(x_ptr, x2_ptr, gamma_ptr, sum_ptr, even, live[:, None] & (even < k), PROLOGUE)
+        a_hi, sq_hi = _activation(x_ptr, x2_ptr, gamma_ptr, sum_ptr, even + 1, live[:, None] & (even + 1 < k), PROLOGUE)
+        squares += tl.sum(sq_lo + sq_hi, axis=1)
+        lo = (packed & 0xF).to(tl.float32)
+        hi = (packed >> 4).to(tl.float32)
+        qa = tl.sum(lo * a_lo[None, :, :] + hi * a_hi[None, :, :], axis=2)  # [N, B]
+        a_sum = tl.sum(a_lo + a_hi, axis=1)[None, :]  # [1, B]
+        zm = row_ok[:, None] & live[None, :]
         if ZERO_KIND == 0:
             acc += scale * (qa - 8.0 * a_sum)
         elif ZERO_KIND == 1:
-            zbyte = tl.load(zero_ptr + rows[:, None] * zp_row_bytes + (blocks // 2)[None, :], mask=sm, other=0)
+            zbyte = tl.load(zero_ptr + rows[:, None] * zp_row_bytes + (blocks // 2)[None, :], mask=zm, other=0)
             zero = tl.where((blocks % 2)[None, :] == 0, zbyte & 0xF, zbyte >> 4).to(tl.float32)
             acc += scale * (qa - zero * a_sum)
         else:
-            zero = tl.load(zero_ptr + rows[:, None] * n_blocks + blocks[None, :], mask=sm, other=0.0).to(tl.float32)
+            zero = tl.load(zero_ptr + rows[:, None] * n_blocks + blocks[None, :], mask=zm, other=0.0).to(tl.float32)
             acc += scale * (qa - zero * a_sum)
     y = _finish(tl.sum(acc, axis=1), squares, k, eps, PROLOGUE)
     if HAS_BIAS:
@@ -166,38 +195,44 @@ def _linear_row_q4_kernel(
 # -- launch configurations ---------------------------------------------------------------------
 
 
-def _override(name: str) -> tuple[int, ...] | None:
-    """ONNXGEN_GEMV_<NAME>=a,b,c forces a configuration (the GPU micro bench sweeps them)."""
-    raw = os.environ.get(f"ONNXGEN_GEMV_{name}")
+def _override(name: str, n: int, k: int) -> tuple[int, ...] | None:
+    """ONNXGEN_GEMV_<NAME>_<N>x<K>=a,b,c forces a configuration for one weight shape, and
+    ONNXGEN_GEMV_<NAME>=a,b,c for every shape (the GPU benches sweep them)."""
+    raw = os.environ.get(f"ONNXGEN_GEMV_{name}_{n}x{k}") or os.environ.get(f"ONNXGEN_GEMV_{name}")
     return tuple(int(v) for v in raw.split(",")) if raw else None
 
 
 def dense_config(n: int, k: int) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, num_warps) for a dense [N, K] weight: rows streamed in 512-byte (fp16)
-    runs, and rows per program chosen so that there are about a thousand programs or more
-    (bench/gemv_micro.py on the H200: 2/256 best at N ~ 1,000, 8/256 at N ~ 10,000 and 150,000)."""
-    forced = _override("DENSE")
+    """(BLOCK_N, BLOCK_K, num_warps) for a dense [N, K] weight, from whole-step sweeps on the H200
+    under PDL (bench/step_sweep.py, docs/benchmarks/2026-12-01-h200.md):
+    - K <= 1,024: the whole row in one tile, 4 rows per program, so that the program's every weight
+      load is issued before it waits for the kernel before (Qwen2.5-0.5B: 1,448 tok/s vs 1,234
+      with 256-wide tiles);
+    - long rows (down_proj, K = 4,864 or 8,960): one row per program, 2 KB runs, 8 warps;
+    - between (K = 1,536): 256-wide tiles, 8 rows down to 2 until there are ~1,000 programs (a
+      whole 2,048-wide row lost there: 490 against 594 tok/s)."""
+    forced = _override("DENSE", n, k)
     if forced:
         return forced  # type: ignore[return-value]
-    if k >= 2048:  # long rows (down_proj, K=4864): one row per program, 1 KB runs, 8 warps: 4.7 us vs cuBLAS 7.1
-        return 1, 512, 8
-    block_k = 256 if k >= 256 else max(16, triton.next_power_of_2(k))
+    if k >= 2048:
+        return 1, 1024, 8
+    if k <= 1024:
+        return 4, max(16, triton.next_power_of_2(k)), 4
     block_n = 8
     while block_n > 2 and triton.cdiv(n, block_n) < 1024:
         block_n //= 2
-    return block_n, block_k, 4
+    return block_n, 256, 4
 
 
 def q4_config(n: int, k: int, block_size: int) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCKS_PER_ITER, num_warps) for 4-bit weights."""
-    forced = _override("Q4")
+    """(BLOCK_N, BLOCKS_PER_ITER, num_warps) for 4-bit weights: up to 1,024 elements of a row per
+    iteration (a whole row for K <= 1,024, as the dense kernel), 4 rows per program, 2 for long rows."""
+    forced = _override("Q4", n, k)
     if forced:
         return forced  # type: ignore[return-value]
-    per_iter = max(1, 256 // block_size)
-    block_n = 16
-    while block_n > 2 and triton.cdiv(n, block_n) < 4 * 132:
-        block_n //= 2
-    return block_n, per_iter, 4
+    n_blocks = -(-k // block_size)
+    per_iter = max(1, min(triton.next_power_of_2(n_blocks), 1024 // block_size))
+    return (2 if k >= 2048 else 4), per_iter, 4
 
 
 # -- launchers ---------------------------------------------------------------------------------
@@ -239,6 +274,7 @@ def linear_row(
         x, x2, gamma, sum_out, weight, bias if bias is not None else out, out,
         n, k, weight.stride(0), float(eps),
         PROLOGUE=code, HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+        **pdl_launch(x),
     )  # fmt: skip
     return out
 
@@ -276,6 +312,6 @@ def linear_row_q4(
         bias if bias is not None else out, out,
         n, k, n_blocks, packed.shape[1], zeros.shape[1], float(eps),
         PROLOGUE=code, ZERO_KIND=zero_kind, HAS_BIAS=bias is not None, QBLOCK=block_size,
-        BLOCK_N=block_n, BLOCKS_PER_ITER=per_iter, num_warps=warps,
+        BLOCK_N=block_n, BLOCKS_PER_ITER=per_iter, num_warps=warps, **pdl_launch(x),
     )  # fmt: skip
     return out

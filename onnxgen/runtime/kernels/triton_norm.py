@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from onnxgen.runtime.kernels.triton_support import LAUNCHES
+from onnxgen.runtime.kernels.triton_support import LAUNCHES, pdl_launch
 
 
 @triton.jit
@@ -32,7 +32,11 @@ def _rms_norm_kernel(
     WRITE_SUM: tl.constexpr,
     WRITE_INV: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,  # programmatic dependent launch (triton_support.pdl_launch)
 ):
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     inside = cols < hidden
@@ -87,6 +91,7 @@ def fused_rms_norm(
             WRITE_SUM=want_sum,
             WRITE_INV=want_inv,
             BLOCK=triton.next_power_of_2(hidden),
+            **pdl_launch(x),
         )
     return y, total, inv
 

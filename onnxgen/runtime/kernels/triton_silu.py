@@ -7,11 +7,14 @@ import torch
 import triton
 import triton.language as tl
 
-from onnxgen.runtime.kernels.triton_support import LAUNCHES
+from onnxgen.runtime.kernels.triton_support import LAUNCHES, pdl_launch
 
 
 @triton.jit
-def _silu_mul_kernel(g_ptr, u_ptr, out_ptr, n, BLOCK: tl.constexpr):
+def _silu_mul_kernel(g_ptr, u_ptr, out_ptr, n, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # programmatic dependent launch (triton_support.pdl_launch)
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inside = offsets < n
     g = tl.load(g_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
@@ -28,5 +31,5 @@ def silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     n = g.numel()
     if n:
         block = 1024
-        _silu_mul_kernel[(triton.cdiv(n, block),)](g, u, out, n, BLOCK=block)
+        _silu_mul_kernel[(triton.cdiv(n, block),)](g, u, out, n, BLOCK=block, **pdl_launch(g))
     return out

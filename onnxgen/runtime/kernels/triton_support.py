@@ -64,13 +64,53 @@ def triton_serves(t: torch.Tensor) -> bool:
 
 
 @functools.cache
-def linear_row_enabled() -> bool:
-    """The one-row GEMV kernels of triton_linear, opt-in (ONNXGEN_TRITON_LINEAR=1): on the H200 they
-    lost to cuBLAS (docs/benchmarks/2026-12-01-h200.md), so by default a fused group runs its
-    prologue's kernel and then cuBLAS (on the dequantized copy for 4-bit weights)."""
-    return os.environ.get("ONNXGEN_TRITON_LINEAR", "0") == "1"
+def linear_row_enabled() -> str:
+    """Whether the one-row GEMV kernels of triton_linear run: ``ONNXGEN_TRITON_LINEAR=1`` always,
+    ``=0`` never, unset ("auto") where programmatic dependent launch is (Hopper and later). There,
+    chained with PDL, they beat cuBLAS on the whole step (Qwen2.5-0.5B fp16 1,448 vs 1,136 tok/s,
+    1.5B 643 vs 620, docs/benchmarks/2026-12-01-h200.md); without PDL they lost on the 1.5B shape."""
+    raw = os.environ.get("ONNXGEN_TRITON_LINEAR", "")
+    modes = {"1": "on", "0": "off", "": "auto", "auto": "auto"}
+    if raw not in modes:
+        raise ValueError(f"ONNXGEN_TRITON_LINEAR={raw!r}: expected 1 (on), 0 (off) or unset (auto)")
+    return modes[raw]
+
+
+@functools.cache
+def q4_row_enabled() -> bool:
+    """triton_linear's 4-bit kernel, opt-in (``ONNXGEN_TRITON_Q4=1``): on the H200 it lost to the
+    dense kernel over the dequantized fp16 copy (docs/benchmarks/2026-12-01-h200.md)."""
+    return os.environ.get("ONNXGEN_TRITON_Q4", "0") == "1"
+
+
+@functools.cache
+def _pdl_on_device(index: int) -> bool:
+    if os.environ.get("ONNXGEN_PDL", "1") == "0":
+        return False
+    if torch.cuda.get_device_capability(index) < (9, 0):  # griddepcontrol needs sm_90
+        return False
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except Exception:
+        return False
+    return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
+
+
+def pdl_launch(t: torch.Tensor) -> dict[str, bool]:
+    """Launch arguments for a kernel with a ``PDL`` constexpr: programmatic dependent launch on
+    Hopper and later (``ONNXGEN_PDL=0`` turns it off). The kernel may then start while the kernel
+    before it finishes; it reads only constant weights until ``gdc_wait()``, which returns once
+    every earlier kernel is done, and so a captured step computes exactly what a serial one does."""
+    if t.device.type == "cuda" and _pdl_on_device(t.device.index or 0):
+        return {"PDL": True, "launch_pdl": True}
+    return {"PDL": False}
 
 
 def linear_row_serves(a: torch.Tensor) -> bool:
     """A one-row linear layer over ``a`` may run as triton_linear's kernel."""
-    return a.dtype in (torch.float16, torch.bfloat16, torch.float32) and linear_row_enabled() and triton_serves(a)
+    if a.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return False
+    mode = linear_row_enabled()
+    if mode == "auto":
+        return a.device.type == "cuda" and _pdl_on_device(a.device.index or 0) and triton_serves(a)
+    return mode == "on" and triton_serves(a)
