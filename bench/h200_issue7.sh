@@ -72,6 +72,13 @@ stage sweep05_fp16 200 $S $Q --precision fp16 --variant "cublas:" --variant "tri
   --variant "gate16:$L,ONNXGEN_GEMV_DENSE_9728x896=16,1024,8" \
   --variant "down1k:$L,ONNXGEN_GEMV_DENSE_896x4864=1,1024,8" --variant "down2:$L,ONNXGEN_GEMV_DENSE_896x4864=2,512,8" \
   --variant "down4w:$L,ONNXGEN_GEMV_DENSE_896x4864=1,512,4"
+D=ONNXGEN_GEMV_DENSE
+stage sweep05_combo 150 $S $Q --precision fp16 \
+  --variant "row1k-b:$L,${D}_1152x896=4,1024,4,${D}_896x896=2,1024,4,${D}_9728x896=4,1024,4" \
+  --variant "b+down1k:$L,${D}_1152x896=4,1024,4,${D}_896x896=2,1024,4,${D}_9728x896=4,1024,4,${D}_896x4864=1,1024,8" \
+  --variant "c+down1k:$L,${D}_1152x896=8,1024,4,${D}_896x896=4,1024,4,${D}_9728x896=4,1024,4,${D}_896x4864=1,1024,8" \
+  --variant "d+down2k:$L,${D}_1152x896=4,1024,4,${D}_896x896=2,1024,4,${D}_9728x896=2,1024,4,${D}_896x4864=1,2048,8" \
+  --variant "e+down1k4w:$L,${D}_1152x896=4,1024,4,${D}_896x896=2,1024,4,${D}_9728x896=4,1024,4,${D}_896x4864=1,1024,4"
 stage sweep05_int4 200 $S $Q --precision int4 --variant "cublas:" --variant "triton:$L" \
   --variant "q4row-a:$L,ONNXGEN_GEMV_Q4_1152x896=2,32,4,ONNXGEN_GEMV_Q4_896x896=2,32,4,ONNXGEN_GEMV_Q4_9728x896=8,32,8" \
   --variant "q4row-b:$L,ONNXGEN_GEMV_Q4_1152x896=4,32,4,ONNXGEN_GEMV_Q4_896x896=4,32,4,ONNXGEN_GEMV_Q4_9728x896=16,32,8" \
