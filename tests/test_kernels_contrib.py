@@ -530,6 +530,14 @@ def test_matmul_nbits_4bit(block_size: int, zp_kind: str, dtype: int, accuracy_l
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("zp_kind", ["none", "packed", "float"])
+def test_matmul_nbits_4bit_long_rows(zp_kind: str, device: str) -> None:
+    """K = 2,100: the one-row 4-bit kernel's several 1,024-element tiles, the last one partial."""
+    model = matmul_nbits_model(2100, 12, 4, 32, TP.FLOAT, zp_kind, 0)
+    _nbits_parity(model, TP.FLOAT, device, NBITS_TOL[(TP.FLOAT, 0)], m_values=(1,))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bits", [2, 8])
 @pytest.mark.parametrize("zp_kind", ["none", "packed"])
 def test_matmul_nbits_other_widths(bits: int, zp_kind: str, device: str) -> None:

@@ -112,12 +112,29 @@ def _linear_row_kernel(
 
 
 @triton.jit
+def _scale_zero(scale_ptr, zero_ptr, rows, row_ok, e, inside, n_blocks, zp_row_bytes,
+                ZERO_KIND: tl.constexpr, QBLOCK: tl.constexpr):  # fmt: skip
+    """Scale and zero point of element ``e`` of each row (a gather from the per-block rows)."""
+    blk = e // QBLOCK
+    m = row_ok[:, None] & inside[None, :]
+    scale = tl.load(scale_ptr + rows[:, None] * n_blocks + blk[None, :], mask=m, other=0.0).to(tl.float32)
+    if ZERO_KIND == 0:
+        zero = scale * 0.0 + 8.0
+    elif ZERO_KIND == 1:
+        zbyte = tl.load(zero_ptr + rows[:, None] * zp_row_bytes + (blk // 2)[None, :], mask=m, other=0)
+        zero = tl.where((blk % 2)[None, :] == 0, zbyte & 0xF, zbyte >> 4).to(tl.float32)
+    else:
+        zero = tl.load(zero_ptr + rows[:, None] * n_blocks + blk[None, :], mask=m, other=0.0).to(tl.float32)
+    return scale, zero
+
+
+@triton.jit
 def _linear_row_q4_kernel(
     x_ptr,
     x2_ptr,
     gamma_ptr,
     sum_ptr,
-    b_ptr,  # uint8 [N, row_bytes]: two 4-bit codes per byte, low nibble first
+    r_ptr,  # uint8 [N, row_bytes]: the codes in split_nibbles order for TILE-element tiles
     scale_ptr,  # [N, n_blocks]
     zero_ptr,  # uint8 [N, zp_row_bytes] (packed), or [N, n_blocks] in the scales' dtype, or unused
     bias_ptr,
@@ -131,65 +148,60 @@ def _linear_row_q4_kernel(
     PROLOGUE: tl.constexpr,
     ZERO_KIND: tl.constexpr,  # 0: none (8), 1: packed uint8, 2: the scales' dtype
     HAS_BIAS: tl.constexpr,
-    QBLOCK: tl.constexpr,  # the quantization block along K (even)
+    QBLOCK: tl.constexpr,  # the quantization block along K
     BLOCK_N: tl.constexpr,
-    BLOCKS_PER_ITER: tl.constexpr,  # quantization blocks per iteration
+    TILE: tl.constexpr,  # elements per iteration (the tile split_nibbles used)
     PDL: tl.constexpr,
 ):
-    # tiles are [rows, blocks, bytes of a block]: each block's bytes are contiguous in memory and
-    # its scale is one value per (row, block), so no tile is ever reshaped (a reshape or join
-    # costs a shuffle through shared memory). Byte j of a block holds elements 2j (low nibble) and
-    # 2j + 1: the activations load as an even and an odd half. Per block sum_j q*a and sum_j a,
-    # then one multiply by the scale: w*a = s*(q*a - z*a)
-    HALF: tl.constexpr = QBLOCK // 2
+    # byte c of a tile holds element c (low nibble) and element c + TILE/2 (high nibble) of that
+    # tile, so the tile is a 2D [rows, TILE/2] byte block, its activations two contiguous halves,
+    # and it multiplies like _linear_row_kernel's fp16 tile: no reshape, join or 3D layout (the
+    # MatMulNBits order, low nibble = even element, measured 1.4-2.4x slower than the dense
+    # kernel over the fp16 copy with either, docs/benchmarks/2026-12-01-h200-pdl.md)
+    HALF: tl.constexpr = TILE // 2
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < n
-    blk = tl.arange(0, BLOCKS_PER_ITER)
-    j = tl.arange(0, HALF)
-    acc = tl.zeros((BLOCK_N, BLOCKS_PER_ITER), dtype=tl.float32)
-    squares = tl.zeros((BLOCKS_PER_ITER,), dtype=tl.float32)
-    byte_in_row = blk[:, None] * HALF + j[None, :]  # [B, H]
-    b_rows = b_ptr + rows[:, None, None] * row_bytes
-    # the codes and scales of the first iteration before the wait (constant weights; see
-    # _linear_row_kernel), each later iteration's one ahead
-    bm = row_ok[:, None, None] & (blk < n_blocks)[None, :, None]
-    packed_next = tl.load(b_rows + byte_in_row[None, :, :], mask=bm, other=0)
-    sm = row_ok[:, None] & (blk < n_blocks)[None, :]
-    scale_next = tl.load(scale_ptr + rows[:, None] * n_blocks + blk[None, :], mask=sm, other=0.0)
+    c = tl.arange(0, HALF)
+    r_rows = r_ptr + rows[:, None] * row_bytes
+    acc = tl.zeros((BLOCK_N, HALF), dtype=tl.float32)
+    squares = tl.zeros((HALF,), dtype=tl.float32)
+    # the first tile's codes before the wait (constant weights, see _linear_row_kernel), each
+    # later tile's one iteration ahead
+    packed_next = tl.load(r_rows + c[None, :], mask=row_ok[:, None] & (c < row_bytes)[None, :], other=0)
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    for first_block in range(0, n_blocks, BLOCKS_PER_ITER):
-        blocks = first_block + blk
-        live = blocks < n_blocks
-        packed, scale = packed_next, scale_next.to(tl.float32)
-        ahead = blocks + BLOCKS_PER_ITER
-        bm = row_ok[:, None, None] & (ahead < n_blocks)[None, :, None]
-        packed_next = tl.load(b_rows + (ahead[:, None] * HALF + j[None, :])[None, :, :], mask=bm, other=0)
-        sm = row_ok[:, None] & (ahead < n_blocks)[None, :]
-        scale_next = tl.load(scale_ptr + rows[:, None] * n_blocks + ahead[None, :], mask=sm, other=0.0)
-        even = blocks[:, None] * QBLOCK + 2 * j[None, :]  # [B, H] element index of the low nibble
-        a_lo, sq_lo = _activation(x_ptr, x2_ptr, gamma_ptr, sum_ptr, even, live[:, None] & (even < k), PROLOGUE)
-        a_hi, sq_hi = _activation(x_ptr, x2_ptr, gamma_ptr, sum_ptr, even + 1, live[:, None] & (even + 1 < k), PROLOGUE)
-        squares += tl.sum(sq_lo + sq_hi, axis=1)
+    for start in range(0, k, TILE):
+        packed = packed_next
+        ahead = (start + TILE) // 2 + c
+        packed_next = tl.load(r_rows + ahead[None, :], mask=row_ok[:, None] & (ahead < row_bytes)[None, :], other=0)
+        e_lo = start + c
+        e_hi = e_lo + HALF
+        a_lo, sq_lo = _activation(x_ptr, x2_ptr, gamma_ptr, sum_ptr, e_lo, e_lo < k, PROLOGUE)
+        a_hi, sq_hi = _activation(x_ptr, x2_ptr, gamma_ptr, sum_ptr, e_hi, e_hi < k, PROLOGUE)
+        squares += sq_lo + sq_hi
+        s_lo, z_lo = _scale_zero(scale_ptr, zero_ptr, rows, row_ok, e_lo, e_lo < k, n_blocks, zp_row_bytes,
+                                 ZERO_KIND, QBLOCK)  # fmt: skip
+        s_hi, z_hi = _scale_zero(scale_ptr, zero_ptr, rows, row_ok, e_hi, e_hi < k, n_blocks, zp_row_bytes,
+                                 ZERO_KIND, QBLOCK)  # fmt: skip
         lo = (packed & 0xF).to(tl.float32)
         hi = (packed >> 4).to(tl.float32)
-        qa = tl.sum(lo * a_lo[None, :, :] + hi * a_hi[None, :, :], axis=2)  # [N, B]
-        a_sum = tl.sum(a_lo + a_hi, axis=1)[None, :]  # [1, B]
-        zm = row_ok[:, None] & live[None, :]
-        if ZERO_KIND == 0:
-            acc += scale * (qa - 8.0 * a_sum)
-        elif ZERO_KIND == 1:
-            zbyte = tl.load(zero_ptr + rows[:, None] * zp_row_bytes + (blocks // 2)[None, :], mask=zm, other=0)
-            zero = tl.where((blocks % 2)[None, :] == 0, zbyte & 0xF, zbyte >> 4).to(tl.float32)
-            acc += scale * (qa - zero * a_sum)
-        else:
-            zero = tl.load(zero_ptr + rows[:, None] * n_blocks + blocks[None, :], mask=zm, other=0.0).to(tl.float32)
-            acc += scale * (qa - zero * a_sum)
+        acc += s_lo * (lo - z_lo) * a_lo[None, :] + s_hi * (hi - z_hi) * a_hi[None, :]
     y = _finish(tl.sum(acc, axis=1), squares, k, eps, PROLOGUE)
     if HAS_BIAS:
         y += tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=row_ok)
+
+
+def split_nibbles(b: torch.Tensor, n: int, k: int, tile: int) -> torch.Tensor:
+    """MatMulNBits' codes ([N, ...] bytes, low nibble = even element) re-paired for the kernel: per
+    ``tile`` elements of a row, byte c = element c | element c + tile/2 << 4 (zero past K).
+    Returns uint8 [N, ceil(K / tile) * tile / 2]; done once per weight (cached by the caller)."""
+    packed = b.reshape(n, -1)
+    codes = torch.stack((packed & 0xF, packed >> 4), dim=-1).reshape(n, -1)[:, :k]
+    tiles = -(-k // tile)
+    codes = torch.nn.functional.pad(codes, (0, tiles * tile - k)).reshape(n, tiles, 2, tile // 2)
+    return (codes[:, :, 0] | (codes[:, :, 1] << 4)).reshape(n, tiles * tile // 2).contiguous()
 
 
 # -- launch configurations ---------------------------------------------------------------------
@@ -224,15 +236,19 @@ def dense_config(n: int, k: int) -> tuple[int, int, int]:
     return block_n, 256, 4
 
 
-def q4_config(n: int, k: int, block_size: int) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCKS_PER_ITER, num_warps) for 4-bit weights: up to 1,024 elements of a row per
-    iteration (a whole row for K <= 1,024, as the dense kernel), 4 rows per program, 2 for long rows."""
+def q4_tile(k: int) -> int:
+    """Elements per iteration of the 4-bit kernel, and the tile of its split_nibbles layout: the
+    whole row up to 1,024, as the dense kernel's tiles."""
+    return min(1024, max(32, triton.next_power_of_2(k)))
+
+
+def q4_config(n: int, k: int) -> tuple[int, int]:
+    """(BLOCK_N, num_warps) for 4-bit weights: 16 bytes of codes per thread per tile (4 rows of a
+    whole-row tile; 2 rows for long rows, 1,024-element tiles)."""
     forced = _override("Q4", n, k)
     if forced:
         return forced  # type: ignore[return-value]
-    n_blocks = -(-k // block_size)
-    per_iter = max(1, min(triton.next_power_of_2(n_blocks), 1024 // block_size))
-    return (2 if k >= 2048 else 4), per_iter, 4
+    return (2 if k >= 2048 else 4), 4
 
 
 # -- launchers ---------------------------------------------------------------------------------
@@ -295,23 +311,27 @@ def linear_row_q4(
     eps: float = 0.0,
     sum_out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The same over MatMulNBits' 4-bit weights (B, scales, zero points as the op takes them)."""
-    if block_size % 2 or block_size < 16 or block_size & (block_size - 1):
+    """The same over MatMulNBits' 4-bit weights (B, scales, zero points as the op takes them). The
+    codes are re-paired once per weight (split_nibbles, cached: half the bytes of B's fp16 copy)."""
+    if block_size < 16 or block_size & (block_size - 1):
         raise ValueError(f"block_size {block_size} is not a power of two >= 16")
+    from onnxgen.runtime.kernels.contrib_quant import DEQUANT_CACHE
+
     x = x.reshape(k).contiguous()
     code, x2, gamma, sum_out = _prologue_args(x, prologue, x2, gamma, sum_out)
     n_blocks = -(-k // block_size)
-    packed = b.reshape(n, -1)
+    tile = q4_tile(k)
+    split = DEQUANT_CACHE.get((b,), ("q4-split-nibbles", n, k, tile), lambda: split_nibbles(b, n, k, tile))
     zero_kind = 0 if zero_points is None else (1 if zero_points.dtype == torch.uint8 else 2)
-    zeros = zero_points.reshape(n, -1) if zero_points is not None else packed
+    zeros = zero_points.reshape(n, -1) if zero_points is not None else split
     out = torch.empty(n, dtype=x.dtype, device=x.device)
-    block_n, per_iter, warps = q4_config(n, k, block_size)
+    block_n, warps = q4_config(n, k)
     LAUNCHES["linear_row_q4"] += 1
     _linear_row_q4_kernel[(triton.cdiv(n, block_n),)](
-        x, x2, gamma, sum_out, packed, scales.reshape(n, n_blocks), zeros,
+        x, x2, gamma, sum_out, split, scales.reshape(n, n_blocks), zeros,
         bias if bias is not None else out, out,
-        n, k, n_blocks, packed.shape[1], zeros.shape[1], float(eps),
+        n, k, n_blocks, split.shape[1], zeros.shape[1], float(eps),
         PROLOGUE=code, ZERO_KIND=zero_kind, HAS_BIAS=bias is not None, QBLOCK=block_size,
-        BLOCK_N=block_n, BLOCKS_PER_ITER=per_iter, num_warps=warps, **pdl_launch(x),
+        BLOCK_N=block_n, TILE=tile, num_warps=warps, **pdl_launch(x),
     )  # fmt: skip
     return out
