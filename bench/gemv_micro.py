@@ -9,7 +9,7 @@ not from L2):
     cublas-matmul   x @ W[K, N]               (what a plain MatMul runs)
     triton BN/BK/W  kernels/triton_linear.py's dense kernel, swept over launch configurations
     q4-dequant      F.linear over the dequantized fp16 copy (the int4 package's default path before)
-    q4 BN/W         kernels/triton_linear.py's 4-bit kernel (its tile follows K), swept
+    q4 BN/BPI/W     kernels/triton_linear.py's 4-bit kernel, swept
 and the same kernel with its norm prologue fused (skip_rms) at the chosen configuration. Each row
 gives us/call and the bandwidth it reached (weight bytes / time). The chosen configurations of
 dense_config/q4_config are marked with '*'.
@@ -85,11 +85,12 @@ def main() -> int:
     bn_list = [2, 4, 8, 16] if args.quick else [1, 2, 4, 8]
     bk_list = [128, 256] if args.quick else [128, 256, 512, 1024]
     w_list = [4] if args.quick else [4, 8]
+    bpi_list = [4, 8] if args.quick else [2, 4, 8, 16]
     summary = []
     for name, k, n in layer_shapes(args.shape):
         if args.layers and name not in args.layers.split(","):
             continue
-        rows = bench_shape(name, k, n, args, dev, (bn_list, bk_list, w_list))
+        rows = bench_shape(name, k, n, args, dev, (bn_list, bk_list, w_list, bpi_list))
         dense = [r for r in rows if r[0].startswith("triton ") and "prologue" not in r[0]]
         q4 = [r for r in rows if r[0].startswith("q4 ")]
         summary.append((name, rows[0][1], rows[1][1], min(dense, key=lambda r: r[1]), min(q4, key=lambda r: r[1])))
@@ -101,7 +102,7 @@ def main() -> int:
 
 
 def bench_shape(name: str, k: int, n: int, args, dev, sweeps) -> list[tuple[str, float, float]]:
-    bn_list, bk_list, w_list = sweeps
+    bn_list, bk_list, w_list, bpi_list = sweeps
     wbytes = n * k * 2
     copies = max(2, min(48, int(256e6 // wbytes)))  # >= 256 MB per graph: far past the L2
     ws = [torch.randn(n, k, device=dev, dtype=torch.float16) * 0.02 for _ in range(copies)]
@@ -145,15 +146,15 @@ def bench_shape(name: str, k: int, n: int, args, dev, sweeps) -> list[tuple[str,
     qs = [torch.rand(n, nb, device=dev, dtype=torch.float16) * 0.01 for _ in range(qcopies)]
     add("q4-dequant (fp16 copy)", time_in_graph(lambda i: F.linear(x, ws[i]), copies), wbytes)
 
-    qchosen = TL.q4_config(n, k)
+    qchosen = TL.q4_config(n, k, bs)
 
     def q4(i: int) -> torch.Tensor:
         return TL.linear_row_q4(x, qb[i], qs[i], None, n=n, k=k, block_size=bs)
 
-    for bn, warps in itertools.product(bn_list, w_list):
-        os.environ["ONNXGEN_GEMV_Q4"] = f"{bn},{warps}"
-        mark = "*" if (bn, warps) == qchosen else ""
-        add(f"q4 {bn}/{warps}{mark}", time_in_graph(q4, qcopies), qbytes)
+    for bn, bpi, warps in itertools.product(bn_list, bpi_list, w_list):
+        os.environ["ONNXGEN_GEMV_Q4"] = f"{bn},{bpi},{warps}"
+        mark = "*" if (bn, bpi, warps) == qchosen else ""
+        add(f"q4 {bn}/{bpi}/{warps}{mark}", time_in_graph(q4, qcopies), qbytes)
     os.environ.pop("ONNXGEN_GEMV_Q4", None)
     print(f"\n{name}: K={k} N={n}  fp16 weight {wbytes / 1e6:.2f} MB, int4 {qbytes / 1e6:.2f} MB", flush=True)
     for label, us, gbs in rows:

@@ -100,8 +100,10 @@ stage final05_int4 150 $S $Q --precision int4 --variant "default:" --variant "cu
 stage final15_fp16 150 $S --shape qwen2.5-coder-1.5b-instruct --precision fp16 --variant "default:" --variant "cublas:ONNXGEN_TRITON_LINEAR=0"
 stage final_kernels_gpu 120 env $Q4 python3 -m pytest -q -p no:cacheprovider -m gpu ../tests/test_fusion.py ../tests/test_kernels_contrib.py -k "nbits or prologue or gqa or group"
 stage final_proof 240 python3 -m pytest -q -p no:cacheprovider -m gpu ../tests/test_gpu_capture_models.py ../tests/test_capture_runtime.py -s
-# the 4-bit kernel on split-nibble tiles (2D, as the dense kernel) against the dense kernel on the
-# dequantized copy; the new defaults at 1,024 tokens and in the standard flavour
+# the new defaults at 1,024 tokens (qwen_1024) and in the standard flavour (standard; standard_cublas
+# is the cuBLAS GEMVs there, not run yet); q4split05 / q4split_verify ran a 4-bit kernel on
+# split-nibble tiles (commit 4f000fe, since reverted to the tl.join kernel: it was slower)
+stage standard_cublas 80 env ONNXGEN_TRITON_LINEAR=0 $C $Q --precision fp16 --attention standard --kv dynamic --repeats 2
 stage q4split05 150 $S $Q --precision int4 --variant "default:" --variant "q4:$Q4" --variant "q4-bn8:$Q4,ONNXGEN_GEMV_Q4=8,4" \
   --variant "q4-bn2:$Q4,ONNXGEN_GEMV_Q4=2,4" --variant "q4-w8:$Q4,ONNXGEN_GEMV_Q4=4,8"
 stage q4split_verify 90 env $Q4 $C $Q --precision int4 --context 512 --capture verify --verify-steps 24 --repeats 1

@@ -92,10 +92,10 @@ def test_linear_row_q4_compiles(zero_kind: int, prologue: int, pdl: bool) -> Non
     from onnxgen.runtime.kernels import triton_linear
 
     sig = dict.fromkeys(["x_ptr", "x2_ptr", "gamma_ptr", "sum_ptr", "scale_ptr", "bias_ptr", "out_ptr"], "*fp16")
-    sig.update(r_ptr="*u8", zero_ptr="*fp16" if zero_kind == 2 else "*u8", eps="fp32")
+    sig.update(b_ptr="*u8", zero_ptr="*fp16" if zero_kind == 2 else "*u8", eps="fp32")
     sig.update(dict.fromkeys(["n", "k", "n_blocks", "row_bytes", "zp_row_bytes"], "i32"))
     const = dict(PROLOGUE=prologue, ZERO_KIND=zero_kind, HAS_BIAS=prologue == 0, QBLOCK=32)
-    const.update(BLOCK_N=4, TILE=1024, PDL=pdl)
+    const.update(BLOCK_N=8, BLOCKS_PER_ITER=8, PDL=pdl)
     ptx = compile_for_sm90(triton_linear._linear_row_q4_kernel, sig, const)
     if pdl:
         assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait")

@@ -112,29 +112,12 @@ def _linear_row_kernel(
 
 
 @triton.jit
-def _scale_zero(scale_ptr, zero_ptr, rows, row_ok, e, inside, n_blocks, zp_row_bytes,
-                ZERO_KIND: tl.constexpr, QBLOCK: tl.constexpr):  # fmt: skip
-    """Scale and zero point of element ``e`` of each row (a gather from the per-block rows)."""
-    blk = e // QBLOCK
-    m = row_ok[:, None] & inside[None, :]
-    scale = tl.load(scale_ptr + rows[:, None] * n_blocks + blk[None, :], mask=m, other=0.0).to(tl.float32)
-    if ZERO_KIND == 0:
-        zero = scale * 0.0 + 8.0
-    elif ZERO_KIND == 1:
-        zbyte = tl.load(zero_ptr + rows[:, None] * zp_row_bytes + (blk // 2)[None, :], mask=m, other=0)
-        zero = tl.where((blk % 2)[None, :] == 0, zbyte & 0xF, zbyte >> 4).to(tl.float32)
-    else:
-        zero = tl.load(zero_ptr + rows[:, None] * n_blocks + blk[None, :], mask=m, other=0.0).to(tl.float32)
-    return scale, zero
-
-
-@triton.jit
 def _linear_row_q4_kernel(
     x_ptr,
     x2_ptr,
     gamma_ptr,
     sum_ptr,
-    r_ptr,  # uint8 [N, row_bytes]: the codes in split_nibbles order for TILE-element tiles
+    b_ptr,  # uint8 [N, row_bytes]: two 4-bit codes per byte, low nibble first
     scale_ptr,  # [N, n_blocks]
     zero_ptr,  # uint8 [N, zp_row_bytes] (packed), or [N, n_blocks] in the scales' dtype, or unused
     bias_ptr,
@@ -148,60 +131,55 @@ def _linear_row_q4_kernel(
     PROLOGUE: tl.constexpr,
     ZERO_KIND: tl.constexpr,  # 0: none (8), 1: packed uint8, 2: the scales' dtype
     HAS_BIAS: tl.constexpr,
-    QBLOCK: tl.constexpr,  # the quantization block along K
+    QBLOCK: tl.constexpr,  # the quantization block along K (even)
     BLOCK_N: tl.constexpr,
-    TILE: tl.constexpr,  # elements per iteration (the tile split_nibbles used)
+    BLOCKS_PER_ITER: tl.constexpr,  # quantization blocks per iteration
     PDL: tl.constexpr,
 ):
-    # byte c of a tile holds element c (low nibble) and element c + TILE/2 (high nibble) of that
-    # tile, so the tile is a 2D [rows, TILE/2] byte block, its activations two contiguous halves,
-    # and it multiplies like _linear_row_kernel's fp16 tile: no reshape, join or 3D layout (the
-    # MatMulNBits order, low nibble = even element, measured 1.4-2.4x slower than the dense
-    # kernel over the fp16 copy with either, docs/benchmarks/2026-12-01-h200-pdl.md)
-    HALF: tl.constexpr = TILE // 2
+    # each iteration: BLOCKS_PER_ITER whole quantization blocks, loaded as contiguous bytes per row
+    # and unpacked in memory order (low nibble = even element), so the activations load contiguously
+    # too; per block sum_j q*a and sum_j a, then one multiply by the scale: w*a = s*(q*a - z*a)
+    ELEMS: tl.constexpr = QBLOCK * BLOCKS_PER_ITER
+    BYTES: tl.constexpr = ELEMS // 2
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < n
-    c = tl.arange(0, HALF)
-    r_rows = r_ptr + rows[:, None] * row_bytes
-    acc = tl.zeros((BLOCK_N, HALF), dtype=tl.float32)
-    squares = tl.zeros((HALF,), dtype=tl.float32)
-    # the first tile's codes before the wait (constant weights, see _linear_row_kernel), each
-    # later tile's one iteration ahead
-    packed_next = tl.load(r_rows + c[None, :], mask=row_ok[:, None] & (c < row_bytes)[None, :], other=0)
+    acc = tl.zeros((BLOCK_N, BLOCKS_PER_ITER), dtype=tl.float32)
+    squares = tl.zeros((ELEMS,), dtype=tl.float32)
+    # codes one iteration ahead, the first before the wait (constant weights, as in _linear_row_kernel)
+    b_rows = b_ptr + rows[:, None] * row_bytes
+    byte = tl.arange(0, BYTES)
+    packed_next = tl.load(b_rows + byte[None, :], mask=row_ok[:, None] & (byte < row_bytes)[None, :], other=0)
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    for start in range(0, k, TILE):
+    for first_block in range(0, n_blocks, BLOCKS_PER_ITER):
+        cols = first_block * QBLOCK + tl.arange(0, ELEMS)
         packed = packed_next
-        ahead = (start + TILE) // 2 + c
-        packed_next = tl.load(r_rows + ahead[None, :], mask=row_ok[:, None] & (ahead < row_bytes)[None, :], other=0)
-        e_lo = start + c
-        e_hi = e_lo + HALF
-        a_lo, sq_lo = _activation(x_ptr, x2_ptr, gamma_ptr, sum_ptr, e_lo, e_lo < k, PROLOGUE)
-        a_hi, sq_hi = _activation(x_ptr, x2_ptr, gamma_ptr, sum_ptr, e_hi, e_hi < k, PROLOGUE)
-        squares += sq_lo + sq_hi
-        s_lo, z_lo = _scale_zero(scale_ptr, zero_ptr, rows, row_ok, e_lo, e_lo < k, n_blocks, zp_row_bytes,
-                                 ZERO_KIND, QBLOCK)  # fmt: skip
-        s_hi, z_hi = _scale_zero(scale_ptr, zero_ptr, rows, row_ok, e_hi, e_hi < k, n_blocks, zp_row_bytes,
-                                 ZERO_KIND, QBLOCK)  # fmt: skip
-        lo = (packed & 0xF).to(tl.float32)
-        hi = (packed >> 4).to(tl.float32)
-        acc += s_lo * (lo - z_lo) * a_lo[None, :] + s_hi * (hi - z_hi) * a_hi[None, :]
+        ahead = (first_block + BLOCKS_PER_ITER) * (QBLOCK // 2) + tl.arange(0, BYTES)
+        packed_next = tl.load(b_rows + ahead[None, :], mask=row_ok[:, None] & (ahead < row_bytes)[None, :], other=0)
+        a, sq = _activation(x_ptr, x2_ptr, gamma_ptr, sum_ptr, cols, cols < k, PROLOGUE)
+        squares += sq
+        codes = tl.join((packed & 0xF).to(tl.float32), (packed >> 4).to(tl.float32))  # [N, BYTES, 2]
+        codes = tl.reshape(codes, (BLOCK_N, BLOCKS_PER_ITER, QBLOCK))
+        a3 = tl.reshape(a, (1, BLOCKS_PER_ITER, QBLOCK))
+        qa = tl.sum(codes * a3, axis=2)  # [N, B]
+        a_sum = tl.sum(a3, axis=2)  # [1, B]
+        blocks = first_block + tl.arange(0, BLOCKS_PER_ITER)
+        sm = row_ok[:, None] & (blocks < n_blocks)[None, :]
+        scale = tl.load(scale_ptr + rows[:, None] * n_blocks + blocks[None, :], mask=sm, other=0.0).to(tl.float32)
+        if ZERO_KIND == 0:
+            acc += scale * (qa - 8.0 * a_sum)
+        elif ZERO_KIND == 1:
+            zbyte = tl.load(zero_ptr + rows[:, None] * zp_row_bytes + (blocks // 2)[None, :], mask=sm, other=0)
+            zero = tl.where((blocks % 2)[None, :] == 0, zbyte & 0xF, zbyte >> 4).to(tl.float32)
+            acc += scale * (qa - zero * a_sum)
+        else:
+            zero = tl.load(zero_ptr + rows[:, None] * n_blocks + blocks[None, :], mask=sm, other=0.0).to(tl.float32)
+            acc += scale * (qa - zero * a_sum)
     y = _finish(tl.sum(acc, axis=1), squares, k, eps, PROLOGUE)
     if HAS_BIAS:
         y += tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=row_ok)
-
-
-def split_nibbles(b: torch.Tensor, n: int, k: int, tile: int) -> torch.Tensor:
-    """MatMulNBits' codes ([N, ...] bytes, low nibble = even element) re-paired for the kernel: per
-    ``tile`` elements of a row, byte c = element c | element c + tile/2 << 4 (zero past K).
-    Returns uint8 [N, ceil(K / tile) * tile / 2]; done once per weight (cached by the caller)."""
-    packed = b.reshape(n, -1)
-    codes = torch.stack((packed & 0xF, packed >> 4), dim=-1).reshape(n, -1)[:, :k]
-    tiles = -(-k // tile)
-    codes = torch.nn.functional.pad(codes, (0, tiles * tile - k)).reshape(n, tiles, 2, tile // 2)
-    return (codes[:, :, 0] | (codes[:, :, 1] << 4)).reshape(n, tiles * tile // 2).contiguous()
 
 
 # -- launch configurations ---------------------------------------------------------------------
@@ -236,19 +214,18 @@ def dense_config(n: int, k: int) -> tuple[int, int, int]:
     return block_n, 256, 4
 
 
-def q4_tile(k: int) -> int:
-    """Elements per iteration of the 4-bit kernel, and the tile of its split_nibbles layout: the
-    whole row up to 1,024, as the dense kernel's tiles."""
-    return min(1024, max(32, triton.next_power_of_2(k)))
-
-
-def q4_config(n: int, k: int) -> tuple[int, int]:
-    """(BLOCK_N, num_warps) for 4-bit weights: 16 bytes of codes per thread per tile (4 rows of a
-    whole-row tile; 2 rows for long rows, 1,024-element tiles)."""
+def q4_config(n: int, k: int, block_size: int) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCKS_PER_ITER, num_warps) for 4-bit weights: 256 elements per iteration, rows
+    per program from 16 down to 2 until there are 4 programs per SM. Whole-row tiles were slower
+    here (877-827 against 974 tok/s, docs/benchmarks/2026-12-01-h200-pdl.md)."""
     forced = _override("Q4", n, k)
     if forced:
         return forced  # type: ignore[return-value]
-    return (2 if k >= 2048 else 4), 4
+    per_iter = max(1, 256 // block_size)
+    block_n = 16
+    while block_n > 2 and triton.cdiv(n, block_n) < 4 * 132:
+        block_n //= 2
+    return block_n, per_iter, 4
 
 
 # -- launchers ---------------------------------------------------------------------------------
@@ -311,27 +288,23 @@ def linear_row_q4(
     eps: float = 0.0,
     sum_out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The same over MatMulNBits' 4-bit weights (B, scales, zero points as the op takes them). The
-    codes are re-paired once per weight (split_nibbles, cached: half the bytes of B's fp16 copy)."""
-    if block_size < 16 or block_size & (block_size - 1):
+    """The same over MatMulNBits' 4-bit weights (B, scales, zero points as the op takes them)."""
+    if block_size % 2 or block_size < 16 or block_size & (block_size - 1):
         raise ValueError(f"block_size {block_size} is not a power of two >= 16")
-    from onnxgen.runtime.kernels.contrib_quant import DEQUANT_CACHE
-
     x = x.reshape(k).contiguous()
     code, x2, gamma, sum_out = _prologue_args(x, prologue, x2, gamma, sum_out)
     n_blocks = -(-k // block_size)
-    tile = q4_tile(k)
-    split = DEQUANT_CACHE.get((b,), ("q4-split-nibbles", n, k, tile), lambda: split_nibbles(b, n, k, tile))
+    packed = b.reshape(n, -1)
     zero_kind = 0 if zero_points is None else (1 if zero_points.dtype == torch.uint8 else 2)
-    zeros = zero_points.reshape(n, -1) if zero_points is not None else split
+    zeros = zero_points.reshape(n, -1) if zero_points is not None else packed
     out = torch.empty(n, dtype=x.dtype, device=x.device)
-    block_n, warps = q4_config(n, k)
+    block_n, per_iter, warps = q4_config(n, k, block_size)
     LAUNCHES["linear_row_q4"] += 1
     _linear_row_q4_kernel[(triton.cdiv(n, block_n),)](
-        x, x2, gamma, sum_out, split, scales.reshape(n, n_blocks), zeros,
+        x, x2, gamma, sum_out, packed, scales.reshape(n, n_blocks), zeros,
         bias if bias is not None else out, out,
-        n, k, n_blocks, split.shape[1], zeros.shape[1], float(eps),
+        n, k, n_blocks, packed.shape[1], zeros.shape[1], float(eps),
         PROLOGUE=code, ZERO_KIND=zero_kind, HAS_BIAS=bias is not None, QBLOCK=block_size,
-        BLOCK_N=block_n, TILE=tile, num_warps=warps, **pdl_launch(x),
+        BLOCK_N=block_n, BLOCKS_PER_ITER=per_iter, num_warps=warps, **pdl_launch(x),
     )  # fmt: skip
     return out
