@@ -124,3 +124,13 @@ def test_one_row_kernel_policy(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="expected 1 .on., 0 .off. or unset"):
         ts.linear_row_serves(row)
     ts.linear_row_enabled.cache_clear()
+
+
+def test_why_programmatic_dependent_launch_is_unavailable() -> None:
+    from onnxgen.runtime.kernels.triton_support import pdl_unavailable
+
+    assert pdl_unavailable((9, 0), {"launch_pdl", "num_warps"}) is None
+    assert pdl_unavailable((10, 0), {"launch_pdl"}) is None
+    assert "sm_80" in pdl_unavailable((8, 0), {"launch_pdl"})
+    assert "launch_pdl" in pdl_unavailable((9, 0), {"num_warps"})
+    assert "no CUDA backend" in pdl_unavailable((9, 0), None)

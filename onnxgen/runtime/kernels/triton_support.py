@@ -83,17 +83,39 @@ def q4_row_enabled() -> bool:
     return os.environ.get("ONNXGEN_TRITON_Q4", "0") == "1"
 
 
+def pdl_unavailable(capability: tuple[int, int], launcher_options: set[str] | None) -> str | None:
+    """Why programmatic dependent launch cannot be used (None: it can), for a device of this
+    compute capability and a triton whose CUDA launcher takes these options (None: no CUDA backend)."""
+    if capability < (9, 0):
+        return f"the device is sm_{capability[0]}{capability[1]}; griddepcontrol needs sm_90 or later"
+    if launcher_options is None:
+        return "triton has no CUDA backend"
+    if "launch_pdl" not in launcher_options:
+        return "this triton's launcher has no launch_pdl option (triton 3.4 or later has it)"
+    return None
+
+
 @functools.cache
 def _pdl_on_device(index: int) -> bool:
     if os.environ.get("ONNXGEN_PDL", "1") == "0":
         return False
-    if torch.cuda.get_device_capability(index) < (9, 0):  # griddepcontrol needs sm_90
-        return False
     try:
         from triton.backends.nvidia.compiler import CUDAOptions
+
+        options: set[str] | None = set(getattr(CUDAOptions, "__dataclass_fields__", {}))
     except Exception:
-        return False
-    return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
+        options = None
+    capability = torch.cuda.get_device_capability(index)
+    reason = pdl_unavailable(capability, options)
+    if reason is not None and capability >= (9, 0):
+        # said once per device: this GPU could chain the step's kernels, and does not (slower decode)
+        warnings.warn(
+            f"programmatic dependent launch is off on cuda:{index} ({reason}): the decode step's "
+            "one-row GEMVs run on cuBLAS, its Triton kernels without PDL (slower decode)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return reason is None
 
 
 def pdl_launch(t: torch.Tensor) -> dict[str, bool]:
