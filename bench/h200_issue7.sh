@@ -103,6 +103,11 @@ stage final_proof 240 python3 -m pytest -q -p no:cacheprovider -m gpu ../tests/t
 # the new defaults at 1,024 tokens (qwen_1024) and in the standard flavour (standard; standard_cublas
 # is the cuBLAS GEMVs there, not run yet); q4split05 / q4split_verify ran a 4-bit kernel on
 # split-nibble tiles (commit 4f000fe, since reverted to the tl.join kernel: it was slower)
+# open questions of the second 2026-12-01 session, for the next visit: the host cost of a graph
+# launch without PDL edges (baseline for pdl_profile's 190 us), and the cuBLAS step's order effect
+stage pdl_profile_nopdl 60 env ONNXGEN_PDL=0 python3 profile_decode.py $Q --precision fp16 --context 512 --capture --steps 16 --top 15
+stage order_check 120 $S $Q --precision fp16 --variant "cublas-first:ONNXGEN_TRITON_LINEAR=0" --variant "default:" \
+  --variant "cublas-again:ONNXGEN_TRITON_LINEAR=0" --variant "default-again:"
 stage standard_cublas 80 env ONNXGEN_TRITON_LINEAR=0 $C $Q --precision fp16 --attention standard --kv dynamic --repeats 2
 stage q4split05 150 $S $Q --precision int4 --variant "default:" --variant "q4:$Q4" --variant "q4-bn8:$Q4,ONNXGEN_GEMV_Q4=8,4" \
   --variant "q4-bn2:$Q4,ONNXGEN_GEMV_Q4=2,4" --variant "q4-w8:$Q4,ONNXGEN_GEMV_Q4=4,8"
