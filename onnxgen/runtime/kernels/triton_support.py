@@ -4,6 +4,9 @@ Triton is used on CUDA only, where it is installed with torch. Tests run the sam
 CPU through Triton's interpreter (TRITON_INTERPRET=1, set before triton is imported), so a CPU
 tensor qualifies when the interpreter is on. ``ONNXGEN_TRITON=0`` turns the kernels off (the torch
 kernels run instead), which the benches use to measure what the kernels bring.
+
+Also here: which one-row GEMV path runs (linear_row_serves: Triton where programmatic dependent
+launch is, else cuBLAS; the 4-bit kernel opt-in), and the launch arguments of PDL (pdl_launch).
 """
 
 from __future__ import annotations
@@ -40,8 +43,8 @@ def _warn_fallback() -> None:
     if _MISSING and not _WARNED:
         _WARNED.append(True)
         warnings.warn(
-            f"triton cannot be imported ({_MISSING[0]}): onnxgen's fused CUDA kernels (RMSNorm, "
-            "GroupQueryAttention decode, SiLU-mul) are off and the torch kernels run instead (slower decode)",
+            f"triton cannot be imported ({_MISSING[0]}): onnxgen's fused CUDA kernels (one-row GEMVs, "
+            "RMSNorm, GroupQueryAttention decode, SiLU-mul) are off and torch/cuBLAS run instead (slower decode)",
             RuntimeWarning,
             stacklevel=3,
         )
