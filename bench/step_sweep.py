@@ -48,7 +48,7 @@ def apply_env(env: dict[str, str]) -> None:
     for key in [k for k in os.environ if k.startswith(SWEPT_PREFIXES)]:
         del os.environ[key]
     os.environ.update(env)
-    triton_support.linear_row_enabled.cache_clear()
+    triton_support.linear_row_mode.cache_clear()
     triton_support.q4_row_enabled.cache_clear()
     triton_support._pdl_on_device.cache_clear()
 

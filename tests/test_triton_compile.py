@@ -114,16 +114,16 @@ def test_one_row_kernel_policy(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv("ONNXGEN_TRITON_LINEAR", raising=False)
         else:
             monkeypatch.setenv("ONNXGEN_TRITON_LINEAR", raw)
-        ts.linear_row_enabled.cache_clear()
-        assert ts.linear_row_enabled() == mode
+        ts.linear_row_mode.cache_clear()
+        assert ts.linear_row_mode() == mode
         if mode != "on":
             assert not ts.linear_row_serves(row)
     assert ts.pdl_launch(row) == {"PDL": False}
     monkeypatch.setenv("ONNXGEN_TRITON_LINEAR", "yes")
-    ts.linear_row_enabled.cache_clear()
+    ts.linear_row_mode.cache_clear()
     with pytest.raises(ValueError, match="expected 1 .on., 0 .off. or unset"):
         ts.linear_row_serves(row)
-    ts.linear_row_enabled.cache_clear()
+    ts.linear_row_mode.cache_clear()
 
 
 def test_why_programmatic_dependent_launch_is_unavailable() -> None:

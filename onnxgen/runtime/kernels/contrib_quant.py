@@ -188,7 +188,7 @@ def _int8_activations(
 
 def q4_row_serves(a: torch.Tensor, k: int, bits: int, block_size: int) -> bool:
     """One row of A over 4-bit weights in blocks triton_linear's kernel takes (opt-in, ONNXGEN_TRITON_Q4=1:
-    on the H200 it was slower than the dense kernel on the dequantized copy, docs/benchmarks/2026-12-01-h200.md)."""
+    on the H200 it was slower than the dense kernel on the dequantized copy, docs/benchmarks/2026-12-01-h200-pdl.md)."""
     pow2 = block_size >= 16 and not block_size & (block_size - 1)
     return bits == 4 and pow2 and a.numel() == k and q4_row_enabled() and linear_row_serves(a)
 

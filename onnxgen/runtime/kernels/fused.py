@@ -151,15 +151,20 @@ def matmul_group(ctx: NodeContext, a: torch.Tensor, *rest: torch.Tensor | None) 
         and weight.dtype == a.dtype
         and (bias is None or bias.dtype == a.dtype)
     ):
-        from onnxgen.runtime.kernels.triton_linear import linear_row
-
-        kwargs, total = _row_kwargs(ctx, a, x2, gamma)
-        out = linear_row(a, weight, bias, **kwargs).reshape(*a.shape[:-1], -1)
-        return _with_sum(ctx, tuple(torch.split(out, widths, dim=-1)), total)
+        return _dense_row(ctx, a, weight, bias, widths, x2, gamma)
     total = None
     if _prologue(ctx):
         a, total = apply_prologue(ctx, a, x2, gamma)
     return _with_sum(ctx, _linear_split(a, weight, bias, widths), total)
+
+
+def _dense_row(ctx: NodeContext, a, weight, bias, widths: list[int], x2, gamma) -> tuple[torch.Tensor, ...]:
+    """One row through triton_linear's dense kernel, prologue fused, split into the members' outputs."""
+    from onnxgen.runtime.kernels.triton_linear import linear_row
+
+    kwargs, total = _row_kwargs(ctx, a, x2, gamma)
+    out = linear_row(a, weight, bias, **kwargs).reshape(*a.shape[:-1], -1)
+    return _with_sum(ctx, tuple(torch.split(out, widths, dim=-1)), total)
 
 
 @kernel("MatMulNBitsGroup", domain=FUSED_DOMAIN)
@@ -186,14 +191,9 @@ def matmul_nbits_group(ctx: NodeContext, a: torch.Tensor, *rest: torch.Tensor | 
     dtype = compute_dtype(a.dtype, a.device)
     if not int8_a and dtype == a.dtype and linear_row_serves(a) and _row_prologue_ok(ctx, a, k, x2, gamma):
         # one row over the dequantized copy: the dense kernel, prologue fused (measured faster than
-        # the 4-bit kernel and than cuBLAS on the same copy, docs/benchmarks/2026-12-01-h200.md)
-        from onnxgen.runtime.kernels.triton_linear import linear_row
-
+        # the 4-bit kernel and than cuBLAS on the same copy, docs/benchmarks/2026-12-01-h200-pdl.md)
         weight = _dequantized_group(triples, widths, k, bits, block_size, dtype, a.device)
-        bias = _cached_bias(biases, widths, a)
-        kwargs, total = _row_kwargs(ctx, a, x2, gamma)
-        out = linear_row(a, weight, bias, **kwargs).reshape(*a.shape[:-1], -1)
-        return _with_sum(ctx, tuple(torch.split(out, widths, dim=-1)), total)
+        return _dense_row(ctx, a, weight, _cached_bias(biases, widths, a), widths, x2, gamma)
     total = None
     if _prologue(ctx):
         a, total = apply_prologue(ctx, a, x2, gamma)

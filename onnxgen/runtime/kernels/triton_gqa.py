@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from onnxgen.runtime.kernels.triton_pdl import wait_for_previous
 from onnxgen.runtime.kernels.triton_support import LAUNCHES, pdl_launch
 
 # fp32 elements of one merge tile (heads x splits x head_size): long buffers merge in several passes
@@ -100,9 +101,7 @@ def _attend_split(
     IEEE: tl.constexpr,
     PDL: tl.constexpr,  # programmatic dependent launch: wait for the kernel before, first thing
 ):
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    wait_for_previous(PDL)
     b = tl.program_id(0)
     kv = tl.program_id(1)
     split = tl.program_id(2)
@@ -167,11 +166,12 @@ def _attend_split(
         # every thread's partials are stored before the ticket (release); the last drawer merges
         tl.debug_barrier()
         used = tl.minimum((total + BLOCK_N - 1) // BLOCK_N, num_splits)
-        ticket = tl.atomic_add(ticket_ptr + b * tl.num_programs(1) + kv, 1, sem="acq_rel")
+        ticket_at = ticket_ptr + b * tl.num_programs(1) + kv
+        ticket = tl.atomic_add(ticket_at, 1, sem="acq_rel")
         if ticket == used - 1:
             _merge_group(part_max_ptr, part_sum_ptr, part_acc_ptr, out_ptr, b, heads, g_ok, d, used,
                          num_heads, head_size, num_splits, BLOCK_S)  # fmt: skip
-            tl.store(ticket_ptr + b * tl.num_programs(1) + kv, 0)
+            tl.store(ticket_at, 0)
 
 
 @triton.jit

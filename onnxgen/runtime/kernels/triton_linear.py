@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from onnxgen.runtime.kernels.triton_pdl import wait_for_previous
 from onnxgen.runtime.kernels.triton_support import LAUNCHES, pdl_launch
 
 PROLOGUES = {"none": 0, "rms": 1, "skip_rms": 2, "silu_mul": 3}
@@ -93,9 +94,7 @@ def _linear_row_kernel(
     w_rows = w_ptr + rows[:, None] * w_stride
     cols = tl.arange(0, BLOCK_K)
     w_next = tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & (cols < k)[None, :], other=0.0)
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    wait_for_previous(PDL)
     for start in range(0, k, BLOCK_K):
         cols = start + tl.arange(0, BLOCK_K)
         inside = cols < k
@@ -149,9 +148,7 @@ def _linear_row_q4_kernel(
     b_rows = b_ptr + rows[:, None] * row_bytes
     byte = tl.arange(0, BYTES)
     packed_next = tl.load(b_rows + byte[None, :], mask=row_ok[:, None] & (byte < row_bytes)[None, :], other=0)
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    wait_for_previous(PDL)
     for first_block in range(0, n_blocks, BLOCKS_PER_ITER):
         cols = first_block * QBLOCK + tl.arange(0, ELEMS)
         packed = packed_next
@@ -194,7 +191,7 @@ def _override(name: str, n: int, k: int) -> tuple[int, ...] | None:
 
 def dense_config(n: int, k: int) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps) for a dense [N, K] weight, from whole-step sweeps on the H200
-    under PDL (bench/step_sweep.py, docs/benchmarks/2026-12-01-h200.md):
+    under PDL (bench/step_sweep.py, docs/benchmarks/2026-12-01-h200-pdl.md):
     - K <= 1,024: the whole row in one tile, 4 rows per program, so that the program's every weight
       load is issued before it waits for the kernel before (Qwen2.5-0.5B: 1,448 tok/s vs 1,234
       with 256-wide tiles);

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from onnxgen.runtime.kernels.triton_pdl import wait_for_previous
 from onnxgen.runtime.kernels.triton_support import LAUNCHES, pdl_launch
 
 
@@ -34,9 +35,7 @@ def _rms_norm_kernel(
     BLOCK: tl.constexpr,
     PDL: tl.constexpr,  # programmatic dependent launch (triton_support.pdl_launch)
 ):
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    wait_for_previous(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     inside = cols < hidden

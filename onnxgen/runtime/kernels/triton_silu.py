@@ -7,14 +7,13 @@ import torch
 import triton
 import triton.language as tl
 
+from onnxgen.runtime.kernels.triton_pdl import wait_for_previous
 from onnxgen.runtime.kernels.triton_support import LAUNCHES, pdl_launch
 
 
 @triton.jit
 def _silu_mul_kernel(g_ptr, u_ptr, out_ptr, n, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    if PDL:  # programmatic dependent launch (triton_support.pdl_launch)
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    wait_for_previous(PDL)
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inside = offsets < n
     g = tl.load(g_ptr + offsets, mask=inside, other=0.0).to(tl.float32)

@@ -67,11 +67,11 @@ def triton_serves(t: torch.Tensor) -> bool:
 
 
 @functools.cache
-def linear_row_enabled() -> str:
+def linear_row_mode() -> str:
     """Whether the one-row GEMV kernels of triton_linear run: ``ONNXGEN_TRITON_LINEAR=1`` always,
     ``=0`` never, unset ("auto") where programmatic dependent launch is (Hopper and later). There,
     chained with PDL, they beat cuBLAS on the whole step (Qwen2.5-0.5B fp16 1,448 vs 1,136 tok/s,
-    1.5B 643 vs 620, docs/benchmarks/2026-12-01-h200.md); without PDL they lost on the 1.5B shape."""
+    1.5B 646 vs 620, docs/benchmarks/2026-12-01-h200-pdl.md); without PDL they lost on the 1.5B shape."""
     raw = os.environ.get("ONNXGEN_TRITON_LINEAR", "")
     modes = {"1": "on", "0": "off", "": "auto", "auto": "auto"}
     if raw not in modes:
@@ -82,7 +82,7 @@ def linear_row_enabled() -> str:
 @functools.cache
 def q4_row_enabled() -> bool:
     """triton_linear's 4-bit kernel, opt-in (``ONNXGEN_TRITON_Q4=1``): on the H200 it lost to the
-    dense kernel over the dequantized fp16 copy (docs/benchmarks/2026-12-01-h200.md)."""
+    dense kernel over the dequantized fp16 copy (docs/benchmarks/2026-12-01-h200-pdl.md)."""
     return os.environ.get("ONNXGEN_TRITON_Q4", "0") == "1"
 
 
@@ -135,7 +135,7 @@ def linear_row_serves(a: torch.Tensor) -> bool:
     """A one-row linear layer over ``a`` may run as triton_linear's kernel."""
     if a.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return False
-    mode = linear_row_enabled()
+    mode = linear_row_mode()
     if mode == "auto":
         return a.device.type == "cuda" and _pdl_on_device(a.device.index or 0) and triton_serves(a)
     return mode == "on" and triton_serves(a)
