@@ -112,4 +112,8 @@ stage standard_cublas 80 env ONNXGEN_TRITON_LINEAR=0 $C $Q --precision fp16 --at
 stage q4split05 150 $S $Q --precision int4 --variant "default:" --variant "q4:$Q4" --variant "q4-bn8:$Q4,ONNXGEN_GEMV_Q4=8,4" \
   --variant "q4-bn2:$Q4,ONNXGEN_GEMV_Q4=2,4" --variant "q4-w8:$Q4,ONNXGEN_GEMV_Q4=4,8"
 stage q4split_verify 90 env $Q4 $C $Q --precision int4 --context 512 --capture verify --verify-steps 24 --repeats 1
+# third 2026-12-01 session: where the step's time goes (bench/step_anatomy.py: loop vs host enqueue vs
+# GPU step vs graphs alone, and each kernel's end-to-end cost in the graph)
+stage anatomy05 200 python3 step_anatomy.py $Q --precision fp16 --context 512 --kernels \
+  --variant "default:" --variant "nopdl:ONNXGEN_PDL=0" --variant "cublas:ONNXGEN_TRITON_LINEAR=0"
 echo "logs in $out"
