@@ -116,4 +116,46 @@ stage q4split_verify 90 env $Q4 $C $Q --precision int4 --context 512 --capture v
 # GPU step vs graphs alone, and each kernel's end-to-end cost in the graph)
 stage anatomy05 200 python3 step_anatomy.py $Q --precision fp16 --context 512 --kernels \
   --variant "default:" --variant "nopdl:ONNXGEN_PDL=0" --variant "cublas:ONNXGEN_TRITON_LINEAR=0"
+# after anatomy05: one-tile GEMV kernel (K <= BLOCK_K: no loop-carried accumulator, ~half the
+# registers), activations one tile ahead in the loop kernel, attention reading its settled inputs
+# before the PDL wait and writing one-block results without the merge
+A="python3 step_anatomy.py $Q --precision fp16 --context 512"
+stage anat2 200 $A --kernels --variant "default:" --variant "tile-off:ONNXGEN_GEMV_TILE=0" \
+  --variant "gqa-late:ONNXGEN_GQA_EARLY=0" --variant "gqa128:ONNXGEN_GQA_DECODE=128,4"
+stage sweep2 240 $A --variant "default:" --variant "gqa256w8:ONNXGEN_GQA_DECODE=256,8" --variant "gqa128w8:ONNXGEN_GQA_DECODE=128,8" \
+  --variant "gate8w8:${D}_9728x896=8,1024,8" --variant "gate2w2:${D}_9728x896=2,1024,2" --variant "gate8w4:${D}_9728x896=8,1024,4" \
+  --variant "down2:${D}_896x4864=2,1024,8" --variant "down512:${D}_896x4864=1,512,4" --variant "down2k:${D}_896x4864=1,2048,8" \
+  --variant "qkvo2:${D}_1152x896=2,1024,4,${D}_896x896=2,1024,4" --variant "qkvo8:${D}_1152x896=8,1024,8,${D}_896x896=8,1024,8"
+stage verify2 90 $C $Q --precision fp16 --context 512 --capture verify --verify-steps 24 --repeats 1
+stage verify2_int4 90 $C $Q --precision int4 --context 512 --capture verify --verify-steps 24 --repeats 1
+stage gqa_gpu2 150 python3 -m pytest -q -p no:cacheprovider -m gpu ../tests/test_kernels_contrib.py ../tests/test_fusion.py -k "gqa or matmul_group or prologue"
+stage anat2_15 200 python3 step_anatomy.py --shape qwen2.5-coder-1.5b-instruct --precision fp16 --context 512 \
+  --variant "default:" --variant "tile-off:ONNXGEN_GEMV_TILE=0" --variant "gqa-late:ONNXGEN_GQA_EARLY=0"
+# combinations after anat2/sweep2: down at 2 rows per program and 128-key attention blocks (8 warps)
+CB="${D}_896x4864=2,1024,8,ONNXGEN_GQA_DECODE=128,8"
+stage sweep3 300 $A --variant "default:" --variant "combo:$CB" --variant "c+gate8w8:$CB,${D}_9728x896=8,1024,8" \
+  --variant "c+gate16w8:$CB,${D}_9728x896=16,1024,8" --variant "c+gate8+qkvo8:$CB,${D}_9728x896=8,1024,8,${D}_1152x896=8,1024,8,${D}_896x896=8,1024,8" \
+  --variant "c+down4x512:$CB,${D}_896x4864=4,512,8" --variant "c+down2x512w4:$CB,${D}_896x4864=2,512,4" \
+  --variant "c+down4:$CB,${D}_896x4864=4,1024,8" --variant "c+gqa128w4:$CB,ONNXGEN_GQA_DECODE=128,4" \
+  --variant "c+gate8+qkvo8+down2x512w4:$CB,${D}_9728x896=8,1024,8,${D}_1152x896=8,1024,8,${D}_896x896=8,1024,8,${D}_896x4864=2,512,4"
+stage long3 200 python3 step_anatomy.py $Q --precision fp16 --context 2048 --new-tokens 1024 --repeats 2 --steps 50 \
+  --variant "default:" --variant "combo:$CB" --variant "c+gqa256w8:$CB,ONNXGEN_GQA_DECODE=256,8" --variant "c+gqa64w4:$CB,ONNXGEN_GQA_DECODE=64,4"
+C15="${D}_1536x8960=2,1024,8"
+stage sweep3_15 300 python3 step_anatomy.py --shape qwen2.5-coder-1.5b-instruct --precision fp16 --context 512 \
+  --variant "default:" --variant "down2:$C15" --variant "down2+gqa128w8:$C15,ONNXGEN_GQA_DECODE=128,8" \
+  --variant "d+tile2k:$C15,ONNXGEN_GQA_DECODE=128,8,${D}_2048x1536=2,2048,4,${D}_1536x1536=2,2048,4" \
+  --variant "d+gate2k:$C15,ONNXGEN_GQA_DECODE=128,8,${D}_17920x1536=4,2048,8"
+T15="$C15,ONNXGEN_GQA_DECODE=128,8,${D}_2048x1536=2,2048,4,${D}_1536x1536=2,2048,4"
+stage sweep4_15 200 python3 step_anatomy.py --shape qwen2.5-coder-1.5b-instruct --precision fp16 --context 512 \
+  --variant "t15:$T15" --variant "t15+gate2k:$T15,${D}_17920x1536=4,2048,8" --variant "t15+qkvo4w8:$T15,${D}_2048x1536=4,2048,8,${D}_1536x1536=4,2048,8" \
+  --variant "t15+down4x512:$T15,${D}_1536x8960=4,512,8"
+# the new defaults (down 4/1024/8, one-tile rows up to K = 2,048, 128-key attention blocks in 8
+# warps) and the opt-in persistent one-tile GEMV (ONNXGEN_GEMV_PERSIST programs per SM)
+stage sweep5 150 $A --variant "default:" --variant "persist6:ONNXGEN_GEMV_PERSIST=6" \
+  --variant "persist4+gate8w8:ONNXGEN_GEMV_PERSIST=4,${D}_9728x896=8,1024,8" \
+  --variant "persist10+gate2w4:ONNXGEN_GEMV_PERSIST=10,${D}_9728x896=2,1024,4" \
+  --variant "persist5+gate4w8:ONNXGEN_GEMV_PERSIST=5,${D}_9728x896=4,1024,8" --variant "default-again:"
+stage sweep5_15 200 python3 step_anatomy.py --shape qwen2.5-coder-1.5b-instruct --precision fp16 --context 512 \
+  --variant "default:" --variant "down2:${D}_1536x8960=2,1024,8" \
+  --variant "qkvo2w4:${D}_2048x1536=2,2048,4,${D}_1536x1536=2,2048,4" --variant "persist3:ONNXGEN_GEMV_PERSIST=3"
 echo "logs in $out"

@@ -27,20 +27,21 @@ from random_package import GreedyLoop, add_package_args, build_random_package, d
 from onnxgen.runtime.capture.runtime import CaptureRuntime
 from onnxgen.runtime.kernels import triton_support
 
-SWEPT_PREFIXES = ("ONNXGEN_TRITON_LINEAR", "ONNXGEN_TRITON_Q4", "ONNXGEN_PDL", "ONNXGEN_GEMV_")
+SWEPT_PREFIXES = ("ONNXGEN_TRITON_LINEAR", "ONNXGEN_TRITON_Q4", "ONNXGEN_PDL", "ONNXGEN_GEMV_", "ONNXGEN_GQA_")
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, str]]:
     name, _, settings = text.partition(":")
     env: dict[str, str] = {}
-    # "A=1,B=2,3,4": a value runs until the next NAME= item
+    # "A=1,B=2,3,4": a value runs until the next NAME= item; a name given again takes the later value
+    key = None
     for item in settings.split(","):
         if "=" in item:
             key, _, value = item.partition("=")
-            env[key.strip()] = value.strip()
-        elif item.strip() and env:
-            last = list(env)[-1]
-            env[last] += "," + item.strip()
+            key = key.strip()
+            env[key] = value.strip()
+        elif item.strip() and key is not None:
+            env[key] += "," + item.strip()
     return name, env
 
 

@@ -39,12 +39,13 @@ def three_projections(bias_on: tuple[bool, ...], extra_consumer: bool = False):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bias_on", [(False, False, False), (True, True, True), (True, False, True)])
-def test_matmul_group_matches_onnxruntime(bias_on, device: str) -> None:
+@pytest.mark.parametrize("rows", [(2, 3), (1, 1)])  # (1, 1): the one-row kernel where Triton serves
+def test_matmul_group_matches_onnxruntime(bias_on, rows: tuple[int, int], device: str) -> None:
     model = three_projections(bias_on)
     fused, report = fuse_graph(model)
     assert report.matmul_groups == 1
     assert [n.op_type for n in fused.graph.node] == ["MatMulGroup"]
-    x = RNG.standard_normal((2, 3, 8)).astype(np.float32)
+    x = RNG.standard_normal((*rows, 8)).astype(np.float32)
     want = ort_run(model, {"x": x})
     session = InferenceSession(fused, device=device)
     for packed in (False, True):

@@ -268,23 +268,24 @@ def test_gqa_shared_kv(name: str, batch: int, device: str) -> None:
 @pytest.mark.parametrize("dtype", [TP.FLOAT, TP.FLOAT16])
 @pytest.mark.parametrize("packed", [False, True])
 def test_gqa_shared_decode_model_heads(packed: bool, dtype: int, device: str) -> None:
-    """Real-model head counts (14 query / 2 KV heads of 64) and a buffer longer than one 64-key block,
-    entries of different lengths: the shape of the fused CUDA decode kernels' split-K path."""
-    case = GqaCase(num_heads=14, kv_heads=2, head_size=64, dtype=dtype, rotary="half", packed=packed, max_pos=256)
-    steps = [(100, [100, 70]), (1, [101, 71]), (1, [102, 72]), (1, [103, 73])]
-    run_gqa_shared(case, steps, device, capacity=200)
+    """Real-model head counts (14 query / 2 KV heads of 64) and a buffer longer than one 128-key block,
+    entries of different lengths (one past a block, one inside the first): the shape of the fused
+    CUDA decode kernel's split-K merge and of its one-block path."""
+    case = GqaCase(num_heads=14, kv_heads=2, head_size=64, dtype=dtype, rotary="half", packed=packed, max_pos=320)
+    steps = [(150, [150, 70]), (1, [151, 71]), (1, [152, 72]), (1, [153, 73])]
+    run_gqa_shared(case, steps, device, capacity=300)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_gqa_shared_decode_combine_in_chunks(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Long buffers: the fused CUDA kernel merges its split-K partials a few splits at a time
-    (here 2 of 4 per pass: a merge tile of 16 heads x 2 splits x 64 channels)."""
+    (here 2 per pass: a merge tile of 16 heads x 2 splits x 64 channels; 3 blocks of 128 keys)."""
     if importlib.util.find_spec("triton") is not None:
         from onnxgen.runtime.kernels import triton_gqa
 
         monkeypatch.setattr(triton_gqa, "COMBINE_TILE", 16 * 2 * 64)
-    case = GqaCase(num_heads=14, kv_heads=2, head_size=64, rotary="half", max_pos=256)
-    run_gqa_shared(case, [(100, [100, 70]), (1, [101, 71]), (1, [102, 72])], device, capacity=256)
+    case = GqaCase(num_heads=14, kv_heads=2, head_size=64, rotary="half", max_pos=640)
+    run_gqa_shared(case, [(300, [300, 200]), (1, [301, 201]), (1, [302, 202])], device, capacity=640)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -45,8 +45,10 @@ def test_rms_norm_compiles(dtype: str, skip: bool, pdl: bool) -> None:
 @pytest.mark.parametrize(
     ("rotary", "interleaved", "positions"), [(True, False, False), (True, True, True), (False, False, False)]
 )
-@pytest.mark.parametrize("pdl", [False, True])
-def test_gqa_decode_kernels_compile(dtype: str, rotary: bool, interleaved: bool, positions: bool, pdl: bool) -> None:
+@pytest.mark.parametrize(("pdl", "early"), [(False, False), (True, False), (True, True)])
+def test_gqa_decode_kernels_compile(
+    dtype: str, rotary: bool, interleaved: bool, positions: bool, pdl: bool, early: bool
+) -> None:
     from onnxgen.runtime.kernels import triton_gqa
 
     ptr = f"*{dtype}"
@@ -57,10 +59,12 @@ def test_gqa_decode_kernels_compile(dtype: str, rotary: bool, interleaved: bool,
     sig.update(pos_ptr="*i64" if positions else "*i32", scale="fp32")
     const = dict(HAS_POSITIONS=positions, DO_ROTARY=rotary, INTERLEAVED=interleaved, HALF_ROT=32 if rotary else 1)
     sig.update(ticket_ptr="*i32", out_ptr=ptr)
-    const.update(GROUP=7, BLOCK_G=16, BLOCK_N=64, BLOCK_D=64, BLOCK_S=8, IEEE=dtype == "fp32", PDL=pdl)
+    const.update(GROUP=7, BLOCK_G=16, BLOCK_N=64, BLOCK_D=64, BLOCK_S=8, IEEE=dtype == "fp32", PDL=pdl, EARLY=early)
     ptx = compile_for_sm90(triton_gqa._attend_split, sig, const)
     # the merge ticket is an acquire-release atomic, and the partials it merges are read from L2
     assert "atom.global.gpu.acq_rel" in ptx and "ld.global.cg" in ptx
+    if pdl:  # early: the settled inputs (the row index first) are read before the wait, else after it
+        assert (ptx.index("ld.global") < ptx.index("griddepcontrol.wait")) == early
 
 
 @pytest.mark.parametrize("pdl", [False, True])
@@ -83,6 +87,23 @@ def test_linear_row_compiles(dtype: str, prologue: int, pdl: bool) -> None:
     ptx = compile_for_sm90(triton_linear._linear_row_kernel, sig, const)
     if pdl:  # the first weight tile streams before the wait for the kernel before
         assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait")
+
+
+@pytest.mark.parametrize("prologue", [0, 1, 2, 3])
+@pytest.mark.parametrize("pdl", [False, True])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_linear_tile_compiles(prologue: int, pdl: bool, persistent: bool) -> None:
+    from onnxgen.runtime.kernels import triton_linear
+
+    kernel = triton_linear._linear_tile_persistent_kernel if persistent else triton_linear._linear_tile_kernel
+
+    sig = dict.fromkeys(["x_ptr", "x2_ptr", "gamma_ptr", "sum_ptr", "w_ptr", "bias_ptr", "out_ptr"], "*fp16")
+    sig.update(n="i32", k="i32", w_stride="i32", eps="fp32")
+    const = dict(PROLOGUE=prologue, HAS_BIAS=True, BLOCK_N=4, BLOCK_K=1024, PDL=pdl)
+    ptx = compile_for_sm90(kernel, sig, const)
+    if pdl:  # every weight load and the bias load stream before the wait; activations come after it
+        wait = ptx.index("griddepcontrol.wait")
+        assert ptx.index("ld.global") < wait and "ld.global" in ptx[wait:]
 
 
 @pytest.mark.parametrize("zero_kind", [0, 1, 2])
@@ -134,3 +155,22 @@ def test_why_programmatic_dependent_launch_is_unavailable() -> None:
     assert "sm_80" in pdl_unavailable((8, 0), {"launch_pdl"})
     assert "launch_pdl" in pdl_unavailable((9, 0), {"num_warps"})
     assert "no CUDA backend" in pdl_unavailable((9, 0), None)
+
+
+def test_settled_inputs_exclude_what_the_last_pdl_launch_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PDL kernel may read before its wait only what the PDL kernel launched just before it does
+    not write (triton_gqa reads its cache, row index and rotary tables early on that condition)."""
+    import torch
+
+    from onnxgen.runtime.kernels import triton_support as ts
+
+    x, out, other = torch.zeros(4), torch.zeros(8), torch.zeros(8)
+    monkeypatch.setattr(ts, "pdl_applies", lambda t: True)
+    assert ts.pdl_launch(x, out, None) == {"PDL": True, "launch_pdl": True}
+    assert not ts.settled_before_launch(out) and not ts.settled_before_launch(out[2:])  # a view: same storage
+    assert ts.settled_before_launch(x, other, None)
+    ts.pdl_launch(x, other)  # the next launch replaces the record
+    assert ts.settled_before_launch(out) and not ts.settled_before_launch(other)
+    monkeypatch.setattr(ts, "pdl_applies", lambda t: False)
+    assert ts.pdl_launch(x, out) == {"PDL": False}  # without PDL nothing overlaps: nothing is in flight
+    assert ts.settled_before_launch(out, other)

@@ -36,7 +36,8 @@ def run_interpreted(selection: str, **env: str) -> dict[str, int]:
 @pytest.mark.skipif(not triton_importable(), reason="triton is not installed")
 def test_parity_tests_pass_through_the_triton_interpreter() -> None:
     launches = run_interpreted(
-        "gqa_shared or gqa_fp16 or layer_norm or genai_built or growing_kv or silu_mul or prologues",
+        "gqa_shared or gqa_fp16 or layer_norm or genai_built or growing_kv or silu_mul or prologues"
+        " or matmul_group_matches",
         ONNXGEN_TRITON_LINEAR="1",  # the one-row GEMVs (on by default only where PDL is)
         ONNXGEN_TRITON_Q4="1",  # and the opt-in 4-bit one
     )
@@ -60,3 +61,21 @@ def test_int4_groups_take_the_dense_row_kernel_over_the_dequantized_copy() -> No
     fused) over its dequantized weights: the whole-model int4 parity against onnxruntime."""
     launches = run_interpreted("growing_kv and int4 and fused", ONNXGEN_TRITON_LINEAR="1")
     assert launches.get("linear_row", 0) >= 20 and launches.get("linear_row_q4", 0) == 0, launches
+
+
+@pytest.mark.skipif(not triton_importable(), reason="triton is not installed")
+def test_gqa_decode_variants_through_the_triton_interpreter() -> None:
+    """The attention kernel's other settings against onnxruntime: its settled inputs read after the
+    wait (ONNXGEN_GQA_EARLY=0), and 16-key blocks, so that short caches take the split-K merge too."""
+    late = run_interpreted("gqa_shared or gqa_fp16", ONNXGEN_GQA_EARLY="0")
+    small = run_interpreted("gqa_shared or gqa_fp16", ONNXGEN_GQA_DECODE="16,2")
+    assert late.get("gqa_decode", 0) >= 20 and small.get("gqa_decode", 0) >= 20, (late, small)
+
+
+@pytest.mark.skipif(not triton_importable(), reason="triton is not installed")
+def test_persistent_one_tile_gemv_through_the_triton_interpreter() -> None:
+    """The opt-in persistent one-tile GEMV (ONNXGEN_GEMV_PERSIST: fewer programs than row blocks,
+    each looping over its blocks) on the fused one-row groups against onnxruntime."""
+    launches = run_interpreted("prologues or genai_built or matmul_group_matches", ONNXGEN_TRITON_LINEAR="1",
+                               ONNXGEN_GEMV_PERSIST="2")  # fmt: skip
+    assert launches.get("linear_row_persistent", 0) >= 10, launches

@@ -21,12 +21,14 @@ fp32 models use IEEE fp32 dot products (no TF32).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 from onnxgen.runtime.kernels.triton_pdl import wait_for_previous
-from onnxgen.runtime.kernels.triton_support import LAUNCHES, pdl_launch
+from onnxgen.runtime.kernels.triton_support import LAUNCHES, pdl_launch, settled_before_launch
 
 # fp32 elements of one merge tile (heads x splits x head_size): long buffers merge in several passes
 # (tests lower it to exercise the loop)
@@ -38,10 +40,27 @@ _TICKETS: dict[tuple[int, torch.device, int], torch.Tensor] = {}
 
 
 @triton.jit
-def _rope(
-    src, d, ok, cos_ptr, sin_ptr, pos, DO_ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr, HALF_ROT: tl.constexpr
+def _rotary_tables(
+    cos_ptr, sin_ptr, pos, d, ok, DO_ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr, HALF_ROT: tl.constexpr
 ):
-    """Channels ``d`` of the row(s) at ``src``, rotated by position ``pos``, in fp32 (``ok``: which exist).
+    """(cos, sin) of channels ``d`` at position ``pos`` in fp32 (1 and 0 outside the rotated part)."""
+    cos = tl.zeros(d.shape, tl.float32) + 1.0
+    sin = tl.zeros(d.shape, tl.float32)
+    if DO_ROTARY:
+        in_rot = ok & (d < 2 * HALF_ROT)
+        if INTERLEAVED:
+            j = d // 2
+        else:
+            j = tl.where(d < HALF_ROT, d, d - HALF_ROT)
+        cos = tl.load(cos_ptr + pos * HALF_ROT + j, mask=in_rot, other=1.0, cache_modifier=".cg").to(tl.float32)
+        sin = tl.load(sin_ptr + pos * HALF_ROT + j, mask=in_rot, other=0.0, cache_modifier=".cg").to(tl.float32)
+    return cos, sin
+
+
+@triton.jit
+def _rope(src, d, ok, cos, sin, DO_ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr, HALF_ROT: tl.constexpr):
+    """Channels ``d`` of the row(s) at ``src``, rotated by the tables ``cos``/``sin``, in fp32 (``ok``:
+    which exist).
 
     Channel d pairs with a partner channel (d +- R/2, or its neighbour when interleaved):
     x_d * cos - x_partner * sin for the first of a pair, x_d * cos + x_partner * sin for the second."""
@@ -51,16 +70,55 @@ def _rope(
         if INTERLEAVED:
             partner = d ^ 1
             sign = tl.where(d % 2 == 0, -1.0, 1.0)
-            j = d // 2
         else:
             partner = tl.where(d < HALF_ROT, d + HALF_ROT, d - HALF_ROT)
             sign = tl.where(d < HALF_ROT, -1.0, 1.0)
-            j = tl.where(d < HALF_ROT, d, d - HALF_ROT)
         other = tl.load(src + partner, mask=in_rot, other=0.0).to(tl.float32)
-        cos = tl.load(cos_ptr + pos * HALF_ROT + j, mask=in_rot, other=1.0).to(tl.float32)
-        sin = tl.load(sin_ptr + pos * HALF_ROT + j, mask=in_rot, other=0.0).to(tl.float32)
         x = tl.where(in_rot, x * cos + sign * other * sin, x)
     return x
+
+
+@triton.jit
+def _settled_inputs(
+    seqlens_ptr,
+    pos_ptr,
+    cos_ptr,
+    sin_ptr,
+    key_cache_ptr,
+    value_cache_ptr,
+    b,
+    kv_base,
+    start,
+    n,
+    d,
+    d_ok,
+    head_size,
+    window,
+    HAS_POSITIONS: tl.constexpr,
+    DO_ROTARY: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    HALF_ROT: tl.constexpr,
+):
+    """What the step reads that the kernel right before it does not write: the new row's index and
+    position, the rotary tables there, and this block's cached K/V rows (earlier steps' rows; the new
+    row itself comes from registers). Read from L2 (.cg): other kernels wrote them."""
+    row = tl.load(seqlens_ptr + b, cache_modifier=".cg").to(tl.int32)  # the new token's row; T = row + 1
+    if HAS_POSITIONS:
+        pos = tl.load(pos_ptr + b, cache_modifier=".cg").to(tl.int64)
+    else:
+        pos = row.to(tl.int64)
+    total = row + 1
+    active = d_ok & ((start + tl.zeros_like(d)) < total)  # a vector mask: the interpreter takes no scalar
+    cos, sin = _rotary_tables(cos_ptr, sin_ptr, pos, d, active, DO_ROTARY, INTERLEAVED, HALF_ROT)
+    visible = n < total
+    if window > 0:
+        visible = visible & (n >= total - window)
+    old = visible & (n != row)
+    kv_mask = old[:, None] & d_ok[None, :]
+    offsets = kv_base + n[:, None].to(tl.int64) * head_size + d[None, :]
+    k = tl.load(key_cache_ptr + offsets, mask=kv_mask, other=0.0, cache_modifier=".cg")
+    v = tl.load(value_cache_ptr + offsets, mask=kv_mask, other=0.0, cache_modifier=".cg")
+    return row, cos, sin, visible, k, v
 
 
 @triton.jit
@@ -99,48 +157,47 @@ def _attend_split(
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,  # splits merged per pass
     IEEE: tl.constexpr,
-    PDL: tl.constexpr,  # programmatic dependent launch: wait for the kernel before, first thing
+    EARLY: tl.constexpr,  # read the settled inputs before the wait (decode_step says when it may)
+    PDL: tl.constexpr,  # programmatic dependent launch: wait for the kernel before
 ):
-    wait_for_previous(PDL)
     b = tl.program_id(0)
     kv = tl.program_id(1)
     split = tl.program_id(2)
-    row = tl.load(seqlens_ptr + b).to(tl.int32)  # the new token's row; T = row + 1 rows are valid
-    total = row + 1
     start = split * BLOCK_N
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < head_size
+    n = start + tl.arange(0, BLOCK_N)
+    kv_base = b * cache_batch_stride + kv * cache_head_stride
+    if EARLY:  # under PDL these stream while the kernel before (the QKV projection) finishes
+        row, cos, sin, visible, k, v = _settled_inputs(
+            seqlens_ptr, pos_ptr, cos_ptr, sin_ptr, key_cache_ptr, value_cache_ptr, b, kv_base, start, n, d, d_ok,
+            head_size, window, HAS_POSITIONS, DO_ROTARY, INTERLEAVED, HALF_ROT,
+        )  # fmt: skip
+    wait_for_previous(PDL)
+    if not EARLY:
+        row, cos, sin, visible, k, v = _settled_inputs(
+            seqlens_ptr, pos_ptr, cos_ptr, sin_ptr, key_cache_ptr, value_cache_ptr, b, kv_base, start, n, d, d_ok,
+            head_size, window, HAS_POSITIONS, DO_ROTARY, INTERLEAVED, HALF_ROT,
+        )  # fmt: skip
+    total = row + 1
     if start < total:
-        if HAS_POSITIONS:
-            pos = tl.load(pos_ptr + b).to(tl.int64)
-        else:
-            pos = row.to(tl.int64)
-        g = tl.arange(0, BLOCK_G)
-        d = tl.arange(0, BLOCK_D)
-        d_ok = d < head_size
         heads = kv * GROUP + g
         q_mask = (g[:, None] < GROUP) & d_ok[None, :]
         q_src = q_ptr + b * q_row_stride + heads[:, None] * head_size
-        q = _rope(q_src, d[None, :], q_mask, cos_ptr, sin_ptr, pos, DO_ROTARY, INTERLEAVED, HALF_ROT)
+        q = _rope(q_src, d[None, :], q_mask, cos[None, :], sin[None, :], DO_ROTARY, INTERLEAVED, HALF_ROT)
         q = q.to(q_ptr.dtype.element_ty)
         # the new row, rotated, as the cache stores it; the block that holds it writes it there
-        k_new = _rope(k_ptr + b * k_row_stride + kv * head_size, d, d_ok, cos_ptr, sin_ptr, pos,
+        k_new = _rope(k_ptr + b * k_row_stride + kv * head_size, d, d_ok, cos, sin,
                       DO_ROTARY, INTERLEAVED, HALF_ROT).to(key_cache_ptr.dtype.element_ty)  # fmt: skip
         v_new = tl.load(v_ptr + b * v_row_stride + kv * head_size + d, mask=d_ok, other=0.0)
         v_new = v_new.to(value_cache_ptr.dtype.element_ty)
-        kv_base = b * cache_batch_stride + kv * cache_head_stride
         here = start + tl.zeros_like(d)  # the block's first row, per channel (a vector mask)
         owns = d_ok & (here <= row) & (row < here + BLOCK_N)
         new_at = kv_base + row.to(tl.int64) * head_size + d
         tl.store(key_cache_ptr + new_at, k_new, mask=owns)
         tl.store(value_cache_ptr + new_at, v_new, mask=owns)
 
-        n = start + tl.arange(0, BLOCK_N)
-        visible = n < total
-        if window > 0:
-            visible = visible & (n >= total - window)
-        old = visible & (n != row)  # rows written by earlier steps; the new one comes from registers
-        kv_mask = old[:, None] & d_ok[None, :]
-        offsets = kv_base + n[:, None].to(tl.int64) * head_size + d[None, :]
-        k = tl.load(key_cache_ptr + offsets, mask=kv_mask, other=0.0)
         k = tl.where((n == row)[:, None], k_new[None, :], k).to(q.dtype)
         if IEEE:
             scores = tl.dot(q, tl.trans(k), input_precision="ieee")
@@ -152,26 +209,32 @@ def _attend_split(
         safe_max = tl.where(block_max == float("-inf"), 0.0, block_max)
         p = tl.exp(scores - safe_max[:, None])
         block_sum = tl.sum(p, axis=1)
-        v = tl.load(value_cache_ptr + offsets, mask=kv_mask, other=0.0)
         v = tl.where((n == row)[:, None], v_new[None, :], v).to(q.dtype)
         if IEEE:
             acc = tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:
             acc = tl.dot(p.to(v.dtype), v)
-        part = (b * num_heads + heads) * num_splits + split
         g_ok = g < GROUP
-        tl.store(part_max_ptr + part, block_max, mask=g_ok)
-        tl.store(part_sum_ptr + part, block_sum, mask=g_ok)
-        tl.store(part_acc_ptr + part[:, None] * head_size + d[None, :], acc, mask=q_mask)
-        # every thread's partials are stored before the ticket (release); the last drawer merges
-        tl.debug_barrier()
         used = tl.minimum((total + BLOCK_N - 1) // BLOCK_N, num_splits)
-        ticket_at = ticket_ptr + b * tl.num_programs(1) + kv
-        ticket = tl.atomic_add(ticket_at, 1, sem="acq_rel")
-        if ticket == used - 1:
-            _merge_group(part_max_ptr, part_sum_ptr, part_acc_ptr, out_ptr, b, heads, g_ok, d, used,
-                         num_heads, head_size, num_splits, BLOCK_S)  # fmt: skip
-            tl.store(ticket_at, 0)
+        if used == 1:
+            # one block holds every key: its partials are the result (the merge of one block
+            # computes acc * 1 / (sum * 1), the same bits), written without the round trip
+            out_at = (b * num_heads + heads)[:, None] * head_size + d[None, :]
+            out = acc / tl.where(g_ok, block_sum, 1.0)[:, None]
+            tl.store(out_ptr + out_at, out.to(out_ptr.dtype.element_ty), mask=q_mask)
+        else:
+            part = (b * num_heads + heads) * num_splits + split
+            tl.store(part_max_ptr + part, block_max, mask=g_ok)
+            tl.store(part_sum_ptr + part, block_sum, mask=g_ok)
+            tl.store(part_acc_ptr + part[:, None] * head_size + d[None, :], acc, mask=q_mask)
+            # every thread's partials are stored before the ticket (release); the last drawer merges
+            tl.debug_barrier()
+            ticket_at = ticket_ptr + b * tl.num_programs(1) + kv
+            ticket = tl.atomic_add(ticket_at, 1, sem="acq_rel")
+            if ticket == used - 1:
+                _merge_group(part_max_ptr, part_sum_ptr, part_acc_ptr, out_ptr, b, heads, g_ok, d, used,
+                             num_heads, head_size, num_splits, BLOCK_S)  # fmt: skip
+                tl.store(ticket_at, 0)
 
 
 @triton.jit
@@ -250,13 +313,18 @@ def decode_step(
     half_rot = cos_cache.shape[-1] if do_rotary else 1
     block_d = triton.next_power_of_2(head_size)
     group = num_heads // kv_heads
-    block_n = 64
+    block_n, warps = decode_config()
     splits = triton.cdiv(capacity, block_n)
     part_max = torch.empty((batch, num_heads, splits), dtype=torch.float32, device=q.device)
     part_sum = torch.empty_like(part_max)
     part_acc = torch.empty((batch, num_heads, splits, head_size), dtype=torch.float32, device=q.device)
     out = torch.empty((batch, 1, num_heads * head_size), dtype=q.dtype, device=q.device)
     block_g = max(16, triton.next_power_of_2(group))
+    positions = position_ids.reshape(-1) if position_ids is not None else seqlens
+    # before pdl_launch, which records this launch's own writes in place of the last one's
+    settled = (seqlens, positions, cos_cache, sin_cache, key_cache, value_cache)
+    early = early_reads_enabled() and settled_before_launch(*settled)
+    tickets = _tickets(key_cache, batch * kv_heads)
     _attend_split[(batch, kv_heads, splits)](
         q,
         k,
@@ -265,7 +333,7 @@ def decode_step(
         k.stride(0),
         v.stride(0),
         seqlens,
-        position_ids.reshape(-1) if position_ids is not None else seqlens,
+        positions,
         cos_cache if do_rotary else q,
         sin_cache if do_rotary else q,
         key_cache,
@@ -273,7 +341,7 @@ def decode_step(
         part_max,
         part_sum,
         part_acc,
-        _tickets(key_cache, batch * kv_heads),
+        tickets,
         out,
         key_cache.stride(0),
         key_cache.stride(1),
@@ -292,9 +360,35 @@ def decode_step(
         BLOCK_D=block_d,
         BLOCK_S=max(1, min(COMBINE_TILE // (block_g * block_d), triton.next_power_of_2(splits))),
         IEEE=q.dtype == torch.float32,
-        **pdl_launch(q),
+        EARLY=early,
+        num_warps=warps,
+        **pdl_launch(q, out, key_cache, value_cache, part_max, part_sum, part_acc, tickets),
     )
     return out
+
+
+def decode_config() -> tuple[int, int]:
+    """(keys per program, warps): ``ONNXGEN_GQA_DECODE=BLOCK_N,WARPS`` overrides (the GPU benches
+    sweep it); a buffer of up to BLOCK_N rows is attended by one program, without the merge."""
+    raw = os.environ.get("ONNXGEN_GQA_DECODE")
+    if not raw:
+        # measured on the H200 (0.5B shape, docs/benchmarks/2026-12-01-h200-anatomy.md): 128 keys in
+        # 8 warps beat 64 in 4 (1,800 against 1,726 tok/s at 128 new tokens; 1,707 against 1,700 at
+        # 1,024) and 256 in 8 (1,735; 1,650 at 1,024)
+        return 128, 8
+    try:
+        block_n, warps = (int(v) for v in raw.split(","))
+    except ValueError:
+        raise ValueError(f"ONNXGEN_GQA_DECODE={raw!r}: expected BLOCK_N,WARPS (two integers)") from None
+    if block_n < 16 or block_n & (block_n - 1) or warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"ONNXGEN_GQA_DECODE={raw!r}: BLOCK_N must be a power of two >= 16, WARPS 1-16")
+    return block_n, warps
+
+
+def early_reads_enabled() -> bool:
+    """The settled inputs are read before the PDL wait where that is safe (settled_before_launch);
+    ``ONNXGEN_GQA_EARLY=0`` reads them after it (the benches compare the two)."""
+    return os.environ.get("ONNXGEN_GQA_EARLY", "1") != "0"
 
 
 def _tickets(key_cache: torch.Tensor, count: int) -> torch.Tensor:

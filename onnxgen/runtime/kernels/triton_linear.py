@@ -26,6 +26,7 @@ and eager steps agree bit for bit.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -39,24 +40,36 @@ PROLOGUES = {"none": 0, "rms": 1, "skip_rms": 2, "silu_mul": 3}
 
 
 @triton.jit
-def _activation(x_ptr, x2_ptr, gamma_ptr, sum_ptr, cols, inside, PROLOGUE: tl.constexpr):
-    """(a, s*s) at ``cols`` in fp32: the value each weight column multiplies, and for the norms the
-    squares their statistics sum. The norms' 1/rms is a common factor of every product, so it is
-    applied once to the finished dot product: one pass over K instead of two (measured on the
-    H200: a first statistics pass cost ~2 us of latency per kernel)."""
+def _activation_inputs(x_ptr, x2_ptr, gamma_ptr, cols, inside, PROLOGUE: tl.constexpr):
+    """The raw inputs of the prologue at ``cols`` (x, x2, gamma; unused ones are x again): loaded
+    apart from _activation so that a loop can fetch the next tile's while it multiplies this one."""
     x = tl.load(x_ptr + cols, mask=inside, other=0.0)
+    x2 = x
+    gamma = x
+    if PROLOGUE == 2 or PROLOGUE == 3:
+        x2 = tl.load(x2_ptr + cols, mask=inside, other=0.0)
+    if PROLOGUE == 1 or PROLOGUE == 2:
+        gamma = tl.load(gamma_ptr + cols, mask=inside, other=0.0)
+    return x, x2, gamma
+
+
+@triton.jit
+def _activation(x, x2, gamma, sum_ptr, cols, inside, PROLOGUE: tl.constexpr):
+    """(a, s*s) at ``cols`` in fp32 from the raw inputs: the value each weight column multiplies,
+    and for the norms the squares their statistics sum. The norms' 1/rms is a common factor of
+    every product, so it is applied once to the finished dot product: one pass over K instead of
+    two (measured on the H200: a first statistics pass cost ~2 us of latency per kernel)."""
     xf = x.to(tl.float32)
     if PROLOGUE == 3:  # rounded as the unfused SiLU-mul kernel stores it
-        u = tl.load(x2_ptr + cols, mask=inside, other=0.0).to(tl.float32)
+        u = x2.to(tl.float32)
         return (xf / (1.0 + tl.exp(-xf)) * u).to(x.dtype).to(tl.float32), xf * 0.0
     if PROLOGUE == 0:
         return xf, xf * 0.0
     if PROLOGUE == 2:
-        xf += tl.load(x2_ptr + cols, mask=inside, other=0.0).to(tl.float32)
+        xf += x2.to(tl.float32)
         first = (cols * 0 + tl.program_id(0)) == 0  # a block mask: the interpreter takes no scalar
         tl.store(sum_ptr + cols, xf.to(sum_ptr.dtype.element_ty), mask=inside & first)
-    gamma = tl.load(gamma_ptr + cols, mask=inside, other=0.0).to(tl.float32)
-    return xf * gamma, xf * xf
+    return xf * gamma.to(tl.float32), xf * xf
 
 
 @triton.jit
@@ -95,19 +108,113 @@ def _linear_row_kernel(
     cols = tl.arange(0, BLOCK_K)
     w_next = tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & (cols < k)[None, :], other=0.0)
     wait_for_previous(PDL)
+    # the activations too: the next tile's are in flight while this one's products are summed
+    # (a long row's loop otherwise waits for an L2 round trip per tile)
+    x_next, x2_next, gamma_next = _activation_inputs(x_ptr, x2_ptr, gamma_ptr, cols, cols < k, PROLOGUE)
     for start in range(0, k, BLOCK_K):
         cols = start + tl.arange(0, BLOCK_K)
         inside = cols < k
         w = w_next
+        x, x2, gamma = x_next, x2_next, gamma_next
         ahead = cols + BLOCK_K
         w_next = tl.load(w_rows + ahead[None, :], mask=row_ok[:, None] & (ahead < k)[None, :], other=0.0)
-        a, sq = _activation(x_ptr, x2_ptr, gamma_ptr, sum_ptr, cols, inside, PROLOGUE)
+        x_next, x2_next, gamma_next = _activation_inputs(x_ptr, x2_ptr, gamma_ptr, ahead, ahead < k, PROLOGUE)
+        a, sq = _activation(x, x2, gamma, sum_ptr, cols, inside, PROLOGUE)
         squares += sq
         acc += w.to(tl.float32) * a[None, :]
     y = _finish(tl.sum(acc, axis=1), squares, k, eps, PROLOGUE)
     if HAS_BIAS:
         y += tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=row_ok)
+
+
+@triton.jit
+def _linear_tile_kernel(
+    x_ptr,
+    x2_ptr,
+    gamma_ptr,
+    sum_ptr,
+    w_ptr,
+    bias_ptr,
+    out_ptr,
+    n,
+    k,
+    w_stride,
+    eps,
+    PROLOGUE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,  # >= k: the whole row in one tile
+    PDL: tl.constexpr,
+):
+    """_linear_row_kernel for rows that fit one tile (K <= BLOCK_K), without its loop: no
+    loop-carried [BLOCK_N, BLOCK_K] accumulator and no next tile, so it needs about half the
+    registers (72 against 158 per thread at 4 x 1,024 in 4 warps, compiled for sm_90), and more
+    programs fit on an SM at once. It computes the loop kernel's products and sums, in fp32."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < n
+    cols = tl.arange(0, BLOCK_K)
+    inside = cols < k
+    # every weight load (and the bias, also constant) is issued before the wait for the kernel before
+    w = tl.load(w_ptr + rows[:, None] * w_stride + cols[None, :], mask=row_ok[:, None] & inside[None, :], other=0.0)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+    wait_for_previous(PDL)
+    x, x2, gamma = _activation_inputs(x_ptr, x2_ptr, gamma_ptr, cols, inside, PROLOGUE)
+    a, sq = _activation(x, x2, gamma, sum_ptr, cols, inside, PROLOGUE)
+    y = _finish(tl.sum(w.to(tl.float32) * a[None, :], axis=1), sq, k, eps, PROLOGUE)
+    if HAS_BIAS:
+        y += bias
+    tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=row_ok)
+
+
+@triton.jit
+def _linear_tile_persistent_kernel(
+    x_ptr,
+    x2_ptr,
+    gamma_ptr,
+    sum_ptr,
+    w_ptr,
+    bias_ptr,
+    out_ptr,
+    n,
+    k,
+    w_stride,
+    eps,
+    PROLOGUE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,  # >= k
+    PDL: tl.constexpr,
+):
+    """_linear_tile_kernel with fewer programs than row blocks: each program takes every
+    num_programs-th block of BLOCK_N rows, with the next block's weights in flight while it sums
+    this one's, and computes the prologue once for all its blocks. Same products and sums per row
+    as _linear_tile_kernel."""
+    pid = tl.program_id(0)
+    step = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_K)
+    inside = cols < k
+    lanes = tl.arange(0, BLOCK_N)
+    rows = pid * BLOCK_N + lanes
+    w_next = tl.load(
+        w_ptr + rows[:, None] * w_stride + cols[None, :], mask=(rows < n)[:, None] & inside[None, :], other=0.0
+    )
+    wait_for_previous(PDL)
+    x, x2, gamma = _activation_inputs(x_ptr, x2_ptr, gamma_ptr, cols, inside, PROLOGUE)
+    a, sq = _activation(x, x2, gamma, sum_ptr, cols, inside, PROLOGUE)
+    for first in range(pid * BLOCK_N, n, step * BLOCK_N):
+        rows = first + lanes
+        row_ok = rows < n
+        w = w_next
+        ahead = rows + step * BLOCK_N
+        w_next = tl.load(
+            w_ptr + ahead[:, None] * w_stride + cols[None, :], mask=(ahead < n)[:, None] & inside[None, :], other=0.0
+        )
+        y = _finish(tl.sum(w.to(tl.float32) * a[None, :], axis=1), sq, k, eps, PROLOGUE)
+        if HAS_BIAS:
+            y += tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+        tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=row_ok)
 
 
 @triton.jit
@@ -154,7 +261,8 @@ def _linear_row_q4_kernel(
         packed = packed_next
         ahead = (first_block + BLOCKS_PER_ITER) * (QBLOCK // 2) + tl.arange(0, BYTES)
         packed_next = tl.load(b_rows + ahead[None, :], mask=row_ok[:, None] & (ahead < row_bytes)[None, :], other=0)
-        a, sq = _activation(x_ptr, x2_ptr, gamma_ptr, sum_ptr, cols, cols < k, PROLOGUE)
+        x, x2, gamma = _activation_inputs(x_ptr, x2_ptr, gamma_ptr, cols, cols < k, PROLOGUE)
+        a, sq = _activation(x, x2, gamma, sum_ptr, cols, cols < k, PROLOGUE)
         squares += sq
         codes = tl.join((packed & 0xF).to(tl.float32), (packed >> 4).to(tl.float32))  # [N, BYTES, 2]
         codes = tl.reshape(codes, (BLOCK_N, BLOCKS_PER_ITER, QBLOCK))
@@ -182,6 +290,29 @@ def _linear_row_q4_kernel(
 # -- launch configurations ---------------------------------------------------------------------
 
 
+def persistent_programs(device: torch.device) -> int:
+    """Programs of the persistent one-tile kernel (0: off, the default): ``ONNXGEN_GEMV_PERSIST=P``
+    launches P programs per SM (on the CPU interpreter: P programs) for rows that fit one tile."""
+    raw = os.environ.get("ONNXGEN_GEMV_PERSIST", "0")
+    if not raw.isdigit():
+        raise ValueError(f"ONNXGEN_GEMV_PERSIST={raw!r}: expected a number of programs per SM (0: off)")
+    per_sm = int(raw)
+    if not per_sm or device.type != "cuda":
+        return per_sm
+    return per_sm * _multiprocessors(device.index or 0)
+
+
+@functools.cache
+def _multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def single_tile_enabled() -> bool:
+    """Rows that fit one tile run _linear_tile_kernel; ``ONNXGEN_GEMV_TILE=0`` runs the loop kernel
+    there instead (the benches compare the two)."""
+    return os.environ.get("ONNXGEN_GEMV_TILE", "1") != "0"
+
+
 def _override(name: str, n: int, k: int) -> tuple[int, ...] | None:
     """ONNXGEN_GEMV_<NAME>_<N>x<K>=a,b,c forces a configuration for one weight shape, and
     ONNXGEN_GEMV_<NAME>=a,b,c for every shape (the GPU benches sweep them)."""
@@ -191,24 +322,21 @@ def _override(name: str, n: int, k: int) -> tuple[int, ...] | None:
 
 def dense_config(n: int, k: int) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps) for a dense [N, K] weight, from whole-step sweeps on the H200
-    under PDL (bench/step_sweep.py, docs/benchmarks/2026-12-01-h200-pdl.md):
-    - K <= 1,024: the whole row in one tile, 4 rows per program, so that the program's every weight
-      load is issued before it waits for the kernel before (Qwen2.5-0.5B: 1,448 tok/s vs 1,234
-      with 256-wide tiles);
-    - long rows (down_proj, K = 4,864 or 8,960): one row per program, 2 KB runs, 8 warps;
-    - between (K = 1,536): 256-wide tiles, 8 rows down to 2 until there are ~1,000 programs (a
-      whole 2,048-wide row lost there: 490 against 594 tok/s)."""
+    under PDL (bench/step_anatomy.py, docs/benchmarks/2026-12-01-h200-anatomy.md):
+    - K <= 2,048: the whole row in one tile (_linear_tile_kernel), 4 rows per program, 4 warps up
+      to 1,024-wide tiles and 8 above, so that every weight load of a program is issued before it
+      waits for the kernel before. On the Qwen2.5-1.5B shape (K = 1,536) one-tile rows took the
+      step from 742 to 829 tok/s against 256-wide tiles in a loop;
+    - longer rows (down_proj, K = 4,864 or 8,960): 4 rows per program in 1,024-wide tiles, 8 warps.
+      The prologue (SiLU-mul of the gate and up rows) is computed once per program and serves its
+      rows: on the 0.5B shape 4 rows ran at 1,913 tok/s, 2 rows at 1,858, 1 row at 1,800."""
     forced = _override("DENSE", n, k)
     if forced:
         return forced  # type: ignore[return-value]
-    if k >= 2048:
-        return 1, 1024, 8
-    if k <= 1024:
-        return 4, max(16, triton.next_power_of_2(k)), 4
-    block_n = 8
-    while block_n > 2 and triton.cdiv(n, block_n) < 1024:
-        block_n //= 2
-    return block_n, 256, 4
+    if k <= 2048:
+        block_k = max(16, triton.next_power_of_2(k))
+        return 4, block_k, 4 if block_k <= 1024 else 8
+    return 4, 1024, 8
 
 
 def q4_config(n: int, k: int, block_size: int) -> tuple[int, int, int]:
@@ -260,11 +388,18 @@ def linear_row(
     out = torch.empty(n, dtype=x.dtype, device=x.device)
     block_n, block_k, warps = dense_config(n, k)
     LAUNCHES["linear_row"] += 1
-    _linear_row_kernel[(triton.cdiv(n, block_n),)](
+    kernel, grid = _linear_row_kernel, triton.cdiv(n, block_n)
+    if block_k >= k and single_tile_enabled():
+        kernel = _linear_tile_kernel
+        resident = persistent_programs(x.device)
+        if resident and grid > resident:
+            kernel, grid = _linear_tile_persistent_kernel, resident
+            LAUNCHES["linear_row_persistent"] += 1
+    kernel[(grid,)](
         x, x2, gamma, sum_out, weight, bias if bias is not None else out, out,
         n, k, weight.stride(0), float(eps),
         PROLOGUE=code, HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
-        **pdl_launch(x),
+        **pdl_launch(x, out, sum_out),
     )  # fmt: skip
     return out
 
@@ -302,6 +437,6 @@ def linear_row_q4(
         bias if bias is not None else out, out,
         n, k, n_blocks, packed.shape[1], zeros.shape[1], float(eps),
         PROLOGUE=code, ZERO_KIND=zero_kind, HAS_BIAS=bias is not None, QBLOCK=block_size,
-        BLOCK_N=block_n, BLOCKS_PER_ITER=per_iter, num_warps=warps, **pdl_launch(x),
+        BLOCK_N=block_n, BLOCKS_PER_ITER=per_iter, num_warps=warps, **pdl_launch(x, out, sum_out),
     )  # fmt: skip
     return out

@@ -90,7 +90,7 @@ def fused_rms_norm(
             WRITE_SUM=want_sum,
             WRITE_INV=want_inv,
             BLOCK=triton.next_power_of_2(hidden),
-            **pdl_launch(x),
+            **pdl_launch(x, y, total, inv),
         )
     return y, total, inv
 

@@ -30,5 +30,5 @@ def silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     n = g.numel()
     if n:
         block = 1024
-        _silu_mul_kernel[(triton.cdiv(n, block),)](g, u, out, n, BLOCK=block, **pdl_launch(g))
+        _silu_mul_kernel[(triton.cdiv(n, block),)](g, u, out, n, BLOCK=block, **pdl_launch(g, out))
     return out

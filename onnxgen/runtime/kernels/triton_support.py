@@ -121,14 +121,36 @@ def _pdl_on_device(index: int) -> bool:
     return reason is None
 
 
-def pdl_launch(t: torch.Tensor) -> dict[str, bool]:
+# the storages the most recent PDL launch writes. A kernel launched next may start before that one
+# ends, and reads its outputs only after its wait; anything else was written two or more kernels
+# back (or by a kernel without PDL, which ends before the next starts) and may be read before it
+_LAST_PDL_WRITES: list[int] = []
+
+
+def pdl_launch(t: torch.Tensor, *writes: torch.Tensor | None) -> dict[str, bool]:
     """Launch arguments for a kernel with a ``PDL`` constexpr: programmatic dependent launch on
     Hopper and later (``ONNXGEN_PDL=0`` turns it off). The kernel may then start while the kernel
     before it finishes; it reads only constant weights until ``gdc_wait()``, which returns once
-    every earlier kernel is done, and so a captured step computes exactly what a serial one does."""
-    if t.device.type == "cuda" and _pdl_on_device(t.device.index or 0):
+    every earlier kernel is done, and so a captured step computes exactly what a serial one does.
+    ``writes``: every tensor the kernel writes (see settled_before_launch)."""
+    if pdl_applies(t):
+        _LAST_PDL_WRITES[:] = [w.untyped_storage().data_ptr() for w in writes if w is not None]
         return {"PDL": True, "launch_pdl": True}
+    _LAST_PDL_WRITES.clear()
     return {"PDL": False}
+
+
+def pdl_applies(t: torch.Tensor) -> bool:
+    """A kernel over ``t`` is launched with programmatic dependent launch."""
+    return t.device.type == "cuda" and _pdl_on_device(t.device.index or 0)
+
+
+def settled_before_launch(*tensors: torch.Tensor | None) -> bool:
+    """None of ``tensors`` is written by the most recent PDL launch: a PDL kernel launched now may read
+    them before its wait. That kernel was launched after its own wait returned, so every kernel
+    before it is done; only its own outputs may still be in flight. Call before pdl_launch."""
+    written = set(_LAST_PDL_WRITES)
+    return not any(t is not None and t.untyped_storage().data_ptr() in written for t in tensors)
 
 
 def linear_row_serves(a: torch.Tensor) -> bool:
