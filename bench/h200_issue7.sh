@@ -158,4 +158,9 @@ stage sweep5 150 $A --variant "default:" --variant "persist6:ONNXGEN_GEMV_PERSIS
 stage sweep5_15 200 python3 step_anatomy.py --shape qwen2.5-coder-1.5b-instruct --precision fp16 --context 512 \
   --variant "default:" --variant "down2:${D}_1536x8960=2,1024,8" \
   --variant "qkvo2w4:${D}_2048x1536=2,2048,4,${D}_1536x1536=2,2048,4" --variant "persist3:ONNXGEN_GEMV_PERSIST=3"
+# the decode loop's lean step (ids and positions fed in place, argmax written into the ids, no fp32
+# copy of the logits for plain greedy): the bench loop, the Generator (peers_decode's onnxgen engine)
+stage lean_loop 60 $C $Q --precision fp16 --context 512 --capture-only
+stage lean_gen 90 python3 peers_decode.py $Q --precision fp16 --workdir /tmp/peers --engines onnxgen
+stage lean_anat 60 $A --variant "default:" --variant "again:"
 echo "logs in $out"

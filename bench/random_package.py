@@ -73,6 +73,8 @@ class GreedyLoop:
         past = next(i for i in session.program.inputs if i.name == config.past_key_name(0))
         self.dtype = ONNX_TO_TORCH[past.elem_type]
         self.static: StaticKV | None = None
+        self.decode_ids: torch.Tensor | None = None
+        self.decode_pos: torch.Tensor | None = None
 
     def pipelined(self, runtime: CaptureRuntime | None) -> bool:
         """Whether run() looks one step ahead: what the Generator does by default on CUDA (captured
@@ -99,14 +101,34 @@ class GreedyLoop:
         ids = torch.randint(0, self.config.vocab_size, (1, self.args.prompt_tokens), generator=gen).to(dev)
         n_new = self.args.new_tokens if new_tokens is None else new_tokens
 
+        # as the Generator: a captured one-token step with static KV is fed the same ids and
+        # positions tensors every step (used in place by the capture), and argmax writes the next
+        # token straight into the ids
+        persistent = runtime is not None and isinstance(kv, StaticKV)
+        if persistent and self.decode_ids is None:
+            self.decode_ids = torch.zeros((1, 1), dtype=torch.int64, device=dev)
+            self.decode_pos = torch.zeros((1, 1), dtype=torch.int64, device=dev)
+
         def step(tokens: torch.Tensor) -> torch.Tensor:
             n = tokens.shape[1]
-            feeds = {"input_ids": tokens, "attention_mask": kv.attention_mask(n), **kv.feeds()}
+            one = persistent and n == 1
+            if one and tokens.data_ptr() != self.decode_ids.data_ptr():
+                self.decode_ids.copy_(tokens)
+            feeds = {"input_ids": self.decode_ids if one else tokens, "attention_mask": kv.attention_mask(n)}
+            feeds.update(kv.feeds())
             if "position_ids" in self.inputs:
-                feeds["position_ids"] = torch.arange(kv.length, kv.length + n, device=dev).reshape(1, n)
+                feeds["position_ids"] = (
+                    self.decode_pos.fill_(kv.length)
+                    if one
+                    else torch.arange(kv.length, kv.length + n, device=dev).reshape(1, n)
+                )
             out = runtime.run(feeds) if (runtime is not None and n == 1) else self.session.run_torch(feeds)
             kv.update(out, n)
-            return out["logits"][0, -1].argmax().reshape(1, 1)
+            row = out["logits"][0, -1]
+            if persistent:
+                torch.argmax(row, out=self.decode_ids.view(()))
+                return self.decode_ids
+            return row.argmax().reshape(1, 1)
 
         tokens: list[int] = []
         with torch.inference_mode():

@@ -51,25 +51,26 @@ def recordings(runtime: CaptureRuntime) -> list:
 
 def enqueue_steps(loop: GreedyLoop, runtime: CaptureRuntime, steps: int) -> tuple[float, float]:
     """(host ms per enqueued step, GPU ms per step) for ``steps`` single-token steps past the prompt."""
-    dev = loop.session.device
     kv = loop.static
     assert kv is not None, "run the loop once first"
     kv.reset()
     kv.length = loop.args.prompt_tokens  # a prompt's worth of (zero) rows before the timed steps
     kv.mask[:, : kv.length] = 1
-    token = torch.zeros((1, 1), dtype=torch.int64, device=dev)
+    ids, pos = loop.decode_ids, loop.decode_pos  # the loop's persistent feeds (the recording uses them in place)
+    assert ids is not None and pos is not None
+    ids.zero_()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     torch.cuda._sleep(SLEEP_CYCLES)
     start.record()
     t0 = time.perf_counter()
     for _ in range(steps):
-        feeds = {"input_ids": token, "attention_mask": kv.attention_mask(1), **kv.feeds()}
+        feeds = {"input_ids": ids, "attention_mask": kv.attention_mask(1), **kv.feeds()}
         if "position_ids" in loop.inputs:
-            feeds["position_ids"] = torch.arange(kv.length, kv.length + 1, device=dev).reshape(1, 1)
+            feeds["position_ids"] = pos.fill_(kv.length)
         out = runtime.run(feeds)
         kv.update(out, 1)
-        token = out["logits"][0, -1].argmax().reshape(1, 1)
+        torch.argmax(out["logits"][0, -1], out=ids.view(()))
     host = time.perf_counter() - t0
     end.record()
     torch.cuda.synchronize()
@@ -185,7 +186,7 @@ def main() -> int:
             print(
                 f"{name}: loop {loop_ms:.3f} ms/token ({1000 / loop_ms:.1f} tok/s) | host {host_ms:.3f} ms/step | "
                 f"gpu step {gpu_step_ms:.3f} ms | gpu graphs {gpu_graph_ms:.3f} ms ({len(recs)} graph(s)) | "
-                f"host replay {replay_host_ms:.3f} ms  {env}",
+                f"host replay {replay_host_ms:.3f} ms | invalidations {runtime.stats.invalidations}  {env}",
                 flush=True,
             )
             if args.kernels:

@@ -429,3 +429,20 @@ def test_gpu_pipelined_matches_sequential(package) -> None:
     it.close()
     assert run(auto, GREEDY) == run(sequential, GREEDY)
     assert auto.capture_stats.replays > 0 and auto.capture_stats.invalidations == 0
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_decode_feeds_ids_and_positions_in_place(package, pipeline: bool) -> None:
+    """A captured one-token step is fed the same token-ids and positions tensors every step, and the
+    sampler writes the next token into the ids: the recording uses both in place (adopted bindings,
+    nothing copied in before a replay), and the tokens stay those of the eager loop."""
+    eager = make(package, False, capture="off")
+    generator = make(package, pipeline)
+    for params in (GREEDY, SAMPLED):
+        assert run(generator, params) == run(eager, params)
+    io = generator.config.io
+    (captured,) = generator._capture.keys.values()
+    bindings = {name: b for per_segment in captured.bindings.values() for name, b in per_segment.items()}
+    for name in (io.input_ids, io.attention_mask, *([io.position_ids] if generator.has_positions else [])):
+        assert bindings[name].adopted, name
+    assert generator.capture_stats.invalidations == 0

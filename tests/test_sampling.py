@@ -81,6 +81,26 @@ def test_greedy_is_argmax():
     assert int(LogitsSampler(SamplingParams(), VOCAB, torch.device("cpu")).sample(logits)) == int(logits.argmax())
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(
+    "params", [SamplingParams(), SamplingParams(repetition_penalty=1.3), SamplingParams(temperature=0.7, seed=3)]
+)
+def test_sample_into_a_buffer(dtype: torch.dtype, params: SamplingParams) -> None:
+    """sample(out=) writes the token into the caller's 0-d tensor and returns it; plain greedy takes
+    the argmax of the logits as they are (no fp32 copy), which picks the token the fp32 logits do."""
+    logits = (torch.randn(1, 1, 300, generator=torch.Generator().manual_seed(1)) * 4).to(dtype)
+    logits[0, 0, 7] = logits[0, 0, 250] = logits.max()  # a tie: the first index wins either way
+    sampler = LogitsSampler(params, 260, torch.device("cpu"))  # the padded rows past 260 never win
+    sampler.observe(torch.tensor([7]))
+    want = LogitsSampler(params, 260, torch.device("cpu"))
+    want.observe(torch.tensor([7]))
+    buffer = torch.full((1, 1), -1, dtype=torch.int64)
+    got = sampler.sample(logits, out=buffer.view(()))
+    assert got.data_ptr() == buffer.data_ptr() and int(buffer) == int(want.sample(logits))
+    if params.greedy and params.repetition_penalty == 1.0:
+        assert int(buffer) == int(torch.argmax(logits.reshape(-1)[:260].float())) == 7
+
+
 def test_seeded_sampling_is_reproducible():
     logits = fixed_logits()
 

@@ -77,7 +77,8 @@ class CpuHostRead(HostRead):
         self.token: torch.Tensor | None = None
 
     def start(self, token: torch.Tensor) -> None:
-        self.token = token
+        # the value now, as the CUDA read copies it in stream order: the caller may reuse the tensor
+        self.token = token.clone()
 
     def wait(self) -> int:
         assert self.token is not None, "wait() without start()"
@@ -167,6 +168,8 @@ class Generator:
             raise InvalidInputError("capture needs CUDA graphs: use capture='off' on the CPU")
         self._capture: CaptureRuntime | None = None
         self._static_kv: StaticKV | None = None
+        self._decode_ids: torch.Tensor | None = None  # see _decode_buffers
+        self._decode_pos: torch.Tensor | None = None
         mode = {True: "on", False: "off"}[pipeline] if isinstance(pipeline, bool) else pipeline
         if mode not in ("auto", "on", "off"):
             raise InvalidInputError(f"pipeline must be 'auto', 'on' or 'off' (or True/False), got {pipeline!r}")
@@ -227,14 +230,38 @@ class Generator:
             return kv
         return DynamicKV(self.config, self.kv_dtype, self.device)
 
+    def _decode_buffers(self, kv: DynamicKV | StaticKV) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(token ids [1, 1], positions [1, 1]) fed to every captured one-token step with static KV:
+        the same device tensors each step, so the capture uses them in place (no copy into its
+        bindings), and the sampler writes the next token straight into the ids. None elsewhere."""
+        if kv.kind != "static" or self.capture == "off":
+            return None
+        if self._decode_ids is None or self._decode_pos is None:
+            self._decode_ids = torch.zeros((1, 1), dtype=torch.int64, device=self.device)
+            self._decode_pos = torch.zeros((1, 1), dtype=torch.int64, device=self.device)
+        return self._decode_ids, self._decode_pos
+
+    def _token_out(self, kv: DynamicKV | StaticKV) -> torch.Tensor | None:
+        """Where the sampler writes the next token (a 0-d view of the decode ids), or None."""
+        buffers = self._decode_buffers(kv)
+        return buffers[0].view(()) if buffers is not None else None
+
     def _step(self, kv: DynamicKV | StaticKV, ids: torch.Tensor) -> torch.Tensor:
         io = self.config.io
         n = ids.shape[1]
         feeds: dict[str, torch.Tensor] = {io.input_ids: ids}
+        buffers = self._decode_buffers(kv) if n == 1 else None
+        if buffers is not None:
+            if ids.data_ptr() != buffers[0].data_ptr():  # the token came from elsewhere (a caller's id)
+                buffers[0].copy_(ids.reshape(1, 1))
+            feeds[io.input_ids] = buffers[0]
         if self.has_mask:
             feeds[io.attention_mask] = kv.attention_mask(n)
         if self.has_positions:
-            feeds[io.position_ids] = torch.arange(kv.length, kv.length + n, device=self.device).reshape(1, n)
+            if buffers is not None:
+                feeds[io.position_ids] = buffers[1].fill_(kv.length)
+            else:
+                feeds[io.position_ids] = torch.arange(kv.length, kv.length + n, device=self.device).reshape(1, n)
         feeds.update(kv.feeds())
         if n == 1 and self.capture != "off":
             outputs = self._capture_runtime(kv).run(self.session._check_feeds_repeated(feeds))
@@ -280,8 +307,9 @@ class Generator:
             if self.pipelined and isinstance(kv, StaticKV):
                 yield from self._decode_pipelined(kv, sampler, logits, stats, start, max_new, room, params.ignore_eos)
                 return
+            out = self._token_out(kv)
             while True:
-                token = sampler.sample(logits)
+                token = sampler.sample(logits, out=out)
                 token_id = int(token)  # the one device-to-host read per token
                 stats.count_token(start)
                 if token_id in self.eos_ids and not params.ignore_eos:
@@ -322,6 +350,7 @@ class Generator:
 
         ``sampler.observe`` and the sampling stay on the device, in stream order with the steps."""
         reader = host_read(self.device)
+        out = self._token_out(kv)
 
         def advance(token: torch.Tensor) -> Exception | None:
             """Enqueue the step fed by ``token``; an error is returned, to be raised after the token."""
@@ -333,7 +362,7 @@ class Generator:
                 return exc
             return None
 
-        token = sampler.sample(logits)
+        token = sampler.sample(logits, out=out)
         while True:
             n = stats.new_tokens + 1  # the token on the device is the n-th new one
             reader.start(token)  # before step n+1 is enqueued: the wait below is for token n only
@@ -351,7 +380,7 @@ class Generator:
             if n >= max_new:
                 stats.stop_reason = "length" if max_new < room else "context full"
                 return
-            token = sampler.sample(logits)
+            token = sampler.sample(logits, out=out)
 
     def stream(
         self, prompt: str | list[int], params: SamplingParams | None = None, *, chat: bool = False

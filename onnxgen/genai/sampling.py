@@ -114,10 +114,18 @@ class LogitsSampler:
             logits = logits.masked_fill(probs < p.min_p * probs.max(), float("-inf"))
         return logits
 
-    def sample(self, logits: torch.Tensor) -> torch.Tensor:
-        """The next token as a 0-d int64 tensor on the device (no host read here)."""
+    def sample(self, logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The next token as a 0-d int64 tensor on the device (no host read here); written into
+        ``out`` (0-d int64) when given, which is then returned."""
+        if self.params.greedy and not self._penalize:
+            # argmax of the logits as they are: converting to fp32 first changes no value and no
+            # order, and costs a kernel per token
+            row = logits.reshape(-1)[: self.vocab_size]
+            return torch.argmax(row) if out is None else torch.argmax(row, out=out)
         processed = self.process(logits)
         if self.params.greedy:
-            return torch.argmax(processed)
-        probs = torch.softmax(processed, dim=-1)
-        return torch.multinomial(probs, 1, generator=self.generator).reshape(())
+            token = torch.argmax(processed)
+        else:
+            probs = torch.softmax(processed, dim=-1)
+            token = torch.multinomial(probs, 1, generator=self.generator).reshape(())
+        return token if out is None else out.copy_(token)
