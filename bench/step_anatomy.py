@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 
 import torch
 from random_package import GreedyLoop, add_package_args, build_random_package, describe, open_package, static_pin
@@ -49,6 +50,23 @@ def recordings(runtime: CaptureRuntime) -> list:
     return found
 
 
+def behind_a_sleeping_gpu(work: Callable[[], None], steps: int) -> tuple[float, float]:
+    """(host ms, GPU ms) per step of ``steps`` calls of ``work``, enqueued while a sleeping kernel
+    holds the GPU: the host time is the enqueue alone, the GPU time (events after the sleep) that of
+    the enqueued work back to back."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(SLEEP_CYCLES)
+    start.record()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        work()
+    host = time.perf_counter() - t0
+    end.record()
+    torch.cuda.synchronize()
+    return 1000 * host / steps, start.elapsed_time(end) / steps
+
+
 def enqueue_steps(loop: GreedyLoop, runtime: CaptureRuntime, steps: int) -> tuple[float, float]:
     """(host ms per enqueued step, GPU ms per step) for ``steps`` single-token steps past the prompt."""
     kv = loop.static
@@ -59,38 +77,26 @@ def enqueue_steps(loop: GreedyLoop, runtime: CaptureRuntime, steps: int) -> tupl
     ids, pos = loop.decode_ids, loop.decode_pos  # the loop's persistent feeds (the recording uses them in place)
     assert ids is not None and pos is not None
     ids.zero_()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    torch.cuda._sleep(SLEEP_CYCLES)
-    start.record()
-    t0 = time.perf_counter()
-    for _ in range(steps):
+
+    def step() -> None:
         feeds = {"input_ids": ids, "attention_mask": kv.attention_mask(1), **kv.feeds()}
         if "position_ids" in loop.inputs:
             feeds["position_ids"] = pos.fill_(kv.length)
         out = runtime.run(feeds)
         kv.update(out, 1)
         torch.argmax(out["logits"][0, -1], out=ids.view(()))
-    host = time.perf_counter() - t0
-    end.record()
-    torch.cuda.synchronize()
-    return 1000 * host / steps, start.elapsed_time(end) / steps
+
+    return behind_a_sleeping_gpu(step, steps)
 
 
 def replay_graphs(recs: list, steps: int) -> tuple[float, float]:
     """(host ms per step of graph launches, GPU ms per step) replaying the recorded graphs alone."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    torch.cuda._sleep(SLEEP_CYCLES)
-    start.record()
-    t0 = time.perf_counter()
-    for _ in range(steps):
+
+    def replay() -> None:
         for rec in recs:
             rec.replay()
-    host = time.perf_counter() - t0
-    end.record()
-    torch.cuda.synchronize()
-    return 1000 * host / steps, start.elapsed_time(end) / steps
+
+    return behind_a_sleeping_gpu(replay, steps)
 
 
 def kernel_timeline(recs: list, steps: int, trace_path: str) -> list[dict]:
