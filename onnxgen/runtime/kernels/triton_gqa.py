@@ -169,17 +169,15 @@ def _attend_split(
     d_ok = d < head_size
     n = start + tl.arange(0, BLOCK_N)
     kv_base = b * cache_batch_stride + kv * cache_head_stride
-    if EARLY:  # under PDL these stream while the kernel before (the QKV projection) finishes
-        row, cos, sin, visible, k, v = _settled_inputs(
-            seqlens_ptr, pos_ptr, cos_ptr, sin_ptr, key_cache_ptr, value_cache_ptr, b, kv_base, start, n, d, d_ok,
-            head_size, window, HAS_POSITIONS, DO_ROTARY, INTERLEAVED, HALF_ROT,
-        )  # fmt: skip
-    wait_for_previous(PDL)
     if not EARLY:
-        row, cos, sin, visible, k, v = _settled_inputs(
-            seqlens_ptr, pos_ptr, cos_ptr, sin_ptr, key_cache_ptr, value_cache_ptr, b, kv_base, start, n, d, d_ok,
-            head_size, window, HAS_POSITIONS, DO_ROTARY, INTERLEAVED, HALF_ROT,
-        )  # fmt: skip
+        wait_for_previous(PDL)
+    # EARLY: under PDL these stream while the kernel before (the QKV projection) finishes
+    row, cos, sin, visible, k, v = _settled_inputs(
+        seqlens_ptr, pos_ptr, cos_ptr, sin_ptr, key_cache_ptr, value_cache_ptr, b, kv_base, start, n, d, d_ok,
+        head_size, window, HAS_POSITIONS, DO_ROTARY, INTERLEAVED, HALF_ROT,
+    )  # fmt: skip
+    if EARLY:
+        wait_for_previous(PDL)
     total = row + 1
     if start < total:
         heads = kv * GROUP + g
