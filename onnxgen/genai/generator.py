@@ -70,8 +70,8 @@ class HostRead:
 
 
 class CpuHostRead(HostRead):
-    """CPU: nothing runs ahead of the host, so the value is simply read at wait time (this is what
-    lets the tests run the pipelined loop on the CPU)."""
+    """CPU: nothing runs ahead of the host, so the value is taken at start time and handed out at
+    wait time (this is what lets the tests run the pipelined loop on the CPU)."""
 
     def __init__(self) -> None:
         self.token: torch.Tensor | None = None
@@ -168,8 +168,7 @@ class Generator:
             raise InvalidInputError("capture needs CUDA graphs: use capture='off' on the CPU")
         self._capture: CaptureRuntime | None = None
         self._static_kv: StaticKV | None = None
-        self._decode_ids: torch.Tensor | None = None  # see _decode_buffers
-        self._decode_pos: torch.Tensor | None = None
+        self._decode_feeds: tuple[torch.Tensor, torch.Tensor] | None = None  # see _decode_buffers
         mode = {True: "on", False: "off"}[pipeline] if isinstance(pipeline, bool) else pipeline
         if mode not in ("auto", "on", "off"):
             raise InvalidInputError(f"pipeline must be 'auto', 'on' or 'off' (or True/False), got {pipeline!r}")
@@ -236,10 +235,10 @@ class Generator:
         bindings), and the sampler writes the next token straight into the ids. None elsewhere."""
         if kv.kind != "static" or self.capture == "off":
             return None
-        if self._decode_ids is None or self._decode_pos is None:
-            self._decode_ids = torch.zeros((1, 1), dtype=torch.int64, device=self.device)
-            self._decode_pos = torch.zeros((1, 1), dtype=torch.int64, device=self.device)
-        return self._decode_ids, self._decode_pos
+        if self._decode_feeds is None:
+            ids = torch.zeros((1, 1), dtype=torch.int64, device=self.device)
+            self._decode_feeds = (ids, torch.zeros_like(ids))
+        return self._decode_feeds
 
     def _token_out(self, kv: DynamicKV | StaticKV) -> torch.Tensor | None:
         """Where the sampler writes the next token (a 0-d view of the decode ids), or None."""
