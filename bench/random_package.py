@@ -6,12 +6,14 @@ static-KV step, as the Generator's default on CUDA; --no-pipeline for the sequen
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from onnxgen.genai.decode_tail import GreedyTail
 from onnxgen.genai.generator import host_read
 from onnxgen.genai.kv_cache import DynamicKV, StaticKV
 from onnxgen.genai.package import PackageConfig, load_package_config
@@ -75,11 +77,26 @@ class GreedyLoop:
         self.static: StaticKV | None = None
         self.decode_ids: torch.Tensor | None = None
         self.decode_pos: torch.Tensor | None = None
+        self.tail: GreedyTail | None = None
+        self.tail_ready_at: int | None = None  # the KV length the last step's tail prepared the feeds for
+
+    def sample_in_graph(self) -> bool:
+        """As the Generator's default: the argmax, position and mask row run at the end of the captured
+        step (GreedyTail); ``ONNXGEN_SAMPLE_IN_GRAPH=0`` (read per run: a sweep variant) keeps them as
+        eager kernels between the steps."""
+        return os.environ.get("ONNXGEN_SAMPLE_IN_GRAPH", "1") != "0"
 
     def pipelined(self, runtime: CaptureRuntime | None) -> bool:
         """Whether run() looks one step ahead: what the Generator does by default on CUDA (captured
         decode, static KV), unless --no-pipeline. (On the CPU with --replay-recorder: a smoke test.)"""
         return runtime is not None and self.args.kv == "static" and not getattr(self.args, "no_pipeline", False)
+
+    def tail_of(self, kv: StaticKV) -> GreedyTail:
+        """The greedy tail over the persistent decode feeds and this cache's mask (made once)."""
+        assert self.decode_ids is not None and self.decode_pos is not None
+        if self.tail is None or self.tail.state()["mask"] is not kv.mask:
+            self.tail = GreedyTail("logits", self.config.vocab_size, self.decode_ids, self.decode_pos, kv.mask)
+        return self.tail
 
     def new_kv(self) -> StaticKV | DynamicKV:
         dev = self.session.device
@@ -108,22 +125,32 @@ class GreedyLoop:
         if persistent and self.decode_ids is None:
             self.decode_ids = torch.zeros((1, 1), dtype=torch.int64, device=dev)
             self.decode_pos = torch.zeros((1, 1), dtype=torch.int64, device=dev)
+        tail = self.tail_of(kv) if persistent and self.sample_in_graph() else None
 
         def step(tokens: torch.Tensor) -> torch.Tensor:
             n = tokens.shape[1]
             one = persistent and n == 1
             if one and tokens.data_ptr() != self.decode_ids.data_ptr():
                 self.decode_ids.copy_(tokens)
-            feeds = {"input_ids": self.decode_ids if one else tokens, "attention_mask": kv.attention_mask(n)}
+            step_tail = tail if one else None
+            prepared = step_tail is not None and self.tail_ready_at == kv.length  # by the step before
+            mask = kv.attention_mask(n, set_rows=not prepared) if isinstance(kv, StaticKV) else kv.attention_mask(n)
+            feeds = {"input_ids": self.decode_ids if one else tokens, "attention_mask": mask}
             feeds.update(kv.feeds())
+            if one and not prepared and ("position_ids" in self.inputs or step_tail is not None):
+                self.decode_pos.fill_(kv.length)
             if "position_ids" in self.inputs:
                 feeds["position_ids"] = (
-                    self.decode_pos.fill_(kv.length)
-                    if one
-                    else torch.arange(kv.length, kv.length + n, device=dev).reshape(1, n)
+                    self.decode_pos if one else torch.arange(kv.length, kv.length + n, device=dev).reshape(1, n)
                 )
-            out = runtime.run(feeds) if (runtime is not None and n == 1) else self.session.run_torch(feeds)
+            if runtime is not None and n == 1:
+                out = runtime.run(feeds, tail=step_tail)
+            else:
+                out = self.session.run_torch(feeds)
             kv.update(out, n)
+            self.tail_ready_at = kv.length if step_tail is not None else None
+            if step_tail is not None:
+                return self.decode_ids  # the tail wrote the next token
             row = out["logits"][0, -1]
             if persistent:
                 torch.argmax(row, out=self.decode_ids.view(()))

@@ -7,10 +7,12 @@ Per variant (environment as in step_sweep.py; one package, one process), after t
 capture_decode.py has warmed up and recorded:
 
 - ``loop``: the pipelined greedy loop's decode tok/s (median of --repeats), what every bench quotes;
-- ``host``: host time to enqueue one whole step (feeds, CaptureRuntime.run, argmax), measured while
+- ``host``: host time to enqueue one whole step (feeds, CaptureRuntime.run, argmax unless it runs in
+  the graph: ``ONNXGEN_SAMPLE_IN_GRAPH=0`` keeps it out, as a variant), measured while
   a sleeping kernel holds the GPU so that nothing waits for the device;
 - ``gpu step``: GPU time of those same enqueued steps back to back (CUDA events after the sleep):
-  the step with its eager work outside the graphs (input copies, mask/position updates, argmax);
+  the step with its eager work outside the graphs (mask/position updates and argmax, where they do not
+  run in the graph's step tail);
 - ``gpu graphs``: GPU time of the recorded graphs alone, replayed back to back the same way;
 - ``host replay``: host time of the graph launches alone.
 If ``loop`` is close to ``host``, the host bounds the loop; if it is close to ``gpu step``, the GPU.
@@ -37,6 +39,7 @@ import torch
 from random_package import GreedyLoop, add_package_args, build_random_package, describe, open_package, static_pin
 from step_sweep import apply_env, parse_variant
 
+from onnxgen.genai.kv_cache import StaticKV
 from onnxgen.runtime.capture.runtime import CaptureRuntime
 
 SLEEP_CYCLES = 1_500_000_000  # ~0.8 s at the H200's clock: far longer than the enqueues it hides
@@ -67,24 +70,35 @@ def behind_a_sleeping_gpu(work: Callable[[], None], steps: int) -> tuple[float, 
     return 1000 * host / steps, start.elapsed_time(end) / steps
 
 
+def rewind(loop: GreedyLoop) -> StaticKV:
+    """The loop's cache after a prompt's worth of (zero) rows, its feeds set for the next step: the
+    timed steps and replays start there (a step tail moves the position on in every replay, so the
+    graphs alone must not run past the rotary tables either)."""
+    kv = loop.static
+    assert kv is not None and loop.decode_ids is not None and loop.decode_pos is not None, "run the loop once first"
+    kv.reset()
+    kv.length = loop.args.prompt_tokens
+    kv.mask[:, : kv.length + 1] = 1
+    loop.decode_ids.zero_()
+    loop.decode_pos.fill_(kv.length)
+    return kv
+
+
 def enqueue_steps(loop: GreedyLoop, runtime: CaptureRuntime, steps: int) -> tuple[float, float]:
     """(host ms per enqueued step, GPU ms per step) for ``steps`` single-token steps past the prompt."""
-    kv = loop.static
-    assert kv is not None, "run the loop once first"
-    kv.reset()
-    kv.length = loop.args.prompt_tokens  # a prompt's worth of (zero) rows before the timed steps
-    kv.mask[:, : kv.length] = 1
+    kv = rewind(loop)
     ids, pos = loop.decode_ids, loop.decode_pos  # the loop's persistent feeds (the recording uses them in place)
     assert ids is not None and pos is not None
-    ids.zero_()
+    tail = loop.tail_of(kv) if loop.sample_in_graph() else None
 
     def step() -> None:
-        feeds = {"input_ids": ids, "attention_mask": kv.attention_mask(1), **kv.feeds()}
+        feeds = {"input_ids": ids, "attention_mask": kv.attention_mask(1, set_rows=tail is None), **kv.feeds()}
         if "position_ids" in loop.inputs:
-            feeds["position_ids"] = pos.fill_(kv.length)
-        out = runtime.run(feeds)
+            feeds["position_ids"] = pos if tail is not None else pos.fill_(kv.length)
+        out = runtime.run(feeds, tail=tail)
         kv.update(out, 1)
-        torch.argmax(out["logits"][0, -1], out=ids.view(()))
+        if tail is None:
+            torch.argmax(out["logits"][0, -1], out=ids.view(()))
 
     return behind_a_sleeping_gpu(step, steps)
 
@@ -188,6 +202,7 @@ def main() -> int:
             with torch.inference_mode():
                 host_ms, gpu_step_ms = enqueue_steps(loop, runtime, args.steps)
                 recs = recordings(runtime)
+                rewind(loop)
                 replay_host_ms, gpu_graph_ms = replay_graphs(recs, args.steps)
             print(
                 f"{name}: loop {loop_ms:.3f} ms/token ({1000 / loop_ms:.1f} tok/s) | host {host_ms:.3f} ms/step | "
@@ -197,6 +212,7 @@ def main() -> int:
             )
             if args.kernels:
                 with torch.inference_mode():
+                    rewind(loop)
                     kernels = kernel_timeline(recs, args.profile_steps, os.path.join(tmp, f"{name}.json"))
                 print_timeline(kernels, args.profile_steps)
     return 0

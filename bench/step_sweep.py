@@ -27,7 +27,14 @@ from random_package import GreedyLoop, add_package_args, build_random_package, d
 from onnxgen.runtime.capture.runtime import CaptureRuntime
 from onnxgen.runtime.kernels import triton_support
 
-SWEPT_PREFIXES = ("ONNXGEN_TRITON_LINEAR", "ONNXGEN_TRITON_Q4", "ONNXGEN_PDL", "ONNXGEN_GEMV_", "ONNXGEN_GQA_")
+SWEPT_PREFIXES = (
+    "ONNXGEN_TRITON_LINEAR",
+    "ONNXGEN_TRITON_Q4",
+    "ONNXGEN_PDL",
+    "ONNXGEN_GEMV_",
+    "ONNXGEN_GQA_",
+    "ONNXGEN_SAMPLE_IN_GRAPH",
+)
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, str]]:

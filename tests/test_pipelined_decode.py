@@ -214,9 +214,9 @@ def test_step_n_plus_1_is_enqueued_before_token_n_is_read(package, monkeypatch) 
     pipelined = make(package, True)
     original = pipelined._step
 
-    def step(kv, ids):
+    def step(kv, ids, tail=None):
         log.append("prefill" if ids.shape[1] > 1 else "step")
-        return original(kv, ids)
+        return original(kv, ids, tail)
 
     pipelined._step = step  # type: ignore[method-assign]
     tokens = list(pipelined.generate_ids(PROMPT, with_(GREEDY, max_new_tokens=4)))
@@ -245,12 +245,12 @@ def test_a_failing_step_raises_after_the_same_tokens(package) -> None:
     def failing(generator: Generator, at: int) -> Generator:
         original, calls = generator._step, {"n": 0}
 
-        def step(kv, ids):
+        def step(kv, ids, tail=None):
             if ids.shape[1] == 1:
                 calls["n"] += 1
                 if calls["n"] == at:
                     raise RuntimeError("boom")
-            return original(kv, ids)
+            return original(kv, ids, tail)
 
         generator._step = step  # type: ignore[method-assign]
         return generator
@@ -386,7 +386,8 @@ def test_bench_greedy_loop_pipelined_matches_sequential(package, monkeypatch) ->
     from random_package import GreedyLoop, open_package, static_pin
 
     results = {}
-    for no_pipeline in (True, False):
+    for no_pipeline, in_graph in ((True, "1"), (False, "1"), (False, "0")):
+        monkeypatch.setenv("ONNXGEN_SAMPLE_IN_GRAPH", in_graph)
         args = argparse.Namespace(
             package_dir=package, device="cpu", kv="static", context=64, prompt_tokens=5, new_tokens=12,
             no_pipeline=no_pipeline,
@@ -402,10 +403,13 @@ def test_bench_greedy_loop_pipelined_matches_sequential(package, monkeypatch) ->
             ttft, decode_s, tokens = loop.run(runtime, new_tokens=n)
             assert len(tokens) == n and ttft > 0 and decode_s >= 0
             out.append(tokens)
-        results[no_pipeline] = out
+        results[no_pipeline, in_graph] = out
         assert runtime.stats.replays > 0
         assert runtime.stats.steps == 0 + 1 + 2 + 11  # n - 1 decode steps per run: none past the last token
-    assert results[True] == results[False]
+        assert runtime.stats.tail == ("in the graph" if in_graph == "1" else "")
+        eager = [loop.run(None, new_tokens=n)[2] for n in (1, 2, 3, 12)]  # the oracle: eager steps, host argmax
+        assert out == eager, (no_pipeline, in_graph)
+    assert len({str(v) for v in results.values()}) == 1
 
 
 # -- CUDA (pytest -m gpu) -------------------------------------------------------------------------
@@ -441,8 +445,11 @@ def test_decode_feeds_ids_and_positions_in_place(package, pipeline: bool) -> Non
     for params in (GREEDY, SAMPLED):
         assert run(generator, params) == run(eager, params)
     io = generator.config.io
-    (captured,) = generator._capture.keys.values()
-    bindings = {name: b for per_segment in captured.bindings.values() for name, b in per_segment.items()}
-    for name in (io.input_ids, io.attention_mask, *([io.position_ids] if generator.has_positions else [])):
-        assert bindings[name].adopted, name
+    # greedy's recordings hold its step tail, the sampled run's none: one program each
+    programs = list(generator._capture.keys.values())
+    assert sorted(p.tail is not None for p in programs) == [False, True]
+    for captured in programs:
+        bindings = {name: b for per_segment in captured.bindings.values() for name, b in per_segment.items()}
+        for name in (io.input_ids, io.attention_mask, *([io.position_ids] if generator.has_positions else [])):
+            assert bindings[name].adopted, name
     assert generator.capture_stats.invalidations == 0

@@ -21,10 +21,13 @@ from onnxgen.runtime.kernels.triton_support import triton_importable
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_interpreted(selection: str, **env: str) -> dict[str, int]:
+PARITY_FILES = ("tests/test_kernels_contrib.py", "tests/test_model_parity.py", "tests/test_fusion.py")
+
+
+def run_interpreted(selection: str, files: tuple[str, ...] = PARITY_FILES, **env: str) -> dict[str, int]:
     """The parity tests matching ``selection`` with Triton interpreted; returns the kernel launches."""
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.triton_probe"]
-    cmd += ["tests/test_kernels_contrib.py", "tests/test_model_parity.py", "tests/test_fusion.py"]
+    cmd += list(files)
     cmd += ["-k", selection, "-m", "not gpu"]
     full_env = {**os.environ, "TRITON_INTERPRET": "1", "ONNXGEN_TRITON": "1", **env}
     done = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=1200)
@@ -79,3 +82,13 @@ def test_persistent_one_tile_gemv_through_the_triton_interpreter() -> None:
     launches = run_interpreted("prologues or genai_built or matmul_group_matches", ONNXGEN_TRITON_LINEAR="1",
                                ONNXGEN_GEMV_PERSIST="2")  # fmt: skip
     assert launches.get("linear_row_persistent", 0) >= 10, launches
+
+
+@pytest.mark.skipif(not triton_importable(), reason="triton is not installed")
+def test_greedy_tail_kernel_through_the_triton_interpreter() -> None:
+    """triton_greedy's argmax + position + mask kernel against torch.argmax (tests/test_decode_tail.py:
+    ties across and inside blocks, NaN, an all -inf row, padded logits, a full cache), and a
+    Generator's greedy tokens up to the cache's last row with it in the (CPU stand-in) graph,
+    verified against eager steps and compared with eager decoding's tokens."""
+    launches = run_interpreted("greedy_tail or generator_tail_fills", files=("tests/test_decode_tail.py",))
+    assert launches.get("greedy_advance", 0) >= 60, launches

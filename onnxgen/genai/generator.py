@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,6 +12,7 @@ import torch
 
 from onnxgen.errors import InvalidInputError, OnnxgenError
 from onnxgen.genai.chat import render_chat
+from onnxgen.genai.decode_tail import GreedyTail
 from onnxgen.genai.kv_cache import DynamicKV, StaticKV
 from onnxgen.genai.package import PackageConfig, load_package_config
 from onnxgen.genai.sampling import LogitsSampler, SamplingParams
@@ -117,6 +118,11 @@ class Generator:
     "off" (False). Pipelined, the decode loop enqueues step N+1 before it waits for token N, so the
     host builds the next step while the GPU runs the current one; tokens and stats are the same.
     "on" needs static KV; on the CPU it only exists for the tests (there is nothing to overlap).
+
+    ``sample_in_graph`` (default True): with a captured static-KV step and plain greedy decoding
+    (no penalties), the argmax and the next position and mask row run at the end of the step, inside
+    its graph (decode_tail.py), so the host only launches it. Sampled decoding keeps its kernels
+    between the steps. False keeps greedy's there too (the benches compare the two).
     """
 
     def __init__(
@@ -130,6 +136,7 @@ class Generator:
         recorder: Any = None,
         verify_steps: int = 8,
         pipeline: str | bool = "auto",
+        sample_in_graph: bool = True,
     ):
         self.config = package if isinstance(package, PackageConfig) else load_package_config(package)
         self.session = session or InferenceSession(self.config.model_file, device=device)
@@ -169,6 +176,9 @@ class Generator:
         self._capture: CaptureRuntime | None = None
         self._static_kv: StaticKV | None = None
         self._decode_feeds: tuple[torch.Tensor, torch.Tensor] | None = None  # see _decode_buffers
+        self.sample_in_graph = bool(sample_in_graph)
+        self._tail: GreedyTail | None = None  # of the static cache it was made for (its mask)
+        self._tail_ready_at: int | None = None  # the KV length the last step's tail prepared the feeds for
         mode = {True: "on", False: "off"}[pipeline] if isinstance(pipeline, bool) else pipeline
         if mode not in ("auto", "on", "off"):
             raise InvalidInputError(f"pipeline must be 'auto', 'on' or 'off' (or True/False), got {pipeline!r}")
@@ -245,28 +255,50 @@ class Generator:
         buffers = self._decode_buffers(kv)
         return buffers[0].view(()) if buffers is not None else None
 
-    def _step(self, kv: DynamicKV | StaticKV, ids: torch.Tensor) -> torch.Tensor:
+    def _tail_for(self, kv: DynamicKV | StaticKV, sampler: LogitsSampler) -> GreedyTail | None:
+        """The step tail of this generation's one-token steps, or None (the sampler runs between them)."""
+        buffers = self._decode_buffers(kv)
+        if buffers is None or not self.sample_in_graph or not sampler.plain_greedy or not isinstance(kv, StaticKV):
+            return None
+        tail = self._tail
+        if tail is None or tail.state()["mask"] is not kv.mask:
+            ids, pos = buffers
+            tail = self._tail = GreedyTail(self.config.io.logits, self.config.vocab_size, ids, pos, kv.mask)
+        return tail
+
+    def _step(self, kv: DynamicKV | StaticKV, ids: torch.Tensor, tail: GreedyTail | None = None) -> torch.Tensor:
+        """One step of ``ids.shape[1]`` tokens; returns the last row's logits. With ``tail`` (one-token
+        captured steps only) the step also writes the next token into the decode ids."""
         io = self.config.io
         n = ids.shape[1]
         feeds: dict[str, torch.Tensor] = {io.input_ids: ids}
         buffers = self._decode_buffers(kv) if n == 1 else None
+        if buffers is None:
+            tail = None
+        # the previous step's tail already wrote this step's position and mask row
+        prepared = tail is not None and self._tail_ready_at == kv.length
         if buffers is not None:
             if ids.data_ptr() != buffers[0].data_ptr():  # the token came from elsewhere (a caller's id)
                 buffers[0].copy_(ids.reshape(1, 1))
             feeds[io.input_ids] = buffers[0]
+            if not prepared and (self.has_positions or tail is not None):
+                buffers[1].fill_(kv.length)  # the position feed, and what a tail counts on from
         if self.has_mask:
-            feeds[io.attention_mask] = kv.attention_mask(n)
+            feeds[io.attention_mask] = (
+                kv.attention_mask(n, set_rows=not prepared) if isinstance(kv, StaticKV) else kv.attention_mask(n)
+            )
         if self.has_positions:
             if buffers is not None:
-                feeds[io.position_ids] = buffers[1].fill_(kv.length)
+                feeds[io.position_ids] = buffers[1]
             else:
                 feeds[io.position_ids] = torch.arange(kv.length, kv.length + n, device=self.device).reshape(1, n)
         feeds.update(kv.feeds())
         if n == 1 and self.capture != "off":
-            outputs = self._capture_runtime(kv).run(self.session._check_feeds_repeated(feeds))
+            outputs = self._capture_runtime(kv).run(self.session._check_feeds_repeated(feeds), tail=tail)
         else:
             outputs = self.session.run_torch(feeds)
         kv.update(outputs, n)
+        self._tail_ready_at = kv.length if tail is not None else None
         return outputs[io.logits][0, -1]
 
     def _capture_runtime(self, kv: DynamicKV | StaticKV) -> CaptureRuntime:
@@ -302,13 +334,22 @@ class Generator:
         sampler.observe(ids)
         start = time.perf_counter()
         with torch.inference_mode():
-            logits = self._step(kv, ids)
-            if self.pipelined and isinstance(kv, StaticKV):
-                yield from self._decode_pipelined(kv, sampler, logits, stats, start, max_new, room, params.ignore_eos)
-                return
             out = self._token_out(kv)
+            token = sampler.sample(self._step(kv, ids), out=out)
+            tail = self._tail_for(kv, sampler)
+
+            def advance(token: torch.Tensor) -> torch.Tensor:
+                """Enqueue the step fed by ``token``; returns the next token (on the device)."""
+                sampler.observe(token.reshape(1))
+                logits = self._step(kv, token.reshape(1, 1), tail)
+                if tail is not None:
+                    return tail.state()["ids"].view(())  # the step's tail wrote it
+                return sampler.sample(logits, out=out)
+
+            if self.pipelined and isinstance(kv, StaticKV):
+                yield from self._decode_pipelined(token, advance, stats, start, max_new, room, params.ignore_eos)
+                return
             while True:
-                token = sampler.sample(logits, out=out)
                 token_id = int(token)  # the one device-to-host read per token
                 stats.count_token(start)
                 if token_id in self.eos_ids and not params.ignore_eos:
@@ -318,14 +359,12 @@ class Generator:
                 if stats.new_tokens >= max_new:
                     stats.stop_reason = "length" if max_new < room else "context full"
                     return
-                sampler.observe(token.reshape(1))
-                logits = self._step(kv, token.reshape(1, 1))
+                token = advance(token)
 
     def _decode_pipelined(
         self,
-        kv: StaticKV,
-        sampler: LogitsSampler,
-        logits: torch.Tensor,
+        token: torch.Tensor,
+        advance: Callable[[torch.Tensor], torch.Tensor],
         stats: GenerationStats,
         start: float,
         max_new: int,
@@ -347,39 +386,40 @@ class Generator:
         - an error raised while enqueuing step N+1 surfaces after token N is handed out (or not at
           all if token N is EOS), where the sequential loop would have raised it.
 
-        ``sampler.observe`` and the sampling stay on the device, in stream order with the steps."""
+        ``token``: the first new token, on the device; ``advance(token)`` enqueues the step it feeds and
+        returns the next token (sampled after the step, or by the step's tail). ``sampler.observe`` and
+        the sampling stay on the device, in stream order with the steps."""
         reader = host_read(self.device)
-        out = self._token_out(kv)
+        ahead: torch.Tensor | None = None
 
-        def advance(token: torch.Tensor) -> Exception | None:
-            """Enqueue the step fed by ``token``; an error is returned, to be raised after the token."""
-            nonlocal logits
+        def try_advance(token: torch.Tensor) -> Exception | None:
+            """advance(); an error is returned, to be raised after the token."""
+            nonlocal ahead
             try:
-                sampler.observe(token.reshape(1))
-                logits = self._step(kv, token.reshape(1, 1))
+                ahead = advance(token)
             except Exception as exc:
                 return exc
             return None
 
-        token = sampler.sample(logits, out=out)
         while True:
             n = stats.new_tokens + 1  # the token on the device is the n-th new one
             reader.start(token)  # before step n+1 is enqueued: the wait below is for token n only
-            failed = advance(token) if 1 < n < max_new else None
+            failed = try_advance(token) if 1 < n < max_new else None
             token_id = reader.wait()
             stats.count_token(start)
             if token_id in self.eos_ids and not ignore_eos:
                 stats.stop_reason = "eos"
                 return
             if n == 1 and n < max_new:  # the first token is back: its step runs while it is handed out
-                failed = advance(token)
+                failed = try_advance(token)
             yield token_id
             if failed is not None:
                 raise failed
             if n >= max_new:
                 stats.stop_reason = "length" if max_new < room else "context full"
                 return
-            token = sampler.sample(logits, out=out)
+            assert ahead is not None
+            token = ahead
 
     def stream(
         self, prompt: str | list[int], params: SamplingParams | None = None, *, chat: bool = False

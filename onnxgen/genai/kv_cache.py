@@ -86,11 +86,14 @@ class StaticKV:
         dims = shapes.get(config.past_key_name(0), [])[2:3] + shapes.get(config.io.attention_mask, [])[1:2]
         return {d for d in dims if isinstance(d, str)}
 
-    def attention_mask(self, new_tokens: int) -> torch.Tensor:
+    def attention_mask(self, new_tokens: int, set_rows: bool = True) -> torch.Tensor:
+        """The mask for a step of ``new_tokens`` rows; ``set_rows=False`` when the device already set
+        them (a step tail of the step before, decode_tail.py): the capacity is checked all the same."""
         end = self.length + new_tokens
         if end > self.capacity:
             raise ValueError(f"KV capacity {self.capacity} exceeded ({end} tokens)")
-        self.mask[:, self.length : end] = 1  # in place: the mask tensor itself never changes identity
+        if set_rows:
+            self.mask[:, self.length : end] = 1  # in place: the mask tensor itself never changes identity
         return self.mask
 
     def feeds(self) -> dict[str, torch.Tensor]:

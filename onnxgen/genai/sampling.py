@@ -77,6 +77,11 @@ class LogitsSampler:
             params.repetition_penalty != 1.0 or params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
         )
 
+    @property
+    def plain_greedy(self) -> bool:
+        """The token is the argmax of the raw logits (greedy, no penalty): what a step tail can do."""
+        return self.params.greedy and not self._penalize
+
     def observe(self, token_ids: torch.Tensor) -> None:
         """Count tokens (prompt and generated) for the penalties."""
         if self._penalize:
@@ -117,7 +122,7 @@ class LogitsSampler:
     def sample(self, logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """The next token as a 0-d int64 tensor on the device (no host read here); written into
         ``out`` (0-d int64) when given, which is then returned."""
-        if self.params.greedy and not self._penalize:
+        if self.plain_greedy:
             # argmax of the logits as they are: converting to fp32 first changes no value and no
             # order, and costs a kernel per token
             row = logits.reshape(-1)[: self.vocab_size]

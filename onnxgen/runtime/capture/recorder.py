@@ -9,7 +9,10 @@ guard machinery runs on CPU; what only CUDA can show (a kernel that syncs or all
 stream capture) is the CUDA recorder's business.
 
 A segment function (``SegmentFn``) runs the segment's steps and returns its external outputs; with
-``replay=True`` it reuses the host arguments frozen by its recording run.
+``replay=True`` it reuses the host arguments frozen by its recording run. With ``commit=True`` it
+also runs the step's once-only work (a step tail, tail.py, which advances state the next step
+reads): a recorder passes it only to the run it records (the CUDA capture; the replays of the CPU
+stand-in), never to a warm-up run, so that work happens once per executed step.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any, Protocol
 
 import torch
 
-SegmentFn = Callable[[bool], dict[str, Any]]
+SegmentFn = Callable[[bool, bool], dict[str, Any]]  # (replay, commit) -> outputs
 
 
 class RecordingFailed(Exception):
@@ -52,7 +55,7 @@ class ReplayRecording:
         self.outputs = outputs
 
     def replay(self) -> None:
-        fresh = self.fn(True)
+        fresh = self.fn(True, True)
         for name, out in self.outputs.items():
             value = fresh[name]
             if isinstance(out, torch.Tensor) and isinstance(value, torch.Tensor):
@@ -76,7 +79,7 @@ class ReplayRecorder:
         pass
 
     def record(self, fn: SegmentFn, label: str) -> Recording:
-        outputs = dict(fn(False))
+        outputs = dict(fn(False, False))  # the replay right after the recording commits the step
         # a CUDA capture computes nothing: poison what the recording run allocated, so that a
         # caller who forgets the replay after recording reads garbage here too (outputs that are
         # input bindings written in place, like a static KV buffer, are left alone)
@@ -131,7 +134,7 @@ class CudaGraphRecorder:
         try:
             with torch.cuda.stream(stream):
                 for _ in range(self.warmup_runs):
-                    fn(False)
+                    fn(False, False)
         except RecordingFailed:
             raise
         except Exception as exc:
@@ -141,7 +144,7 @@ class CudaGraphRecorder:
         try:
             # thread_local: an illegal call in this thread invalidates this capture only
             with torch.cuda.graph(graph, pool=self.pool, stream=stream, capture_error_mode="thread_local"):
-                outputs = fn(False)
+                outputs = fn(False, True)  # recorded, not run: each replay commits its step
         except Exception as exc:
             self._after_failure()
             # a step that raised inside the capture names the op; ending the invalidated capture

@@ -16,7 +16,10 @@ difference.
 Replayed outputs are persistent buffers: they stay valid until the next run of the same key.
 Segments run twice when recorded (the recorder's warm-up or recording run, then a replay), so a
 segment must be a pure function of its bindings apart from idempotent in-place writes (the KV
-rows an attention op writes into a static cache).
+rows an attention op writes into a static cache). A step tail (tail.py: greedy decode's next token,
+position and mask row) is the exception, run once per step: recorded into the step's last segment
+where that segment produces what it reads, else applied eagerly after the step. A key's recordings
+belong to one tail (or none): ``run(feeds, tail=t)`` with another tail plans and records anew.
 """
 
 from __future__ import annotations
@@ -37,12 +40,14 @@ from onnxgen.runtime.capture.recorder import CudaGraphRecorder, Recorder, Record
 from onnxgen.runtime.capture.report import decode_binding
 from onnxgen.runtime.capture.segments import ScheduleRefused, Unit, build_schedule, call_step
 from onnxgen.runtime.capture.stats import CaptureStats
+from onnxgen.runtime.capture.tail import StepTail
 from onnxgen.runtime.executor import GraphProgram
 from onnxgen.runtime.shapes.infer import ShapeResult, infer_shapes
 
 MODES = ("on", "off", "verify")
 WARMUP, ARMED, READY, UNSUPPORTED = "warm-up", "armed", "ready", "unsupported"
 Key = tuple[tuple[str, int], ...]
+Slot = tuple[Key, int]  # a binding key and the id of the step tail its recordings hold (0: none)
 
 
 class CaptureMismatchError(OnnxgenError):
@@ -80,10 +85,13 @@ class CapturedProgram:
         warmup_steps: int = 2,
         max_rerecords: int = 3,
         guard: bool = True,
+        tail: StepTail | None = None,
     ):
         self.program = program
         self.plan = plan
         self.key = key
+        self.tail = tail
+        self.slot: Slot = (key, id(tail) if tail is not None else 0)
         self.recorder = recorder
         self.schedule = build_schedule(program, plan, shapes)  # may raise ScheduleRefused
         self.device = program.device
@@ -100,6 +108,21 @@ class CapturedProgram:
         self.bindings: dict[int, dict[str, Binding]] = {}
         self.guards: dict[int, Guard] = {}
         self.last_feeds: dict[str, weakref.ref] = {}
+        # the unit the tail is recorded into: the last one, if it is a segment that makes what the tail reads
+        self.tail_unit: int | None = None
+        self.tail_reason: str | None = None
+        if tail is not None:
+            self.tail_unit, self.tail_reason = self._tail_unit(tail)
+        self.tail_ran = False  # whether the most recent run() ran the tail (in a replay)
+
+    def _tail_unit(self, tail: StepTail) -> tuple[int | None, str | None]:
+        units = self.schedule.units
+        if not units or units[-1].kind != "segment":
+            return None, "the step ends in an eager seam"
+        missing = [n for n in tail.reads if n not in units[-1].outputs]
+        if missing:
+            return None, f"the step's last segment does not make {', '.join(missing)}"
+        return len(units) - 1, None
 
     # -- the signature every replay is guarded by -------------------------------------------
 
@@ -113,7 +136,9 @@ class CapturedProgram:
     # -- one step ----------------------------------------------------------------------------
 
     def run(self, feeds: Mapping[str, Any], stats: CaptureStats) -> tuple[Mapping[str, Any], bool]:
-        """Run one step; returns the values and whether any segment was recorded or replayed."""
+        """Run one step; returns the values and whether any segment was recorded or replayed
+        (``tail_ran`` then says whether a replay ran the step tail)."""
+        self.tail_ran = False
         result = self._run_phase(feeds, stats)
         # feeds the caller hands again, the same tensor unchanged (StaticKV buffers and mask), are
         # used in place by the recording; only the step right before one needs remembering (every
@@ -165,13 +190,13 @@ class CapturedProgram:
         for step in unit.steps:
             self._call(step, env)
 
-    def _segment_fn(self, unit: Unit, bindings: dict[str, Binding]) -> SegmentFn:
+    def _segment_fn(self, unit: Unit, bindings: dict[str, Binding], tail: StepTail | None = None) -> SegmentFn:
         frozen: list[dict[int, Any]] = [{} for _ in unit.steps]
         inputs = {n: b.tensor for n, b in bindings.items()}
         static = self.static_values or {}
         initializers = self.program.initializers
 
-        def fn(replay: bool) -> dict[str, Any]:
+        def fn(replay: bool, commit: bool) -> dict[str, Any]:
             local: dict[str, Any] = {}
             env = ChainMap(local, inputs, static, initializers)
             for i, step in enumerate(unit.steps):
@@ -188,6 +213,13 @@ class CapturedProgram:
                     raise RecordingFailed(
                         f"{unit.label}: {step.ctx.op_type} {step.ctx.name!r}: {exc}", step.ctx.op_type, step.ctx.name
                     ) from exc
+            if tail is not None and commit:
+                try:
+                    tail.apply(local, tail.state())
+                except Exception as exc:
+                    if replay:
+                        raise
+                    raise RecordingFailed(f"{unit.label}: the step tail: {exc}", None) from exc
             return {n: local[n] for n in unit.outputs}
 
         # the recorder tells fresh outputs from views of bindings and constants (weights, shapes)
@@ -215,8 +247,10 @@ class CapturedProgram:
                     bindings[name] = Binding.adopt(name, value)
                 else:
                     bindings[name] = Binding.own(name, value, self.device)
-            recording = self.recorder.record(self._segment_fn(unit, bindings), unit.label)
+            tail = self.tail if i == self.tail_unit else None
+            recording = self.recorder.record(self._segment_fn(unit, bindings, tail), unit.label)
             recording.replay()  # a CUDA capture does not execute: the replay computes this step
+            self.tail_ran = self.tail_ran or tail is not None
             stats.captures += 1
             self.recordings[i], self.bindings[i], self.guards[i] = recording, bindings, Guard(bindings)
             for name, value in recording.outputs.items():
@@ -245,6 +279,7 @@ class CapturedProgram:
                 guard.bindings[k].write(values[k])
             recording = self.recordings[i]
             recording.replay()
+            self.tail_ran = self.tail_ran or i == self.tail_unit
             stats.replays += 1
             for name, value in recording.outputs.items():
                 env[name] = value
@@ -262,9 +297,10 @@ class EagerKey:
     """A key that runs eagerly from the start (its planning failed)."""
 
     plan = None
+    tail_ran = False
 
-    def __init__(self, program: GraphProgram, key: Key, reason: str):
-        self.program, self.key, self.reason, self.phase = program, key, reason, UNSUPPORTED
+    def __init__(self, program: GraphProgram, key: Key, reason: str, slot: Slot):
+        self.program, self.key, self.reason, self.phase, self.slot = program, key, reason, UNSUPPORTED, slot
 
     def unsupported(self, reason: str) -> None:
         self.reason = reason
@@ -311,7 +347,7 @@ class CaptureRuntime:
         self.min_segment_nodes = min_segment_nodes
         self.opsets = {("" if o.domain in ("", "ai.onnx") else o.domain): o.version for o in model.opset_import}
         self.quarantine: dict[str, str] = {}
-        self.keys: dict[Key, CapturedProgram | EagerKey] = {}
+        self.keys: dict[Slot, CapturedProgram | EagerKey] = {}
         self.stats = CaptureStats(mode=mode)
         inits = set(program.initializers)
         self.inputs = [vi for vi in program.inputs if vi.name not in inits]
@@ -354,90 +390,115 @@ class CaptureRuntime:
         )
         return plan, shapes
 
-    def _build(self, key: Key) -> CapturedProgram | EagerKey:
+    def _build(self, key: Key, tail: StepTail | None = None) -> CapturedProgram | EagerKey:
         assert self.recorder is not None
+        slot: Slot = (key, id(tail) if tail is not None else 0)
         for _ in range(64):  # each refusal quarantines one more op type
             try:
                 plan, shapes = self.plan_for(key)
-                captured = CapturedProgram(self.program, plan, shapes, self.recorder, key, **self.options)
+                captured = CapturedProgram(self.program, plan, shapes, self.recorder, key, tail=tail, **self.options)
             except ScheduleRefused as exc:
                 self._quarantine(exc.op_type, str(exc))
                 continue
             except Exception as exc:  # planning must never take the generation down: run eagerly
-                return self._eager_key(key, f"planning failed: {type(exc).__name__}: {exc}")
+                return self._eager_key(slot, f"planning failed: {type(exc).__name__}: {exc}")
             self.stats.note_plan(len(plan.segments), [n.reason or "" for n in plan.seams])
             if captured.phase == UNSUPPORTED:
                 self.stats.unsupported[key_label(key)] = captured.reason or ""
-            self.keys[key] = captured
+            if tail is not None:
+                self.stats.tail = "in the graph" if captured.tail_reason is None else f"eager: {captured.tail_reason}"
+            self.keys[slot] = captured
             return captured
-        return self._eager_key(key, "capture planning did not settle")
+        return self._eager_key(slot, "capture planning did not settle")
 
-    def _eager_key(self, key: Key, reason: str) -> EagerKey:
+    def _eager_key(self, slot: Slot, reason: str) -> EagerKey:
+        key = slot[0]
         self.stats.unsupported[key_label(key)] = reason
-        eager = self.keys[key] = EagerKey(self.program, key, reason)
+        eager = self.keys[slot] = EagerKey(self.program, key, reason, slot)
         return eager
 
     def _quarantine(self, op_type: str, why: str) -> None:
         self.quarantine[op_type] = why
         self.stats.quarantined[op_type] = why
 
-    def captured(self, feeds: Mapping[str, Any]) -> CapturedProgram | EagerKey:
+    def captured(self, feeds: Mapping[str, Any], tail: StepTail | None = None) -> CapturedProgram | EagerKey:
         key = self.key_of(feeds)
-        found = self.keys.get(key)
+        found = self.keys.get((key, id(tail) if tail is not None else 0))
         if found is None:
             self.stats.keys += 1
-            found = self._build(key)
+            found = self._build(key, tail)
         return found
 
     # -- running -----------------------------------------------------------------------------
 
-    def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
-        """Run one step; returns every graph output."""
+    def run(self, feeds: Mapping[str, Any], tail: StepTail | None = None) -> dict[str, Any]:
+        """Run one step; returns every graph output. ``tail``: work run once after the step that
+        advances state the next step reads (tail.py), recorded into the step's graph where it can be."""
         names = self.output_names
         self.stats.steps += 1
         if self.mode == "off":
             self.stats.eager_steps += 1
             env = self.program.run(feeds)
-            return {n: env[n] for n in names}
-        captured = self.captured(feeds)
+            out = {n: env[n] for n in names}
+            if tail is not None:
+                tail.apply(out, tail.state())
+            return out
+        captured = self.captured(feeds, tail)
         checking = (
             self.mode == "verify" and self.stats.verified_steps < self.verify_steps and captured.phase in (ARMED, READY)
         )
         reference: dict[str, Any] | None = None
+        reference_state: dict[str, torch.Tensor] = {}
         if checking:
             # eager on copies first: in-place KV writes must not reach the captured run's inputs
             copies = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in feeds.items()}
             env = self.program.run(copies)
             reference = {n: env[n] for n in names}
-        env = self._run_captured(captured, feeds)
+            if tail is not None:
+                reference_state = {k: v.clone() for k, v in tail.state().items()}
+                tail.apply(reference, reference_state)
+        env, tail_ran = self._run_captured(captured, feeds)
         out = dict(zip(names, _values(env, names)))
+        if tail is not None and not tail_ran:
+            tail.apply(out, tail.state())
         if reference is not None:
             self._compare(reference, out, captured)
+            if tail is not None:
+                self._compare(reference_state, tail.state(), captured, what="step tail state")
             self.stats.verified_steps += 1
         return out
 
-    def _run_captured(self, captured: CapturedProgram | EagerKey, feeds: Mapping[str, Any]) -> Mapping[str, Any]:
+    def _run_captured(
+        self, captured: CapturedProgram | EagerKey, feeds: Mapping[str, Any]
+    ) -> tuple[Mapping[str, Any], bool]:
+        """The step's values, and whether a replay ran the step tail."""
         try:
             env, used = captured.run(feeds, self.stats)
         except RecordingFailed as exc:
             # abort: drop this key's recordings, quarantine the op, re-plan; the step runs eagerly
             self.stats.recording_failures += 1
-            del self.keys[captured.key]
+            del self.keys[captured.slot]
             if exc.op_type is None:
                 captured.unsupported(f"recording failed: {exc}")
-                self.keys[captured.key] = captured
+                self.keys[captured.slot] = captured
                 self.stats.unsupported[key_label(captured.key)] = captured.reason or ""
             else:
                 self._quarantine(exc.op_type, f"broke a recording: {exc}")
-                captured = self._build(captured.key)
+                captured = self._build(captured.key, getattr(captured, "tail", None))
             env, used = captured.run(feeds, self.stats)  # eager: the new program's first warm-up step
         if used:
             self.stats.captured_steps += 1
         else:
             self.stats.eager_steps += 1
-        return env
+        return env, captured.tail_ran
 
-    def _compare(self, reference: dict[str, Any], out: dict[str, Any], captured: CapturedProgram | EagerKey) -> None:
+    def _compare(
+        self,
+        reference: Mapping[str, Any],
+        out: Mapping[str, Any],
+        captured: CapturedProgram | EagerKey,
+        what: str = "output(s)",
+    ) -> None:
         bad = []
         for name, want in reference.items():
             got = out[name]
@@ -456,5 +517,5 @@ class CaptureRuntime:
         if bad:
             raise CaptureMismatchError(
                 f"capture verify: step {self.stats.steps} (key {key_label(captured.key)}, phase before the step "
-                f"{captured.phase}) differs from eager in {len(bad)} output(s): {', '.join(bad[:8])}"
+                f"{captured.phase}) differs from eager in {len(bad)} {what}: {', '.join(bad[:8])}"
             )

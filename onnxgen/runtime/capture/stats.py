@@ -25,6 +25,7 @@ class CaptureStats:
     invalidation_reasons: Counter[str] = field(default_factory=Counter)
     quarantined: dict[str, str] = field(default_factory=dict)  # op type -> what broke
     unsupported: dict[str, str] = field(default_factory=dict)  # key -> why it stays eager
+    tail: str = ""  # where the step tail ran, for the latest plan with one ("in the graph" or "eager: why")
 
     def note_plan(self, segments: int, reasons: list[str]) -> None:
         self.segments_per_step = segments
@@ -45,6 +46,8 @@ class CaptureStats:
             f"{self.eager_steps} eager), {self.segments_per_step} segment(s) and {self.seams_per_step} seam(s) "
             f"per step, {self.captures} capture(s), {self.replays} replay(s), {self.invalidations} invalidation(s)"
         ]
+        if self.tail:
+            lines.append(f"  step tail (next token, position, mask row): {self.tail}")
         if self.verified_steps:
             lines.append(f"  verified bit-identical to eager: {self.verified_steps} step(s)")
         for reason, n in self.seam_reasons.most_common():

@@ -1,0 +1,44 @@
+"""Greedy decode's step tail (runtime/capture/tail.py): the next token, position and mask row,
+written on the device at the end of the step, so a captured step feeds the next one by itself."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from onnxgen.runtime.kernels.triton_support import triton_serves
+
+
+class GreedyTail:
+    """After a one-token step: ``ids`` <- argmax of the logits row (its first ``vocab_size``
+    entries), ``pos`` <- pos + 1, ``mask[0, pos]`` <- 1 for the new pos (the last entry once the
+    cache is full). ids and pos are the step's [1, 1] int64 feeds, mask its [1, capacity] one; the
+    host sets them before the first decode step of a generation, the tail from then on."""
+
+    def __init__(self, logits: str, vocab_size: int, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor):
+        if ids.numel() != 1 or pos.numel() != 1 or mask.dim() != 2 or mask.shape[0] != 1:
+            raise ValueError(
+                f"GreedyTail needs one token id, one position and a [1, capacity] mask; got ids "
+                f"{list(ids.shape)}, pos {list(pos.shape)}, mask {list(mask.shape)}"
+            )
+        self.reads = (logits,)
+        self.logits = logits
+        self.vocab_size = vocab_size
+        self._state = {"ids": ids, "pos": pos, "mask": mask}
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return self._state
+
+    def apply(self, outputs: Mapping[str, Any], state: Mapping[str, torch.Tensor]) -> None:
+        row = outputs[self.logits][0, -1][: self.vocab_size]
+        ids, pos, mask = state["ids"], state["pos"], state["mask"]
+        if triton_serves(row) and row.is_contiguous():
+            from onnxgen.runtime.kernels.triton_greedy import greedy_advance
+
+            greedy_advance(row, ids, pos, mask)
+            return
+        torch.argmax(row, out=ids.view(()))
+        pos.add_(1)
+        mask.view(-1).index_fill_(0, pos.view(-1).clamp(max=mask.shape[1] - 1), 1)
