@@ -163,4 +163,19 @@ stage sweep5_15 200 python3 step_anatomy.py --shape qwen2.5-coder-1.5b-instruct 
 stage lean_loop 60 $C $Q --precision fp16 --context 512 --capture-only
 stage lean_gen 90 python3 peers_decode.py $Q --precision fp16 --workdir /tmp/peers --engines onnxgen
 stage lean_anat 60 $A --variant "default:" --variant "again:"
+# fourth 2026-12-01 session: greedy's argmax, position and mask row inside the captured step (the step
+# tail, ONNXGEN_SAMPLE_IN_GRAPH=0 keeps them outside as before)
+stage tail_gpu 240 python3 -m pytest -q -p no:cacheprovider -m gpu ../tests/test_decode_tail.py ../tests/test_pipelined_decode.py ../tests/test_capture_runtime.py
+stage tail_verify 90 $C $Q --precision fp16 --context 512 --capture verify --verify-steps 24 --repeats 1
+stage tail_verify_int4 90 $C $Q --precision int4 --context 512 --capture verify --verify-steps 24 --repeats 1
+stage tail_anat 200 $A --kernels --variant "tail:" --variant "outside:ONNXGEN_SAMPLE_IN_GRAPH=0" --variant "tail-again:"
+stage tail_loop 60 $C $Q --precision fp16 --context 512 --capture-only
+stage tail_loop_int4 60 $C $Q --precision int4 --context 512 --capture-only
+# split-K for rows longer than one tile (down_proj: _linear_split_kernel, ONNXGEN_GEMV_SPLIT=off: the loop kernel)
+SP=ONNXGEN_GEMV_SPLIT
+stage split05 300 $A --variant "split:" --variant "loop:$SP=off" --variant "s8w8:$SP=8,1024,8" --variant "s4x512:$SP=4,512,4" \
+  --variant "s2:$SP=2,1024,4" --variant "s4x2k:$SP=4,2048,8" --variant "s8x512:$SP=8,512,4" --variant "s4w8:$SP=4,1024,8" --variant "split-again:"
+stage split15 200 python3 step_anatomy.py --shape qwen2.5-coder-1.5b-instruct --precision fp16 --context 512 \
+  --variant "split:" --variant "loop:$SP=off" --variant "s8w8:$SP=8,1024,8" --variant "s4x512:$SP=4,512,4" --variant "s2:$SP=2,1024,4"
+stage split_gpu 200 python3 -m pytest -q -p no:cacheprovider -m gpu ../tests/test_kernels_contrib.py ../tests/test_fusion.py ../tests/test_decode_tail.py -k "gqa or matmul_group or prologue or tail"
 echo "logs in $out"

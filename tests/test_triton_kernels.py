@@ -92,3 +92,17 @@ def test_greedy_tail_kernel_through_the_triton_interpreter() -> None:
     verified against eager steps and compared with eager decoding's tokens."""
     launches = run_interpreted("greedy_tail or generator_tail_fills", files=("tests/test_decode_tail.py",))
     assert launches.get("greedy_advance", 0) >= 60, launches
+
+
+@pytest.mark.skipif(not triton_importable(), reason="triton is not installed")
+def test_split_k_and_loop_gemvs_through_the_triton_interpreter() -> None:
+    """Rows longer than one tile: with 32-wide tiles (ONNXGEN_GEMV_DENSE) every row of the tiny
+    models is long, so the one-row groups and whole-model decodes against onnxruntime run the
+    split-K kernel (no prologue and SiLU-mul; the norms keep the loop kernel), then with it off
+    the loop kernel everywhere."""
+    small = {"ONNXGEN_TRITON_LINEAR": "1", "ONNXGEN_GEMV_DENSE": "4,32,4"}
+    selection = "prologues or genai_built or matmul_group_matches"
+    split = run_interpreted(f"{selection} or (growing_kv and fused)", ONNXGEN_GEMV_SPLIT="4,32,4", **small)
+    assert split.get("linear_row_split", 0) >= 100, split
+    loop = run_interpreted(selection, ONNXGEN_GEMV_SPLIT="off", **small)
+    assert loop.get("linear_row", 0) >= 20 and loop.get("linear_row_split", 0) == 0, loop

@@ -169,6 +169,63 @@ def _linear_tile_kernel(
 
 
 @triton.jit
+def _linear_split_kernel(
+    x_ptr,
+    x2_ptr,
+    gamma_ptr,
+    sum_ptr,
+    w_ptr,
+    bias_ptr,
+    out_ptr,
+    part_ptr,  # [splits, n] fp32: each program's partial dot products
+    ticket_ptr,  # [row blocks] int32, zero between calls
+    n,
+    k,
+    w_stride,
+    eps,
+    PROLOGUE: tl.constexpr,  # 0 or 3: no norm (its statistics would span the splits)
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,  # the K-range of one program
+    BLOCK_S: tl.constexpr,  # >= the number of splits
+    PDL: tl.constexpr,
+):
+    """Rows longer than one tile (down_proj), split along K over a second grid axis: program (i, j)
+    multiplies row block i by K-range j in one tile, as _linear_tile_kernel does, with every weight
+    load issued before the wait for the kernel before, and stores its partial sums. The program of
+    the block that draws the last ticket (as in triton_gqa's merge) adds the partials in split
+    order, writes the rows and resets the ticket. The loop kernel streams such a row one tile at a
+    time, a memory round trip per tile, and only after the wait."""
+    block = tl.program_id(0)
+    split = tl.program_id(1)
+    rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < n
+    cols = split * BLOCK_K + tl.arange(0, BLOCK_K)
+    inside = cols < k
+    w = tl.load(w_ptr + rows[:, None] * w_stride + cols[None, :], mask=row_ok[:, None] & inside[None, :], other=0.0)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+    wait_for_previous(PDL)
+    x, x2, gamma = _activation_inputs(x_ptr, x2_ptr, gamma_ptr, cols, inside, PROLOGUE)
+    a, _ = _activation(x, x2, gamma, sum_ptr, cols, inside, PROLOGUE)
+    tl.store(part_ptr + split * n + rows, tl.sum(w.to(tl.float32) * a[None, :], axis=1), mask=row_ok)
+    tl.debug_barrier()  # every thread's partials are stored before the ticket (release)
+    splits = tl.num_programs(1)
+    ticket = tl.atomic_add(ticket_ptr + block, 1, sem="acq_rel")
+    if ticket == splits - 1:
+        s = tl.arange(0, BLOCK_S)
+        parts = tl.load(
+            part_ptr + s[:, None] * n + rows[None, :], mask=(s < splits)[:, None] & row_ok[None, :], other=0.0,
+            cache_modifier=".cg",
+        )  # fmt: skip
+        y = tl.sum(parts, axis=0)
+        if HAS_BIAS:
+            y += bias
+        tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=row_ok)
+        tl.store(ticket_ptr + block, 0)
+
+
+@triton.jit
 def _linear_tile_persistent_kernel(
     x_ptr,
     x2_ptr,
@@ -320,6 +377,22 @@ def _override(name: str, n: int, k: int) -> tuple[int, ...] | None:
     return tuple(int(v) for v in raw.split(",")) if raw else None
 
 
+def split_config(n: int, k: int) -> tuple[int, int, int] | None:
+    """(BLOCK_N, BLOCK_K, num_warps) of _linear_split_kernel for rows longer than one tile, or None
+    (the loop kernel): ``ONNXGEN_GEMV_SPLIT=off`` turns it off, ``ONNXGEN_GEMV_SPLIT[_<N>x<K>]=a,b,c``
+    sets the configuration (the GPU benches sweep them)."""
+    raw = os.environ.get(f"ONNXGEN_GEMV_SPLIT_{n}x{k}") or os.environ.get("ONNXGEN_GEMV_SPLIT", "")
+    if raw == "off":
+        return None
+    if raw:
+        try:
+            block_n, block_k, warps = (int(v) for v in raw.split(","))
+        except ValueError:
+            raise ValueError(f"ONNXGEN_GEMV_SPLIT={raw!r}: expected off or BLOCK_N,BLOCK_K,WARPS") from None
+        return block_n, block_k, warps
+    return 4, 1024, 4
+
+
 def dense_config(n: int, k: int) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps) for a dense [N, K] weight, from whole-step sweeps on the H200
     under PDL (bench/step_anatomy.py, docs/benchmarks/2026-12-01-h200-anatomy.md):
@@ -388,6 +461,10 @@ def linear_row(
     out = torch.empty(n, dtype=x.dtype, device=x.device)
     block_n, block_k, warps = dense_config(n, k)
     LAUNCHES["linear_row"] += 1
+    split = split_config(n, k) if block_k < k and code in (0, 3) else None
+    if split is not None:
+        _launch_split(x, x2, gamma, sum_out, weight, bias, out, code, split)
+        return out
     kernel, grid = _linear_row_kernel, triton.cdiv(n, block_n)
     if block_k >= k and single_tile_enabled():
         kernel = _linear_tile_kernel
@@ -402,6 +479,36 @@ def linear_row(
         **pdl_launch(x, out, sum_out),
     )  # fmt: skip
     return out
+
+
+def _launch_split(x, x2, gamma, sum_out, weight, bias, out, code: int, config: tuple[int, int, int]) -> None:
+    n, k = weight.shape
+    block_n, block_k, warps = config
+    blocks, splits = triton.cdiv(n, block_n), triton.cdiv(k, block_k)
+    parts, tickets = _split_scratch(n, splits, blocks, x.device)
+    LAUNCHES["linear_row_split"] += 1
+    _linear_split_kernel[(blocks, splits)](
+        x, x2, gamma, sum_out, weight, bias if bias is not None else out, out, parts, tickets,
+        n, k, weight.stride(0), 0.0,
+        PROLOGUE=code, HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
+        BLOCK_S=triton.next_power_of_2(splits), num_warps=warps, **pdl_launch(x, out, parts, tickets),
+    )  # fmt: skip
+
+
+# per (rows, splits, row blocks, device): the partials and the tickets of _linear_split_kernel.
+# Kernels of one stream run one after another past their PDL wait, so layers of one shape share them
+_SPLIT_SCRATCH: dict[tuple[int, int, int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _split_scratch(n: int, splits: int, blocks: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    key = (n, splits, blocks, device)
+    found = _SPLIT_SCRATCH.get(key)
+    if found is None:
+        found = _SPLIT_SCRATCH[key] = (
+            torch.empty((splits, n), dtype=torch.float32, device=device),
+            torch.zeros(blocks, dtype=torch.int32, device=device),  # the kernel leaves them zero
+        )
+    return found
 
 
 def linear_row_q4(
