@@ -178,4 +178,9 @@ stage split05 300 $A --variant "split:" --variant "loop:$SP=off" --variant "s8w8
 stage split15 200 python3 step_anatomy.py --shape qwen2.5-coder-1.5b-instruct --precision fp16 --context 512 \
   --variant "split:" --variant "loop:$SP=off" --variant "s8w8:$SP=8,1024,8" --variant "s4x512:$SP=4,512,4" --variant "s2:$SP=2,1024,4"
 stage split_gpu 200 python3 -m pytest -q -p no:cacheprovider -m gpu ../tests/test_kernels_contrib.py ../tests/test_fusion.py ../tests/test_decode_tail.py -k "gqa or matmul_group or prologue or tail"
+# the tail's token stored in pinned host memory (ONNXGEN_HOST_TOKENS=0: copied as before), split-K defaults
+stage host05 300 $A --variant "default:" --variant "copy:ONNXGEN_HOST_TOKENS=0" --variant "outside:ONNXGEN_SAMPLE_IN_GRAPH=0" \
+  --variant "loopdown:$SP=off" --variant "default-again:"
+stage host15 150 python3 step_anatomy.py --shape qwen2.5-coder-1.5b-instruct --precision fp16 --context 512 \
+  --variant "default:" --variant "copy:ONNXGEN_HOST_TOKENS=0" --variant "default-again:"
 echo "logs in $out"

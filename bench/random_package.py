@@ -78,6 +78,7 @@ class GreedyLoop:
         self.decode_ids: torch.Tensor | None = None
         self.decode_pos: torch.Tensor | None = None
         self.tail: GreedyTail | None = None
+        self.tail_wants_host = True
         self.tail_ready_at: int | None = None  # the KV length the last step's tail prepared the feeds for
 
     def sample_in_graph(self) -> bool:
@@ -94,9 +95,15 @@ class GreedyLoop:
     def tail_of(self, kv: StaticKV) -> GreedyTail:
         """The greedy tail over the persistent decode feeds and this cache's mask (made once)."""
         assert self.decode_ids is not None and self.decode_pos is not None
-        if self.tail is None or self.tail.state()["mask"] is not kv.mask:
-            self.tail = GreedyTail("logits", self.config.vocab_size, self.decode_ids, self.decode_pos, kv.mask)
-        return self.tail
+        # ONNXGEN_HOST_TOKENS=0 (a sweep variant): the loop copies each token to the host as before
+        wants_host = os.environ.get("ONNXGEN_HOST_TOKENS", "1") != "0"
+        tail = self.tail
+        if tail is None or tail.state()["mask"] is not kv.mask or self.tail_wants_host != wants_host:
+            host = GreedyTail.host_tokens_for(kv.capacity, kv.device) if wants_host else None
+            ids, pos = self.decode_ids, self.decode_pos
+            tail = self.tail = GreedyTail("logits", self.config.vocab_size, ids, pos, kv.mask, host)
+            self.tail_wants_host = wants_host
+        return tail
 
     def new_kv(self) -> StaticKV | DynamicKV:
         dev = self.session.device
@@ -173,14 +180,18 @@ class GreedyLoop:
             # as Generator._decode_pipelined: token i's read is enqueued, then step i+1 (from the device
             # tensor), then the host waits for token i only, so it builds step i+2 while the GPU runs i+1;
             # no step past n_new tokens
-            reader = host_read(dev)
+            # a tail that stores each token in pinned host memory: the read waits for the step's end only
+            host = tail.host_tokens if tail is not None and tail.writes_host else None
+            reader = host_read(dev, host)
+            at: int | None = None  # token i's index in host (the position it will be fed at)
             if n_new > 1:
                 token = step(token)
+                at = kv.length if host is not None else None
             for i in range(2, n_new + 1):  # token i is on the device
-                reader.start(token)
-                ahead = step(token) if i < n_new else token
+                reader.start(token, at)
+                ahead, ahead_at = (step(token), kv.length if host is not None else None) if i < n_new else (token, at)
                 tokens.append(reader.wait())
-                token = ahead
+                token, at = ahead, ahead_at
             return first - start, time.perf_counter() - first, tokens
 
 

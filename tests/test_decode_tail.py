@@ -22,6 +22,7 @@ from onnxgen.models.builder import build_package
 from onnxgen.models.random_source import TINY_CONFIGS, RandomSource
 from onnxgen.runtime.capture.recorder import ReplayRecorder
 from onnxgen.runtime.capture.runtime import CaptureMismatchError, CaptureRuntime
+from onnxgen.runtime.kernels.triton_support import triton_serves
 from tests.conftest import HAS_CUDA
 from tests.test_capture_runtime import CAPACITY, Decoder, prompt, write_word_tokenizer
 
@@ -72,6 +73,21 @@ def test_greedy_tail_at_the_end_of_a_full_cache_keeps_to_the_mask() -> None:
     tail.apply({"logits": _row("random").reshape(1, 1, -1)}, tail.state())
     assert int(pos) == 16 and torch.equal(mask, torch.ones((1, 16), dtype=torch.int64))
     assert not memory[0, 16:].any()
+
+
+@pytest.mark.skipif(not triton_serves(torch.empty(0)), reason="the kernel runs on the CPU through Triton's interpreter")
+def test_greedy_tail_kernel_stores_host_tokens() -> None:
+    """The kernel's host copy: the token at its new position, nothing else (run interpreted: a CPU
+    tensor stands in for the pinned memory the GPU writes)."""
+    from onnxgen.runtime.kernels.triton_greedy import greedy_advance
+
+    row = _row("tie_across_blocks")[:VOCAB]
+    ids, pos = torch.zeros((1, 1), dtype=torch.int64), torch.full((1, 1), 4, dtype=torch.int64)
+    mask, host = torch.zeros((1, 8), dtype=torch.int64), torch.full((9,), -1, dtype=torch.int64)
+    greedy_advance(row, ids, pos, mask, host)
+    want = torch.full((9,), -1, dtype=torch.int64)
+    want[5] = int(torch.argmax(row))
+    assert torch.equal(host, want) and int(ids) == want[5]
 
 
 def test_greedy_tail_refuses_a_batch() -> None:
@@ -239,5 +255,36 @@ def test_gpu_generator_tokens_with_the_tail_in_the_graph(package) -> None:
         for _ in range(2):
             assert list(generator.generate_ids([3, 141, 59, 26], GREEDY)) == want, kw
         stats = generator.capture_stats
-        assert stats.tail == ("" if kw.get("sample_in_graph") is False else "in the graph"), kw
+        in_graph = kw.get("sample_in_graph") is not False
+        assert stats.tail == ("in the graph" if in_graph else ""), kw
         assert stats.replays > 0 and stats.invalidations == 0, kw
+        if in_graph:  # the kernel stores each token in pinned host memory: no copy in the stream
+            assert generator._tail is not None and generator._tail.writes_host, kw
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_gpu_greedy_tail_writes_pinned_host_tokens_inside_a_graph() -> None:
+    """Replays of a CUDA graph holding the kernel: each stores its token where the host reads it."""
+    rows = torch.randn(6, 151936, generator=torch.Generator().manual_seed(9)).half().cuda()
+    source = torch.empty(151936, dtype=torch.half, device="cuda")
+    ids = torch.zeros((1, 1), dtype=torch.int64, device="cuda")
+    pos = torch.zeros((1, 1), dtype=torch.int64, device="cuda")
+    mask = torch.zeros((1, 8), dtype=torch.int64, device="cuda")
+    host = GreedyTail.host_tokens_for(8, ids.device)
+    assert host is not None and host.is_pinned()
+    tail = GreedyTail("logits", 151936, ids, pos, mask, host)
+    assert tail.writes_host
+    source.copy_(rows[0])
+    tail.apply({"logits": source.reshape(1, 1, -1)}, tail.state())  # eager: compiles, makes the scratch
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tail.apply({"logits": source.reshape(1, 1, -1)}, tail.state())
+    for i in range(1, 6):
+        source.copy_(rows[i])
+        graph.replay()
+        event = torch.cuda.Event()
+        event.record()
+        event.synchronize()
+        assert int(host[i + 1]) == int(torch.argmax(rows[i])) == int(ids), i
+    assert int(host[1]) == int(torch.argmax(rows[0]))

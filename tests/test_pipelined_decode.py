@@ -195,9 +195,9 @@ def test_stop_strings(pair) -> None:
 class LoggingRead(CpuHostRead):
     log: list[str] = []
 
-    def start(self, token: torch.Tensor) -> None:
+    def start(self, token: torch.Tensor, at: int | None = None) -> None:
         self.log.append("start")
-        super().start(token)
+        super().start(token, at)
 
     def wait(self) -> int:
         self.log.append("wait")
@@ -210,7 +210,7 @@ def test_step_n_plus_1_is_enqueued_before_token_n_is_read(package, monkeypatch) 
     past max_new_tokens."""
     log: list[str] = []
     LoggingRead.log = log
-    monkeypatch.setattr(generator_module, "host_read", lambda device: LoggingRead())
+    monkeypatch.setattr(generator_module, "host_read", lambda device, host_tokens=None: LoggingRead())
     pipelined = make(package, True)
     original = pipelined._step
 

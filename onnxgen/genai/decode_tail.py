@@ -15,9 +15,22 @@ class GreedyTail:
     """After a one-token step: ``ids`` <- argmax of the logits row (its first ``vocab_size``
     entries), ``pos`` <- pos + 1, ``mask[0, pos]`` <- 1 for the new pos (the last entry once the
     cache is full). ids and pos are the step's [1, 1] int64 feeds, mask its [1, capacity] one; the
-    host sets them before the first decode step of a generation, the tail from then on."""
+    host sets them before the first decode step of a generation, the tail from then on.
 
-    def __init__(self, logits: str, vocab_size: int, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor):
+    ``host_tokens`` (see ``host_tokens_for``): pinned [capacity + 1] int64 host memory where the
+    Triton kernel also stores each token at its new position, for the host to read after the step
+    without a copy in the stream. Only the kernel does that, so ``writes_host`` says whether it is
+    used; the host must otherwise copy the token (``ids``) as before."""
+
+    def __init__(
+        self,
+        logits: str,
+        vocab_size: int,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        mask: torch.Tensor,
+        host_tokens: torch.Tensor | None = None,
+    ):
         if ids.numel() != 1 or pos.numel() != 1 or mask.dim() != 2 or mask.shape[0] != 1:
             raise ValueError(
                 f"GreedyTail needs one token id, one position and a [1, capacity] mask; got ids "
@@ -27,6 +40,18 @@ class GreedyTail:
         self.logits = logits
         self.vocab_size = vocab_size
         self._state = {"ids": ids, "pos": pos, "mask": mask}
+        if host_tokens is not None and (host_tokens.dtype != torch.int64 or host_tokens.numel() != mask.shape[1] + 1):
+            raise ValueError(f"host_tokens must be {mask.shape[1] + 1} int64 values (the capacity + 1)")
+        self.host_tokens = host_tokens
+        self.writes_host = host_tokens is not None and triton_serves(mask) and host_tokens.is_pinned()
+
+    @staticmethod
+    def host_tokens_for(capacity: int, device: torch.device) -> torch.Tensor | None:
+        """Pinned host memory for the tokens of a ``capacity``-row cache, or None where the kernel
+        cannot write it (a CPU device: there is no copy to save)."""
+        if device.type != "cuda" or not triton_serves(torch.empty(0, device=device)):
+            return None
+        return torch.zeros(capacity + 1, dtype=torch.int64, pin_memory=True)
 
     def state(self) -> dict[str, torch.Tensor]:
         return self._state
@@ -37,7 +62,9 @@ class GreedyTail:
         if triton_serves(row) and row.is_contiguous():
             from onnxgen.runtime.kernels.triton_greedy import greedy_advance
 
-            greedy_advance(row, ids, pos, mask)
+            # verify mode's eager reference advances a copy of the state: it leaves the host tokens alone
+            host = self.host_tokens if self.writes_host and state is self._state else None
+            greedy_advance(row, ids, pos, mask, host)
             return
         torch.argmax(row, out=ids.view(()))
         pos.add_(1)

@@ -61,9 +61,11 @@ class GenerationStats:
 class HostRead:
     """One sampled token on its way to the host: ``start(token)`` enqueues the read of the 0-d device
     tensor, ``wait()`` blocks until that token (not later work) is there and returns it. One read
-    is pending at a time; the pipelined decode loop starts it before it enqueues the next step."""
+    is pending at a time; the pipelined decode loop starts it before it enqueues the next step.
+    ``start(token, at)``: the step that made the token also stored it in the reader's pinned
+    ``host_tokens`` at index ``at`` (GreedyTail), so only the step's end is waited for."""
 
-    def start(self, token: torch.Tensor) -> None:
+    def start(self, token: torch.Tensor, at: int | None = None) -> None:
         raise NotImplementedError
 
     def wait(self) -> int:
@@ -77,7 +79,7 @@ class CpuHostRead(HostRead):
     def __init__(self) -> None:
         self.token: torch.Tensor | None = None
 
-    def start(self, token: torch.Tensor) -> None:
+    def start(self, token: torch.Tensor, at: int | None = None) -> None:
         # the value now, as the CUDA read copies it in stream order: the caller may reuse the tensor
         self.token = token.clone()
 
@@ -92,23 +94,31 @@ class CudaHostRead(HostRead):
     enqueued before the next step, so ``wait`` waits for this token's kernels only, while the next
     step runs; ``int(token)`` there would wait for everything enqueued so far."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, host_tokens: torch.Tensor | None = None):
         self.device = device
         self.buffer = torch.empty((), dtype=torch.int64, pin_memory=True)  # reused: one read pending at a time
+        self.host_tokens = host_tokens
+        self.at: int | None = None
         self.event = torch.cuda.Event()
 
-    def start(self, token: torch.Tensor) -> None:
-        self.buffer.copy_(token.reshape(()), non_blocking=True)
+    def start(self, token: torch.Tensor, at: int | None = None) -> None:
+        if at is None or self.host_tokens is None:
+            self.buffer.copy_(token.reshape(()), non_blocking=True)
+            at = None
+        self.at = at
         self.event.record(torch.cuda.current_stream(self.device))
 
     def wait(self) -> int:
         self.event.synchronize()
+        if self.at is not None:
+            return int(self.host_tokens[self.at])  # type: ignore[index]
         return int(self.buffer.item())
 
 
-def host_read(device: torch.device) -> HostRead:
-    """The pending token read for ``device`` (also used by bench/random_package.py)."""
-    return CudaHostRead(device) if device.type == "cuda" else CpuHostRead()
+def host_read(device: torch.device, host_tokens: torch.Tensor | None = None) -> HostRead:
+    """The pending token read for ``device`` (also used by bench/random_package.py); ``host_tokens``:
+    the pinned tokens a step tail writes (HostRead.start's ``at``)."""
+    return CudaHostRead(device, host_tokens) if device.type == "cuda" else CpuHostRead()
 
 
 class Generator:
@@ -263,7 +273,8 @@ class Generator:
         tail = self._tail
         if tail is None or tail.state()["mask"] is not kv.mask:
             ids, pos = buffers
-            tail = self._tail = GreedyTail(self.config.io.logits, self.config.vocab_size, ids, pos, kv.mask)
+            host = GreedyTail.host_tokens_for(kv.capacity, self.device)
+            tail = self._tail = GreedyTail(self.config.io.logits, self.config.vocab_size, ids, pos, kv.mask, host)
         return tail
 
     def _step(self, kv: DynamicKV | StaticKV, ids: torch.Tensor, tail: GreedyTail | None = None) -> torch.Tensor:
@@ -338,16 +349,20 @@ class Generator:
             token = sampler.sample(self._step(kv, ids), out=out)
             tail = self._tail_for(kv, sampler)
 
-            def advance(token: torch.Tensor) -> torch.Tensor:
-                """Enqueue the step fed by ``token``; returns the next token (on the device)."""
+            def advance(token: torch.Tensor) -> tuple[torch.Tensor, int | None]:
+                """Enqueue the step fed by ``token``; returns the next token (on the device) and, where
+                the step's tail also stored it in pinned host memory, its index there."""
                 sampler.observe(token.reshape(1))
                 logits = self._step(kv, token.reshape(1, 1), tail)
-                if tail is not None:
-                    return tail.state()["ids"].view(())  # the step's tail wrote it
-                return sampler.sample(logits, out=out)
+                if tail is not None:  # the step's tail wrote it, at the new position
+                    return tail.state()["ids"].view(()), kv.length if tail.writes_host else None
+                return sampler.sample(logits, out=out), None
 
             if self.pipelined and isinstance(kv, StaticKV):
-                yield from self._decode_pipelined(token, advance, stats, start, max_new, room, params.ignore_eos)
+                host = tail.host_tokens if tail is not None and tail.writes_host else None
+                reader = host_read(self.device, host)
+                ignore_eos = params.ignore_eos
+                yield from self._decode_pipelined(token, advance, reader, stats, start, max_new, room, ignore_eos)
                 return
             while True:
                 token_id = int(token)  # the one device-to-host read per token
@@ -359,12 +374,13 @@ class Generator:
                 if stats.new_tokens >= max_new:
                     stats.stop_reason = "length" if max_new < room else "context full"
                     return
-                token = advance(token)
+                token = advance(token)[0]
 
     def _decode_pipelined(
         self,
         token: torch.Tensor,
-        advance: Callable[[torch.Tensor], torch.Tensor],
+        advance: Callable[[torch.Tensor], tuple[torch.Tensor, int | None]],
+        reader: HostRead,
         stats: GenerationStats,
         start: float,
         max_new: int,
@@ -387,10 +403,11 @@ class Generator:
           all if token N is EOS), where the sequential loop would have raised it.
 
         ``token``: the first new token, on the device; ``advance(token)`` enqueues the step it feeds and
-        returns the next token (sampled after the step, or by the step's tail). ``sampler.observe`` and
-        the sampling stay on the device, in stream order with the steps."""
-        reader = host_read(self.device)
-        ahead: torch.Tensor | None = None
+        returns the next token (sampled after the step, or by the step's tail) with its index in
+        ``reader``'s pinned host tokens where the tail stored it there (no copy to wait for), else None.
+        ``sampler.observe`` and the sampling stay on the device, in stream order with the steps."""
+        ahead: tuple[torch.Tensor, int | None] | None = None
+        at: int | None = None  # where the token on the device is in the reader's host tokens
 
         def try_advance(token: torch.Tensor) -> Exception | None:
             """advance(); an error is returned, to be raised after the token."""
@@ -403,7 +420,7 @@ class Generator:
 
         while True:
             n = stats.new_tokens + 1  # the token on the device is the n-th new one
-            reader.start(token)  # before step n+1 is enqueued: the wait below is for token n only
+            reader.start(token, at)  # before step n+1 is enqueued: the wait below is for token n only
             failed = try_advance(token) if 1 < n < max_new else None
             token_id = reader.wait()
             stats.count_token(start)
@@ -419,7 +436,7 @@ class Generator:
                 stats.stop_reason = "length" if max_new < room else "context full"
                 return
             assert ahead is not None
-            token = ahead
+            token, at = ahead
 
     def stream(
         self, prompt: str | list[int], params: SamplingParams | None = None, *, chat: bool = False

@@ -8,6 +8,11 @@ program that draws the last ticket (as in triton_gqa's merge) reduces the partia
 stores the token, advances the position and sets the mask entry, then resets the ticket for the
 next call. The result is the one ``torch.argmax`` gives: the first index of the maximum, NaN
 counting as the largest value.
+
+With ``host_tokens`` (pinned host memory, which the GPU addresses directly) the kernel also stores
+the token there, at its position: the host reads it once the step's event has passed, with no
+device-to-host copy in the stream between two steps (that copy and its gap cost about 18 us per
+token on the H200, docs/benchmarks/2026-12-01-h200-tail-split.md).
 """
 
 from __future__ import annotations
@@ -34,9 +39,11 @@ def _greedy_advance_kernel(
     ids_ptr,
     pos_ptr,
     mask_ptr,
+    host_ptr,  # [capacity + 1] int64 in pinned host memory, or unused
     capacity,
     BLOCK: tl.constexpr,
     BLOCK_P: tl.constexpr,
+    HOST: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -73,12 +80,21 @@ def _greedy_advance_kernel(
         tl.store(pos_ptr, pos)
         # the last step of a full cache names a row past its end: that entry is the last one, already set
         tl.store(mask_ptr + tl.minimum(pos, capacity - 1), tl.full((), 1, mask_ptr.dtype.element_ty))
+        if HOST:
+            tl.store(host_ptr + pos, token.to(host_ptr.dtype.element_ty))
         tl.store(ticket_ptr, 0)
 
 
-def greedy_advance(row: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> None:
-    """ids <- argmax(row); pos <- pos + 1; mask[0, min(pos, capacity - 1)] <- 1 (the new pos), in place.
-    row: [vocab] logits (contiguous); ids, pos: one int64 each; mask: [1, capacity]."""
+def greedy_advance(
+    row: torch.Tensor,
+    ids: torch.Tensor,
+    pos: torch.Tensor,
+    mask: torch.Tensor,
+    host_tokens: torch.Tensor | None = None,
+) -> None:
+    """ids <- argmax(row); pos <- pos + 1; mask[0, min(pos, capacity - 1)] <- 1 (the new pos), in place;
+    and host_tokens[pos] <- the token when given. row: [vocab] logits (contiguous); ids, pos: one
+    int64 each; mask: [1, capacity]; host_tokens: [capacity + 1] int64, pinned."""
     LAUNCHES["greedy_advance"] += 1
     vocab = row.numel()
     programs = triton.cdiv(vocab, BLOCK)
@@ -93,9 +109,11 @@ def greedy_advance(row: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, mask
         ids,
         pos,
         mask,
+        host_tokens if host_tokens is not None else ids,
         mask.shape[-1],
         BLOCK=BLOCK,
         BLOCK_P=triton.next_power_of_2(programs),
+        HOST=host_tokens is not None,
         num_warps=4,
         **pdl_launch(row, part_val, part_idx, part_nan, ticket, ids, pos, mask),
     )

@@ -377,10 +377,14 @@ def _override(name: str, n: int, k: int) -> tuple[int, ...] | None:
     return tuple(int(v) for v in raw.split(",")) if raw else None
 
 
-def split_config(n: int, k: int) -> tuple[int, int, int] | None:
+def split_config(n: int, k: int, device: torch.device) -> tuple[int, int, int] | None:
     """(BLOCK_N, BLOCK_K, num_warps) of _linear_split_kernel for rows longer than one tile, or None
-    (the loop kernel): ``ONNXGEN_GEMV_SPLIT=off`` turns it off, ``ONNXGEN_GEMV_SPLIT[_<N>x<K>]=a,b,c``
-    sets the configuration (the GPU benches sweep them)."""
+    (the loop kernel). Measured on the H200 (docs/benchmarks/2026-12-01-h200-tail-split.md): on the
+    0.5B shape's down_proj (896 x 4,864), where the loop kernel has 224 programs for 132 SMs, split
+    8 x 1,024 in 8 warps ran the step at 1,995 tok/s against 1,903; on the 1.5B shape's (1,536 x
+    8,960: 384 programs) every split configuration lost (812-844 against 891). So the split runs
+    where the loop kernel would have fewer than two programs per SM. ``ONNXGEN_GEMV_SPLIT=off``
+    turns it off, ``ONNXGEN_GEMV_SPLIT[_<N>x<K>]=a,b,c`` forces a configuration (the benches sweep them)."""
     raw = os.environ.get(f"ONNXGEN_GEMV_SPLIT_{n}x{k}") or os.environ.get("ONNXGEN_GEMV_SPLIT", "")
     if raw == "off":
         return None
@@ -390,7 +394,10 @@ def split_config(n: int, k: int) -> tuple[int, int, int] | None:
         except ValueError:
             raise ValueError(f"ONNXGEN_GEMV_SPLIT={raw!r}: expected off or BLOCK_N,BLOCK_K,WARPS") from None
         return block_n, block_k, warps
-    return 4, 1024, 4
+    loop_block_n = dense_config(n, k)[0]
+    if device.type == "cuda" and triton.cdiv(n, loop_block_n) >= 2 * _multiprocessors(device.index or 0):
+        return None
+    return 8, 1024, 8
 
 
 def dense_config(n: int, k: int) -> tuple[int, int, int]:
@@ -400,9 +407,10 @@ def dense_config(n: int, k: int) -> tuple[int, int, int]:
       to 1,024-wide tiles and 8 above, so that every weight load of a program is issued before it
       waits for the kernel before. On the Qwen2.5-1.5B shape (K = 1,536) one-tile rows took the
       step from 742 to 829 tok/s against 256-wide tiles in a loop;
-    - longer rows (down_proj, K = 4,864 or 8,960): 4 rows per program in 1,024-wide tiles, 8 warps.
-      The prologue (SiLU-mul of the gate and up rows) is computed once per program and serves its
-      rows: on the 0.5B shape 4 rows ran at 1,913 tok/s, 2 rows at 1,858, 1 row at 1,800."""
+    - longer rows (down_proj, K = 4,864 or 8,960) in the loop kernel: 4 rows per program in
+      1,024-wide tiles, 8 warps. The prologue (SiLU-mul of the gate and up rows) is computed once
+      per program and serves its rows: on the 0.5B shape 4 rows ran at 1,913 tok/s, 2 rows at
+      1,858, 1 row at 1,800. Where that grid is small, split_config splits the rows along K instead."""
     forced = _override("DENSE", n, k)
     if forced:
         return forced  # type: ignore[return-value]
@@ -461,7 +469,7 @@ def linear_row(
     out = torch.empty(n, dtype=x.dtype, device=x.device)
     block_n, block_k, warps = dense_config(n, k)
     LAUNCHES["linear_row"] += 1
-    split = split_config(n, k) if block_k < k and code in (0, 3) else None
+    split = split_config(n, k, x.device) if block_k < k and code in (0, 3) else None
     if split is not None:
         _launch_split(x, x2, gamma, sum_out, weight, bias, out, code, split)
         return out
