@@ -59,9 +59,12 @@ def run_genai(model: Any, ids: list[int], new_tokens: int) -> Run:
     return Run(first - start, end - first, tokens)
 
 
-def timed_runs(fn: Callable[[], Run], repeats: int) -> list[Run]:
-    """One warm-up call, then `repeats` timed ones."""
+def timed_runs(fn: Callable[[], Run], repeats: int, warmup_s: float = 0.0) -> list[Run]:
+    """One warm-up call (more until ``warmup_s`` seconds have passed), then `repeats` timed ones."""
+    start = time.perf_counter()
     fn()  # warm-up (first-call allocations, weight repacking, dequant caches, graph recording, compiling)
+    while time.perf_counter() - start < warmup_s:  # the GPU's clocks and caches settle, for every engine alike
+        fn()
     return [fn() for _ in range(repeats)]
 
 

@@ -21,7 +21,8 @@ weights on CUDA for both fp16 and int4 (it has no int4 path here: its int4 row i
 fp32 on the CPU. The checkpoint holds fp16 weights unless --precision fp32, so onnxgen, onnxruntime-genai
 and transformers compute from the same rounded values.
 
-Method: one warm-up generation per engine, then --repeats timed ones; the table shows medians.
+Method: warm-up generations per engine (at least one, and for at least --warmup-s seconds), then
+--repeats timed ones; the table shows medians.
 TTFT is prompt prefill + first token; decode tok/s = (N - 1) / (time after the first token).
 onnxgen and onnxruntime-genai are timed token by token (each reads every token id back to the host).
 transformers exposes only a whole generate() call, so each timed repeat is a 1-token generate (its
@@ -111,6 +112,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompt-tokens", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--warmup-s", type=float, default=2.0,
+        help="each engine's warm-up generations go on until this many seconds have passed (at least one)",
+    )  # fmt: skip
     parser.add_argument("--engines", help=f"comma list of {', '.join(ENGINES)} (default: every one that can run)")
     parser.add_argument("--seed", type=int, default=0, help="weights and prompt ids")
     parser.add_argument("--workdir", type=Path, help="keep (and reuse) the checkpoint and packages here")
@@ -365,7 +370,7 @@ def run_onnxgen_engine(bench: Bench, eager: bool) -> EngineResult:
     # the CPU has no CUDA graphs: there both onnxgen rows run eagerly
     capture = "off" if eager or args.device == "cpu" else "on"
     generator = Generator(bench.package, device=args.device, capture=capture)
-    runs = timed_runs(lambda: run_onnxgen(generator, bench.ids, args.new_tokens), args.repeats)
+    runs = timed_runs(lambda: run_onnxgen(generator, bench.ids, args.new_tokens), args.repeats, args.warmup_s)
     note = f"capture {capture}, {generator.kv_kind} KV"
     if capture == "on":
         stats = generator.capture_stats
@@ -391,7 +396,7 @@ def run_genai_engine(bench: Bench, graph: bool) -> EngineResult:
         )
         package, note = variant, f"cuda provider, enable_cuda_graph={value}"
     model = og.Model(str(package))
-    runs = timed_runs(lambda: run_genai(model, bench.ids, args.new_tokens), args.repeats)
+    runs = timed_runs(lambda: run_genai(model, bench.ids, args.new_tokens), args.repeats, args.warmup_s)
     return EngineResult("", note, runs)
 
 
@@ -472,7 +477,7 @@ def static_cache(model: Any, length: int) -> Any:
 
 def run_hf_engine(bench: Bench, compiled: bool) -> EngineResult:
     runner = HFRunner(bench, compiled)
-    runs = timed_runs(lambda: runner.run(bench.args.new_tokens), bench.args.repeats)
+    runs = timed_runs(lambda: runner.run(bench.args.new_tokens), bench.args.repeats, bench.args.warmup_s)
     note = runner.how
     if compiled and "compile_config" in runner.base and not hasattr(runner.model, "_compiled_call"):
         note += " (generate did not compile: eager steps)"
@@ -595,7 +600,7 @@ def report(bench: Bench, results: list[EngineResult]) -> list[str]:
         f"## decode speed: {args.label} {args.precision} on {args.device}",
         "",
         f"random weights; prompt {len(bench.ids)} tokens, {args.new_tokens} new, greedy, "
-        f"median of {args.repeats} after a warm-up",
+        f"median of {args.repeats} after a warm-up of at least {args.warmup_s:g} s",
         "",
         *table(results, floor_ms),
         "",

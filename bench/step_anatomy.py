@@ -178,6 +178,7 @@ def main() -> int:
     add_package_args(parser)
     parser.add_argument("--variant", action="append", default=None, help="NAME:ENV=VALUE,ENV=VALUE")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warmup-s", type=float, default=2.0, help="warm-up runs per variant for at least this long")
     parser.add_argument("--steps", type=int, default=100, help="steps per host/GPU measurement")
     parser.add_argument("--kernels", action="store_true", help="also print the graphs' kernel timeline")
     parser.add_argument("--profile-steps", type=int, default=8)
@@ -196,7 +197,10 @@ def main() -> int:
         for name, env in variants:
             apply_env(env)
             runtime = CaptureRuntime(session.program, session.model, mode="on", pin=pin)
+            start = time.perf_counter()
             loop.run(runtime)
+            while time.perf_counter() - start < args.warmup_s:  # clocks and caches settle, for every variant
+                loop.run(runtime)
             runs = [loop.run(runtime) for _ in range(args.repeats)]
             loop_ms = 1000 * statistics.median(r[1] for r in runs) / n
             with torch.inference_mode():

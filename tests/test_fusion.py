@@ -237,3 +237,73 @@ def test_a_norm_read_elsewhere_stays_its_own_op() -> None:
     assert "SkipSimplifiedLayerNormalization" in ops and report.prologues == 1, ops  # SiLU-mul still moves
     group = next(n for n in fused.graph.node if n.op_type == "MatMulGroup" and len(n.output) == 2)
     assert group.input[0] == "normed" and not any(a.name == "prologue" for a in group.attribute)
+
+
+# -- RowSumCast: the attention mask's valid lengths ----------------------------------------------
+
+
+def row_sum_model(
+    dtype: int = TensorProto.INT64, keepdims: int = 1, axes: list[int] | None = None, minus: int = 1,
+    to: int = TensorProto.INT32, swapped: bool = False, width: int = 37, opset: int = 21,
+):  # fmt: skip
+    axes = [1] if axes is None else axes
+    np_dtype = np.int64 if dtype == TensorProto.INT64 else np.int32
+    inits = [numpy_helper.from_array(np.array(minus, np_dtype), "c")]
+    if opset >= 13:
+        inits.append(numpy_helper.from_array(np.array(axes, np.int64), "axes"))
+        reduce = helper.make_node("ReduceSum", ["mask", "axes"], ["s"], keepdims=keepdims, name="sum")
+    else:
+        reduce = helper.make_node("ReduceSum", ["mask"], ["s"], axes=axes, keepdims=keepdims, name="sum")
+    sub = helper.make_node("Sub", ["c", "s"] if swapped else ["s", "c"], ["d"], name="sub")
+    cast = helper.make_node("Cast", ["d"], ["y"], to=to, name="cast")
+    ins = [helper.make_tensor_value_info("mask", dtype, ["batch", width])]
+    return make_model([reduce, sub, cast], ins, [helper.make_tensor_value_info("y", to, None)], inits, opset=opset)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "kw",
+    [{}, {"keepdims": 0}, {"axes": [-1]}, {"dtype": TensorProto.INT32, "to": TensorProto.INT64}, {"minus": -3},
+     {"width": 5000}, {"opset": 11}],
+)  # fmt: skip
+def test_row_sum_cast_matches_onnxruntime(kw: dict, device: str) -> None:
+    model = row_sum_model(**kw)
+    fused, report = fuse_graph(model)
+    assert report.row_sums == 1 and [n.op_type for n in fused.graph.node] == ["RowSumCast"]
+    width = kw.get("width", 37)
+    dtype = np.int32 if kw.get("dtype") == TensorProto.INT32 else np.int64
+    mask = np.zeros((3, width), dtype)
+    for row, length in enumerate((1, width // 2, width)):
+        mask[row, :length] = 1
+    mask[1, -1] = 5  # any integers, not only 0/1
+    (want,) = ort_run(model, {"mask": mask})
+    (got,) = InferenceSession(fused, device=device).run(None, {"mask": mask})
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("kw", [{"swapped": True}, {"axes": [0]}, {"to": TensorProto.FLOAT}])
+def test_other_reductions_are_not_row_sums(kw: dict) -> None:
+    assert fuse_graph(row_sum_model(**kw))[1].row_sums == 0
+
+
+def test_a_row_sum_read_elsewhere_is_not_fused() -> None:
+    model = row_sum_model()
+    model.graph.output.append(helper.make_tensor_value_info("s", TensorProto.INT64, None))
+    assert fuse_graph(model)[1].row_sums == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("indices", [[[3]], [[-1]], [[0, 9, -10], [4, 4, 1]]])
+def test_embedding_gather_matches_onnxruntime(indices: list, device: str) -> None:
+    """The one-kernel row gather of a decode step's embedding (with Triton; torch's index_select elsewhere)."""
+    table = RNG.standard_normal((10, 1100)).astype(np.float16)
+    node = helper.make_node("Gather", ["table", "ids"], ["y"], axis=0)
+    ids = np.array(indices, np.int64)
+    model = make_model(
+        [node], [helper.make_tensor_value_info("ids", TensorProto.INT64, list(ids.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)], [numpy_helper.from_array(table, "table")],
+    )  # fmt: skip
+    (want,) = ort_run(model, {"ids": ids})
+    (got,) = InferenceSession(model, device=device).run(None, {"ids": ids})
+    np.testing.assert_array_equal(got, want)

@@ -71,6 +71,7 @@ def test_logits_match_onnxruntime_with_growing_kv(packages, flavour, precision, 
         assert report.silu_mul == config.num_layers, report
         assert report.matmul_groups + report.matmul_nbits_groups == 2 * config.num_layers, report
         assert report.attention == (config.num_layers if flavour == "standard" else 0), report
+        assert report.row_sums == (1 if flavour == "gqa" else 0), report  # the mask's valid lengths
         ours = InferenceSession(model, device=device, base_dir=package)
         if device == "cpu":  # a CUDA session packs its groups itself
             from onnxgen.runtime.fusion import pack_matmul_groups

@@ -40,12 +40,14 @@ def run_interpreted(selection: str, files: tuple[str, ...] = PARITY_FILES, **env
 def test_parity_tests_pass_through_the_triton_interpreter() -> None:
     launches = run_interpreted(
         "gqa_shared or gqa_fp16 or layer_norm or genai_built or growing_kv or silu_mul or prologues"
-        " or matmul_group_matches",
+        " or matmul_group_matches or row_sum_cast or embedding_gather",
         ONNXGEN_TRITON_LINEAR="1",  # the one-row GEMVs (on by default only where PDL is)
         ONNXGEN_TRITON_Q4="1",  # and the opt-in 4-bit one
     )
     assert launches.get("gqa_decode", 0) >= 20 and launches.get("rms_norm", 0) >= 20, launches
     assert launches.get("silu_mul", 0) >= 10, launches
+    # the step's prelude: the mask's row sums (RowSumCast) and the embedding rows
+    assert launches.get("row_sum_cast", 0) >= 7 and launches.get("gather_rows", 0) >= 10, launches
     # the one-row GEMVs with their prologues (fused whole-model decode, fp32/fp16 and int4)
     assert launches.get("linear_row", 0) >= 100 and launches.get("linear_row_q4", 0) >= 20, launches
 

@@ -11,6 +11,9 @@ match on the ONNX graph that keeps every value name the rest of the graph reads:
   block size and accuracy level (the CUDA kernel dequantizes and concatenates them once).
 - ``SiluMul``: Sigmoid(g) -> Mul(g, .) -> Mul(., u), the SwiGLU of Llama-style MLPs, becomes
   silu(g) * u in one kernel.
+- ``RowSumCast``: ReduceSum over axis 1 of a 2-D integer graph input, minus a constant, cast to an
+  integer type (the attention mask's valid lengths that GroupQueryAttention reads): one kernel
+  instead of three, the first of every decode step.
 - Singles: a lone MatMul with a constant 2-D weight (o_proj, down_proj) or a lone MatMulNBits
   becomes a group of one, so that every decode GEMV runs through one kernel family.
 - Prologues: the op that feeds a group and nothing else (SimplifiedLayerNormalization, its Skip
@@ -35,10 +38,12 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import onnx
+import onnx.numpy_helper
 from onnx import helper
 
 FUSED_DOMAIN = "onnxgen"
 _FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+_INTS = (onnx.TensorProto.INT32, onnx.TensorProto.INT64)
 
 
 @dataclass
@@ -49,13 +54,16 @@ class FusionReport:
     silu_mul: int = 0
     singles: int = 0
     prologues: int = 0
+    row_sums: int = 0
 
     @property
     def total(self) -> int:
         return sum(getattr(self, f.name) for f in fields(self))
 
 
-ALL_REWRITES = frozenset({"attention", "matmul_groups", "matmul_nbits_groups", "silu_mul", "singles", "prologues"})
+ALL_REWRITES = frozenset(
+    {"attention", "matmul_groups", "matmul_nbits_groups", "silu_mul", "singles", "prologues", "row_sums"}
+)
 # what pays on each device (measured, docs/benchmarks/cpu.md and 2026-11-29-h200-capture.md): on the
 # CPU the grouped GEMMs lose the one-row GEMV fast path (SmolLM2 fp32 standard 28 -> 25 tok/s with
 # every rewrite) while the attention rewrite alone gains (29.9 -> 32.1 tok/s); on CUDA every rewrite
@@ -77,7 +85,8 @@ def fuse_for_device(model: onnx.ModelProto, device_type: str) -> tuple[onnx.Mode
 # an op each rewrite needs (at least this many times) before the graph is worth copying
 _LINEAR = ("MatMul", "MatMulNBits")
 _NEEDS = {"attention": (("Softmax",), 1), "silu_mul": (("Sigmoid",), 1), "matmul_groups": (("MatMul",), 2),
-          "matmul_nbits_groups": (("MatMulNBits",), 2), "singles": (_LINEAR, 1), "prologues": (_LINEAR, 1)}  # fmt: skip
+          "matmul_nbits_groups": (("MatMulNBits",), 2), "singles": (_LINEAR, 1), "prologues": (_LINEAR, 1),
+          "row_sums": (("ReduceSum",), 1)}  # fmt: skip
 
 
 def fuse_graph(model: onnx.ModelProto, rewrites: frozenset[str] = ALL_REWRITES) -> tuple[onnx.ModelProto, FusionReport]:
@@ -131,6 +140,8 @@ class _Rewriter:
             report.singles += self._fuse_groups("MatMulNBits", "com.microsoft", self._nbits_member, least=1)
         if "prologues" in rewrites:
             report.prologues += self._fuse_prologues()
+        if "row_sums" in rewrites:
+            report.row_sums += self._fuse_row_sums()
 
     # -- the only-consumer test every pattern needs ----------------------------------------
 
@@ -172,6 +183,59 @@ class _Rewriter:
             replace[index[id(node)]] = None
             replace[index[id(first)]] = None
             replace[index[id(second)]] = fused
+            count += 1
+        self._apply(replace)
+        return count
+
+    # -- RowSumCast -------------------------------------------------------------------------
+
+    def _int_scalar(self, name: str) -> int | None:
+        t = self.inits.get(name)
+        if t is None or t.data_type not in _INTS or len(t.dims) > 1 or (t.dims and t.dims[0] != 1):
+            return None
+        return int(onnx.numpy_helper.to_array(t).reshape(-1)[0])
+
+    def _fuse_row_sums(self) -> int:
+        consumers = self._consumers()
+        inputs = {vi.name: vi.type.tensor_type for vi in self.graph.input}
+        index = {id(n): i for i, n in enumerate(self.graph.node)}
+        replace: dict[int, onnx.NodeProto | None] = {}
+        count = 0
+        for node in self.graph.node:
+            if node.op_type != "ReduceSum" or node.domain not in ("", "ai.onnx") or not node.input:
+                continue
+            data = inputs.get(node.input[0])
+            if data is None or data.elem_type not in _INTS or len(data.shape.dim) != 2:
+                continue
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            if len(node.input) > 1 and node.input[1]:
+                axes = self.inits.get(node.input[1])
+                axes_list = [] if axes is None else [int(v) for v in onnx.numpy_helper.to_array(axes).reshape(-1)]
+            else:
+                axes_list = [int(v) for v in attrs.get("axes", [])]
+            if axes_list not in ([1], [-1]):
+                continue
+            sub = self._sole_consumer(node.output[0], consumers)
+            if sub is None or sub.op_type != "Sub" or sub.domain not in ("", "ai.onnx"):
+                continue
+            if sub.input[0] != node.output[0]:  # sum - c only (c - sum is another op)
+                continue
+            minus = self._int_scalar(sub.input[1])
+            if minus is None or self.inits[sub.input[1]].data_type != data.elem_type:
+                continue
+            cast = self._sole_consumer(sub.output[0], consumers)
+            if cast is None or cast.op_type != "Cast" or cast.domain not in ("", "ai.onnx"):
+                continue
+            to = int(next((helper.get_attribute_value(a) for a in cast.attribute if a.name == "to"), 0))
+            if to not in _INTS:
+                continue
+            fused = helper.make_node(
+                "RowSumCast", [node.input[0]], [cast.output[0]], name=f"{node.name}/RowSumCast", domain=FUSED_DOMAIN,
+                offset=-minus, to=to, keepdims=int(attrs.get("keepdims", 1)),
+            )  # fmt: skip
+            replace[index[id(node)]] = fused
+            replace[index[id(sub)]] = None
+            replace[index[id(cast)]] = None
             count += 1
         self._apply(replace)
         return count

@@ -273,6 +273,25 @@ def _explicit_attention(q, k, v, mask, scale: float, groups: int, fill: float) -
     return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
+@kernel("RowSumCast", domain=FUSED_DOMAIN)
+def row_sum_cast(ctx: NodeContext, x: torch.Tensor) -> torch.Tensor:
+    """Cast(ReduceSum(x, axes=[1], keepdims) + offset, to): a [rows, width] integer tensor's row sums
+    (the attention mask's valid lengths), in the integer type of x as the unfused ops compute them."""
+    from onnxgen.runtime.dtypes import torch_dtype
+
+    offset, keepdims = int(ctx.attr("offset", 0)), bool(ctx.attr("keepdims", 1))
+    dtype = torch_dtype(int(ctx.require("to")))
+    if x.dim() != 2:
+        raise ctx.fail(f"RowSumCast takes a [rows, width] tensor, got shape {list(x.shape)}")
+    if triton_serves(x) and x.dtype in (torch.int32, torch.int64) and x.stride(1) == 1:
+        from onnxgen.runtime.kernels.triton_prelude import row_sum_cast as kernel_fn
+
+        out = kernel_fn(x, offset, dtype)
+    else:
+        out = (x.sum(dim=1, dtype=x.dtype) + offset).to(dtype)
+    return out.reshape(-1, 1) if keepdims else out
+
+
 @kernel("SiluMul", domain=FUSED_DOMAIN)
 def silu_mul(ctx: NodeContext, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     if g.shape == u.shape and g.dtype == u.dtype and g.is_floating_point() and triton_serves(g):

@@ -12,6 +12,7 @@ import torch
 
 from onnxgen.runtime.kernels.common import NodeContext, ints, normalize_axis
 from onnxgen.runtime.kernels.registry import kernel
+from onnxgen.runtime.kernels.triton_support import triton_serves
 
 DATA_DEPENDENT = "data-dependent output shape"
 
@@ -104,9 +105,27 @@ def slice_(
 # -- Gather ------------------------------------------------------------------------------------
 
 
+# a decode step's embedding lookup: a few rows of a table, as one Triton kernel (triton_prelude.py)
+_ROW_GATHER_MAX = 64
+
+
 @kernel("Gather")
 def gather(ctx: NodeContext, data: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     axis = normalize_axis(ctx.attr("axis", 0), data.dim())
+    if (
+        axis == 0
+        and data.dim() == 2
+        and data.is_contiguous()
+        and data.shape[0] > 0
+        and indices.numel() <= _ROW_GATHER_MAX
+        and indices.device == data.device
+        and indices.dtype in (torch.int32, torch.int64)
+        and data.dtype != torch.bool
+        and triton_serves(data)
+    ):
+        from onnxgen.runtime.kernels.triton_prelude import gather_rows
+
+        return gather_rows(data, indices).reshape((*indices.shape, data.shape[1]))
     idx = _wrap(indices, data.shape[axis])
     picked = data.index_select(axis, idx.reshape(-1))
     return picked.reshape((*data.shape[:axis], *indices.shape, *data.shape[axis + 1 :]))

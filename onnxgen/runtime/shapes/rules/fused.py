@@ -30,3 +30,10 @@ def silu_mul(ctx: RuleContext) -> list[TensorInfo | None]:
 def masked_attention(ctx: RuleContext) -> list[TensorInfo | None]:
     q, v = ctx.shape(0), ctx.shape(2)
     return [ctx.out([*q[:-1], v[-1]], ctx.dtype(0))]
+
+
+@rule("RowSumCast", domain=FUSED)
+def row_sum_cast(ctx: RuleContext) -> list[TensorInfo | None]:
+    x = ctx.shape(0)
+    keep = int(ctx.attr("keepdims", 1))
+    return [ctx.out([x[0], 1] if keep else [x[0]], int(ctx.attr("to")))]
