@@ -187,14 +187,15 @@ def force_into_segments(plan: CapturePlan, names: set[str]) -> CapturePlan:
     return CapturePlan(nodes, segments, plan.mode, plan.growing, plan.pinned)
 
 
-PLANTED = "/model/attn_mask/ReduceSum"  # reads the growing mask: its output shape [B] never changes
+# reads the growing mask: its output shape [B] never changes (CUDA sessions fuse it into RowSumCast)
+PLANTED = {"/model/attn_mask/ReduceSum", "/model/attn_mask/ReduceSum/RowSumCast"}
 
 
 def planted_decoder(package, **kw) -> Decoder:
     decoder = Decoder(package, "dynamic", runtime_kw={"recorder": ReplayRecorder(), **kw})
     runtime = decoder.runtime
     original = runtime.plan_for
-    runtime.plan_for = lambda key: (force_into_segments(original(key)[0], {PLANTED}), original(key)[1])
+    runtime.plan_for = lambda key: (force_into_segments(original(key)[0], PLANTED), original(key)[1])
     return decoder
 
 
@@ -352,7 +353,7 @@ def test_gpu_planted_admission_caught(packages) -> None:
     eager = Decoder(packages["gqa"], "dynamic", device="cuda")
     captured = Decoder(packages["gqa"], "dynamic", device="cuda", runtime_kw={"recorder": CudaGraphRecorder(device)})
     original = captured.runtime.plan_for
-    captured.runtime.plan_for = lambda key: (force_into_segments(original(key)[0], {PLANTED}), original(key)[1])
+    captured.runtime.plan_for = lambda key: (force_into_segments(original(key)[0], PLANTED), original(key)[1])
     decode_pair(eager, captured, steps=12)
     assert captured.runtime.stats.invalidations >= 1
 
@@ -365,7 +366,7 @@ def test_gpu_planted_admission_without_the_guard_is_caught_by_verify(packages) -
     runtime_kw = {"recorder": CudaGraphRecorder(device), "mode": "verify", "guard": False}
     captured = Decoder(packages["gqa"], "dynamic", device="cuda", runtime_kw=runtime_kw)
     original = captured.runtime.plan_for
-    captured.runtime.plan_for = lambda key: (force_into_segments(original(key)[0], {PLANTED}), original(key)[1])
+    captured.runtime.plan_for = lambda key: (force_into_segments(original(key)[0], PLANTED), original(key)[1])
     with pytest.raises(CaptureMismatchError, match="differs from eager"):
         decode_pair(eager, captured, steps=12)
 

@@ -294,10 +294,11 @@ def test_a_row_sum_read_elsewhere_is_not_fused() -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("width", [1100, 5000])  # a row in one block (read before the PDL wait), or looped
 @pytest.mark.parametrize("indices", [[[3]], [[-1]], [[0, 9, -10], [4, 4, 1]]])
-def test_embedding_gather_matches_onnxruntime(indices: list, device: str) -> None:
+def test_embedding_gather_matches_onnxruntime(indices: list, width: int, device: str) -> None:
     """The one-kernel row gather of a decode step's embedding (with Triton; torch's index_select elsewhere)."""
-    table = RNG.standard_normal((10, 1100)).astype(np.float16)
+    table = RNG.standard_normal((10, width)).astype(np.float16)
     node = helper.make_node("Gather", ["table", "ids"], ["y"], axis=0)
     ids = np.array(indices, np.int64)
     model = make_model(

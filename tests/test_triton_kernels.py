@@ -47,7 +47,7 @@ def test_parity_tests_pass_through_the_triton_interpreter() -> None:
     assert launches.get("gqa_decode", 0) >= 20 and launches.get("rms_norm", 0) >= 20, launches
     assert launches.get("silu_mul", 0) >= 10, launches
     # the step's prelude: the mask's row sums (RowSumCast) and the embedding rows
-    assert launches.get("row_sum_cast", 0) >= 7 and launches.get("gather_rows", 0) >= 10, launches
+    assert launches.get("row_sum_cast", 0) >= 7 and launches.get("gather_rows", 0) >= 15, launches
     # the one-row GEMVs with their prologues (fused whole-model decode, fp32/fp16 and int4)
     assert launches.get("linear_row", 0) >= 100 and launches.get("linear_row_q4", 0) >= 20, launches
 

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from onnxgen.runtime.kernels.triton_pdl import wait_for_previous
-from onnxgen.runtime.kernels.triton_support import LAUNCHES, pdl_launch
+from onnxgen.runtime.kernels.triton_support import LAUNCHES, pdl_launch, settled_before_launch
 
 
 @triton.jit
@@ -39,24 +39,39 @@ def row_sum_cast(x: torch.Tensor, offset: int, dtype: torch.dtype) -> torch.Tens
 
 
 @triton.jit
-def _gather_rows_kernel(table_ptr, idx_ptr, out_ptr, rows, width, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _gather_rows_kernel(
+    table_ptr, idx_ptr, out_ptr, rows, width, BLOCK: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr
+):
     i = tl.program_id(0)
-    wait_for_previous(PDL)
+    if not EARLY:
+        wait_for_previous(PDL)
     r = tl.load(idx_ptr + i).to(tl.int64) % rows
     r = tl.where(r < 0, r + rows, r)  # a floor mod, as torch.remainder: [-rows, rows) -> [0, rows)
-    for start in range(0, width, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        inside = cols < width
-        tl.store(out_ptr + i * width + cols, tl.load(table_ptr + r * width + cols, mask=inside), mask=inside)
+    if EARLY:  # the index was settled and the table is constant: only the stores wait
+        cols = tl.arange(0, BLOCK)
+        row = tl.load(table_ptr + r * width + cols, mask=cols < width)
+        wait_for_previous(PDL)
+        tl.store(out_ptr + i * width + cols, row, mask=cols < width)
+    else:
+        for start in range(0, width, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            inside = cols < width
+            tl.store(out_ptr + i * width + cols, tl.load(table_ptr + r * width + cols, mask=inside), mask=inside)
 
 
 def gather_rows(table: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    """table[indices mod rows] for a contiguous [rows, width] table: [indices.numel(), width]."""
+    """table[indices mod rows] for a contiguous [rows, width] table: [indices.numel(), width].
+    Where the indices are settled (not written by the kernel just launched, settled_before_launch)
+    and a row fits one block, the row is read before the PDL wait (the decode step's token ids come
+    from the step before)."""
     LAUNCHES["gather_rows"] += 1
     rows, width = table.shape
     idx = indices.reshape(-1)
     out = torch.empty((idx.numel(), width), dtype=table.dtype, device=table.device)
     if idx.numel():
-        block = min(1024, max(16, triton.next_power_of_2(width)))
-        _gather_rows_kernel[(idx.numel(),)](table, idx, out, rows, width, BLOCK=block, **pdl_launch(table, out))
+        block = min(4096, max(16, triton.next_power_of_2(width)))
+        early = block >= width and settled_before_launch(idx)
+        _gather_rows_kernel[(idx.numel(),)](
+            table, idx, out, rows, width, BLOCK=block, EARLY=early, **pdl_launch(table, out)
+        )  # fmt: skip
     return out
