@@ -186,4 +186,6 @@ stage host15 150 python3 step_anatomy.py --shape qwen2.5-coder-1.5b-instruct --p
 # after the prelude kernels (RowSumCast, row gather): the step with its kernel timeline, and the checks
 stage pre05 200 $A --kernels --variant "default:" --variant "copy:ONNXGEN_HOST_TOKENS=0" --variant "default-again:"
 stage pre_gpu 300 python3 -m pytest -q -p no:cacheprovider -m gpu ../tests/test_fusion.py ../tests/test_decode_tail.py ../tests/test_gpu_capture_models.py ../tests/test_capture_runtime.py ../tests/test_model_parity.py -k "not query_seqlens"
+stage final_gpu4 300 python3 -m pytest -q -p no:cacheprovider -m gpu ../tests/test_fusion.py ../tests/test_decode_tail.py ../tests/test_gpu_capture_models.py \
+  ../tests/test_capture_runtime.py ../tests/test_model_parity.py ../tests/test_kernels_contrib.py ../tests/test_pipelined_decode.py -k "not query_seqlens"
 echo "logs in $out"
