@@ -188,4 +188,7 @@ stage pre05 200 $A --kernels --variant "default:" --variant "copy:ONNXGEN_HOST_T
 stage pre_gpu 300 python3 -m pytest -q -p no:cacheprovider -m gpu ../tests/test_fusion.py ../tests/test_decode_tail.py ../tests/test_gpu_capture_models.py ../tests/test_capture_runtime.py ../tests/test_model_parity.py -k "not query_seqlens"
 stage final_gpu4 300 python3 -m pytest -q -p no:cacheprovider -m gpu ../tests/test_fusion.py ../tests/test_decode_tail.py ../tests/test_gpu_capture_models.py \
   ../tests/test_capture_runtime.py ../tests/test_model_parity.py ../tests/test_kernels_contrib.py ../tests/test_pipelined_decode.py -k "not query_seqlens"
+# the Generator path alone once more (needs only gguf: pip install --no-index --target /tmp/site gguf-*.whl)
+stage gen_fp16 120 python3 peers_decode.py $Q --precision fp16 --workdir /tmp/peers --engines onnxgen
+stage gen_int4 120 python3 peers_decode.py $Q --precision int4 --workdir /tmp/peers --engines onnxgen
 echo "logs in $out"
