@@ -295,9 +295,8 @@ class Generator:
             if not prepared and (self.has_positions or tail is not None):
                 buffers[1].fill_(kv.length)  # the position feed, and what a tail counts on from
         if self.has_mask:
-            feeds[io.attention_mask] = (
-                kv.attention_mask(n, set_rows=not prepared) if isinstance(kv, StaticKV) else kv.attention_mask(n)
-            )
+            # prepared implies a static cache (a tail needs one)
+            feeds[io.attention_mask] = kv.attention_mask(n, set_rows=False) if prepared else kv.attention_mask(n)
         if self.has_positions:
             if buffers is not None:
                 feeds[io.position_ids] = buffers[1]

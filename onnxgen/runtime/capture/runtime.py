@@ -50,6 +50,10 @@ Key = tuple[tuple[str, int], ...]
 Slot = tuple[Key, int]  # a binding key and the id of the step tail its recordings hold (0: none)
 
 
+def slot_of(key: Key, tail: StepTail | None) -> Slot:
+    return key, id(tail) if tail is not None else 0
+
+
 class CaptureMismatchError(OnnxgenError):
     """verify mode: a captured step's output differs from the eager step's."""
 
@@ -91,7 +95,7 @@ class CapturedProgram:
         self.plan = plan
         self.key = key
         self.tail = tail
-        self.slot: Slot = (key, id(tail) if tail is not None else 0)
+        self.slot = slot_of(key, tail)
         self.recorder = recorder
         self.schedule = build_schedule(program, plan, shapes)  # may raise ScheduleRefused
         self.device = program.device
@@ -297,6 +301,7 @@ class EagerKey:
     """A key that runs eagerly from the start (its planning failed)."""
 
     plan = None
+    tail: StepTail | None = None
     tail_ran = False
 
     def __init__(self, program: GraphProgram, key: Key, reason: str, slot: Slot):
@@ -392,7 +397,7 @@ class CaptureRuntime:
 
     def _build(self, key: Key, tail: StepTail | None = None) -> CapturedProgram | EagerKey:
         assert self.recorder is not None
-        slot: Slot = (key, id(tail) if tail is not None else 0)
+        slot = slot_of(key, tail)
         for _ in range(64):  # each refusal quarantines one more op type
             try:
                 plan, shapes = self.plan_for(key)
@@ -423,7 +428,7 @@ class CaptureRuntime:
 
     def captured(self, feeds: Mapping[str, Any], tail: StepTail | None = None) -> CapturedProgram | EagerKey:
         key = self.key_of(feeds)
-        found = self.keys.get((key, id(tail) if tail is not None else 0))
+        found = self.keys.get(slot_of(key, tail))
         if found is None:
             self.stats.keys += 1
             found = self._build(key, tail)
@@ -484,7 +489,7 @@ class CaptureRuntime:
                 self.stats.unsupported[key_label(captured.key)] = captured.reason or ""
             else:
                 self._quarantine(exc.op_type, f"broke a recording: {exc}")
-                captured = self._build(captured.key, getattr(captured, "tail", None))
+                captured = self._build(captured.key, captured.tail)
             env, used = captured.run(feeds, self.stats)  # eager: the new program's first warm-up step
         if used:
             self.stats.captured_steps += 1

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from onnxgen.runtime.dtypes import torch_dtype
 from onnxgen.runtime.kernels.common import NodeContext, sdpa
 from onnxgen.runtime.kernels.contrib_attention import compute_dtype
 from onnxgen.runtime.kernels.contrib_norm import simplified_layer_norm, skip_simplified_layer_norm
@@ -277,8 +278,6 @@ def _explicit_attention(q, k, v, mask, scale: float, groups: int, fill: float) -
 def row_sum_cast(ctx: NodeContext, x: torch.Tensor) -> torch.Tensor:
     """Cast(ReduceSum(x, axes=[1], keepdims) + offset, to): a [rows, width] integer tensor's row sums
     (the attention mask's valid lengths), in the integer type of x as the unfused ops compute them."""
-    from onnxgen.runtime.dtypes import torch_dtype
-
     offset, keepdims = int(ctx.attr("offset", 0)), bool(ctx.attr("keepdims", 1))
     dtype = torch_dtype(int(ctx.require("to")))
     if x.dim() != 2:
