@@ -174,3 +174,41 @@ def test_settled_inputs_exclude_what_the_last_pdl_launch_writes(monkeypatch: pyt
     monkeypatch.setattr(ts, "pdl_applies", lambda t: False)
     assert ts.pdl_launch(x, out) == {"PDL": False}  # without PDL nothing overlaps: nothing is in flight
     assert ts.settled_before_launch(out, other)
+
+
+@pytest.mark.parametrize("prologue", [0, 3])
+@pytest.mark.parametrize("pdl", [False, True])
+def test_linear_split_compiles(prologue: int, pdl: bool) -> None:
+    from onnxgen.runtime.kernels import triton_linear
+
+    sig = dict.fromkeys(["x_ptr", "x2_ptr", "gamma_ptr", "sum_ptr", "w_ptr", "bias_ptr", "out_ptr"], "*fp16")
+    sig.update(part_ptr="*fp32", ticket_ptr="*i32", n="i32", k="i32", w_stride="i32", eps="fp32")
+    const = dict(PROLOGUE=prologue, HAS_BIAS=True, BLOCK_N=8, BLOCK_K=1024, BLOCK_S=8, PDL=pdl)
+    ptx = compile_for_sm90(triton_linear._linear_split_kernel, sig, const)
+    assert "atom.global.gpu.acq_rel.add" in ptx  # the ticket of the partials' merge
+    if pdl:  # the weight tile streams before the wait
+        assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait")
+
+
+@pytest.mark.parametrize("host", [False, True])
+@pytest.mark.parametrize("pdl", [False, True])
+def test_greedy_advance_compiles(host: bool, pdl: bool) -> None:
+    from onnxgen.runtime.kernels import triton_greedy
+
+    sig = dict(row_ptr="*fp16", vocab="i32", part_val_ptr="*fp32", part_idx_ptr="*i32", part_nan_ptr="*i32")
+    sig.update(ticket_ptr="*i32", ids_ptr="*i64", pos_ptr="*i64", mask_ptr="*i64", host_ptr="*i64", capacity="i32")
+    ptx = compile_for_sm90(triton_greedy._greedy_advance_kernel, sig, dict(BLOCK=2048, BLOCK_P=128, HOST=host, PDL=pdl))
+    assert "atom.global.gpu.acq_rel.add" in ptx  # the ticket of the last program
+
+
+@pytest.mark.parametrize("pdl", [False, True])
+@pytest.mark.parametrize("early", [False, True])
+def test_prelude_kernels_compile(pdl: bool, early: bool) -> None:
+    from onnxgen.runtime.kernels import triton_prelude
+
+    sig = dict(x_ptr="*i64", out_ptr="*i32", width="i32", stride="i32", offset="i32")
+    assert compile_for_sm90(triton_prelude._row_sum_cast_kernel, sig, dict(BLOCK=512, PDL=pdl))
+    sig = dict(table_ptr="*fp16", idx_ptr="*i64", out_ptr="*fp16", rows="i32", width="i32")
+    ptx = compile_for_sm90(triton_prelude._gather_rows_kernel, sig, dict(BLOCK=1024, EARLY=early, PDL=pdl))
+    if pdl and early:  # the settled index and its row are read before the wait
+        assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait")

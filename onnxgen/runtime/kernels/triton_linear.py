@@ -80,6 +80,20 @@ def _finish(dot, squares, k, eps, PROLOGUE: tl.constexpr):
 
 
 @triton.jit
+def _tile_products(
+    x_ptr, x2_ptr, gamma_ptr, sum_ptr, w_ptr, rows, row_ok, cols, inside, w_stride, PROLOGUE: tl.constexpr,
+    PDL: tl.constexpr,
+):  # fmt: skip
+    """(w[rows, cols] . p(x)[cols], the prologue's squares) in fp32 for one tile, its weights loaded
+    before the wait for the kernel before (they are constant) and the activations after it."""
+    w = tl.load(w_ptr + rows[:, None] * w_stride + cols[None, :], mask=row_ok[:, None] & inside[None, :], other=0.0)
+    wait_for_previous(PDL)
+    x, x2, gamma = _activation_inputs(x_ptr, x2_ptr, gamma_ptr, cols, inside, PROLOGUE)
+    a, sq = _activation(x, x2, gamma, sum_ptr, cols, inside, PROLOGUE)
+    return tl.sum(w.to(tl.float32) * a[None, :], axis=1), sq
+
+
+@triton.jit
 def _linear_row_kernel(
     x_ptr,
     x2_ptr,  # skip (skip_rms) or up (silu_mul)
@@ -154,15 +168,12 @@ def _linear_tile_kernel(
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < n
     cols = tl.arange(0, BLOCK_K)
-    inside = cols < k
     # every weight load (and the bias, also constant) is issued before the wait for the kernel before
-    w = tl.load(w_ptr + rows[:, None] * w_stride + cols[None, :], mask=row_ok[:, None] & inside[None, :], other=0.0)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
-    wait_for_previous(PDL)
-    x, x2, gamma = _activation_inputs(x_ptr, x2_ptr, gamma_ptr, cols, inside, PROLOGUE)
-    a, sq = _activation(x, x2, gamma, sum_ptr, cols, inside, PROLOGUE)
-    y = _finish(tl.sum(w.to(tl.float32) * a[None, :], axis=1), sq, k, eps, PROLOGUE)
+    dot, sq = _tile_products(x_ptr, x2_ptr, gamma_ptr, sum_ptr, w_ptr, rows, row_ok, cols, cols < k, w_stride,
+                             PROLOGUE, PDL)  # fmt: skip
+    y = _finish(dot, sq, k, eps, PROLOGUE)
     if HAS_BIAS:
         y += bias
     tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=row_ok)
@@ -201,14 +212,11 @@ def _linear_split_kernel(
     rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < n
     cols = split * BLOCK_K + tl.arange(0, BLOCK_K)
-    inside = cols < k
-    w = tl.load(w_ptr + rows[:, None] * w_stride + cols[None, :], mask=row_ok[:, None] & inside[None, :], other=0.0)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
-    wait_for_previous(PDL)
-    x, x2, gamma = _activation_inputs(x_ptr, x2_ptr, gamma_ptr, cols, inside, PROLOGUE)
-    a, _ = _activation(x, x2, gamma, sum_ptr, cols, inside, PROLOGUE)
-    tl.store(part_ptr + split * n + rows, tl.sum(w.to(tl.float32) * a[None, :], axis=1), mask=row_ok)
+    dot, _ = _tile_products(x_ptr, x2_ptr, gamma_ptr, sum_ptr, w_ptr, rows, row_ok, cols, cols < k, w_stride,
+                            PROLOGUE, PDL)  # fmt: skip
+    tl.store(part_ptr + split * n + rows, dot, mask=row_ok)
     tl.debug_barrier()  # every thread's partials are stored before the ticket (release)
     splits = tl.num_programs(1)
     ticket = tl.atomic_add(ticket_ptr + block, 1, sem="acq_rel")
