@@ -191,4 +191,6 @@ stage final_gpu4 300 python3 -m pytest -q -p no:cacheprovider -m gpu ../tests/te
 # the Generator path alone once more (needs only gguf: pip install --no-index --target /tmp/site gguf-*.whl)
 stage gen_fp16 120 python3 peers_decode.py $Q --precision fp16 --workdir /tmp/peers --engines onnxgen
 stage gen_int4 120 python3 peers_decode.py $Q --precision int4 --workdir /tmp/peers --engines onnxgen
+# after the review's refactor (triton_linear._tile_products): the GPU checks and the step once more
+stage review_gpu 150 python3 -m pytest -q -p no:cacheprovider -m gpu ../tests/test_fusion.py ../tests/test_decode_tail.py ../tests/test_gpu_capture_models.py
 echo "logs in $out"
