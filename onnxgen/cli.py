@@ -93,9 +93,23 @@ def _add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
 
 
+def _cuda_missing() -> str | None:
+    """Why --device cuda cannot run here (torch sees no CUDA device), or None when it can."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    return (
+        f"--device cuda: torch sees no CUDA device (torch {torch.__version__}, built for CUDA "
+        f"{torch.version.cuda or 'none'}); use --device cpu, or run on a machine with an NVIDIA GPU"
+    )
+
+
 def _load_generator(args: argparse.Namespace):
     from onnxgen.genai.generator import Generator
 
+    if args.device == "cuda" and (problem := _cuda_missing()):
+        raise OnnxgenError(problem)  # before any pull or build of a CUDA package
     package = resolve_model(args.model, args.device, args.precision, args.attention)
     return Generator(package, device=args.device, kv=args.kv, capture=args.capture)
 
@@ -190,6 +204,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_pull(args: argparse.Namespace) -> int:
     from onnxgen.models.pull import ensure_package
 
+    if args.device == "cuda" and (problem := _cuda_missing()):
+        raise OnnxgenError(problem)  # the package would be cached for a device this machine lacks
     path = ensure_package(
         args.name, precision=args.precision, device=args.device, attention=args.attention, force=args.force
     )
@@ -208,6 +224,9 @@ def cmd_build(args: argparse.Namespace) -> int:
     from onnxgen.models.pull import build_from_source
 
     precision = args.precision or ("fp16" if args.device == "cuda" else "int4")
+    if args.device == "cuda" and (problem := _cuda_missing()):
+        # Building needs no GPU and the package may be meant for another machine: say so, go on.
+        _eprint(f"onnxgen: note: {problem.split(';')[0]}; the package is built for CUDA all the same")
     path = build_from_source(
         Path(args.source), Path(args.output), precision=precision, device=args.device, attention=args.attention
     )

@@ -50,6 +50,12 @@ class BuildOptions:
         return 4 if self.device == "cpu" else 0
 
 
+def _where(source: WeightSource) -> str:
+    """The file or folder a weight source reads, for error messages."""
+    where = getattr(source, "path", None) or getattr(source, "directory", None)
+    return str(where) if where else f"the {type(source).__name__}"
+
+
 def rotary_frequencies(config: DecoderConfig, length: int) -> np.ndarray:
     """Angles [length, rotary_dim/2]: position * theta^(-2i/rotary_dim), computed in float64."""
     dim = rotary_dim(config)
@@ -82,21 +88,43 @@ class DecoderGraph:
     # --- weights ------------------------------------------------------------------------
 
     def fetch(self, name: str) -> np.ndarray:
-        """One weight from the source as float32, checked against the config."""
+        """One weight from the source as float32, checked against the config and for NaN/Inf.
+
+        A damaged file decodes to non-finite values (numpy's overflow warnings are silenced: the
+        error below says what and where), and a package built from them would only print nothing.
+        """
         try:
-            array = self.source.get(name)
+            with np.errstate(all="ignore"):
+                array = np.asarray(self.source.get(name), dtype=np.float32)
         except KeyError as e:
             raise BuildError(f"the weight source has no tensor {name!r}") from e
+        bad = array.size - int(np.count_nonzero(np.isfinite(array)))
+        if bad:
+            raise BuildError(
+                f"weight {name!r} has {bad} non-finite values (NaN or Inf) of {array.size} in {_where(self.source)}; "
+                "the file is damaged or was written wrongly, so no package was built"
+            )
         self._fetched += 1
         if self._progress is not None:
             self._progress(name, min(self._fetched, self._total), self._total)
-        return np.asarray(array, dtype=np.float32)
+        return array
 
     def io_const(self, value: float | list) -> str:
         return self.w.const(value, self.opt.io_dtype)
 
+    def cast(self, name: str, array: np.ndarray) -> np.ndarray:
+        """`array` in the activation dtype; a finite weight beyond float16's range is an error, not Inf."""
+        with np.errstate(over="ignore"):
+            out = array.astype(self.opt.io_dtype)
+        if out.dtype != array.dtype and not np.isfinite(out).all():
+            raise BuildError(
+                f"weight {name!r} has values beyond {out.dtype}'s range (largest magnitude "
+                f"{float(np.abs(array).max()):.6g}); build with --precision fp32"
+            )
+        return out
+
     def float_weight(self, name: str, array: np.ndarray) -> str:
-        return self.w.initializer(name, array.astype(self.opt.io_dtype))
+        return self.w.initializer(name, self.cast(name, array))
 
     # --- building blocks ----------------------------------------------------------------
 
@@ -129,7 +157,7 @@ class DecoderGraph:
         inputs = [
             x,
             self.w.initializer(prefix + ".MatMulNBits.qweight", b),
-            self.w.initializer(prefix + ".MatMulNBits.scales", scales.astype(self.opt.io_dtype)),
+            self.w.initializer(prefix + ".MatMulNBits.scales", self.cast(prefix + ".weight scales", scales)),
             self.w.initializer(prefix + ".MatMulNBits.qzeros", zp),
         ]
         return self.w.node(
@@ -158,7 +186,7 @@ class DecoderGraph:
         del q
         inputs = [
             self.w.packed_initializer(prefix + ".DequantizeLinear.qweight", xq, (k, n), TensorProto.UINT4),
-            self.w.initializer(prefix + ".DequantizeLinear.scales", scale.astype(self.opt.io_dtype)),
+            self.w.initializer(prefix + ".DequantizeLinear.scales", self.cast(prefix + ".weight scales", scale)),
             self.w.packed_initializer(prefix + ".DequantizeLinear.qzeros", zp, (nb, n), TensorProto.UINT4),
         ]
         wt = self.w.op(

