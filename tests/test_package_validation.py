@@ -76,6 +76,115 @@ def cli(capsys, *args: str) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+# -- item 4: genai_config.json against the graph ----------------------------------------------------
+
+MISMATCHES = {
+    "vocab": (lambda c: model(c).update(vocab_size=1000), "model.vocab_size is 1000, but the decoder's logits"),
+    "fewer layers": (
+        lambda c: decoder(c).update(num_hidden_layers=2),
+        "model.decoder.num_hidden_layers is 2, but the decoder has 3 layers",
+    ),
+    "more layers": (
+        lambda c: decoder(c).update(num_hidden_layers=4),
+        "model.decoder.num_hidden_layers is 4, but the decoder has 3 layers",
+    ),
+    "head size": (lambda c: decoder(c).update(head_size=8), "model.decoder.head_size is 8, but"),
+    "kv heads": (lambda c: decoder(c).update(num_key_value_heads=4), "model.decoder.num_key_value_heads is 4, but"),
+    "context": (lambda c: model(c).update(context_length=512), "model.context_length is 512, but"),
+    "input name": (
+        lambda c: decoder(c)["inputs"].update(attention_mask="mask"),
+        "model.decoder.inputs.attention_mask names 'mask'",
+    ),
+    "input_ids name": (
+        lambda c: decoder(c)["inputs"].update(input_ids="tokens"),
+        "model.decoder.inputs.input_ids names 'tokens'",
+    ),
+    "logits name": (
+        lambda c: decoder(c)["outputs"].update(logits="scores"),
+        "model.decoder.outputs.logits names 'scores'",
+    ),
+    "past names": (
+        lambda c: decoder(c)["inputs"].update(past_key_names="past.%d.k"),
+        "model.decoder.inputs.past_key_names names 'past.0.k'",
+    ),
+    "present names": (
+        lambda c: decoder(c)["outputs"].update(present_value_names="present_value.%d"),
+        "model.decoder.outputs.present_value_names names 'present_value.0'",
+    ),
+}
+
+
+@pytest.mark.parametrize("attention", ["gqa", "standard"])
+@pytest.mark.parametrize("case", list(MISMATCHES))
+def test_config_checked_against_graph(tiny, tmp_path, attention, case):
+    change, message = MISMATCHES[case]
+    package = edit_config(clone(tiny[attention], tmp_path / "p"), change)
+    with pytest.raises(ModelLoadError, match="genai_config.json") as info:
+        Generator(package)
+    assert message in str(info.value)
+
+
+def test_unmapped_graph_input_named(tiny, tmp_path):
+    """A graph input the config does not map (position_ids under another name) is named at load."""
+    package = edit_config(clone(tiny["standard"], tmp_path / "p"), lambda c: decoder(c)["inputs"].pop("position_ids"))
+    generator = Generator(package)  # onnxruntime-genai's default name applies: position_ids is fed
+    assert generator.has_positions
+    package = edit_config(package, lambda c: decoder(c)["inputs"].update(position_ids="pos"))
+    with pytest.raises(ModelLoadError, match="model.decoder.inputs.position_ids names 'pos'"):
+        Generator(package)
+    # a graph input under a name no config key maps: named at load, not a missing feed at run time
+    import onnx
+
+    edit_config(package, lambda c: decoder(c)["inputs"].pop("position_ids"))
+    proto = onnx.load(package / "model.onnx", load_external_data=False)
+    for value in proto.graph.input:
+        if value.name == "position_ids":
+            value.name = "cache_position"
+    for node in proto.graph.node:
+        node.input[:] = ["cache_position" if name == "position_ids" else name for name in node.input]
+    onnx.save(proto, package / "model.onnx")
+    with pytest.raises(ModelLoadError, match="input.s. cache_position that model.decoder.inputs does not map"):
+        Generator(package)
+
+
+def test_symbolic_dims_are_not_judged(tiny, tmp_path):
+    """A graph whose KV and logits dims are symbolic states nothing: any positive value loads."""
+    import onnx
+
+    package = clone(tiny["gqa"], tmp_path / "p")
+    proto = onnx.load(package / "model.onnx", load_external_data=False)
+    for value in list(proto.graph.input) + list(proto.graph.output):
+        for index, dim in enumerate(value.type.tensor_type.shape.dim):
+            if index > 0 and dim.HasField("dim_value"):
+                dim.dim_param = f"{value.name}_{index}"
+    onnx.save(proto, package / "model.onnx")
+    edit_config(
+        package, lambda c: decoder(c).update(head_size=8, num_key_value_heads=4) or model(c).update(vocab_size=600)
+    )
+    config = Generator(package).config
+    assert (config.head_size, config.num_kv_heads, config.vocab_size) == (8, 4, 600)
+
+
+def test_real_package_passes_and_weights_are_read_once(monkeypatch):
+    """The real int4 package loads unchanged, and validation reads no weights: every external tensor
+    is read exactly once."""
+    import onnx
+
+    from onnxgen.models.pull import cached_package
+    from onnxgen.runtime import model_io
+
+    package = cached_package("smollm2-135m-instruct")
+    if package is None:
+        pytest.skip("the int4 cpu package of the default model is not cached")
+    proto = onnx.load(package / "model.onnx", load_external_data=False)
+    external = [t.name for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    reads: list[str] = []
+    original = model_io.read_external_bytes
+    monkeypatch.setattr(model_io, "read_external_bytes", lambda t, d: reads.append(t.name) or original(t, d))
+    Generator(package)
+    assert sorted(reads) == sorted(external)
+
+
 # -- item 9: wrong types in genai_config.json, unreadable tokenizer files ---------------------------
 
 BAD_FIELDS = {
@@ -259,3 +368,21 @@ def test_chat_with_jinja_only_package(tiny, tmp_path, capsys):
     assert code == 0, err
     assert "prompt 3 tok" in err  # w3 w4 w5
 
+
+# -- item 14: --kv static only where the graph writes KV in place ---------------------------------
+
+
+def test_static_kv_refused_for_growing_kv(tiny, capsys):
+    with pytest.raises(InvalidInputError, match=r"present.0.key is made by Concat"):
+        Generator(tiny["standard"], kv="static")
+    code, _, err = cli(capsys, "generate", "-m", str(tiny["standard"]), "-p", "w3", "-n", "2", "--kv", "static")
+    assert code == 2 and "kv static needs" in err and err.count("\n") == 1
+    assert Generator(tiny["gqa"], kv="static").kv_kind == "static"
+
+
+def test_share_buffer_config_on_growing_kv_refused(tiny, tmp_path):
+    package = edit_config(
+        clone(tiny["standard"], tmp_path / "p"), lambda c: c["search"].update(past_present_share_buffer=True)
+    )
+    with pytest.raises(ModelLoadError, match="search.past_present_share_buffer is true, but"):
+        Generator(package)
