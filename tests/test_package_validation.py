@@ -369,6 +369,45 @@ def test_chat_with_jinja_only_package(tiny, tmp_path, capsys):
     assert "prompt 3 tok" in err  # w3 w4 w5
 
 
+# -- item 13: -m paths ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["./no-such-package", "~/no-such-package-xyz", "missing/model.onnx", "x.onnx"])
+def test_missing_path_is_named(capsys, value):
+    code, _, err = cli(capsys, "generate", "-m", value, "-p", "hi")
+    assert code == 2
+    assert f"onnxgen: error: no such file or directory: {value} (expected a package directory or a registry name" in err
+    assert "smollm2-135m-instruct" in err
+
+
+def test_onnx_file_in_package_runs_its_package(tiny, capsys):
+    code, out, err = cli(capsys, "generate", "-m", str(tiny["gqa"] / "model.onnx"), "-p", "w3 w4", "-n", "2")
+    assert code == 0, err
+    assert "new 2 tok" in err
+
+
+@pytest.mark.parametrize("where", ["bare", "other file"])
+def test_onnx_file_without_its_package_refused(tiny, tmp_path, capsys, where):
+    if where == "bare":
+        target = tmp_path / "bare.onnx"
+        shutil.copyfile(tiny["gqa"] / "model.onnx", target)
+    else:
+        package = clone(tiny["gqa"], tmp_path / "p")
+        target = package / "copy.onnx"
+        shutil.copyfile(package / "model.onnx", target)
+    code, _, err = cli(capsys, "generate", "-m", str(target), "-p", "hi")
+    assert code == 2
+    assert f"onnxgen: error: {target} is an ONNX file, not a package" in err
+    assert "package directory" in err and "tokenizer" in err
+
+
+def test_existing_non_package_file_refused(tmp_path, capsys):
+    path = tmp_path / "notes.txt"
+    path.write_text("hi")
+    code, _, err = cli(capsys, "generate", "-m", str(path), "-p", "hi")
+    assert code == 2 and f"onnxgen: error: {path} is a file, not a package directory" in err
+
+
 # -- item 14: --kv static only where the graph writes KV in place ---------------------------------
 
 
