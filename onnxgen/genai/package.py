@@ -87,10 +87,13 @@ class _Fields:
             raise self.fail(path, value, "an object")
         return value
 
-    def integer(self, section: dict[str, Any], key: str, where: str, minimum: int = 1, default: Any = ...) -> Any:
+    def integer(
+        self, section: dict[str, Any], key: str, where: str, minimum: int = 1, default: int | None = None
+    ) -> int:
+        """``section[key]`` as an int >= minimum; ``default`` where it is absent (None: required)."""
         path = f"{where}.{key}"
         if key not in section:
-            if default is ...:
+            if default is None:
                 raise ModelLoadError(f"{self.path}: {where} has no {key!r}; onnxgen needs it to run the decoder")
             return default
         return self.check_int(section[key], path, minimum)
