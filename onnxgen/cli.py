@@ -7,6 +7,7 @@ line (no traceback) and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -37,14 +38,50 @@ def _add_build_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def resolve_model(model: str | None, device: str, precision: str | None, attention: str) -> Path:
-    """A package directory for --model: an existing directory, or a registry name (pulled on first use)."""
-    name = model or DEFAULT_MODEL
-    path = Path(name)
+def _looks_like_path(name: str) -> bool:
+    """A --model value meant as a path, never as a registry name (registry names have none of these)."""
+    return "/" in name or os.sep in name or name.startswith((".", "~")) or name.lower().endswith(".onnx")
+
+
+def _package_of_path(name: str) -> Path | None:
+    """The package directory a --model path means, or None for a registry name. A .onnx file counts
+    as its package only where that directory's genai_config.json names it: a bare graph has no
+    tokenizer or config to generate with."""
+    path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "genai_config.json").is_file():
             raise OnnxgenError(f"{path} is not a model package (no genai_config.json)")
         return path
+    if path.is_file():
+        if path.suffix.lower() == ".onnx":
+            from onnxgen.genai.package import load_package_config
+
+            package = path.parent
+            if (package / "genai_config.json").is_file():
+                if load_package_config(package).model_file.resolve() == path.resolve():
+                    return package
+            raise OnnxgenError(
+                f"{path} is an ONNX file, not a package: generating needs a package directory (the graph with "
+                f"a genai_config.json that names it and tokenizer files); `onnxgen show {path}` prints the graph"
+            )
+        raise OnnxgenError(f"{path} is a file, not a package directory (expected genai_config.json, model.onnx, ...)")
+    if _looks_like_path(name):
+        from onnxgen.models.registry import known_names
+
+        raise OnnxgenError(
+            f"no such file or directory: {name} (expected a package directory or a registry name: "
+            f"{', '.join(known_names())})"
+        )
+    return None
+
+
+def resolve_model(model: str | None, device: str, precision: str | None, attention: str) -> Path:
+    """A package directory for --model: an existing directory (or the .onnx file a package names),
+    or a registry name (pulled on first use)."""
+    name = model or DEFAULT_MODEL
+    package = _package_of_path(name)
+    if package is not None:
+        return package
     from onnxgen.models.pull import ensure_package
 
     return ensure_package(name, precision=precision, device=device, attention=attention)

@@ -1,8 +1,9 @@
-"""Chat templates (jinja2, from the package's tokenizer config), rendered like transformers does."""
+"""Chat templates (jinja2, from the package's tokenizer files), rendered like transformers does."""
 
 from __future__ import annotations
 
 import datetime
+from collections.abc import Mapping
 from typing import Any
 
 from onnxgen.errors import OnnxgenError
@@ -16,16 +17,32 @@ def _raise(message: str) -> None:
     raise ChatTemplateError(f"chat template: {message}")
 
 
+def pick_template(template: str | Mapping[str, str] | None) -> str:
+    """The template to render: a single one, or of named ones the 'default' (as transformers picks
+    without tools)."""
+    if isinstance(template, Mapping):
+        if "default" not in template:
+            raise ChatTemplateError(
+                f"the package's chat_template has no 'default' among its named templates {sorted(template)}"
+            )
+        template = template["default"]
+    if not template:
+        raise ChatTemplateError(
+            "the package has no chat template (no chat_template.jinja, no chat_template in tokenizer_config.json); "
+            "use a plain prompt"
+        )
+    return template
+
+
 def render_chat(
-    template: str | None,
+    template: str | Mapping[str, str] | None,
     messages: list[dict[str, Any]],
     *,
     add_generation_prompt: bool = True,
     bos_token: str | None = None,
     eos_token: str | None = None,
 ) -> str:
-    if not template:
-        raise ChatTemplateError("the package's tokenizer_config.json has no chat_template; use a plain prompt")
+    template = pick_template(template)
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)

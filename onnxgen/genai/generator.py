@@ -15,11 +15,13 @@ from onnxgen.genai.chat import render_chat
 from onnxgen.genai.decode_tail import GreedyTail
 from onnxgen.genai.kv_cache import DynamicKV, StaticKV
 from onnxgen.genai.package import PackageConfig, load_package_config
+from onnxgen.genai.package_checks import check_package, growing_kv
 from onnxgen.genai.sampling import LogitsSampler, SamplingParams
 from onnxgen.genai.tokenizer import Tokenizer
 from onnxgen.runtime.capture.runtime import CaptureRuntime
 from onnxgen.runtime.capture.stats import CaptureStats
 from onnxgen.runtime.dtypes import ONNX_TO_TORCH
+from onnxgen.runtime.model_io import load_model
 from onnxgen.runtime.session import InferenceSession
 
 
@@ -149,25 +151,30 @@ class Generator:
         sample_in_graph: bool = True,
     ):
         self.config = package if isinstance(package, PackageConfig) else load_package_config(package)
-        self.session = session or InferenceSession(self.config.model_file, device=device)
-        self.device = self.session.device
+        # the package is checked against the graph proto before any weight is read (and read once)
+        proto, model_dir = (session.model, None) if session is not None else load_model(self.config.model_file)
+        check_package(self.config, proto)
         self.tokenizer = Tokenizer(self.config.directory)
+        self.session = session or InferenceSession(proto, device=device, base_dir=model_dir)
+        self.device = self.session.device
         inputs = {i.name: i for i in self.session.program.inputs}
         io = self.config.io
-        if io.input_ids not in inputs:
-            raise InvalidInputError(f"the decoder has no input {io.input_ids!r} that genai_config.json names")
         self.has_mask = bool(io.attention_mask) and io.attention_mask in inputs
         self.has_positions = bool(io.position_ids) and io.position_ids in inputs
-        past = inputs.get(self.config.past_key_name(0))
-        if past is None:
-            raise InvalidInputError(f"the decoder has no KV input {self.config.past_key_name(0)!r}")
-        self.kv_dtype = ONNX_TO_TORCH[past.elem_type]
+        self.kv_dtype = ONNX_TO_TORCH[inputs[self.config.past_key_name(0)].elem_type]
         if kv == "auto":
             kv = "static" if self.config.share_buffer else "dynamic"
         if kv not in ("static", "dynamic"):
             raise InvalidInputError(f"kv must be 'auto', 'static' or 'dynamic', got {kv!r}")
         if kv == "static" and not self.has_mask:
             raise InvalidInputError("static KV needs an attention_mask input to carry the valid length")
+        growing = growing_kv(self.config, list(proto.graph.node)) if kv == "static" else None
+        if growing:
+            raise InvalidInputError(
+                f"kv static needs a decoder that writes each step's KV rows in place into a fixed buffer "
+                f"(com.microsoft GroupQueryAttention with past and present sharing it), but {growing}: "
+                "its KV grows every step; use kv 'dynamic' (or 'auto')"
+            )
         self.kv_kind = kv
         self.eos_ids = set(self.config.eos_token_ids)
         eos = self.tokenizer.token_id(self.tokenizer.eos_token)

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from onnxgen.errors import ModelLoadError
+from onnxgen.genai.package_files import describe, package_file, read_json_object
+
+CONFIG_FILE = "genai_config.json"
 
 
 @dataclass
 class DecoderIO:
+    """Graph names of the decoder's inputs and outputs (``%d``: the layer). Defaults are
+    onnxruntime-genai's; ``given`` holds the keys genai_config.json set itself: a name it gives must
+    exist in the graph, while a default attention_mask/position_ids is fed only where the graph has it."""
+
     input_ids: str = "input_ids"
     attention_mask: str | None = "attention_mask"
     position_ids: str | None = "position_ids"
@@ -20,6 +26,7 @@ class DecoderIO:
     logits: str = "logits"
     present_key: str = "present.%d.key"
     present_value: str = "present.%d.value"
+    given: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -42,6 +49,10 @@ class PackageConfig:
     search: dict[str, Any] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def config_file(self) -> Path:
+        return self.directory / CONFIG_FILE
+
     def past_key_name(self, layer: int) -> str:
         return self.io.past_key % layer
 
@@ -55,57 +66,133 @@ class PackageConfig:
         return self.io.present_value % layer
 
 
-def _need(section: dict[str, Any], key: str, where: str) -> Any:
-    if key not in section:
-        raise ModelLoadError(f"genai_config.json: {where} has no {key!r}; onnxgen needs it to run the decoder")
-    return section[key]
+class _Fields:
+    """Typed reads of genai_config.json: each bad value is a ModelLoadError naming the file, the
+    field's dotted path, what it holds and what was expected."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def fail(self, where: str, value: Any, expected: str) -> ModelLoadError:
+        return ModelLoadError(f"{self.path}: {where} is {describe(value)}; expected {expected}")
+
+    def section(self, parent: dict[str, Any], key: str, where: str, required: bool = True) -> dict[str, Any]:
+        path = f"{where}.{key}" if where else key
+        if key not in parent:
+            if required:
+                raise ModelLoadError(f"{self.path}: {where or 'the top level'} has no {key!r}; onnxgen needs it")
+            return {}
+        value = parent[key]
+        if not isinstance(value, dict):
+            raise self.fail(path, value, "an object")
+        return value
+
+    def integer(
+        self, section: dict[str, Any], key: str, where: str, minimum: int = 1, default: int | None = None
+    ) -> int:
+        """``section[key]`` as an int >= minimum; ``default`` where it is absent (None: required)."""
+        path = f"{where}.{key}"
+        if key not in section:
+            if default is None:
+                raise ModelLoadError(f"{self.path}: {where} has no {key!r}; onnxgen needs it to run the decoder")
+            return default
+        return self.check_int(section[key], path, minimum)
+
+    def check_int(self, value: Any, path: str, minimum: int) -> int:
+        # bool is an int subclass in Python, but true/false in JSON is no count
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            kind = {0: "a non-negative integer", 1: "a positive integer"}.get(minimum, f"an integer >= {minimum}")
+            raise self.fail(path, value, kind)
+        return value
+
+    def token_ids(self, section: dict[str, Any], key: str, where: str) -> list[int]:
+        """An id or a list of ids (eos_token_id takes both forms)."""
+        value = section.get(key, [])
+        if isinstance(value, list):
+            return [self.check_int(v, f"{where}.{key}[{i}]", 0) for i, v in enumerate(value)]
+        return [self.check_int(value, f"{where}.{key}", 0)]
+
+    def optional_id(self, section: dict[str, Any], key: str, where: str) -> int | None:
+        value = section.get(key)
+        return None if value is None else self.check_int(value, f"{where}.{key}", 0)
+
+    def name(self, section: dict[str, Any], key: str, where: str, default: str, per_layer: bool = False) -> str:
+        if key not in section:
+            return default
+        value = section[key]
+        if per_layer:
+            if not isinstance(value, str) or value.count("%d") != 1 or "%" in value.replace("%d", ""):
+                raise self.fail(f"{where}.{key}", value, "a name with one %d for the layer number")
+        elif not isinstance(value, str) or not value:
+            raise self.fail(f"{where}.{key}", value, "a non-empty graph name")
+        return value
+
+    def flag(self, section: dict[str, Any], key: str, where: str) -> bool:
+        value = section.get(key, False)
+        if not isinstance(value, bool):
+            raise self.fail(f"{where}.{key}", value, "true or false")
+        return value
 
 
 def load_package_config(directory: str | Path) -> PackageConfig:
+    """genai_config.json of the package in ``directory``, every field onnxgen uses type-checked and
+    the decoder file confined to the directory. Graph checks: package_checks.check_package."""
     directory = Path(directory)
-    path = directory / "genai_config.json"
+    path = package_file(directory, CONFIG_FILE)
     if not path.is_file():
-        raise ModelLoadError(f"{directory} has no genai_config.json; expected an onnxruntime-genai style package")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ModelLoadError(f"{path} is not valid JSON: {exc}") from None
-    model = _need(raw, "model", "the top level")
-    decoder = _need(model, "decoder", "model")
-    inputs = decoder.get("inputs", {})
-    outputs = decoder.get("outputs", {})
+        raise ModelLoadError(f"{directory} has no {CONFIG_FILE}; expected an onnxruntime-genai style package")
+    raw = read_json_object(path)
+    f = _Fields(path)
+    model = f.section(raw, "model", "")
+    decoder = f.section(model, "decoder", "model")
+    inputs = f.section(decoder, "inputs", "model.decoder", required=False)
+    outputs = f.section(decoder, "outputs", "model.decoder", required=False)
+    search = f.section(raw, "search", "", required=False)
+    ins, outs = "model.decoder.inputs", "model.decoder.outputs"
     io = DecoderIO(
-        input_ids=inputs.get("input_ids", "input_ids"),
-        attention_mask=inputs.get("attention_mask"),
-        position_ids=inputs.get("position_ids"),
-        past_key=inputs.get("past_key_names", "past_key_values.%d.key"),
-        past_value=inputs.get("past_value_names", "past_key_values.%d.value"),
-        logits=outputs.get("logits", "logits"),
-        present_key=outputs.get("present_key_names", "present.%d.key"),
-        present_value=outputs.get("present_value_names", "present.%d.value"),
+        input_ids=f.name(inputs, "input_ids", ins, "input_ids"),
+        attention_mask=f.name(inputs, "attention_mask", ins, "attention_mask"),
+        position_ids=f.name(inputs, "position_ids", ins, "position_ids"),
+        past_key=f.name(inputs, "past_key_names", ins, "past_key_values.%d.key", per_layer=True),
+        past_value=f.name(inputs, "past_value_names", ins, "past_key_values.%d.value", per_layer=True),
+        logits=f.name(outputs, "logits", outs, "logits"),
+        present_key=f.name(outputs, "present_key_names", outs, "present.%d.key", per_layer=True),
+        present_value=f.name(outputs, "present_value_names", outs, "present.%d.value", per_layer=True),
+        given=frozenset(inputs) | frozenset(outputs),
     )
-    eos = model.get("eos_token_id", [])
-    eos_ids = [int(e) for e in (eos if isinstance(eos, list) else [eos])]
-    search = raw.get("search", {})
-    model_file = directory / decoder.get("filename", "model.onnx")
+    filename = decoder.get("filename", "model.onnx")
+    if not isinstance(filename, str):
+        raise f.fail("model.decoder.filename", filename, "a file name relative to the package directory")
+    model_file = package_file(directory, filename, f"{path}: model.decoder.filename")
     if not model_file.is_file():
-        raise ModelLoadError(f"{directory}: the decoder file {model_file.name} named in genai_config.json is missing")
-    num_heads = int(_need(decoder, "num_attention_heads", "model.decoder"))
+        raise ModelLoadError(f"{directory}: the decoder file {filename!r} named in {CONFIG_FILE} is missing")
+    num_heads = f.integer(decoder, "num_attention_heads", "model.decoder")
+    vocab_size = f.integer(model, "vocab_size", "model")
+    eos_ids = f.token_ids(model, "eos_token_id", "model")
+    bos, pad = f.optional_id(model, "bos_token_id", "model"), f.optional_id(model, "pad_token_id", "model")
+    for key, ids in (("eos_token_id", eos_ids), ("bos_token_id", [bos]), ("pad_token_id", [pad])):
+        for token in ids:
+            if token is not None and token >= vocab_size:
+                shown = f"holds {token}" if isinstance(model[key], list) else f"is {token}"
+                raise ModelLoadError(
+                    f"{path}: model.{key} {shown}, outside the vocabulary "
+                    f"(model.vocab_size {vocab_size}: ids 0 to {vocab_size - 1})"
+                )
     return PackageConfig(
         directory=directory,
         model_file=model_file,
         model_type=str(model.get("type", "")),
-        context_length=int(_need(model, "context_length", "model")),
-        vocab_size=int(_need(model, "vocab_size", "model")),
-        num_layers=int(_need(decoder, "num_hidden_layers", "model.decoder")),
-        num_kv_heads=int(decoder.get("num_key_value_heads", num_heads)),
+        context_length=f.integer(model, "context_length", "model"),
+        vocab_size=vocab_size,
+        num_layers=f.integer(decoder, "num_hidden_layers", "model.decoder"),
+        num_kv_heads=f.integer(decoder, "num_key_value_heads", "model.decoder", default=num_heads),
         num_heads=num_heads,
-        head_size=int(_need(decoder, "head_size", "model.decoder")),
-        hidden_size=int(decoder.get("hidden_size", 0)),
-        bos_token_id=model.get("bos_token_id"),
+        head_size=f.integer(decoder, "head_size", "model.decoder"),
+        hidden_size=f.integer(decoder, "hidden_size", "model.decoder", minimum=0, default=0),
+        bos_token_id=bos,
         eos_token_ids=eos_ids,
-        pad_token_id=model.get("pad_token_id"),
-        share_buffer=bool(search.get("past_present_share_buffer", False)),
+        pad_token_id=pad,
+        share_buffer=f.flag(search, "past_present_share_buffer", "search"),
         io=io,
         search=search,
         raw=raw,

@@ -64,30 +64,32 @@ def _checked_int(info: dict[str, str], key: str, tensor_name: str) -> int | None
     return value
 
 
-def resolve_external_location(location: str, base_dir: Path, tensor_name: str) -> Path:
-    """The file an external-data entry names, refused if it could lead outside base_dir."""
+def resolve_inside(location: str, base_dir: Path, what: str, place: str = "the model directory") -> Path:
+    """``base_dir / location``, refused (ModelLoadError) if it could lead outside ``base_dir``: an
+    absolute or drive path, a '..' part, or a symlink (of the file or a folder on the way) that
+    resolves outside. ``what`` names the entry in messages, ``place`` the directory. Existence is
+    the caller's to check (its message knows what the file is for)."""
     if not location:
-        raise ModelLoadError(f"tensor {tensor_name!r}: external-data location is empty")
+        raise ModelLoadError(f"{what} is empty")
     if os.path.isabs(location) or location.startswith(("/", "\\")) or (len(location) > 1 and location[1] == ":"):
-        raise ModelLoadError(
-            f"tensor {tensor_name!r}: external-data location {location!r} is absolute; "
-            "expected a path relative to the model directory"
-        )
+        raise ModelLoadError(f"{what} {location!r} is absolute; expected a path relative to {place}")
     parts = Path(location.replace("\\", "/")).parts
     if ".." in parts:
-        raise ModelLoadError(
-            f"tensor {tensor_name!r}: external-data location {location!r} climbs out with '..'; "
-            "expected a path inside the model directory"
-        )
+        raise ModelLoadError(f"{what} {location!r} climbs out with '..'; expected a path inside {place}")
     base = base_dir.resolve()
     target = (base / location).resolve()
     if base != target and base not in target.parents:
-        raise ModelLoadError(
-            f"tensor {tensor_name!r}: external-data location {location!r} resolves to {target}, "
-            f"outside the model directory {base} (through a symlink)"
-        )
+        raise ModelLoadError(f"{what} {location!r} resolves to {target}, outside {place} {base} (through a symlink)")
+    return target
+
+
+def resolve_external_location(location: str, base_dir: Path, tensor_name: str) -> Path:
+    """The file an external-data entry names, refused if it could lead outside base_dir."""
+    target = resolve_inside(location, base_dir, f"tensor {tensor_name!r}: external-data location")
     if not target.is_file():
-        raise ModelLoadError(f"tensor {tensor_name!r}: external-data file {location!r} not found in {base}")
+        raise ModelLoadError(
+            f"tensor {tensor_name!r}: external-data file {location!r} not found in {base_dir.resolve()}"
+        )
     return target
 
 
