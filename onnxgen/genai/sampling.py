@@ -164,7 +164,9 @@ class LogitsSampler:
     def observe(self, token_ids: torch.Tensor) -> None:
         """Count tokens (prompt and generated) for the penalties."""
         if self._penalize:
-            ids = token_ids.reshape(-1).to(self.device)
+            # clamped: a NON_FINITE token (-1) may be observed before the host reads it (the pipelined
+            # loop's lookahead), and an out-of-range index_add_ is a device-side assert on CUDA
+            ids = token_ids.reshape(-1).to(self.device).clamp(min=0)
             self.counts.index_add_(0, ids, torch.ones_like(ids, dtype=torch.float32))
 
     def process(self, logits: torch.Tensor) -> torch.Tensor:
