@@ -225,8 +225,8 @@ class Generator:
             prompt.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise InvalidInputError(
-                f"the prompt is not valid UTF-8 text: a lone surrogate U+{ord(prompt[exc.start]):04X} at "
-                f"character {exc.start} (bytes that are not UTF-8, decoded with surrogateescape?)"
+                f"the prompt is not valid UTF-8 text: U+{ord(prompt[exc.start]):04X} at character {exc.start} is "
+                "a lone surrogate (what Python makes of bytes that are not UTF-8, e.g. in a command-line argument)"
             ) from None
         return self._checked_ids(self.tokenizer.encode(prompt))
 
