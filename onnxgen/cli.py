@@ -7,6 +7,7 @@ line (no traceback) and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 from pathlib import Path
@@ -126,7 +127,7 @@ def _add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repetition-penalty", type=float, default=1.0)
     p.add_argument("--frequency-penalty", type=float, default=0.0)
     p.add_argument("--presence-penalty", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="in [0, 2**64); default: a fresh one per generation")
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
 
 
@@ -168,53 +169,137 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+CHAT_HELP = """commands:
+  /help           this list
+  /reset          forget the conversation (the system prompt stays)
+  /system [TEXT]  set (or clear) the system prompt; forgets the conversation
+  /stats          the last reply's statistics
+  /exit, /quit    leave (also Ctrl-D, or Ctrl-C twice at the prompt)
+  //TEXT          send TEXT starting with one '/'
+Ctrl-C during a reply stops it. When the conversation outgrows the context, the oldest exchanges
+are dropped until the prompt plus {reserve} tokens for the reply fit; a message too long even
+alone is not sent, and the conversation is kept."""
+
+
+def _read_line() -> str:
+    """One line of input without its newline; the prompt goes to stderr unless stdin is a terminal
+    (input() with line editing there). EOFError at the end of the input."""
+    if sys.stdin.isatty():
+        return input("> ")
+    sys.stderr.write("> ")
+    sys.stderr.flush()
+    line = sys.stdin.readline()
+    if not line:
+        raise EOFError
+    return line.rstrip("\n")
+
+
+def _not_utf8(text: str) -> str | None:
+    """What is wrong with a line read with surrogateescape, or None when it is UTF-8 text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"byte 0x{ord(text[exc.start]) - 0xDC00:02x} at character {exc.start}"
+    return None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    from onnxgen.genai.chat_session import ChatSession, reply_reserve
+
     params = _sampling_from_args(args)
     generator = _load_generator(args)
-    history: list[dict[str, str]] = []
-    system: str | None = args.system
-    _eprint(
-        "onnxgen chat: /reset clears history, /system TEXT sets the system prompt, /stats, /exit; Ctrl-C stops a reply"
-    )
+    context = generator.config.context_length
+
+    def encode(messages: list[dict[str, str]]) -> list[int]:
+        return generator.tokenizer.encode(generator.apply_chat_template(messages))
+
+    session = ChatSession(encode, context, reply_reserve(context, params.max_new_tokens), system=args.system)
+    if isinstance(sys.stdin, io.TextIOWrapper):
+        sys.stdin.reconfigure(errors="surrogateescape")  # bytes that are not UTF-8 are refused, not fatal
+    _eprint("onnxgen chat: type a message; /help lists the commands")
+    armed = False  # Ctrl-C once at the prompt: the next one leaves
     while True:
         try:
-            line = input("> ")
+            line = _read_line()
         except EOFError:
-            print()
+            _eprint("\n(end of input; bye)")
             return 0
         except KeyboardInterrupt:
-            print()
-            return 0
+            if armed:
+                _eprint("\n(bye)")
+                return 0
+            armed = True
+            _eprint("\n(Ctrl-C again to leave, or /exit)")
+            continue
+        armed = False
         text = line.strip()
         if not text:
             continue
-        if text in ("/exit", "/quit"):
-            return 0
-        if text == "/reset":
-            history.clear()
-            _eprint("(history cleared)")
+        bad = _not_utf8(text)
+        if bad:
+            _eprint(f"(that line is not valid UTF-8 text: {bad}; not sent)")
             continue
-        if text.startswith("/system"):
-            system = text[len("/system") :].strip() or None
-            history.clear()
-            _eprint(f"(system prompt {'set' if system else 'cleared'}; history cleared)")
+        if text.startswith("/") and not text.startswith("//"):
+            command, _, rest = text.partition(" ")
+            if command in ("/exit", "/quit"):
+                _eprint("(bye)")
+                return 0
+            if command == "/help":
+                _eprint(CHAT_HELP.format(reserve=session.reserve))
+            elif command == "/reset":
+                session.reset(session.system)
+                _eprint("(history cleared)")
+            elif command == "/system":
+                session.reset(rest.strip() or None)
+                _eprint(f"(system prompt {'set' if session.system else 'cleared'}; history cleared)")
+            elif command == "/stats":
+                _eprint(generator.last_stats.summary())
+            else:
+                _eprint(f"(unknown command {command}; /help lists the commands; //TEXT sends TEXT with one '/')")
             continue
-        if text == "/stats":
-            _eprint(generator.last_stats.summary())
-            continue
-        history.append({"role": "user", "content": text})
-        messages = ([{"role": "system", "content": system}] if system else []) + history
-        prompt_ids = generator.encode(generator.apply_chat_template(messages))
-        reply = []
-        try:
-            for piece in generator.stream(prompt_ids, params):
-                reply.append(piece)
-                sys.stdout.write(piece)
-                sys.stdout.flush()
-        except KeyboardInterrupt:
-            _eprint("\n(stopped)")
-        print()
-        history.append({"role": "assistant", "content": "".join(reply)})
+        if text.startswith("//"):
+            text = text[1:]
+        _chat_turn(generator, session, params, text)
+
+
+def _chat_turn(generator, session, params, text: str) -> None:
+    """One message and its reply; whatever fails, the conversation goes on (and stays as it was)."""
+    try:
+        fit = session.fit(text)
+    except OnnxgenError as exc:
+        _eprint(f"onnxgen: error: {exc} (message not sent)")
+        return
+    context = session.context_length
+    if fit.refused:
+        _eprint(
+            f"(message not sent: it is {fit.tokens} tokens with the chat template, and the context holds "
+            f"{context} with {session.reserve} kept for the reply; the history is kept)"
+        )
+        return
+    if fit.dropped:
+        _eprint(
+            f"(dropped the oldest {fit.dropped} exchange{'s' if fit.dropped > 1 else ''} to fit the context: "
+            f"prompt {fit.tokens} of {context} tokens, {session.reserve} kept for the reply)"
+        )
+    reply: list[str] = []
+    try:
+        for piece in generator.stream(fit.ids, params):
+            reply.append(piece)
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        _eprint("\n(stopped)")
+    except OnnxgenError as exc:
+        print(flush=True)
+        _eprint(f"onnxgen: error: {exc} (the message is not kept)")
+        return
+    print(flush=True)
+    stop = generator.last_stats.stop_reason
+    if stop == "length":
+        _eprint(f"(reply cut at --max-new-tokens {params.max_new_tokens})")
+    elif stop == "context full":
+        _eprint("(reply cut: the context is full; the oldest exchanges will be dropped for the next message)")
+    session.add(fit, text, "".join(reply))
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -325,10 +410,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stdout_gone() -> int:
+    """The reader of stdout went away (`onnxgen ... | head`): leave quietly, as Unix tools do. Later
+    writes (the interpreter's final flush included) go to /dev/null; the status is SIGPIPE's."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + 13
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # here, not at exit: a closed pipe is then one more case below
+        return code
+    except BrokenPipeError:
+        return _stdout_gone()
     except OnnxgenError as exc:
         _eprint(f"onnxgen: error: {exc}")
         return 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from onnxgen.genai.decode_tail import GreedyTail
 from onnxgen.genai.kv_cache import DynamicKV, StaticKV
 from onnxgen.genai.package import PackageConfig, load_package_config
 from onnxgen.genai.package_checks import check_package, growing_kv
-from onnxgen.genai.sampling import LogitsSampler, SamplingParams
+from onnxgen.genai.sampling import LogitsSampler, NonFiniteLogitsError, SamplingParams
 from onnxgen.genai.tokenizer import Tokenizer
 from onnxgen.runtime.capture.runtime import CaptureRuntime
 from onnxgen.runtime.capture.stats import CaptureStats
@@ -215,12 +216,40 @@ class Generator:
         return render_chat(t.chat_template, messages, bos_token=t.bos_token, eos_token=t.eos_token)
 
     def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:
-        if isinstance(prompt, list):
-            ids = [int(i) for i in prompt]
-        else:
-            if chat:
-                prompt = self.apply_chat_template([{"role": "user", "content": prompt}])
-            ids = self.tokenizer.encode(prompt)
+        """Token ids of a text prompt (with the chat template if ``chat``), or a caller's ids checked:
+        ints (numpy integers too; bool and float refused) within [0, vocab_size), not empty, leaving
+        room for one new token. The checked ids are what keeps the decode loop free of bound checks:
+        sampled tokens are always in range."""
+        if isinstance(prompt, (list, tuple)):
+            return self._checked_ids(prompt)
+        if not isinstance(prompt, str):
+            raise InvalidInputError(
+                f"the prompt must be a str or a list of token ids (int), got {type(prompt).__name__}"
+            )
+        if chat:
+            prompt = self.apply_chat_template([{"role": "user", "content": prompt}])
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidInputError(
+                f"the prompt is not valid UTF-8 text: U+{ord(prompt[exc.start]):04X} at character {exc.start} is "
+                "a lone surrogate (what Python makes of bytes that are not UTF-8, e.g. in a command-line argument)"
+            ) from None
+        return self._checked_ids(self.tokenizer.encode(prompt))
+
+    def _checked_ids(self, prompt_ids: list[int] | tuple[int, ...]) -> list[int]:
+        vocab = self.config.vocab_size
+        ids: list[int] = []
+        for index, value in enumerate(prompt_ids):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise InvalidInputError(
+                    f"token ids must be ints; the one at index {index} is {value!r} ({type(value).__name__})"
+                )
+            if not 0 <= value < vocab:
+                raise InvalidInputError(
+                    f"token id {int(value)} at index {index} is outside the vocabulary [0, {vocab}) of this model"
+                )
+            ids.append(int(value))
         if not ids:
             raise InvalidInputError("the prompt is empty; give at least one token of text")
         if len(ids) >= self.config.context_length:
@@ -338,8 +367,25 @@ class Generator:
         return self._capture.stats if self._capture is not None else CaptureStats(mode=self.capture)
 
     def generate_ids(self, prompt_ids: list[int], params: SamplingParams | None = None) -> Iterator[int]:
-        """Yields new token ids; stops on EOS or max_new_tokens (stop strings are text-level)."""
+        """Yields new token ids; stops on EOS or max_new_tokens (stop strings are text-level).
+
+        Raises NonFiniteLogitsError, naming the new token, where the model's logits are NaN or
+        infinite. Checked: the first token on every path (its logits row's maximum, or the draw's
+        probabilities), and every later token the sampler picks between the steps (its row's maximum
+        on the device, folded into the token the host reads anyway; the sampled draw's own check).
+        Not checked: the tokens that a captured greedy step's tail picks (sample_in_graph), where
+        such a row yields the index of a NaN as argmax does."""
         params = (params or SamplingParams()).validate()
+        prompt_ids = self._checked_ids(prompt_ids)
+        try:
+            yield from self._generate_ids(prompt_ids, params)
+        except NonFiniteLogitsError as exc:
+            raise NonFiniteLogitsError(
+                f"{exc}, at new token {self.last_stats.new_tokens + 1} after a prompt of {len(prompt_ids)} tokens; "
+                "the package's weights may be damaged, or its precision overflows on this input"
+            ) from None
+
+    def _generate_ids(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[int]:
         context = self.config.context_length
         room = context - len(prompt_ids)
         max_new = min(params.max_new_tokens or room, room)
@@ -371,7 +417,7 @@ class Generator:
                 yield from self._decode_pipelined(token, advance, reader, stats, start, max_new, room, ignore_eos)
                 return
             while True:
-                token_id = int(token)  # the one device-to-host read per token
+                token_id = LogitsSampler.check(token)  # the one device-to-host read per token
                 stats.count_token(start)
                 if token_id in self.eos_ids and not params.ignore_eos:
                     stats.stop_reason = "eos"
@@ -428,7 +474,7 @@ class Generator:
             n = stats.new_tokens + 1  # the token on the device is the n-th new one
             reader.start(token, at)  # before step n+1 is enqueued: the wait below is for token n only
             failed = try_advance(token) if 1 < n < max_new else None
-            token_id = reader.wait()
+            token_id = LogitsSampler.check(reader.wait())
             stats.count_token(start)
             if token_id in self.eos_ids and not ignore_eos:
                 stats.stop_reason = "eos"
