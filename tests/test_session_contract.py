@@ -136,6 +136,25 @@ def test_if_branch_returning_its_initializer_is_copied() -> None:
     np.testing.assert_array_equal(session.run(None, feeds)[0], ort_run(model, feeds)[0])
 
 
+def test_feeds_written_in_place_by_a_kernel_stay_the_callers() -> None:
+    """GroupQueryAttention's shared KV layout writes the step's rows into past_key/past_value; run()
+    (numpy, onnxruntime's contract) must leave the caller's arrays as they were, as onnxruntime does."""
+    from tests.test_kernels_contrib import GqaCase
+
+    case = GqaCase()
+    model = case.model()
+    rng = np.random.default_rng(0)
+    past = tuple(rng.standard_normal((1, case.kv_heads, 12, case.head_size)).astype(np.float32) for _ in "kv")
+    feeds = case.feeds(rng, 1, [6], past)  # capacity 12 >= 6 tokens: the shared layout
+    before = [p.copy() for p in past]
+    want = ort_run(model, feeds)
+    got = InferenceSession(model).run(None, feeds)
+    np.testing.assert_array_equal(past[0], before[0])
+    np.testing.assert_array_equal(past[1], before[1])
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[1][:, :, :6], want[1][:, :, :6], rtol=1e-5, atol=1e-6)
+
+
 # -- 3. out-of-range indices ----------------------------------------------------------------------
 
 D = np.arange(6, dtype=np.float32).reshape(3, 2)

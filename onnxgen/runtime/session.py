@@ -107,6 +107,7 @@ class InferenceSession:
         self._checked_layouts: set[tuple[Any, ...]] = set()  # see _check_feeds_repeated
         # what run() must not hand out uncopied (after pack_matmul_groups: the tensors that stay)
         self._persistent_storages = frozenset(persistent_storages(self.program))
+        self._written_inputs = written_inputs(self.program, {vi.name for vi in self._inputs})
 
     # -- onnxruntime-like metadata ---------------------------------------------------------
 
@@ -133,6 +134,10 @@ class InferenceSession:
         names = self._output_names(output_names)
         declared = {vi.name: vi for vi in self.program.inputs}
         feeds = {name: feed_value(declared.get(name), name, value) for name, value in _feed_items(input_feed)}
+        for name in self._written_inputs.intersection(feeds):  # a kernel writes it: not the caller's array
+            value = feeds[name]
+            if isinstance(value, torch.Tensor) and value.device == self.device:
+                feeds[name] = value.clone()
         env = self.program.run(self._check_feeds(feeds))
         results = [env[name] for name in names]  # a name asked for twice: two arrays, as onnxruntime
         shared = set(self._persistent_storages)
@@ -319,6 +324,24 @@ def _untyped_value(info: ValueInfo | None, name: str, value: Any) -> Any:
     if value is None or isinstance(value, dict):
         return value
     raise InvalidInputError(f"input {name!r} is of type {type(value).__name__}; expected a numpy array")
+
+
+# (domain, op) -> the input slots its kernel may write in place: GroupQueryAttention's shared and
+# window KV layouts write the step's rows into past_key/past_value (kernels/contrib_attention.py)
+WRITES_INPUTS: dict[tuple[str, str], tuple[int, ...]] = {("com.microsoft", "GroupQueryAttention"): (3, 4)}
+# ops whose output may be a view of their first input (a write into it lands in the input)
+VIEW_OPS = frozenset({"Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Cast", "Expand"})
+
+
+def written_inputs(program: GraphProgram, graph_inputs: set[str]) -> frozenset[str]:
+    """The graph inputs a run may write into: fed (directly or through views) to an in-place slot."""
+    written: set[str] = set()
+    for step in reversed(program.steps):  # consumers come after producers: one backward pass
+        slots = WRITES_INPUTS.get((step.ctx.domain, step.ctx.op_type), ())
+        written.update(step.inputs[i] for i in slots if i < len(step.inputs) and step.inputs[i])
+        if step.ctx.domain == "" and step.ctx.op_type in VIEW_OPS and step.inputs and step.outputs[0] in written:
+            written.add(step.inputs[0])
+    return frozenset(written & graph_inputs)
 
 
 def storage_of(tensor: torch.Tensor) -> int:
