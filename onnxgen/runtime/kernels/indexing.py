@@ -28,6 +28,20 @@ def _may_read(indices: torch.Tensor) -> bool:
     return not (indices.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
+# up to this many CPU indices (a decode step's token ids, shape arithmetic) are read as a list:
+# fewer dispatches than a reduction
+_LIST_BOUNDS_MAX = 64
+
+
+def _bounds(idx: torch.Tensor) -> tuple[int, int]:
+    """(min, max) of a non-empty index tensor, read on the host."""
+    if idx.device.type == "cpu" and idx.numel() <= _LIST_BOUNDS_MAX:
+        values = idx.reshape(-1).tolist()
+        return min(values), max(values)
+    lo, hi = torch.stack(torch.aminmax(idx)).tolist()
+    return lo, hi
+
+
 def _out_of_range(ctx: NodeContext, index: int, axis: int, size: int) -> KernelError:
     return ctx.fail(
         f"index {index} is out of range for axis {axis} of size {size}; valid indices are [{-size}, {size - 1}]"
@@ -43,7 +57,7 @@ def checked_indices(ctx: NodeContext, indices: torch.Tensor, size: int, axis: in
     if not idx.numel():
         return idx
     if _may_read(idx):
-        lo, hi = torch.stack(torch.aminmax(idx)).tolist()
+        lo, hi = _bounds(idx)
         if hi >= size or lo < -size:
             raise _out_of_range(ctx, hi if hi >= size else lo, axis, size)
         if lo >= 0:
