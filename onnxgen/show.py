@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from onnxgen.errors import ModelLoadError
+from onnxgen.errors import ModelLoadError, OnnxgenError
 from onnxgen.runtime.executor import value_info_of
 from onnxgen.runtime.model_io import load_model
 
@@ -102,6 +102,32 @@ def _format(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def model_symbols(model: onnx.ModelProto) -> list[str]:
+    """The dim_param names the graph's inputs and outputs declare (what --bind can set)."""
+    names = {
+        d.dim_param
+        for vi in (*model.graph.input, *model.graph.output)
+        if vi.type.HasField("tensor_type")
+        for d in vi.type.tensor_type.shape.dim
+        if d.dim_param
+    }
+    return sorted(names)
+
+
+def _check_bind_names(onnx_path: Path, bind: str) -> None:
+    """A --bind name the graph does not declare would bind nothing (a typo): refuse it."""
+    from onnxgen.runtime.capture.report import parse_bind
+
+    wanted = parse_bind(bind)
+    model, _ = load_model(onnx_path)
+    symbols = model_symbols(model)
+    unknown = [name for name in wanted if name not in symbols]
+    if unknown:
+        raise OnnxgenError(
+            f"--bind names symbol(s) {unknown} that {onnx_path.name} does not have; its symbols are {symbols}"
+        )
+
+
 def show_model(
     target: str, *, capture: bool = False, as_json: bool = False, bind: str | None = None, device: str = "cpu"
 ) -> str:
@@ -109,6 +135,10 @@ def show_model(
         from onnxgen.runtime.capture.report import capture_report
 
         onnx_path, _ = _model_path(target)
+        if bind:
+            _check_bind_names(onnx_path, bind)
         return capture_report(onnx_path, bind=bind, as_json=as_json, device=device)
+    if bind:
+        raise OnnxgenError("--bind sets symbols of the capture plan; it needs --capture")
     summary = model_summary(target)
     return json.dumps(summary, indent=2) if as_json else _format(summary)

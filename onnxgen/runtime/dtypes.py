@@ -75,7 +75,10 @@ def torch_dtype(elem_type: int) -> torch.dtype:
 
 
 def numpy_to_torch(array: np.ndarray) -> torch.Tensor:
-    """Zero-copy where the dtype allows; ml_dtypes bfloat16/float8 are reinterpreted bit-exactly."""
+    """Zero-copy where the dtype and strides allow; ml_dtypes bfloat16/float8 are reinterpreted
+    bit-exactly. torch has no negative strides: such an array (a[::-1]) is copied first."""
+    if any(stride < 0 for stride in array.strides):
+        array = np.ascontiguousarray(array)
     name = array.dtype.name
     if name == "bfloat16":
         # ascontiguousarray turns a 0-d array into 1-d: restore the shape

@@ -36,16 +36,24 @@ def load_model(path: str | os.PathLike) -> tuple[onnx.ModelProto, Path]:
         raise ModelLoadError(f"model path is not a regular file: {model_path}")
     try:
         data = model_path.read_bytes()
-        model = onnx.ModelProto()
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read {model_path}: {exc.strerror or exc}") from None
+    return parse_model_bytes(data, str(model_path)), model_path.parent.resolve()
+
+
+def parse_model_bytes(data: bytes, source: str) -> onnx.ModelProto:
+    """A serialized ModelProto, refused (ModelLoadError) when it does not parse or holds no graph;
+    ``source`` names where the bytes came from in the message."""
+    model = onnx.ModelProto()
+    try:
         model.ParseFromString(data)
     except (DecodeError, RuntimeError, ValueError) as exc:
         raise ModelLoadError(
-            f"{model_path} is not a valid ONNX model (protobuf parse failed: {exc}); "
-            "expected a serialized onnx.ModelProto"
+            f"{source} is not a valid ONNX model (protobuf parse failed: {exc}); expected a serialized onnx.ModelProto"
         ) from None
     if not model.HasField("graph"):
-        raise ModelLoadError(f"{model_path} holds no ONNX graph; expected a serialized onnx.ModelProto")
-    return model, model_path.parent.resolve()
+        raise ModelLoadError(f"{source} holds no ONNX graph; expected a serialized onnx.ModelProto")
+    return model
 
 
 def _external_info(tensor: onnx.TensorProto) -> dict[str, str]:

@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from onnxgen.runtime.kernels.common import NodeContext, normalize_axis
 from onnxgen.runtime.kernels.contrib_attention import compute_dtype
 from onnxgen.runtime.kernels.cpu_gemv import split_gemv
+from onnxgen.runtime.kernels.indexing import checked_indices
 from onnxgen.runtime.kernels.registry import MS_DOMAIN, kernel
 from onnxgen.runtime.kernels.triton_support import linear_row_serves, q4_row_enabled
 
@@ -386,8 +387,11 @@ def gather_block_quantized(
         if bits < 8 and gather_axis == quant_axis:
             raise ctx.fail("packed data needs quantize_axis different from gather_axis")
 
-    # gather first (out-of-range indices give zero rows), then dequantize only what was taken
+    # gather first, then dequantize only what was taken. Out-of-range indices are refused (onnxruntime
+    # 1.32 gives zero rows: a token id past the vocabulary would embed as zeros); where the check
+    # cannot read them (a CUDA graph recording) they still give zero rows, never a stray read.
     size = data.shape[gather_axis]
+    checked_indices(ctx, indices, size, gather_axis)
     idx = indices.to(torch.long).reshape(-1)
     idx = torch.where(idx < 0, idx + size, idx)
     valid = (idx >= 0) & (idx < size)

@@ -1,7 +1,12 @@
 """Indexing ops: Concat, Split, Slice, Gather*, Scatter*, TopK, Pad, NonZero, Unique, DepthToSpace, ...
 
 Outputs live on the input's device (see shape_ops for why). Index tensors may hold negative
-indices; they are wrapped on the device (``_wrap``) so no value is read on the host.
+indices (valid ones lie in [-n, n-1]). Out-of-range indices are refused (KernelError naming the
+node, the index and the range), as onnxruntime refuses them: one min/max reduction per index
+tensor, read on the host. A CUDA stream that is being captured into a graph must not read device
+values, so there the check is left out and the index is wrapped (memory stays safe); the ids a
+captured decode step gathers are checked where they enter (the prompt), and sampled tokens are in
+range by construction.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import math
 
 import torch
 
+from onnxgen.errors import KernelError
 from onnxgen.runtime.kernels.common import NodeContext, ints, normalize_axis
 from onnxgen.runtime.kernels.registry import kernel
 from onnxgen.runtime.kernels.triton_support import triton_serves
@@ -17,8 +23,64 @@ from onnxgen.runtime.kernels.triton_support import triton_serves
 DATA_DEPENDENT = "data-dependent output shape"
 
 
+def _may_read(indices: torch.Tensor) -> bool:
+    """Whether the indices' values may be read on the host now (not while a CUDA graph records)."""
+    return not (indices.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+# up to this many CPU indices (a decode step's token ids, shape arithmetic) are read as a list:
+# fewer dispatches than a reduction
+_LIST_BOUNDS_MAX = 64
+
+
+def _bounds(idx: torch.Tensor) -> tuple[int, int]:
+    """(min, max) of a non-empty index tensor, read on the host."""
+    if idx.device.type == "cpu" and idx.numel() <= _LIST_BOUNDS_MAX:
+        values = idx.reshape(-1).tolist()
+        return min(values), max(values)
+    lo, hi = torch.stack(torch.aminmax(idx)).tolist()
+    return lo, hi
+
+
+def _out_of_range(ctx: NodeContext, index: int, axis: int, size: int) -> KernelError:
+    return ctx.fail(
+        f"index {index} is out of range for axis {axis} of size {size}; valid indices are [{-size}, {size - 1}]"
+    )
+
+
+def checked_indices(ctx: NodeContext, indices: torch.Tensor, size: int, axis: int) -> torch.Tensor:
+    """``indices`` as int64 in [0, size), refused (KernelError) where one lies outside [-size, size-1].
+
+    Where the values may not be read (a CUDA graph recording) they are wrapped by a floor-mod
+    instead, so that no access lands outside the axis."""
+    idx = indices.to(torch.int64)
+    if not idx.numel():
+        return idx
+    if _may_read(idx):
+        lo, hi = _bounds(idx)
+        if hi >= size or lo < -size:
+            raise _out_of_range(ctx, hi if hi >= size else lo, axis, size)
+        if lo >= 0:
+            return idx
+    return idx.remainder(size) if size else idx
+
+
+def _check_columns(ctx: NodeContext, indices: torch.Tensor, dims: tuple[int, ...], first_axis: int) -> None:
+    """GatherND/ScatterND: column j of the [..., k] indices addresses axis first_axis + j (of size
+    dims[j]); one reduction over all columns, one host read."""
+    k = indices.shape[-1]
+    if not indices.numel() or not k or not _may_read(indices):
+        return
+    lo, hi = torch.aminmax(indices.reshape(-1, k).to(torch.int64), dim=0)
+    los, his = torch.stack((lo, hi)).tolist()
+    for j, (low, high, size) in enumerate(zip(los, his, dims)):
+        if high >= size or low < -size:
+            raise _out_of_range(ctx, high if high >= size else low, first_axis + j, size)
+
+
 def _wrap(indices: torch.Tensor, size: int) -> torch.Tensor:
-    """Valid indices lie in [-size, size): a floor-mod maps them to [0, size) in one kernel."""
+    """Indices in [-size, size) mapped to [0, size) by a floor-mod in one kernel (checked before, or
+    not readable: then a floor-mod still keeps every access inside the axis)."""
     idx = indices.to(torch.int64)
     return idx.remainder(size) if size else idx
 
@@ -125,8 +187,9 @@ def gather(ctx: NodeContext, data: torch.Tensor, indices: torch.Tensor) -> torch
     ):
         from onnxgen.runtime.kernels.triton_prelude import gather_rows
 
+        checked_indices(ctx, indices, data.shape[0], 0)  # the kernel wraps; this refuses
         return gather_rows(data, indices).reshape((*indices.shape, data.shape[1]))
-    idx = _wrap(indices, data.shape[axis])
+    idx = checked_indices(ctx, indices, data.shape[axis], axis)
     picked = data.index_select(axis, idx.reshape(-1))
     return picked.reshape((*data.shape[:axis], *indices.shape, *data.shape[axis + 1 :]))
 
@@ -134,7 +197,7 @@ def gather(ctx: NodeContext, data: torch.Tensor, indices: torch.Tensor) -> torch
 @kernel("GatherElements", since=11)
 def gather_elements(ctx: NodeContext, data: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     axis = normalize_axis(ctx.attr("axis", 0), data.dim())
-    return torch.gather(data, axis, _wrap(indices, data.shape[axis]))
+    return torch.gather(data, axis, checked_indices(ctx, indices, data.shape[axis], axis))
 
 
 def _flat_index(data_shape: tuple[int, ...], indices: torch.Tensor) -> torch.Tensor:
@@ -155,6 +218,7 @@ def gather_nd(ctx: NodeContext, data: torch.Tensor, indices: torch.Tensor) -> to
     nb = math.prod(batch)
     flat = data.reshape(nb, math.prod(data.shape[b : b + k]), *rest)
     idx = indices.reshape(nb, -1, k)
+    _check_columns(ctx, idx, tuple(data.shape[b : b + k]), b)
     lin = _flat_index(tuple(data.shape[b : b + k]), idx)  # [nb, n]
     rows = torch.arange(nb, device=data.device).unsqueeze(1)
     picked = flat[rows, lin]  # [nb, n, *rest]
@@ -168,7 +232,7 @@ _REDUCE = {"add": "sum", "mul": "prod", "max": "amax", "min": "amin"}
 
 def _scatter_elements(ctx: NodeContext, data: torch.Tensor, indices: torch.Tensor, updates: torch.Tensor):
     axis = normalize_axis(ctx.attr("axis", 0), data.dim())
-    idx = _wrap(indices, data.shape[axis])
+    idx = checked_indices(ctx, indices, data.shape[axis], axis)
     reduction = ctx.attr("reduction", "none")
     if reduction == "none":
         return data.scatter(axis, idx, updates)
@@ -193,6 +257,7 @@ def scatter_nd(ctx: NodeContext, data: torch.Tensor, indices: torch.Tensor, upda
     rows = math.prod(data.shape[:k])
     out = data.clone()
     flat = out.view(rows, -1)
+    _check_columns(ctx, indices, tuple(data.shape[:k]), 0)
     lin = _flat_index(tuple(data.shape[:k]), indices).reshape(-1)
     upd = updates.reshape(lin.shape[0], -1)
     reduction = ctx.attr("reduction", "none")
