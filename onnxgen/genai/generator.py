@@ -13,7 +13,7 @@ import torch
 from onnxgen.errors import InvalidInputError, OnnxgenError
 from onnxgen.genai.chat import render_chat
 from onnxgen.genai.decode_tail import GreedyTail
-from onnxgen.genai.kv_cache import DynamicKV, StaticKV
+from onnxgen.genai.kv_cache import DynamicKV, GrowingKV, StaticKV, past_feeds_attention_in_place
 from onnxgen.genai.package import PackageConfig, load_package_config
 from onnxgen.genai.sampling import LogitsSampler, SamplingParams
 from onnxgen.genai.tokenizer import Tokenizer
@@ -184,6 +184,7 @@ class Generator:
         if self.capture != "off" and self.device.type != "cuda" and recorder is None:
             raise InvalidInputError("capture needs CUDA graphs: use capture='off' on the CPU")
         self._capture: CaptureRuntime | None = None
+        self._in_place: bool | None = None  # see _grows_in_place
         self._static_kv: StaticKV | None = None
         self._decode_feeds: tuple[torch.Tensor, torch.Tensor] | None = None  # see _decode_buffers
         self.sample_in_graph = bool(sample_in_graph)
@@ -235,7 +236,7 @@ class Generator:
         context = self.config.context_length
         return min(context, max(256, 1 << max(0, total - 1).bit_length()))
 
-    def _new_kv(self, total: int) -> DynamicKV | StaticKV:
+    def _new_kv(self, total: int) -> DynamicKV | GrowingKV | StaticKV:
         if self.kv_kind == "static":
             capacity = self._static_capacity(total)
             if self.capture == "off":
@@ -247,9 +248,22 @@ class Generator:
                 kv = self._static_kv = StaticKV(self.config, self.kv_dtype, self.device, capacity)
             kv.reset()
             return kv
+        if self._grows_in_place():
+            return GrowingKV(self.config, self.kv_dtype, self.device, limit=self.config.context_length)
         return DynamicKV(self.config, self.kv_dtype, self.device)
 
-    def _decode_buffers(self, kv: DynamicKV | StaticKV) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def _grows_in_place(self) -> bool:
+        """Dynamic KV on the CPU keeps spare rows (GrowingKV) where the graph's attention writes in
+        place; CUDA keeps DynamicKV (its attention spans the whole past buffer: spare rows would cost)."""
+        if self._in_place is None:
+            self._in_place = (
+                self.device.type == "cpu"
+                and self.has_mask
+                and past_feeds_attention_in_place(self.session.model.graph, self.config)
+            )
+        return self._in_place
+
+    def _decode_buffers(self, kv: DynamicKV | GrowingKV | StaticKV) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(token ids [1, 1], positions [1, 1]) fed to every captured one-token step with static KV:
         the same device tensors each step, so the capture uses them in place (no copy into its
         bindings), and the sampler writes the next token straight into the ids. None elsewhere."""
@@ -260,12 +274,12 @@ class Generator:
             self._decode_feeds = (ids, torch.zeros_like(ids))
         return self._decode_feeds
 
-    def _token_out(self, kv: DynamicKV | StaticKV) -> torch.Tensor | None:
+    def _token_out(self, kv: DynamicKV | GrowingKV | StaticKV) -> torch.Tensor | None:
         """Where the sampler writes the next token (a 0-d view of the decode ids), or None."""
         buffers = self._decode_buffers(kv)
         return buffers[0].view(()) if buffers is not None else None
 
-    def _tail_for(self, kv: DynamicKV | StaticKV, sampler: LogitsSampler) -> GreedyTail | None:
+    def _tail_for(self, kv: DynamicKV | GrowingKV | StaticKV, sampler: LogitsSampler) -> GreedyTail | None:
         """The step tail of this generation's one-token steps, or None (the sampler runs between them)."""
         buffers = self._decode_buffers(kv)
         if buffers is None or not self.sample_in_graph or not sampler.plain_greedy or not isinstance(kv, StaticKV):
@@ -277,7 +291,9 @@ class Generator:
             tail = self._tail = GreedyTail(self.config.io.logits, self.config.vocab_size, ids, pos, kv.mask, host)
         return tail
 
-    def _step(self, kv: DynamicKV | StaticKV, ids: torch.Tensor, tail: GreedyTail | None = None) -> torch.Tensor:
+    def _step(
+        self, kv: DynamicKV | GrowingKV | StaticKV, ids: torch.Tensor, tail: GreedyTail | None = None
+    ) -> torch.Tensor:
         """One step of ``ids.shape[1]`` tokens; returns the last row's logits. With ``tail`` (one-token
         captured steps only) the step also writes the next token into the decode ids."""
         io = self.config.io
@@ -311,7 +327,7 @@ class Generator:
         self._tail_ready_at = kv.length if tail is not None else None
         return outputs[io.logits][0, -1]
 
-    def _capture_runtime(self, kv: DynamicKV | StaticKV) -> CaptureRuntime:
+    def _capture_runtime(self, kv: DynamicKV | GrowingKV | StaticKV) -> CaptureRuntime:
         if self._capture is None:
             pin: set[str] = set()
             if kv.kind == "static":  # fixed capacity: the KV length and the mask width are pinned
