@@ -54,7 +54,7 @@ def worker(engine: str, package: Path, new_tokens: int, threads: int | None) -> 
 
         options = {}
         if threads is not None:
-            from onnxgen.runtime.threads import ThreadOptions
+            from onnxgen.threads import ThreadOptions
 
             options["threads"] = ThreadOptions(num_threads=threads)
         generator = Generator(package, **options)

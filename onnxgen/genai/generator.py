@@ -21,6 +21,7 @@ from onnxgen.runtime.capture.runtime import CaptureRuntime
 from onnxgen.runtime.capture.stats import CaptureStats
 from onnxgen.runtime.dtypes import ONNX_TO_TORCH
 from onnxgen.runtime.session import InferenceSession
+from onnxgen.threads import ThreadOptions
 
 
 class PromptTooLongError(OnnxgenError):
@@ -133,6 +134,10 @@ class Generator:
     (no penalties), the argmax and the next position and mask row run at the end of the step, inside
     its graph (decode_tail.py), so the host only launches it. Sampled decoding keeps its kernels
     between the steps. False keeps greedy's there too (the benches compare the two).
+
+    ``threads`` (CPU): torch's thread count, ``ThreadOptions(num_threads=N)``; by default half the
+    cores, unless OMP_NUM_THREADS or torch.set_num_threads chose already (onnxgen/threads.py says
+    why: torch's threads collapse when cores are shared).
     """
 
     def __init__(
@@ -147,7 +152,10 @@ class Generator:
         verify_steps: int = 8,
         pipeline: str | bool = "auto",
         sample_in_graph: bool = True,
+        threads: ThreadOptions | None = None,
     ):
+        if torch.device(device).type == "cpu":  # torch's thread count is per process (onnxgen/threads.py)
+            self.threads = (threads or ThreadOptions()).apply()
         self.config = package if isinstance(package, PackageConfig) else load_package_config(package)
         self.session = session or InferenceSession(self.config.model_file, device=device)
         self.device = self.session.device
