@@ -140,6 +140,9 @@ class Generator:
     why: torch's threads collapse when cores are shared).
     """
 
+    prefill_chunk = 256  # prompt tokens per CPU prefill step (_prefill); 0: one step
+    prefill_progress_tokens: int | None = 1024  # prompts this long show prefill progress on stderr
+
     def __init__(
         self,
         package: str | Path | PackageConfig,
@@ -335,6 +338,32 @@ class Generator:
         self._tail_ready_at = kv.length if tail is not None else None
         return outputs[io.logits][0, -1]
 
+    def _prefill(self, kv: DynamicKV | GrowingKV | StaticKV, ids: torch.Tensor) -> torch.Tensor:
+        """The prompt's steps; returns the last row's logits.
+
+        On the CPU, where the graph's attention is GroupQueryAttention reading the past directly
+        (it takes a later prompt chunk: rows at T - S, causal within the chunk), the prompt runs in
+        chunks of ``prefill_chunk`` tokens. One pass would hold every row's logits ([S, vocab] fp32,
+        the largest tensor of a long prefill) and an S x S attention per head at once; a chunk holds
+        ``prefill_chunk`` rows of each. A prompt of at least ``prefill_progress_tokens`` shows a
+        Progress line on stderr (None: never). Elsewhere (CUDA, graphs that concatenate their own
+        KV) the prompt is one step, as before."""
+        n = ids.shape[1]
+        chunk = self.prefill_chunk
+        if self.device.type != "cpu" or not chunk or n <= chunk or not self._prefill_chunks_apply():
+            return self._step(kv, ids)
+        from onnxgen.progress import Progress
+
+        threshold = self.prefill_progress_tokens
+        with Progress("prefill", total=n, unit="tok", enabled=threshold is not None and n >= threshold) as bar:
+            for lo in range(0, n, chunk):
+                logits = self._step(kv, ids[:, lo : lo + chunk])
+                bar.update(min(chunk, n - lo))
+        return logits
+
+    def _prefill_chunks_apply(self) -> bool:
+        return self.has_mask and past_feeds_attention_in_place(self.session.model.graph, self.config)
+
     def _capture_runtime(self, kv: DynamicKV | GrowingKV | StaticKV) -> CaptureRuntime:
         if self._capture is None:
             pin: set[str] = set()
@@ -369,7 +398,7 @@ class Generator:
         start = time.perf_counter()
         with torch.inference_mode():
             out = self._token_out(kv)
-            token = sampler.sample(self._step(kv, ids), out=out)
+            token = sampler.sample(self._prefill(kv, ids), out=out)
             tail = self._tail_for(kv, sampler)
 
             def advance(token: torch.Tensor) -> tuple[torch.Tensor, int | None]:
