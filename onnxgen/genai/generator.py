@@ -157,6 +157,7 @@ class Generator:
         sample_in_graph: bool = True,
         threads: ThreadOptions | None = None,
     ):
+        self.threads: int | None = None  # torch's CPU thread count in force (CPU generators)
         if torch.device(device).type == "cpu":  # torch's thread count is per process (onnxgen/threads.py)
             self.threads = (threads or ThreadOptions()).apply()
         self.config = package if isinstance(package, PackageConfig) else load_package_config(package)
