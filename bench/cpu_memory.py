@@ -150,9 +150,7 @@ def main() -> None:
                 prefill = f"prompt {r['prompt']} tok: prefill+1 {r['prefill_s']:.1f} s"
                 print(f"{head}, {prefill}, peak {r['peak_mib']:.0f} MiB", flush=True)
             else:
-                marks = "; ".join(
-                    f"@{k}: {m['rss_mib']:.0f} MiB {m['tok_s']:.1f} tok/s" for k, m in r["marks"].items()
-                )
+                marks = "; ".join(f"@{k}: {m['rss_mib']:.0f} MiB {m['tok_s']:.1f} tok/s" for k, m in r["marks"].items())
                 print(f"{head}, peak {r['peak_mib']:.0f} MiB | {marks}", flush=True)
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
