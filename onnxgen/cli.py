@@ -115,6 +115,18 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="CUDA graphs for the decode step (default: on with --device cuda, off on the CPU)",
     )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for torch (default: half the cores, or OMP_NUM_THREADS if set)",
+    )
+    p.add_argument(
+        "--omp-wait-policy",
+        choices=["active", "passive"],
+        default=None,
+        help="OpenMP waiting threads spin (active) or sleep (passive); default: libgomp's",
+    )
     _add_build_options(p)
 
 
@@ -149,7 +161,17 @@ def _load_generator(args: argparse.Namespace):
     if args.device == "cuda" and (problem := _cuda_missing()):
         raise OnnxgenError(problem)  # before any pull or build of a CUDA package
     package = resolve_model(args.model, args.device, args.precision, args.attention)
-    return Generator(package, device=args.device, kv=args.kv, capture=args.capture)
+    return Generator(package, device=args.device, kv=args.kv, capture=args.capture, threads=args.thread_options)
+
+
+def _thread_options(args: argparse.Namespace):
+    """The --threads/--omp-wait-policy options; the wait policy is put in the environment here, before
+    anything imports torch (libgomp reads it once, at load: onnxgen/threads.py)."""
+    from onnxgen.threads import ThreadOptions
+
+    options = ThreadOptions(num_threads=args.threads, wait_policy=args.omp_wait_policy)
+    options.prepare()
+    return options
 
 
 # -- commands -----------------------------------------------------------------------------
@@ -422,6 +444,8 @@ def _stdout_gone() -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if hasattr(args, "threads"):  # first: before any command imports torch
+            args.thread_options = _thread_options(args)
         code = args.func(args)
         sys.stdout.flush()  # here, not at exit: a closed pipe is then one more case below
         return code

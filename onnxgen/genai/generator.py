@@ -14,7 +14,7 @@ import torch
 from onnxgen.errors import InvalidInputError, OnnxgenError
 from onnxgen.genai.chat import render_chat
 from onnxgen.genai.decode_tail import GreedyTail
-from onnxgen.genai.kv_cache import DynamicKV, StaticKV
+from onnxgen.genai.kv_cache import DynamicKV, GrowingKV, StaticKV, past_feeds_attention_in_place
 from onnxgen.genai.package import PackageConfig, load_package_config
 from onnxgen.genai.package_checks import check_package, growing_kv
 from onnxgen.genai.sampling import LogitsSampler, NonFiniteLogitsError, SamplingParams
@@ -24,6 +24,7 @@ from onnxgen.runtime.capture.stats import CaptureStats
 from onnxgen.runtime.dtypes import ONNX_TO_TORCH
 from onnxgen.runtime.model_io import load_model
 from onnxgen.runtime.session import InferenceSession
+from onnxgen.threads import ThreadOptions
 
 
 class PromptTooLongError(OnnxgenError):
@@ -136,7 +137,14 @@ class Generator:
     (no penalties), the argmax and the next position and mask row run at the end of the step, inside
     its graph (decode_tail.py), so the host only launches it. Sampled decoding keeps its kernels
     between the steps. False keeps greedy's there too (the benches compare the two).
+
+    ``threads`` (CPU): torch's thread count, ``ThreadOptions(num_threads=N)``; by default half the
+    cores, unless OMP_NUM_THREADS or torch.set_num_threads chose already (onnxgen/threads.py says
+    why: torch's threads collapse when cores are shared).
     """
+
+    prefill_chunk = 256  # prompt tokens per CPU prefill step (_prefill); 0: one step
+    prefill_progress_tokens: int | None = 1024  # prompts this long show prefill progress on stderr
 
     def __init__(
         self,
@@ -150,7 +158,11 @@ class Generator:
         verify_steps: int = 8,
         pipeline: str | bool = "auto",
         sample_in_graph: bool = True,
+        threads: ThreadOptions | None = None,
     ):
+        self.threads: int | None = None  # torch's CPU thread count in force (CPU generators)
+        if torch.device(device).type == "cpu":  # torch's thread count is per process (onnxgen/threads.py)
+            self.threads = (threads or ThreadOptions()).apply()
         self.config = package if isinstance(package, PackageConfig) else load_package_config(package)
         # the package is checked against the graph proto before any weight is read (and read once)
         proto, model_dir = (session.model, None) if session is not None else load_model(self.config.model_file)
@@ -192,6 +204,7 @@ class Generator:
         if self.capture != "off" and self.device.type != "cuda" and recorder is None:
             raise InvalidInputError("capture needs CUDA graphs: use capture='off' on the CPU")
         self._capture: CaptureRuntime | None = None
+        self._in_place: bool | None = None  # see _grows_in_place
         self._static_kv: StaticKV | None = None
         self._decode_feeds: tuple[torch.Tensor, torch.Tensor] | None = None  # see _decode_buffers
         self.sample_in_graph = bool(sample_in_graph)
@@ -271,7 +284,7 @@ class Generator:
         context = self.config.context_length
         return min(context, max(256, 1 << max(0, total - 1).bit_length()))
 
-    def _new_kv(self, total: int) -> DynamicKV | StaticKV:
+    def _new_kv(self, total: int) -> DynamicKV | GrowingKV | StaticKV:
         if self.kv_kind == "static":
             capacity = self._static_capacity(total)
             if self.capture == "off":
@@ -283,9 +296,22 @@ class Generator:
                 kv = self._static_kv = StaticKV(self.config, self.kv_dtype, self.device, capacity)
             kv.reset()
             return kv
+        if self._grows_in_place():
+            return GrowingKV(self.config, self.kv_dtype, self.device, limit=self.config.context_length)
         return DynamicKV(self.config, self.kv_dtype, self.device)
 
-    def _decode_buffers(self, kv: DynamicKV | StaticKV) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def _grows_in_place(self) -> bool:
+        """Dynamic KV on the CPU keeps spare rows (GrowingKV) where the graph's attention writes in
+        place; CUDA keeps DynamicKV (its attention spans the whole past buffer: spare rows would cost)."""
+        if self._in_place is None:
+            self._in_place = (
+                self.device.type == "cpu"
+                and self.has_mask
+                and past_feeds_attention_in_place(self.session.model.graph, self.config)
+            )
+        return self._in_place
+
+    def _decode_buffers(self, kv: DynamicKV | GrowingKV | StaticKV) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(token ids [1, 1], positions [1, 1]) fed to every captured one-token step with static KV:
         the same device tensors each step, so the capture uses them in place (no copy into its
         bindings), and the sampler writes the next token straight into the ids. None elsewhere."""
@@ -296,12 +322,12 @@ class Generator:
             self._decode_feeds = (ids, torch.zeros_like(ids))
         return self._decode_feeds
 
-    def _token_out(self, kv: DynamicKV | StaticKV) -> torch.Tensor | None:
+    def _token_out(self, kv: DynamicKV | GrowingKV | StaticKV) -> torch.Tensor | None:
         """Where the sampler writes the next token (a 0-d view of the decode ids), or None."""
         buffers = self._decode_buffers(kv)
         return buffers[0].view(()) if buffers is not None else None
 
-    def _tail_for(self, kv: DynamicKV | StaticKV, sampler: LogitsSampler) -> GreedyTail | None:
+    def _tail_for(self, kv: DynamicKV | GrowingKV | StaticKV, sampler: LogitsSampler) -> GreedyTail | None:
         """The step tail of this generation's one-token steps, or None (the sampler runs between them)."""
         buffers = self._decode_buffers(kv)
         if buffers is None or not self.sample_in_graph or not sampler.plain_greedy or not isinstance(kv, StaticKV):
@@ -313,7 +339,9 @@ class Generator:
             tail = self._tail = GreedyTail(self.config.io.logits, self.config.vocab_size, ids, pos, kv.mask, host)
         return tail
 
-    def _step(self, kv: DynamicKV | StaticKV, ids: torch.Tensor, tail: GreedyTail | None = None) -> torch.Tensor:
+    def _step(
+        self, kv: DynamicKV | GrowingKV | StaticKV, ids: torch.Tensor, tail: GreedyTail | None = None
+    ) -> torch.Tensor:
         """One step of ``ids.shape[1]`` tokens; returns the last row's logits. With ``tail`` (one-token
         captured steps only) the step also writes the next token into the decode ids."""
         io = self.config.io
@@ -347,7 +375,33 @@ class Generator:
         self._tail_ready_at = kv.length if tail is not None else None
         return outputs[io.logits][0, -1]
 
-    def _capture_runtime(self, kv: DynamicKV | StaticKV) -> CaptureRuntime:
+    def _prefill(self, kv: DynamicKV | GrowingKV | StaticKV, ids: torch.Tensor) -> torch.Tensor:
+        """The prompt's steps; returns the last row's logits.
+
+        On the CPU, where the graph's attention is GroupQueryAttention reading the past directly
+        (it takes a later prompt chunk: rows at T - S, causal within the chunk), the prompt runs in
+        chunks of ``prefill_chunk`` tokens. One pass would hold every row's logits ([S, vocab] fp32,
+        the largest tensor of a long prefill) and an S x S attention per head at once; a chunk holds
+        ``prefill_chunk`` rows of each. A prompt of at least ``prefill_progress_tokens`` shows a
+        Progress line on stderr (None: never). Elsewhere (CUDA, graphs that concatenate their own
+        KV) the prompt is one step, as before."""
+        n = ids.shape[1]
+        chunk = self.prefill_chunk
+        if self.device.type != "cpu" or not chunk or n <= chunk or not self._prefill_chunks_apply():
+            return self._step(kv, ids)
+        from onnxgen.progress import Progress
+
+        threshold = self.prefill_progress_tokens
+        with Progress("prefill", total=n, unit="tok", enabled=threshold is not None and n >= threshold) as bar:
+            for lo in range(0, n, chunk):
+                logits = self._step(kv, ids[:, lo : lo + chunk])
+                bar.update(min(chunk, n - lo))
+        return logits
+
+    def _prefill_chunks_apply(self) -> bool:
+        return self.has_mask and past_feeds_attention_in_place(self.session.model.graph, self.config)
+
+    def _capture_runtime(self, kv: DynamicKV | GrowingKV | StaticKV) -> CaptureRuntime:
         if self._capture is None:
             pin: set[str] = set()
             if kv.kind == "static":  # fixed capacity: the KV length and the mask width are pinned
@@ -398,7 +452,7 @@ class Generator:
         start = time.perf_counter()
         with torch.inference_mode():
             out = self._token_out(kv)
-            token = sampler.sample(self._step(kv, ids), out=out)
+            token = sampler.sample(self._prefill(kv, ids), out=out)
             tail = self._tail_for(kv, sampler)
 
             def advance(token: torch.Tensor) -> tuple[torch.Tensor, int | None]:

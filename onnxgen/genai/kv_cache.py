@@ -1,6 +1,13 @@
 """KV state between decode steps.
 
 - ``DynamicKV``: present outputs are fed back as the next step's past (the cache grows).
+- ``GrowingKV``: the CPU form of a dynamic cache for graphs whose past inputs go straight into
+  GroupQueryAttention. The past fed is a buffer with room to spare (capacity >= the step's total
+  length), so the op writes the new rows in place and attends over the valid length only (the
+  mask is as wide as the valid length, so total_sequence_length is that length, not the
+  capacity). When a step would not fit, the buffer is reallocated with twice the room and the
+  valid rows copied once: amortised O(1) copy per token, where DynamicKV's present = cat(past,
+  new) copies the whole cache every step (and holds two caches while it does).
 - ``StaticKV``: fixed-capacity buffers updated in place by the attention op, a fixed-width
   attention mask (ones up to the valid length) and so a device-side valid length (seqlens_k
   is derived from the mask inside the graph). Shapes never change between decode steps, which
@@ -15,6 +22,33 @@ from typing import Any
 import torch
 
 from onnxgen.genai.package import PackageConfig
+
+_GQA = "GroupQueryAttention"
+_MS_DOMAIN = "com.microsoft"
+
+
+def past_feeds_attention_in_place(graph: Any, config: PackageConfig) -> bool:
+    """Whether every past key/value input of ``graph`` (an onnx GraphProto) is read only by
+    GroupQueryAttention as its past_key/past_value (inputs 3 and 4), without a sliding-window
+    cache. Such an op accepts a past buffer longer than the step's total length and writes the
+    new rows into it (the shared-buffer layout, contrib_attention.py): what GrowingKV relies on.
+    A graph that concatenates past and new rows itself (the standard layout) would read the
+    spare rows as history, so it keeps DynamicKV."""
+    wanted: dict[str, int] = {}
+    for layer in range(config.num_layers):
+        wanted[config.past_key_name(layer)] = 3
+        wanted[config.past_value_name(layer)] = 4
+    seen: set[str] = set()
+    for node in graph.node:
+        for position, name in enumerate(node.input):
+            if name not in wanted:
+                continue
+            if node.op_type != _GQA or node.domain != _MS_DOMAIN or position != wanted[name]:
+                return False
+            if any(a.name == "sliding_window_cache" and a.i for a in node.attribute):
+                return False
+            seen.add(name)
+    return seen == set(wanted)
 
 
 class DynamicKV:
@@ -42,6 +76,69 @@ class DynamicKV:
         for layer in range(c.num_layers):
             self.past[c.past_key_name(layer)] = outputs[c.present_key_name(layer)]
             self.past[c.past_value_name(layer)] = outputs[c.present_value_name(layer)]
+        self.length += new_tokens
+
+
+class GrowingKV:
+    """A dynamic cache kept in buffers with spare rows (see the module docstring).
+
+    Invariants: every buffer has the same capacity >= length; rows [0, length) hold the history;
+    the feeds are the whole buffers (the op reads rows [0, total) and writes [length, total));
+    the attention mask is ones of width length + new_tokens."""
+
+    kind = "dynamic"
+    min_capacity = 64
+
+    def __init__(self, config: PackageConfig, dtype: torch.dtype, device: torch.device, limit: int, batch: int = 1):
+        self.config = config
+        self.length = 0
+        self.limit = limit  # never more rows than this (the context)
+        self.device = device
+        self.batch = batch
+        self.dtype = dtype
+        self.capacity = 0
+        self.reallocations = 0
+        self.buffers: dict[str, torch.Tensor] = {}
+        self._names = [
+            (config.past_key_name(layer), config.present_key_name(layer)) for layer in range(config.num_layers)
+        ] + [(config.past_value_name(layer), config.present_value_name(layer)) for layer in range(config.num_layers)]
+        self._grow(self.min_capacity)
+
+    def _grow(self, needed: int) -> None:
+        capacity = max(self.min_capacity, self.capacity)
+        while capacity < needed:
+            capacity *= 2
+        capacity = min(max(capacity, needed), max(self.limit, needed))
+        c = self.config
+        shape = (self.batch, c.num_kv_heads, capacity, c.head_size)
+        for past, _ in self._names:
+            buffer = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            old = self.buffers.get(past)
+            if old is not None and self.length:
+                buffer[:, :, : self.length] = old[:, :, : self.length]
+            self.buffers[past] = buffer  # the old buffer is freed here, one layer at a time
+        if self.capacity:
+            self.reallocations += 1
+        self.capacity = capacity
+
+    def attention_mask(self, new_tokens: int) -> torch.Tensor:
+        end = self.length + new_tokens
+        if end > self.capacity:
+            self._grow(end)
+        return torch.ones((self.batch, end), dtype=torch.int64, device=self.device)
+
+    def feeds(self) -> dict[str, torch.Tensor]:
+        return dict(self.buffers)
+
+    def update(self, outputs: dict[str, torch.Tensor], new_tokens: int) -> None:
+        for past, present in self._names:
+            out = outputs[present]
+            buffer = self.buffers[past]
+            if out.data_ptr() != buffer.data_ptr():
+                # the op returned a new tensor instead of writing in place: keep its rows (the
+                # mask call of this step made room for length + new_tokens of them)
+                rows = min(out.shape[2], self.capacity)
+                buffer[:, :, :rows] = out[:, :, :rows]
         self.length += new_tokens
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
 from onnxgen.errors import ModelLoadError
-from onnxgen.runtime.dtypes import numpy_to_torch
+from onnxgen.runtime.dtypes import ONNX_TO_TORCH, numpy_to_torch
 
 # bits per element of the ONNX types whose raw layout is not one numpy item per element
 _SUB_BYTE_BITS = {
@@ -111,7 +112,9 @@ def _expected_nbytes(tensor: onnx.TensorProto) -> int:
     return count * itemsize
 
 
-def read_external_bytes(tensor: onnx.TensorProto, base_dir: Path) -> bytes:
+def read_external_bytes(tensor: onnx.TensorProto, base_dir: Path, into: torch.Tensor | None = None) -> bytes:
+    """The tensor's external bytes, checked; with ``into`` (a uint8 CPU tensor of the expected
+    size) they are read straight into it and b"" is returned (no intermediate copy)."""
     info = _external_info(tensor)
     name = tensor.name or "<unnamed>"
     path = resolve_external_location(info.get("location", ""), base_dir, name)
@@ -137,7 +140,38 @@ def read_external_bytes(tensor: onnx.TensorProto, base_dir: Path) -> bytes:
         )
     with open(path, "rb") as handle:
         handle.seek(offset)
-        return handle.read(length)
+        if into is None:
+            return handle.read(length)
+        if handle.readinto(into.numpy()) != length:  # the file shrank since the size check
+            raise ModelLoadError(f"tensor {name!r}: external data of {path.name} ended before {length} bytes")
+        return b""
+
+
+# byte-aligned types whose raw external data is the tensor's memory as is (little-endian, like
+# ONNX's raw_data): read straight into the torch tensor, with no bytes/proto/numpy copies between
+_DIRECT_TYPES = {
+    t: ONNX_TO_TORCH[t]
+    for t in (
+        onnx.TensorProto.FLOAT,
+        onnx.TensorProto.DOUBLE,
+        onnx.TensorProto.FLOAT16,
+        onnx.TensorProto.BFLOAT16,
+        onnx.TensorProto.INT8,
+        onnx.TensorProto.INT16,
+        onnx.TensorProto.INT32,
+        onnx.TensorProto.INT64,
+        onnx.TensorProto.UINT8,
+    )
+}
+
+
+def _read_external_direct(tensor: onnx.TensorProto, base_dir: Path) -> torch.Tensor:
+    """An external tensor of a _DIRECT_TYPES type, read once, into its final storage. (The general
+    path holds the bytes, a proto copy and a numpy copy of a large weight at the same time.)"""
+    dtype = _DIRECT_TYPES[tensor.data_type]
+    buffer = torch.empty(_expected_nbytes(tensor), dtype=torch.uint8)
+    read_external_bytes(tensor, base_dir, into=buffer)
+    return buffer.view(dtype).reshape(tuple(tensor.dims))
 
 
 def tensor_to_value(tensor: onnx.TensorProto, base_dir: Path | None) -> torch.Tensor | np.ndarray:
@@ -148,6 +182,8 @@ def tensor_to_value(tensor: onnx.TensorProto, base_dir: Path | None) -> torch.Te
                 f"tensor {tensor.name!r} keeps its data in an external file, but the model was given "
                 "without a directory; load it from a path"
             )
+        if tensor.data_type in _DIRECT_TYPES and sys.byteorder == "little":
+            return _read_external_direct(tensor, base_dir)
         raw = read_external_bytes(tensor, base_dir)
         inline = onnx.TensorProto()
         inline.CopyFrom(tensor)

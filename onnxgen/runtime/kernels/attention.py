@@ -13,7 +13,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 from onnxgen.runtime.dtypes import torch_dtype
 from onnxgen.runtime.kernels.common import NodeContext, sdpa
@@ -197,6 +196,10 @@ def _sdpa_attention(
     kv_heads = k.shape[1]
     groups = q_heads // kv_heads
     if causal == "lower_right":
+        # imported here, not at module load: torch.nn.attention.bias pulls in torch._dynamo (and with
+        # it sympy and triton), ~100 MiB of resident memory that a model without this case never needs
+        from torch.nn.attention.bias import causal_lower_right
+
         return sdpa(q, k, v, attn_mask=causal_lower_right(sq, k.shape[2]), scale=scale, enable_gqa=groups > 1)
     same_mask_per_head = mask is None or mask.dim() < 3 or mask.shape[-3] == 1
     if groups > 1 and causal is None and same_mask_per_head and q.device.type == "cpu":

@@ -141,11 +141,11 @@ def group_query_attention(
     past_len = past_key.shape[2] if past_key is not None else 0
     present_len = max(total, past_len)
     first_prompt = query_seqlens is None and seq > 1 and seq == total
-    appending = _cpu_appending(ctx, query, past_key, seqlens_k, query_seqlens, total, seq, first_prompt)
-    if appending:  # the CPU decode fast path (see _cpu_appending)
+    append_at = _cpu_appending(ctx, query, past_key, seqlens_k, query_seqlens, total, seq, first_prompt)
+    if append_at is not None:  # the CPU decode fast path (see _cpu_appending)
         return _appending_step(
             ctx, q, k, v, past_key, past_value, total, cos_cache, sin_cache, position_ids,
-            attention_bias, head_sink, q_norm_weight, k_norm_weight, first_prompt,
+            attention_bias, head_sink, q_norm_weight, k_norm_weight, first_prompt, append_at,
         )  # fmt: skip
     cache_len = seqlens_k.to(torch.long) + 1  # T per batch entry
     steps = torch.arange(seq, device=device)
@@ -285,21 +285,31 @@ def _cpu_appending(
     total: int,
     seq: int,
     first_prompt: bool,
-) -> bool:
-    """Whether this step only appends S rows to an unpadded single-sequence cache, on the CPU.
+) -> int | None:
+    """Where this step's S rows start, if it only appends them to an unpadded single-sequence
+    cache on the CPU (None: take the general path).
 
-    Then present is cat(past, new rows), positions are past_len + s, and a one-token step sees
-    every key (no mask needed). That is the common decode step of a separate-buffer (dynamic) KV;
-    the general path costs ~15 small ops more. Reading seqlens_k on the host is free on the CPU;
-    on CUDA (where it would sync, and where steps are captured) the general path always runs.
+    Two layouts qualify. Separate buffers (past length + S == total): present is cat(past, new
+    rows) and the rows start at the past length. A shared buffer with room to spare (past length
+    >= total, every row below T = total valid): the rows are written in place at T - S (0 for a
+    first prompt) and the attention reads rows [0, T) only; this is how a growing CPU cache
+    (genai/kv_cache.py GrowingKV) avoids copying the whole cache every step. A one-token step sees
+    every key (no mask needed). The general path costs ~15 small ops more. Reading seqlens_k on
+    the host is free on the CPU; on CUDA (where it would sync, and where steps are captured) the
+    general path always runs.
     """
     if not query.is_cpu or past_key is None or query.shape[0] != 1 or query_seqlens is not None:
-        return False
-    if int(ctx.attr("sliding_window_cache", 0)) or past_key.shape[2] + seq != total:
-        return False
+        return None
+    past_len = past_key.shape[2]
+    if int(ctx.attr("sliding_window_cache", 0)) or (past_len + seq != total and past_len < total):
+        return None
     cache_len = int(seqlens_k.reshape(-1)[0]) + 1
     start = 0 if first_prompt else cache_len - seq
-    return cache_len == total and start == past_key.shape[2]
+    if cache_len != total:
+        return None
+    if past_len + seq == total:
+        return start if start == past_len else None
+    return start if start >= 0 else None
 
 
 class _RotaryFactors:
@@ -357,10 +367,11 @@ def _appending_step(
     q_norm_weight: torch.Tensor | None,
     k_norm_weight: torch.Tensor | None,
     first_prompt: bool,
+    start: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The general path's arithmetic for a step that _cpu_appending accepted, with host positions."""
+    """The general path's arithmetic for a step that _cpu_appending accepted (rows from ``start``),
+    with host positions."""
     batch, num_heads, seq, head_size = q.shape
-    start = past_key.shape[2]
     if q_norm_weight is not None:
         default_eps = float(ctx.attr("qk_norm_epsilon", 1e-6))
         q = _rms_norm_heads(q, q_norm_weight, float(ctx.attr("q_norm_epsilon", default_eps)))
@@ -392,8 +403,14 @@ def _appending_step(
             # Q and K rotate by the same angles: one pass over both heads (elementwise, same values)
             qk = apply_rotary(torch.cat((q, k), dim=1), cos, sin, interleaved)
             q, k = qk[:, :num_heads], qk[:, num_heads:]
-    present_key = torch.cat((past_key, k.to(past_key.dtype)), dim=2)
-    present_value = torch.cat((past_value, v.to(past_value.dtype)), dim=2)
+    if past_key.shape[2] >= total:  # a shared buffer: write in place, attend over the valid rows
+        past_key[:, :, start:total] = k
+        past_value[:, :, start:total] = v
+        present_key, present_value = past_key, past_value
+        keys, values = past_key[:, :, :total], past_value[:, :, :total]
+    else:
+        keys = present_key = torch.cat((past_key, k.to(past_key.dtype)), dim=2)
+        values = present_value = torch.cat((past_value, v.to(past_value.dtype)), dim=2)
     window = int(ctx.attr("local_window_size", -1))
     if seq == 1 and (window <= 0 or window >= total):
         allowed = None  # one query row at position T - 1 sees every key of the cache
@@ -401,7 +418,7 @@ def _appending_step(
         positions = torch.arange(start, start + seq).reshape(1, seq)
         allowed = _allowed_keys(ctx, positions, torch.tensor([total]), total)
     scale = float(ctx.attr("scale", 0.0)) or 1.0 / math.sqrt(head_size)
-    out = _attend(ctx, q, present_key, present_value, allowed, attention_bias, head_sink, scale)
+    out = _attend(ctx, q, keys, values, allowed, attention_bias, head_sink, scale)
     out = out.transpose(1, 2).reshape(batch, seq, num_heads * head_size)
     return out, present_key, present_value
 

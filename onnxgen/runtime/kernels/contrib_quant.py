@@ -249,9 +249,20 @@ def _int4pack_applies(
     )
 
 
+_PACK_ROWS = 4096  # output rows packed at a time (a multiple of the kernel's 16-row tiles)
+
+
 def _int4pack_weight(b: torch.Tensor, *, k: int, n: int) -> torch.Tensor:
-    codes = unpack_codes(b.reshape(n, -1), 4)[:, :k].to(torch.int32).contiguous()
-    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+    """B in the kernel's packed layout ([N, K / 2] uint8). The packing takes int32 codes, 8x the
+    packed size; done in slices of rows (the layout packs rows independently: checked in
+    tests/test_cpu_resources.py) so an embedding-sized lm_head never has all its codes at once."""
+    rows = b.reshape(n, -1)
+    out = torch.empty((n, k // 2), dtype=torch.uint8)
+    for lo in range(0, n, _PACK_ROWS):
+        hi = min(n, lo + _PACK_ROWS)
+        codes = unpack_codes(rows[lo:hi], 4)[:, :k].to(torch.int32).contiguous()
+        out[lo:hi] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+    return out
 
 
 def _int4pack_scales_zeros(

@@ -1,0 +1,221 @@
+"""CPU resources: threads under contention, memory kept, long prompts (chunked prefill), long generations
+(KV growth in place). Real SmolLM2 packages (session fixture); the model oracle is onnxruntime."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from onnxgen.genai import Generator, SamplingParams
+from onnxgen.threads import ThreadOptions, default_threads
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _python(code: str, **env: str) -> str:
+    """Run ``code`` in a fresh interpreter (torch's thread state is per process); its stdout."""
+    drop = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY")
+    full = {k: v for k, v in os.environ.items() if k not in drop}
+    full.update(env, PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+# -- threads -------------------------------------------------------------------------------------
+
+_APPLY = (
+    "import torch; from onnxgen.threads import ThreadOptions; "
+    "{pre}print(ThreadOptions({args}).apply(), torch.get_num_threads())"
+)
+
+
+def test_default_threads_are_half_the_cores():
+    assert default_threads(1) == 1 and default_threads(2) == 1 and default_threads(16) == 8
+    cores = len(os.sched_getaffinity(0))
+    assert _python(_APPLY.format(pre="", args="")) == f"{default_threads(cores)} {default_threads(cores)}"
+
+
+def test_user_thread_choices_win():
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2:
+        pytest.skip("one core: the user's count and the default cannot differ")
+    # the environment (torch caps OMP_NUM_THREADS at the cores, so ask for all of them: not the default)
+    assert _python(_APPLY.format(pre="", args=""), OMP_NUM_THREADS=str(cores)) == f"{cores} {cores}"
+    assert _python(_APPLY.format(pre="torch.set_num_threads(3); ", args="")) == "3 3"  # torch.set_num_threads
+    assert _python(_APPLY.format(pre="", args="num_threads=2"), OMP_NUM_THREADS="3") == "2 2"  # explicit beats env
+    # a later torch.set_num_threads is the user's too
+    code = _APPLY.format(pre="ThreadOptions().apply(); torch.set_num_threads(3); ", args="")
+    assert _python(code) == "3 3"
+
+
+def test_generator_applies_thread_options(smollm2_packages):
+    before = torch.get_num_threads()
+    try:
+        Generator(smollm2_packages["int4-gqa"], threads=ThreadOptions(num_threads=1))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_wait_policy_set_before_torch_loads(tmp_path):
+    # the CLI prepares the environment before any command imports torch; a bad package then fails
+    code = (
+        "import os, sys; from onnxgen.cli import main; "
+        f"rc = main(['generate', '-p', 'x', '-m', {str(tmp_path)!r}, '--omp-wait-policy', 'passive']); "
+        "print(rc, os.environ.get('OMP_WAIT_POLICY'))"
+    )
+    assert _python(code) == "2 PASSIVE"
+    # after torch is imported the policy cannot change: said once on stderr, environment untouched
+    late = (
+        "import torch, os; from onnxgen.threads import ThreadOptions; "
+        "ThreadOptions(wait_policy='passive').prepare(); print(os.environ.get('OMP_WAIT_POLICY'))"
+    )
+    full = dict(os.environ, PYTHONPATH=str(ROOT))
+    full.pop("OMP_WAIT_POLICY", None)
+    done = subprocess.run([sys.executable, "-c", late], capture_output=True, text=True, env=full, timeout=120)
+    assert done.stdout.strip() == "None" and "not applied: torch was imported" in done.stderr
+
+
+def test_bad_thread_options_are_refused():
+    from onnxgen.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match="num_threads must be a positive integer"):
+        ThreadOptions(num_threads=0)
+    with pytest.raises(InvalidInputError, match="wait_policy must be one of"):
+        ThreadOptions(wait_policy="spin")
+
+
+# -- memory --------------------------------------------------------------------------------------
+
+
+def test_cpu_session_does_not_load_dynamo(smollm2_packages):
+    """Loading and running a CPU model must not pull in torch._dynamo/sympy/triton (~140 MiB resident)."""
+    code = (
+        "import sys; from onnxgen.genai import Generator, SamplingParams; "
+        f"g = Generator({str(smollm2_packages['int4-gqa'])!r}); "
+        "g.generate('Hi', SamplingParams(max_new_tokens=2)); "
+        "print([m for m in ('torch._dynamo', 'sympy', 'triton') if m in sys.modules])"
+    )
+    assert _python(code, OMP_NUM_THREADS="1") == "[]"
+
+
+def test_external_weights_read_without_copies(smollm2_packages, monkeypatch):
+    """A large external fp32/uint8 weight is read into its tensor directly: no proto copy of its bytes."""
+    import onnx
+
+    from onnxgen.runtime import model_io
+
+    package = smollm2_packages["int4-gqa"]
+    model, base = model_io.load_model(package / "model.onnx")
+    tensor = next(t for t in model.graph.initializer if t.name == "model.embed_tokens.weight")
+    copies = []
+    original = onnx.TensorProto.CopyFrom
+    monkeypatch.setattr(onnx.TensorProto, "CopyFrom", lambda self, other: copies.append(1) or original(self, other))
+    value = model_io.tensor_to_value(tensor, base)
+    assert not copies
+    # the oracle: numpy reading the span its external_data entries name
+    info = {e.key: e.value for e in tensor.external_data}
+    count = int(np.prod(tensor.dims))
+    expected = np.fromfile(base / info["location"], dtype="<f4", count=count, offset=int(info.get("offset", 0)))
+    assert value.dtype == torch.float32 and list(value.shape) == list(tensor.dims)
+    np.testing.assert_array_equal(value.numpy().reshape(-1), expected)
+
+
+def test_int4_packing_is_row_separable():
+    """_int4pack_weight packs slices of rows; the kernel's layout must not depend on other rows."""
+    from onnxgen.runtime.kernels import contrib_quant
+
+    codes = torch.randint(0, 16, (96, 128), dtype=torch.int32)
+    whole = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)  # MatMulNBits' B, low nibble first
+    old = contrib_quant._PACK_ROWS
+    try:
+        contrib_quant._PACK_ROWS = 32
+        assert torch.equal(contrib_quant._int4pack_weight(packed, k=128, n=96), whole)
+    finally:
+        contrib_quant._PACK_ROWS = old
+
+
+def test_no_dequantized_copy_on_the_int4_path(smollm2_packages):
+    from onnxgen.runtime.kernels.contrib_quant import DEQUANT_CACHE
+
+    DEQUANT_CACHE.clear()
+    generator = Generator(smollm2_packages["int4-gqa"])
+    generator.generate("Hi", SamplingParams(max_new_tokens=2))
+    assert DEQUANT_CACHE.used == 0
+
+
+# -- long prompts: chunked prefill ---------------------------------------------------------------
+
+
+def _prompt_ids(generator: Generator, n: int) -> list[int]:
+    text = "The quick brown fox jumps over the lazy dog while the river runs to the sea. " * 40
+    ids = generator.encode(text)
+    assert len(ids) >= n
+    return ids[:n]
+
+
+def test_chunked_prefill_matches_onnxruntime(smollm2_packages, capsys):
+    ort = pytest.importorskip("onnxruntime")
+    package = smollm2_packages["fp32-gqa"]
+    generator = Generator(package)
+    generator.prefill_chunk = 128
+    generator.prefill_progress_tokens = 200
+    ids = _prompt_ids(generator, 300)  # chunks of 128, 128, 44
+    rows = []
+    run = generator.session.run_torch
+
+    def spy(feeds, output_names=None):
+        out = run(feeds, output_names)
+        rows.append(out["logits"].shape[1])
+        return out
+
+    generator.session.run_torch = spy
+    kv = generator._new_kv(len(ids) + 1)
+    with torch.inference_mode():
+        ours = generator._prefill(kv, torch.tensor([ids])).float().numpy()
+    assert rows == [128, 128, 44]  # never more than a chunk of logits rows at once
+    err = capsys.readouterr().err
+    assert "prefill" in err and "300 tok" in err
+
+    # the oracle: onnxruntime, the whole prompt in one pass of the same graph
+    session = ort.InferenceSession(str(package / "model.onnx"), providers=["CPUExecutionProvider"])
+    c = generator.config
+    feeds = {"input_ids": np.array([ids], dtype=np.int64), "attention_mask": np.ones((1, len(ids)), dtype=np.int64)}
+    for layer in range(c.num_layers):
+        empty = np.zeros((1, c.num_kv_heads, 0, c.head_size), dtype=np.float32)
+        feeds[c.past_key_name(layer)] = feeds[c.past_value_name(layer)] = empty
+    expected = session.run(["logits"], feeds)[0][0, -1]
+    # fp32 tolerance: chunking changes the order of the attention's sums, onnxruntime its kernels
+    scale = float(np.abs(expected).max())
+    assert float(np.abs(ours - expected).max()) <= 2e-4 * scale
+
+
+# -- long generations: dynamic KV grows in place -------------------------------------------------
+
+
+def test_dynamic_kv_grows_in_place_with_same_tokens(smollm2_packages):
+    generator = Generator(smollm2_packages["int4-gqa"], kv="dynamic")
+    ids = generator.encode("Once upon a time, in a small village, there lived")
+    params = SamplingParams(max_new_tokens=150, ignore_eos=True)
+    storages = set()
+    run = generator.session.run_torch
+
+    def spy(feeds, output_names=None):
+        storages.add(feeds["past_key_values.0.key"].untyped_storage().data_ptr())
+        return run(feeds, output_names)
+
+    generator.session.run_torch = spy
+    grown = list(generator.generate_ids(ids, params))
+    # 162 rows from a capacity of 64: 64 -> 128 -> 256, so three buffers over 150 steps
+    assert len(storages) <= 3, f"{len(storages)} past buffers for {len(grown)} steps: the cache was copied"
+    # the same tokens as the concatenating cache (present = cat(past, new), the onnxruntime-like layout)
+    generator._in_place = False
+    assert list(generator.generate_ids(ids, params)) == grown
