@@ -453,7 +453,7 @@ PKG = {pkg!r}
 
 
 def result(ok, detail=""):
-    print("RESULT", "ok" if ok else "wrong", detail, flush=True)
+    print("RESULT ok" if ok else f"RESULT wrong {detail}", flush=True)
 
 
 def generator(**kw):
@@ -472,7 +472,9 @@ def tiny(nodes, inputs, outputs, inits=()):
 
 def ort_run(model, feeds):
     import onnxruntime as ort
-    s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    options.log_severity_level = 4  # its failures are expected here; keep them off the user's stderr
+    s = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     return s.run(None, feeds)
 
 
@@ -526,15 +528,19 @@ def error_message(run: Run) -> str | None:
 def first_message(run: Run) -> str:
     """What the user saw first: the error line, the traceback's last line, else stderr's or stdout's end."""
     msg = error_message(run)
-    if msg is not None:
+    out = [x for x in run.stdout.splitlines() if x.strip() and x.strip() != ">"]
+    if run.rc == 0 and out:
+        line = out[0]
+    elif msg is not None:
         line = msg
     elif "Traceback (most recent call last)" in run.stderr:
         tail = run.stderr.split("Traceback (most recent call last)")[-1].strip().splitlines()
-        line = next((x for x in reversed(tail) if x.strip() and not x.startswith(" ")), tail[-1] if tail else "")
+        exc = [x for x in tail if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b", x)]
+        line = exc[0] if exc else next((x for x in reversed(tail) if x.strip() and not x.startswith(" ")), "")
     else:
         lines = [x for x in re.split(r"[\r\n]", run.stderr) if x.strip() and not x.startswith("[")]
         line = lines[-1] if lines else run.stdout.strip().splitlines()[0] if run.stdout.strip() else ""
-    return line.strip()[:200]
+    return re.sub(r"\x1b\[[0-9;]*m", "", line).strip()[:200]
 
 
 def classify(c: Case, run: Run, ctx: Ctx | None, lost: list[str]) -> tuple[str, str]:

@@ -577,7 +577,7 @@ def _(c: Ctx) -> Run:
     p.wait_for(lambda: b"> " in p.out, 90)
     banner = len(p.err)
     p.signal(signal.SIGINT)
-    alive = not p.wait_for(lambda: False, 3)
+    alive = not p.wait_for(p.poll, 3)
     p.close_stdin()
     run = p.finish(30)
     said = p.err[banner:].decode("utf-8", "replace").strip()
