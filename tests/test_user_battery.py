@@ -63,3 +63,14 @@ def test_every_issue_item_has_cases_and_ids_are_unique():
     assert len(ids) == len(set(ids))
     assert {c.item for c in ub.CASES} == set(range(1, 19))
     assert 100 <= len(ids) <= 160
+
+
+def test_api_harness_reports_like_the_cli(capsys):
+    body = "    result(False, 'aliased')\n    result(True)\n    from onnxgen.errors import ModelLoadError\n" \
+           "    raise ModelLoadError('bad model')\n"
+    with pytest.raises(SystemExit) as exit_info:
+        exec(compile(ub.API_HARNESS.format(pkg="", body=body), "snippet.py", "exec"), {"__name__": "__main__"})
+    out = capsys.readouterr()
+    assert exit_info.value.code == 2
+    assert out.out.splitlines() == ["RESULT wrong aliased", "RESULT ok"]
+    assert ub.error_message(ub.Run(rc=2, stderr=out.err)) == "bad model"

@@ -453,7 +453,7 @@ PKG = {pkg!r}
 
 
 def result(ok, detail=""):
-    print("RESULT ok" if ok else f"RESULT wrong {detail}", flush=True)
+    print("RESULT ok" if ok else f"RESULT wrong {{detail}}", flush=True)
 
 
 def generator(**kw):
