@@ -417,20 +417,20 @@ class Ctx:
         cwd = kw.pop("cwd", self.dir)
         return Proc([PY, "-m", "onnxgen", *args], env=env or self.env(), cwd=cwd, **kw)
 
-    def onnxgen(self, args: list, *, timeout: float = 90, env: dict | None = None, **kw) -> Run:
+    def onnxgen(self, args: list, *, timeout: float = 240, env: dict | None = None, **kw) -> Run:
         return self.start(args, env=env, **kw).finish(timeout)
 
-    def generate(self, pkg: Path | str, *args: object, prompt: str | bytes = PROMPT, n: int = 8, **kw) -> Run:
+    def generate(self, pkg: Path | str, *args: object, prompt: str | bytes = PROMPT, n: int = 4, **kw) -> Run:
         argv = ["generate", "-m", str(pkg), "-p", prompt, "-n", str(n), *[str(a) for a in args]]
         return self.onnxgen(argv, **kw)
 
-    def api(self, body: str, *, pkg: Path | None = None, timeout: float = 90) -> Run:
+    def api(self, body: str, *, pkg: Path | None = None, timeout: float = 240) -> Run:
         """Run a Python snippet as a user script; an OnnxgenError prints like the CLI does (exit 2)."""
         script = self.dir / "snippet.py"
         script.write_text(API_HARNESS.format(pkg=str(pkg or ""), body=textwrap.indent(textwrap.dedent(body), "    ")))
         return Proc([PY, str(script)], env=self.env(), cwd=self.dir).finish(timeout)
 
-    def chat(self, pkg: Path | str, lines: list[str | bytes], *, sentinel: int, args: tuple = (), timeout: float = 120,
+    def chat(self, pkg: Path | str, lines: list[str | bytes], *, sentinel: int, args: tuple = (), timeout: float = 300,
              n: int = 6) -> Run:  # fmt: skip
         """`onnxgen run` fed ``lines`` on a pipe, then EOF. The chat is kept when the line at index
         ``sentinel`` (after the trigger) was read, i.e. its "> " prompt was printed, and the session
