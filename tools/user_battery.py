@@ -81,6 +81,14 @@ class Run:
         self.problems.append((kind, detail))
 
 
+def _child_setup(preexec: Callable[[], None] | None) -> None:
+    """In the child: Ctrl-C acts as on a terminal even when the battery itself runs in the background
+    (a shell starts background jobs with SIGINT ignored, and Python then installs no KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if preexec is not None:
+        preexec()
+
+
 class Proc:
     """A subprocess in its own session (so a kill reaches pip and every child), pipes read by threads."""
 
@@ -97,7 +105,7 @@ class Proc:
             env=env,
             cwd=cwd,
             start_new_session=True,
-            preexec_fn=preexec,
+            preexec_fn=lambda: _child_setup(preexec),
         )
         self.threads = [threading.Thread(target=self._pump, args=(self.p.stderr, self.err), daemon=True)]
         if self.p.stdout is not None:
