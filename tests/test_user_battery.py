@@ -39,6 +39,8 @@ TRACE = "Traceback (most recent call last):\n  File \"x.py\", line 1\nValueError
         (ub.Run(rc=None, timed_out=True, stderr=TRACE), None, ub.exit0, [], "hang"),
         (ub.Run(rc=2, stderr="onnxgen: error: prompt too long", chat_kept=False), None, ub.exit0, [], "lost chat"),
         (ub.Run(rc=-9), ("x",), None, [], "unclear"),
+        (ub.Run(rc=2, stderr="pip says:\n" + TRACE + "onnxgen: error: pip download failed (disk full)"), ("disk",),
+         None, [], "ok"),
     ],
 )
 def test_classify(run, error, success, lost, want):

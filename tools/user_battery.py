@@ -551,11 +551,20 @@ def first_message(run: Run) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", line).strip()[:200]
 
 
+def has_traceback(run: Run) -> bool:
+    """Python's own traceback reached the user. A traceback quoted inside onnxgen's error message
+    (a subprocess's output, e.g. pip's) does not count: the error line comes after it."""
+    if "Exception ignored" in run.stderr:
+        return True
+    marker = run.stderr.rfind("Traceback (most recent call last)")
+    return marker >= 0 and not ERROR_LINE.search(run.stderr, marker)
+
+
 def classify(c: Case, run: Run, ctx: Ctx | None, lost: list[str]) -> tuple[str, str]:
     """(outcome class, detail) of a finished case, most serious first."""
     if run.timed_out:
         return "hang", f"still running after {run.elapsed:.0f} s"
-    if "Traceback (most recent call last)" in run.stderr or "Exception ignored" in run.stderr:
+    if has_traceback(run):
         return "traceback", first_message(run)
     if lost:
         return "data loss", "; ".join(lost)
