@@ -700,7 +700,7 @@ def write_markdown(path: Path, outcomes: list[Outcome], elapsed: float, rev: str
     lines = [
         "# onnxgen new-user battery (tools/user_battery.py)",
         "",
-        f"Code: `{rev}`; {len(outcomes)} cases in {elapsed / 60:.1f} min; "
+        f"Code: {rev}; {len(outcomes)} cases in {elapsed / 60:.1f} min; "
         + ", ".join(f"{k}: {counts[k]}" for k in CLASSES if counts[k]),
         "",
         "| # | item | case | outcome | exit | message (first line) |",
@@ -772,8 +772,10 @@ def main(argv: list[str] | None = None) -> int:
     summary = ", ".join(f"{k}: {counts[k]}" for k in CLASSES if counts[k])
     print(f"user_battery: {len(outcomes)} cases in {elapsed:.0f} s; {summary}", file=sys.stderr)
     if args.markdown:
-        rev = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True,
-                             text=True).stdout.strip()  # fmt: skip
+        git = ["git", "-C", str(REPO)]
+        rev = subprocess.run([*git, "log", "-1", "--format=%h", "--", "onnxgen"], capture_output=True, text=True)
+        dirty = subprocess.run([*git, "status", "--porcelain", "--", "onnxgen"], capture_output=True, text=True)
+        rev = f"onnxgen/ at {rev.stdout.strip()}{' + uncommitted changes' if dirty.stdout.strip() else ''}"
         write_markdown(args.markdown, outcomes, elapsed, rev)
     return 0 if counts["ok"] == len(outcomes) and not broken else 1
 
