@@ -180,7 +180,9 @@ def test_real_package_passes_and_weights_are_read_once(monkeypatch):
     external = [t.name for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
     reads: list[str] = []
     original = model_io.read_external_bytes
-    monkeypatch.setattr(model_io, "read_external_bytes", lambda t, d: reads.append(t.name) or original(t, d))
+    monkeypatch.setattr(
+        model_io, "read_external_bytes", lambda t, d, **kw: reads.append(t.name) or original(t, d, **kw)
+    )
     Generator(package)
     assert sorted(reads) == sorted(external)
 

@@ -12,6 +12,8 @@ import ast
 import os
 import subprocess
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -19,31 +21,86 @@ import pytest
 from onnxgen.runtime.kernels.triton_support import triton_importable
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(not triton_importable(), reason="triton is not installed")
 
 
 PARITY_FILES = ("tests/test_kernels_contrib.py", "tests/test_model_parity.py", "tests/test_fusion.py")
 
 
-def run_interpreted(selection: str, files: tuple[str, ...] = PARITY_FILES, **env: str) -> dict[str, int]:
-    """The parity tests matching ``selection`` with Triton interpreted; returns the kernel launches."""
+@dataclass(frozen=True)
+class Interpreted:
+    """One subprocess run of the parity tests matching ``selection`` with Triton interpreted."""
+
+    selection: str
+    files: tuple[str, ...] = PARITY_FILES
+    env: tuple[tuple[str, str], ...] = ()
+
+    def launches(self) -> dict[str, int]:
+        """The kernel launches the run's probe counted (started early by ``_prefetch``, else now)."""
+        future = _STARTED.get(self)
+        return future.result() if future is not None else _run(self)
+
+
+def interpreted(selection: str, files: tuple[str, ...] = PARITY_FILES, **env: str) -> Interpreted:
+    return Interpreted(selection, files, tuple(sorted(env.items())))
+
+
+def _run(run: Interpreted) -> dict[str, int]:
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.triton_probe"]
-    cmd += list(files)
-    cmd += ["-k", selection, "-m", "not gpu"]
-    full_env = {**os.environ, "TRITON_INTERPRET": "1", "ONNXGEN_TRITON": "1", **env}
+    cmd += list(run.files)
+    cmd += ["-k", run.selection, "-m", "not gpu"]
+    # one torch thread per child: the children run side by side, one per core (_prefetch)
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1", "ONNXGEN_TRITON": "1", **dict(run.env)}
     done = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     line = next(x for x in done.stdout.splitlines() if x.startswith("TRITON-LAUNCHES"))
     return ast.literal_eval(line.split(" ", 1)[1])
 
 
-@pytest.mark.skipif(not triton_importable(), reason="triton is not installed")
+_STARTED: dict[Interpreted, Future] = {}
+
+
+def runs(*wanted: Interpreted):
+    """Declares the interpreted runs a test reads, so that ``_prefetch`` can start them early."""
+
+    def mark(test):
+        test.interpreted_runs = wanted
+        return test
+
+    return mark
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _prefetch(request):
+    """The interpreter runs take minutes each, spent in one Python thread of a child process: start
+    every run the selected tests of this module need at once, as many at a time as there are cores,
+    instead of one after the other."""
+    wanted = []
+    for item in request.session.items:
+        for run in getattr(getattr(item, "function", None), "interpreted_runs", ()):
+            if item.module is request.module and run not in wanted:
+                wanted.append(run)
+    if not triton_importable() or not wanted:
+        yield
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    with ThreadPoolExecutor(max_workers=max(1, cores)) as pool:
+        _STARTED.update({run: pool.submit(_run, run) for run in wanted})
+        yield
+        _STARTED.clear()
+
+
+PARITY = interpreted(
+    "gqa_shared or gqa_fp16 or layer_norm or genai_built or growing_kv or silu_mul or prologues"
+    " or matmul_group_matches or row_sum_cast or embedding_gather",
+    ONNXGEN_TRITON_LINEAR="1",  # the one-row GEMVs (on by default only where PDL is)
+    ONNXGEN_TRITON_Q4="1",  # and the opt-in 4-bit one
+)
+
+
+@runs(PARITY)
 def test_parity_tests_pass_through_the_triton_interpreter() -> None:
-    launches = run_interpreted(
-        "gqa_shared or gqa_fp16 or layer_norm or genai_built or growing_kv or silu_mul or prologues"
-        " or matmul_group_matches or row_sum_cast or embedding_gather",
-        ONNXGEN_TRITON_LINEAR="1",  # the one-row GEMVs (on by default only where PDL is)
-        ONNXGEN_TRITON_Q4="1",  # and the opt-in 4-bit one
-    )
+    launches = PARITY.launches()
     assert launches.get("gqa_decode", 0) >= 20 and launches.get("rms_norm", 0) >= 20, launches
     assert launches.get("silu_mul", 0) >= 10, launches
     # the step's prelude: the mask's row sums (RowSumCast) and the embedding rows
@@ -52,59 +109,69 @@ def test_parity_tests_pass_through_the_triton_interpreter() -> None:
     assert launches.get("linear_row", 0) >= 100 and launches.get("linear_row_q4", 0) >= 20, launches
 
 
-@pytest.mark.skipif(not triton_importable(), reason="triton is not installed")
+@runs(INT4_ROW := interpreted("matmul_nbits", ONNXGEN_TRITON_LINEAR="1", ONNXGEN_TRITON_Q4="1"))
 def test_int4_row_kernel_parity_through_the_triton_interpreter() -> None:
     """triton_linear's opt-in 4-bit kernel on the plain MatMulNBits op: single-op cases (zero point
     kinds, block sizes, bias) against onnxruntime."""
-    launches = run_interpreted("matmul_nbits", ONNXGEN_TRITON_LINEAR="1", ONNXGEN_TRITON_Q4="1")
+    launches = INT4_ROW.launches()
     assert launches.get("linear_row_q4", 0) >= 10, launches
 
 
-@pytest.mark.skipif(not triton_importable(), reason="triton is not installed")
+@runs(INT4_DENSE := interpreted("growing_kv and int4 and fused", ONNXGEN_TRITON_LINEAR="1"))
 def test_int4_groups_take_the_dense_row_kernel_over_the_dequantized_copy() -> None:
     """Without the opt-in 4-bit kernel, a one-row MatMulNBits group runs the dense kernel (prologue
     fused) over its dequantized weights: the whole-model int4 parity against onnxruntime."""
-    launches = run_interpreted("growing_kv and int4 and fused", ONNXGEN_TRITON_LINEAR="1")
+    launches = INT4_DENSE.launches()
     assert launches.get("linear_row", 0) >= 20 and launches.get("linear_row_q4", 0) == 0, launches
 
 
-@pytest.mark.skipif(not triton_importable(), reason="triton is not installed")
+@runs(
+    GQA_LATE := interpreted("gqa_shared or gqa_fp16", ONNXGEN_GQA_EARLY="0"),
+    GQA_SMALL := interpreted("gqa_shared or gqa_fp16", ONNXGEN_GQA_DECODE="16,2"),
+)
 def test_gqa_decode_variants_through_the_triton_interpreter() -> None:
     """The attention kernel's other settings against onnxruntime: its settled inputs read after the
     wait (ONNXGEN_GQA_EARLY=0), and 16-key blocks, so that short caches take the split-K merge too."""
-    late = run_interpreted("gqa_shared or gqa_fp16", ONNXGEN_GQA_EARLY="0")
-    small = run_interpreted("gqa_shared or gqa_fp16", ONNXGEN_GQA_DECODE="16,2")
+    late, small = GQA_LATE.launches(), GQA_SMALL.launches()
     assert late.get("gqa_decode", 0) >= 20 and small.get("gqa_decode", 0) >= 20, (late, small)
 
 
-@pytest.mark.skipif(not triton_importable(), reason="triton is not installed")
+@runs(
+    PERSIST := interpreted(
+        "prologues or genai_built or matmul_group_matches", ONNXGEN_TRITON_LINEAR="1", ONNXGEN_GEMV_PERSIST="2"
+    )
+)
 def test_persistent_one_tile_gemv_through_the_triton_interpreter() -> None:
     """The opt-in persistent one-tile GEMV (ONNXGEN_GEMV_PERSIST: fewer programs than row blocks,
     each looping over its blocks) on the fused one-row groups against onnxruntime."""
-    launches = run_interpreted("prologues or genai_built or matmul_group_matches", ONNXGEN_TRITON_LINEAR="1",
-                               ONNXGEN_GEMV_PERSIST="2")  # fmt: skip
+    launches = PERSIST.launches()
     assert launches.get("linear_row_persistent", 0) >= 10, launches
 
 
-@pytest.mark.skipif(not triton_importable(), reason="triton is not installed")
+@runs(TAIL := interpreted("greedy_tail or generator_tail_fills", files=("tests/test_decode_tail.py",)))
 def test_greedy_tail_kernel_through_the_triton_interpreter() -> None:
     """triton_greedy's argmax + position + mask kernel against torch.argmax (tests/test_decode_tail.py:
     ties across and inside blocks, NaN, an all -inf row, padded logits, a full cache), and a
     Generator's greedy tokens up to the cache's last row with it in the (CPU stand-in) graph,
     verified against eager steps and compared with eager decoding's tokens."""
-    launches = run_interpreted("greedy_tail or generator_tail_fills", files=("tests/test_decode_tail.py",))
+    launches = TAIL.launches()
     assert launches.get("greedy_advance", 0) >= 60, launches
 
 
-@pytest.mark.skipif(not triton_importable(), reason="triton is not installed")
+_SMALL_TILES = {"ONNXGEN_TRITON_LINEAR": "1", "ONNXGEN_GEMV_DENSE": "4,32,4"}
+_GROUPS = "prologues or genai_built or matmul_group_matches"
+
+
+@runs(
+    SPLIT := interpreted(f"{_GROUPS} or (growing_kv and fused)", ONNXGEN_GEMV_SPLIT="4,32,4", **_SMALL_TILES),
+    LOOP := interpreted(_GROUPS, ONNXGEN_GEMV_SPLIT="off", **_SMALL_TILES),
+)
 def test_split_k_and_loop_gemvs_through_the_triton_interpreter() -> None:
     """Rows longer than one tile: with 32-wide tiles (ONNXGEN_GEMV_DENSE) every row of the tiny
     models is long, so the one-row groups and whole-model decodes against onnxruntime run the
     split-K kernel (no prologue and SiLU-mul; the norms keep the loop kernel), then with it off
     the loop kernel everywhere."""
-    small = {"ONNXGEN_TRITON_LINEAR": "1", "ONNXGEN_GEMV_DENSE": "4,32,4"}
-    selection = "prologues or genai_built or matmul_group_matches"
-    split = run_interpreted(f"{selection} or (growing_kv and fused)", ONNXGEN_GEMV_SPLIT="4,32,4", **small)
+    split = SPLIT.launches()
     assert split.get("linear_row_split", 0) >= 100, split
-    loop = run_interpreted(selection, ONNXGEN_GEMV_SPLIT="off", **small)
+    loop = LOOP.launches()
     assert loop.get("linear_row", 0) >= 20 and loop.get("linear_row_split", 0) == 0, loop
