@@ -327,8 +327,9 @@ def _chat_turn(generator, session, params, text: str) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     import json
 
-    from onnxgen.genai.benchmark import run_bench
+    from onnxgen.genai.benchmark import check_workload, run_bench
 
+    check_workload(args.prompt_tokens, args.new_tokens, args.repeats, args.seed)  # before loading the model
     generator = _load_generator(args)
     result = run_bench(
         generator, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, repeats=args.repeats,

@@ -158,3 +158,11 @@ def test_chat_repl_commands(package):
     result = onnxgen("run", "--model", package, "-n", "8", stdin=script)
     assert result.returncode == 0, result.stderr
     assert "history cleared" in result.stderr and "tok/s" in result.stderr
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**64)])
+def test_bench_refuses_a_seed_outside_torch_range_before_loading(seed):
+    """`bench --seed` outside [0, 2**64): one line, before any model is pulled or loaded."""
+    done = onnxgen("bench", "-m", "/nonexistent-package-dir", f"--seed={seed}", "-n", "4")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == f"onnxgen: error: bench's prompt seed must be an int in [0, 2**64), got {seed}"

@@ -17,7 +17,7 @@ import torch
 
 from onnxgen.errors import InvalidInputError
 from onnxgen.genai.generator import Generator
-from onnxgen.genai.sampling import SamplingParams
+from onnxgen.genai.sampling import SEED_LIMIT, SamplingParams
 
 
 @dataclass
@@ -56,6 +56,18 @@ def prompt_ids(vocab_size: int, count: int, seed: int = 0) -> list[int]:
     return torch.randint(0, vocab_size, (count,), generator=generator).tolist()
 
 
+def check_workload(prompt_tokens: int, new_tokens: int, repeats: int, seed: int) -> None:
+    """The workload's own limits (the context is checked once the model is loaded): the CLI checks
+    them before it loads anything."""
+    if prompt_tokens < 1 or new_tokens < 2 or repeats < 1:
+        raise InvalidInputError(
+            f"bench needs prompt tokens >= 1, new tokens >= 2 and repeats >= 1 "
+            f"(got {prompt_tokens}, {new_tokens}, {repeats})"
+        )
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT:
+        raise InvalidInputError(f"bench's prompt seed must be an int in [0, 2**64), got {seed!r}")
+
+
 def run_bench(
     generator: Generator,
     *,
@@ -65,11 +77,7 @@ def run_bench(
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
 ) -> BenchResult:
-    if prompt_tokens < 1 or new_tokens < 2 or repeats < 1:
-        raise InvalidInputError(
-            f"bench needs prompt tokens >= 1, new tokens >= 2 and repeats >= 1 "
-            f"(got {prompt_tokens}, {new_tokens}, {repeats})"
-        )
+    check_workload(prompt_tokens, new_tokens, repeats, seed)
     context = generator.config.context_length
     if prompt_tokens + new_tokens > context:
         raise InvalidInputError(
