@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import random
 import shutil
 import time
@@ -763,6 +764,21 @@ def test_copy_hf_tokenizer(tmp_path, smol_gguf):
     (src / "tokenizer.json").unlink()
     with pytest.raises(ModelLoadError, match="no tokenizer.json"):
         copy_hf_tokenizer(src, out)
+
+
+def test_copy_hf_tokenizer_takes_the_jinja_template_as_transformers_does(tmp_path, smol_gguf):
+    """Both a chat_template.jinja and a template in tokenizer_config.json: the package holds the one
+    transformers uses when it loads the source directory."""
+    from transformers import AutoTokenizer
+
+    src = tmp_path / "hf"
+    with GGUFFile(smol_gguf) as g:
+        write_tokenizer_files(g, src)
+    (src / "chat_template.jinja").write_text("{{ 'jinja:' + messages[0]['content'] }}")
+    out = tmp_path / "pkg"
+    copy_hf_tokenizer(src, out)
+    expected = AutoTokenizer.from_pretrained(str(src)).chat_template
+    assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"] == expected
 
 
 # ---------------------------------------------------------------- Qwen2.5 (0.5 GB: slow)

@@ -450,8 +450,9 @@ class Ctx:
 
 
 def prompts(run: Run) -> int:
-    """How many "> " input prompts `onnxgen run` printed (one per line it asked for)."""
-    return run.stdout.count("> ")
+    """How many "> " input prompts `onnxgen run` printed (one per line it asked for): on stdout, or on
+    stderr where onnxgen keeps stdout for the replies (stdin not a terminal)."""
+    return run.stdout.count("> ") + run.stderr.count("> ")
 
 
 API_HARNESS = """\

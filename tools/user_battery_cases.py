@@ -574,7 +574,7 @@ def _(c: Ctx) -> Run:
       timeout=240)  # fmt: skip
 def _(c: Ctx) -> Run:
     p = c.start(["run", "-m", str(c.package()), "-n", "4"], interactive=True)
-    p.wait_for(lambda: b"> " in p.out, 150)
+    p.wait_for(lambda: b"> " in p.out + p.err, 150)
     banner = len(p.err)
     p.signal(signal.SIGINT)
     alive = not p.wait_for(p.poll, 3)
@@ -590,7 +590,7 @@ def _(c: Ctx) -> Run:
 @case(7, "ctrl-c-during-reply", "Ctrl-C during a reply stops it, and the chat goes on", success=exit0, timeout=240)
 def _(c: Ctx) -> Run:
     p = c.start(["run", "-m", str(c.package()), "-n", "200"], interactive=True)
-    p.wait_for(lambda: b"> " in p.out, 150)
+    p.wait_for(lambda: b"> " in p.out + p.err, 150)
     p.send(b"Write a long story about a dragon.\n")
     p.wait_for(lambda: len(p.out) > 40, 150)
     p.signal(signal.SIGINT)

@@ -215,7 +215,8 @@ def copy_hf_tokenizer(src_dir: str | Path, out_dir: str | Path) -> list[Path]:
     """Copy a Hugging Face directory's tokenizer files as they are (tokenizer.json is required).
 
     Newer repos keep the chat template in chat_template.jinja; packages want it in
-    tokenizer_config.json (onnxruntime-genai reads it there), so it is folded in when missing.
+    tokenizer_config.json (onnxruntime-genai reads it there), so it is folded in. Where both hold
+    one, the .jinja file wins, as it does when transformers loads the source directory.
     """
     src, out = Path(src_dir), Path(out_dir)
     if not (src / "tokenizer.json").is_file():
@@ -229,8 +230,9 @@ def copy_hf_tokenizer(src_dir: str | Path, out_dir: str | Path) -> list[Path]:
     cfg_path = out / "tokenizer_config.json"
     if template_file.is_file():
         cfg = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.is_file() else {}
-        if not cfg.get("chat_template"):
-            cfg["chat_template"] = template_file.read_text(encoding="utf-8")
+        template = template_file.read_text(encoding="utf-8")
+        if cfg.get("chat_template") != template:
+            cfg["chat_template"] = template
             cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
             if cfg_path not in copied:
                 copied.append(cfg_path)
