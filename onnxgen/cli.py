@@ -235,6 +235,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     def encode(messages: list[dict[str, str]]) -> list[int]:
         return generator.tokenizer.encode(generator.apply_chat_template(messages))
 
+    # a chat needs the package's template: without one (or if it cannot render a first message) say
+    # so now, before the user types anything, rather than refusing every message
+    generator.apply_chat_template([{"role": "user", "content": "Hello"}])
     session = ChatSession(encode, context, reply_reserve(context, params.max_new_tokens), system=args.system)
     if isinstance(sys.stdin, io.TextIOWrapper):
         sys.stdin.reconfigure(errors="surrogateescape")  # bytes that are not UTF-8 are refused, not fatal
@@ -433,6 +436,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class OutputError(OnnxgenError):
+    """stdout cannot take the output (a full disk, a closed descriptor)."""
+
+
+class _GuardedStdout:
+    """sys.stdout while a command runs: a write or flush that fails for any reason but a closed pipe
+    (a full disk, an I/O error) becomes one OutputError line instead of a traceback. A closed pipe
+    stays a BrokenPipeError, which ends the command quietly (_stdout_gone)."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def _guard(self, call, *args):
+        try:
+            return call(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputError(f"cannot write the output to stdout: {exc.strerror or exc}") from None
+
+    def write(self, text: str) -> int:
+        return self._guard(self._stream.write, text)
+
+    def flush(self) -> None:
+        self._guard(self._stream.flush)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 def _stdout_gone() -> int:
     """The reader of stdout went away (`onnxgen ... | head`): leave quietly, as Unix tools do. Later
     writes (the interpreter's final flush included) go to /dev/null; the status is SIGPIPE's."""
@@ -444,6 +477,11 @@ def _stdout_gone() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if sys.stdout is None:  # started with stdout closed (`onnxgen ... >&-`)
+        _eprint("onnxgen: error: stdout is closed; onnxgen writes its output there (redirect it to a file)")
+        return 2
+    stdout = sys.stdout
+    sys.stdout = _GuardedStdout(stdout)
     try:
         if hasattr(args, "threads"):  # first: before any command imports torch
             args.thread_options = _thread_options(args)
@@ -452,12 +490,18 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except BrokenPipeError:
         return _stdout_gone()
+    except OutputError as exc:
+        _eprint(f"onnxgen: error: {exc}")
+        _stdout_gone()  # what is still buffered would fail again at exit
+        return 2
     except OnnxgenError as exc:
         _eprint(f"onnxgen: error: {exc}")
         return 2
     except KeyboardInterrupt:
         _eprint("onnxgen: interrupted")
         return 130
+    finally:
+        sys.stdout = stdout
 
 
 if __name__ == "__main__":

@@ -224,3 +224,40 @@ def test_a_closed_stdout_ends_quietly(package, args):
     stderr = result.stderr.decode()
     assert "Traceback" not in stderr and "Exception ignored" not in stderr and "BrokenPipe" not in stderr, stderr
     assert result.returncode == 141, stderr
+
+
+def test_stdout_on_a_full_disk_or_closed_is_one_error_line(package):
+    """`onnxgen generate > /dev/full` and `onnxgen generate >&-`: one error line, exit 2, no traceback."""
+    args = ["generate", "-p", "Hi", "-n", "4", "-m", str(package)]
+    with open("/dev/full", "wb") as full:
+        result = onnxgen(*args, stdout=full, stderr=subprocess.PIPE)
+    stderr = result.stderr.decode()
+    assert result.returncode == 2 and "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
+    assert stderr.strip().splitlines()[-1] == (
+        "onnxgen: error: cannot write the output to stdout: No space left on device"
+    ), stderr
+    closed = subprocess.run(
+        [sys.executable, "-m", "onnxgen", *args], stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        close_fds=True, pass_fds=(), preexec_fn=lambda: os.close(1), timeout=300,
+    )  # fmt: skip
+    stderr = closed.stderr.decode()
+    assert closed.returncode == 2 and "Traceback" not in stderr, stderr
+    assert "stdout is closed" in stderr, stderr
+
+
+def test_run_without_a_chat_template_says_so_before_the_first_message(package, tmp_path):
+    """A package whose tokenizer files hold no chat template: `run` refuses at start (exit 2) instead
+    of refusing every message the user types."""
+    for item in package.iterdir():
+        if item.name != "tokenizer_config.json":
+            try:
+                os.link(item, tmp_path / item.name)
+            except OSError:
+                shutil.copy(item, tmp_path / item.name)
+    config = json.loads((package / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    result = onnxgen("run", "-m", str(tmp_path), "-n", "2", stdin="Hello\n")
+    assert result.returncode == 2 and "Traceback" not in err(result), err(result)
+    assert "chat_template" in err(result).strip().splitlines()[-1], err(result)
+    assert result.stdout == b""
