@@ -81,7 +81,9 @@ def resolve_inside(location: str, base_dir: Path, what: str, place: str = "the m
     if not location:
         raise ModelLoadError(f"{what} is empty")
     if os.path.isabs(location) or location.startswith(("/", "\\")) or (len(location) > 1 and location[1] == ":"):
-        raise ModelLoadError(f"{what} {location!r} is absolute; expected a path relative to {place}")
+        raise ModelLoadError(
+            f"{what} {location!r} is absolute; expected a relative path inside {place} (files outside it are not read)"
+        )
     parts = Path(location.replace("\\", "/")).parts
     if ".." in parts:
         raise ModelLoadError(f"{what} {location!r} climbs out with '..'; expected a path inside {place}")
