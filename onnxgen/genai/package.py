@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxgen.errors import ModelLoadError
-from onnxgen.genai.package_files import describe, package_file, read_json_object
+from onnxgen.genai.package_reading import describe, package_file, read_json_object
 
 CONFIG_FILE = "genai_config.json"
 

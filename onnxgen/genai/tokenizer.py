@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxgen.errors import ModelLoadError
-from onnxgen.genai.package_files import describe, package_file, read_json_object, read_text
+from onnxgen.genai.package_reading import describe, package_file, read_json_object, read_text
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
