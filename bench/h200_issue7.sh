@@ -193,4 +193,9 @@ stage gen_fp16 120 python3 peers_decode.py $Q --precision fp16 --workdir /tmp/pe
 stage gen_int4 120 python3 peers_decode.py $Q --precision int4 --workdir /tmp/peers --engines onnxgen
 # after the review's refactor (triton_linear._tile_products): the GPU checks and the step once more
 stage review_gpu 150 python3 -m pytest -q -p no:cacheprovider -m gpu ../tests/test_fusion.py ../tests/test_decode_tail.py ../tests/test_gpu_capture_models.py
+# issue 15 (reliability): the GPU tests of the code it touched (indexing-op range checks, NaN-aware
+# greedy sampling between steps, owned run() outputs, package checks at load, direct weight reads)
+stage rel_gpu 320 python3 -m pytest -q -p no:cacheprovider -m gpu ../tests/test_fusion.py ../tests/test_decode_tail.py \
+  ../tests/test_gpu_capture_models.py ../tests/test_capture_runtime.py ../tests/test_pipelined_decode.py \
+  ../tests/test_kernels_tensor.py ../tests/test_session_contract.py ../tests/test_sampling_inputs.py -k "not query_seqlens"
 echo "logs in $out"
