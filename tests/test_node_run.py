@@ -18,7 +18,7 @@ from onnxgen.runtime.capture.recorder import ReplayRecorder
 from onnxgen.runtime.capture.runtime import CaptureRuntime
 from onnxgen.runtime.executor import NodeRunner
 from onnxgen.runtime.session import InferenceSession
-from tests.conftest import make_model, ort_run
+from tests.conftest import DEVICES, make_model, ort_run
 
 
 def _vi(name: str, elem: int = TensorProto.FLOAT, shape: list | None = None):
@@ -50,19 +50,25 @@ def mixed_model():
     )
 
 
-def test_executor_and_capture_runtime_compute_the_same() -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_executor_and_capture_runtime_compute_the_same(device: str) -> None:
+    """On CUDA the segment is a CUDA graph (Shape runs on the host there, its value is a constant
+    of the key that the recorded Reshape reads as a frozen host argument)."""
     model = mixed_model()
-    eager = InferenceSession(model)
-    captured = InferenceSession(model)
-    runtime = CaptureRuntime(captured.program, model, recorder=ReplayRecorder())
+    eager = InferenceSession(model, device=device)
+    captured = InferenceSession(model, device=device)
+    recorder = ReplayRecorder() if device == "cpu" else None  # None: CUDA graphs
+    runtime = CaptureRuntime(captured.program, model, recorder=recorder)
     rng = np.random.default_rng(0)
     for step in range(6):  # warm-up, warm-up, record, replays; the If seam runs eagerly every step
         x = rng.standard_normal((3, 4)).astype(np.float32)
         feeds = {"x": torch.from_numpy(x), "cond": torch.tensor(step % 2 == 0)}
         (want,) = ort_run(model, {k: v.numpy() for k, v in feeds.items()})
+        feeds = {k: v.to(eager.device) for k, v in feeds.items()}
         got_eager = eager.program.run(feeds)["w"]
         got_captured = runtime.run(feeds)["w"]
-        assert torch.equal(got_eager, torch.from_numpy(want))
+        if device == "cpu":
+            assert torch.equal(got_eager, torch.from_numpy(want))
         assert torch.equal(got_captured, got_eager)
     assert runtime.stats.replays >= 2, runtime.stats.summary()
     for program in (eager.program, captured.program):
