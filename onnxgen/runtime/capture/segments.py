@@ -55,7 +55,7 @@ class Schedule:
 
 
 def pair_steps(program: GraphProgram, plan: CapturePlan) -> list[tuple[CompiledNode, NodePlan]]:
-    """Compiled steps with their plan entries (Constant nodes were folded into initializers)."""
+    """Compiled nodes with their plan entries (Constant nodes were folded into initializers)."""
     nodes = [n for n in plan.nodes if not (n.op_type == "Constant" and n.domain == "")]
     if len(nodes) != len(program.steps):
         raise ValueError(f"plan has {len(nodes)} runnable nodes, the program {len(program.steps)} steps")
