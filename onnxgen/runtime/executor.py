@@ -1,9 +1,11 @@
-"""The node loop: a graph compiled once into steps (kernel + context + value routing), run many times."""
+"""The node loop: a graph compiled once into nodes (kernel + context + value routing), run many times.
+
+``NodeRunner`` is the one node run; the capture runtime runs its seams and segments through it too."""
 
 from __future__ import annotations
 
 from collections import ChainMap
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,16 +79,29 @@ class ValueInfo:
 
 
 @dataclass
-class Step:
+class CompiledNode:
+    """One graph node compiled for one device: its kernel, context and value routing.
+
+    ``GraphProgram.steps`` holds them in graph order; ``NodeRunner`` runs them."""
+
     spec: KernelSpec
     ctx: NodeContext
     inputs: list[str]  # "" for a missing optional input
     outputs: list[str]
     on_host: bool
     host_input_positions: frozenset[int]
-    release: list[str] = field(default_factory=list)  # values last used by this step
+    release: list[str] = field(default_factory=list)  # values last used by this node
     # Shape/Size read only metadata: their input stays where it is (no device-to-host copy)
     reads_shape_only: bool = False
+    # Derived once here, so the node run (run ~470 times a token on the CPU) does not work them out
+    # per call: only nodes with subgraph bodies read ``ctx.scope`` (NodeContext.run_subgraph), and
+    # a kernel that returns one value binds it to the first output ("" when it has none or is unnamed).
+    runs_subgraphs: bool = field(init=False)
+    first_output: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.runs_subgraphs = bool(self.ctx.subgraphs)
+        self.first_output = self.outputs[0] if self.outputs else ""
 
 
 @dataclass(frozen=True)
@@ -119,6 +134,110 @@ def value_info_of(vi: onnx.ValueInfoProto) -> ValueInfo:
         return ValueInfo(vi.name, tt.elem_type, shape, f"tensor({type_name})")
     kind = t.WhichOneof("value") or "unknown"
     return ValueInfo(vi.name, 0, None, kind.replace("_type", ""))
+
+
+class NodeRunner:
+    """The node run: one compiled node's arguments, its kernel call and its outputs.
+
+    Both node loops run nodes through it: ``GraphProgram.run`` (eager) and the capture runtime
+    (seams, warm-up runs, segment recordings and CPU replays), so a node gets the same arguments,
+    placements and errors in every one of them, and a recording executes exactly the kernels of
+    an eager run. What a runner holds is where values go: the program's device, host copies of
+    small constants (served to host-read inputs without a device-to-host read) and, in the
+    capture runtime, device copies of host-folded shape values (constants for a binding key, so a
+    recording reads a device buffer instead of copying from the host during the capture).
+
+    ``arguments`` and ``call`` are the two halves of ``run``: the executor's CPU loop looks its
+    arguments up itself (a CPU program holds only CPU values, so nothing moves) and calls ``call``.
+    """
+
+    __slots__ = ("device", "host_copies", "device_copies")
+
+    def __init__(
+        self, device: torch.device, host_copies: Mapping[str, Any], device_copies: Mapping[str, Any] | None = None
+    ):
+        self.device = device
+        self.host_copies = host_copies
+        self.device_copies = device_copies
+
+    def run(
+        self,
+        node: CompiledNode,
+        env: Mapping[str, Any],
+        out: MutableMapping[str, Any],
+        frozen: dict[int, Any] | None = None,
+        freeze: dict[int, Any] | None = None,
+    ) -> None:
+        """Run ``node`` on values from ``env``; its outputs go into ``out``. ``freeze``/``frozen``:
+        see ``arguments``."""
+        self.call(node, self.arguments(node, env, frozen, freeze), env, out)
+
+    def arguments(
+        self,
+        node: CompiledNode,
+        env: Mapping[str, Any],
+        frozen: dict[int, Any] | None = None,
+        freeze: dict[int, Any] | None = None,
+    ) -> list[Any]:
+        """The node's arguments, each moved to the host or the device as the node wants it.
+        ``freeze``: store the host-read arguments here (by input position); ``frozen``: use the
+        stored ones instead of looking them up (a replay: what a CUDA graph baked in)."""
+        device = self.device
+        host_copies = self.host_copies
+        device_copies = self.device_copies
+        args: list[Any] = []
+        for position, name in enumerate(node.inputs):
+            if not name:
+                args.append(None)
+                continue
+            if frozen is not None and position in frozen:
+                args.append(frozen[position])
+                continue
+            try:
+                value = env[name]
+            except KeyError:
+                raise KernelError(
+                    f"{node.ctx.op_type} node {node.ctx.name!r}: input {name!r} has no value "
+                    "(not a graph input, initializer or earlier output)"
+                ) from None
+            want_host = node.on_host or position in node.host_input_positions
+            if isinstance(value, torch.Tensor) and not node.reads_shape_only:
+                if want_host and value.device.type != "cpu":
+                    value = host_copies.get(name, value).cpu()
+                elif not want_host and value.device != device:
+                    copy = device_copies.get(name) if device_copies else None
+                    value = copy if copy is not None else value.to(device)
+            if freeze is not None and want_host:
+                freeze[position] = value
+            args.append(value)
+        return args
+
+    @staticmethod
+    def call(node: CompiledNode, args: list[Any], env: Mapping[str, Any], out: MutableMapping[str, Any]) -> None:
+        """The kernel on ``args``, its outputs bound into ``out``. A failure other than onnxgen's own
+        errors becomes a KernelError naming the node. ``env`` is the scope a subgraph body reads
+        outer names from; it is set only for the call's duration (a body runs inside it)."""
+        ctx = node.ctx
+        scoped = node.runs_subgraphs
+        if scoped:
+            ctx.scope = env
+        try:
+            result = node.spec.fn(ctx, *args)
+        except OnnxgenError:
+            raise
+        except Exception as exc:
+            raise KernelError(f"{ctx.op_type} node {ctx.name!r} failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            if scoped:
+                ctx.scope = None
+        if isinstance(result, tuple):  # kernels return a tuple for several outputs
+            for name, value in zip(node.outputs, result):
+                if name:
+                    out[name] = value
+        else:
+            name = node.first_output
+            if name:
+                out[name] = result
 
 
 def is_host_sized(value: Any) -> bool:
@@ -156,17 +275,18 @@ class GraphProgram:
         for sparse in graph.sparse_initializer:
             dense = onnx.numpy_helper.to_array(sparse)  # sparse initializers are rare and small
             self._add_constant(sparse.values.name, torch.from_numpy(np.ascontiguousarray(dense)))
-        self.steps: list[Step] = []
+        self.steps: list[CompiledNode] = []
         host_values = self.host_values
         known = set(scope_names) | {vi.name for vi in graph.input} | set(self.initializers)
         for node in graph.node:
             known.update(node.output)
         for index, node in enumerate(graph.node):
-            step = self._compile_node(node, index, base_dir, unsupported, frozenset(known), host_values)
-            if step is None:
+            compiled = self._compile_node(node, index, base_dir, unsupported, frozenset(known), host_values)
+            if compiled is None:
                 continue
-            self.steps.append(step)
+            self.steps.append(compiled)
         self._plan_releases()
+        self.runner = NodeRunner(device, self.host_copies)
 
     # -- compilation -----------------------------------------------------------------------
 
@@ -224,7 +344,7 @@ class GraphProgram:
         unsupported: list[UnsupportedNode],
         scope: frozenset[str],
         host_values: set[str],
-    ) -> Step | None:
+    ) -> CompiledNode | None:
         domain = normalize_domain(node.domain)
         opset = self.opsets.get(domain, 1 if domain else 1)
         name = node.name or f"{node.op_type}_{index}"
@@ -261,7 +381,7 @@ class GraphProgram:
         if on_host:
             host_values.update(o for o in node.output if o)
             ctx.device = torch.device("cpu")
-        return Step(
+        return CompiledNode(
             spec=spec,
             ctx=ctx,
             inputs=list(node.input),
@@ -274,14 +394,14 @@ class GraphProgram:
     def _plan_releases(self) -> None:
         keep = {o.name for o in self.outputs} | set(self.initializers)
         last_use: dict[str, int] = {}
-        for position, step in enumerate(self.steps):
-            names = list(step.inputs)
-            for sub in step.ctx.subgraphs.values():
+        for position, node in enumerate(self.steps):
+            names = list(node.inputs)
+            for sub in node.ctx.subgraphs.values():
                 names.extend(sub.outer_references())
             for name in names:
                 if name:
                     last_use[name] = position
-            for name in step.outputs:
+            for name in node.outputs:
                 if name and name not in last_use:
                     last_use[name] = position  # produced but never read: free at once
         for name, position in last_use.items():
@@ -295,13 +415,13 @@ class GraphProgram:
             return cached
         local = {vi.name for vi in self.inputs} | set(self.initializers)
         refs: set[str] = set()
-        for step in self.steps:
-            for name in step.inputs:
+        for node in self.steps:
+            for name in node.inputs:
                 if name and name not in local:
                     refs.add(name)
-            for sub in step.ctx.subgraphs.values():
+            for sub in node.ctx.subgraphs.values():
                 refs.update(n for n in sub.outer_references() if n not in local)
-            local.update(o for o in step.outputs if o)
+            local.update(o for o in node.outputs if o)
         for out in self.outputs:
             if out.name not in local:
                 refs.add(out.name)
@@ -315,67 +435,25 @@ class GraphProgram:
         env = self.run(feeds, outer=outer)
         return [env[o.name] for o in self.outputs]
 
-    def _route_inputs(self, step: Step, env: Mapping[str, Any]) -> list[Any]:
-        """A step's arguments, each moved to the host or the device as the step wants it."""
-        device = self.device
-        args: list[Any] = []
-        for position, name in enumerate(step.inputs):
-            if not name:
-                args.append(None)
-                continue
-            try:
-                value = env[name]
-            except KeyError:
-                raise KernelError(
-                    f"{step.ctx.op_type} node {step.ctx.name!r}: input {name!r} has no value "
-                    "(not a graph input, initializer or earlier output)"
-                ) from None
-            if isinstance(value, torch.Tensor) and not step.reads_shape_only:
-                want_host = step.on_host or position in step.host_input_positions
-                if want_host and value.device.type != "cpu":
-                    value = self.host_copies.get(name, value).cpu()
-                elif not want_host and value.device != device:
-                    value = value.to(device)
-            args.append(value)
-        return args
-
     def run(self, feeds: Mapping[str, Any], outer: Any = None) -> Mapping[str, Any]:
         local: dict[str, Any] = dict(self.initializers)
         local.update(feeds)
         env: Any = ChainMap(local, outer) if outer is not None else local
-        device = self.device
+        runner = self.runner
+        call = runner.call
         # A CPU session holds only CPU tensors (feeds are moved on entry, initializers at load,
         # kernels make their outputs on ctx.device): nothing to route, so inputs are plain lookups.
-        cpu_only = device.type == "cpu"
-        for step in self.steps:
-            args: list[Any] | None = None
+        cpu_only = self.device.type == "cpu"
+        for node in self.steps:
             if cpu_only:
                 try:
-                    args = [env[name] if name else None for name in step.inputs]
+                    args = [env[name] if name else None for name in node.inputs]
                 except KeyError:
-                    args = None  # the loop below names the missing input
-            if args is None:
-                args = self._route_inputs(step, env)
-            scoped = bool(step.ctx.subgraphs)  # only subgraph runs read the scope
-            if scoped:
-                step.ctx.scope = env
-            try:
-                result = step.spec.fn(step.ctx, *args)
-            except OnnxgenError:
-                raise
-            except Exception as exc:
-                raise KernelError(
-                    f"{step.ctx.op_type} node {step.ctx.name!r} failed: {type(exc).__name__}: {exc}"
-                ) from exc
-            finally:
-                if scoped:
-                    step.ctx.scope = None
-            if not isinstance(result, tuple):  # kernels return a tuple for several outputs
-                result = (result,)
-            for name, value in zip(step.outputs, result):
-                if name:
-                    local[name] = value
-            for name in step.release:
+                    args = runner.arguments(node, env)  # names the missing input
+            else:
+                args = runner.arguments(node, env)
+            call(node, args, env, local)
+            for name in node.release:
                 local.pop(name, None)
         return env
 

@@ -38,10 +38,10 @@ from onnxgen.runtime.capture.classifier import classify
 from onnxgen.runtime.capture.planner import CapturePlan, plan_capture
 from onnxgen.runtime.capture.recorder import CudaGraphRecorder, Recorder, Recording, RecordingFailed, SegmentFn
 from onnxgen.runtime.capture.report import decode_binding
-from onnxgen.runtime.capture.segments import ScheduleRefused, Unit, build_schedule, call_step
+from onnxgen.runtime.capture.segments import ScheduleRefused, Unit, build_schedule
 from onnxgen.runtime.capture.stats import CaptureStats
 from onnxgen.runtime.capture.tail import StepTail
-from onnxgen.runtime.executor import GraphProgram
+from onnxgen.runtime.executor import GraphProgram, NodeRunner
 from onnxgen.runtime.shapes.infer import ShapeResult, infer_shapes
 
 MODES = ("on", "off", "verify")
@@ -108,6 +108,7 @@ class CapturedProgram:
         self.rerecords = 0
         self.static_values: dict[str, Any] | None = None
         self.device_copies: dict[str, Any] = {}
+        self.runner = NodeRunner(self.device, program.host_copies)  # device copies join after warm-up
         self.recordings: dict[int, Recording] = {}
         self.bindings: dict[int, dict[str, Binding]] = {}
         self.guards: dict[int, Guard] = {}
@@ -171,15 +172,13 @@ class CapturedProgram:
     def _env(self, feeds: Mapping[str, Any]) -> ChainMap:
         return ChainMap(dict(feeds), self.static_values or {}, self.program.initializers)
 
-    def _call(self, step: Any, env: Any, **kw: Any) -> None:
-        call_step(step, env, self.device, self.program.host_copies, self.device_copies, **kw)
-
     def _warm(self, feeds: Mapping[str, Any]) -> Mapping[str, Any]:
         if self.static_values is not None:
             return self.program.run(feeds)
         env = ChainMap(dict(feeds), self.program.initializers)
-        for step in self.program.steps:
-            self._call(step, env)
+        run, own = self.runner.run, env.maps[0]  # outputs go into env's first map, as assigning to env does
+        for node in self.program.steps:
+            run(node, env, own)
         # static shape arithmetic: constants for this key from now on
         self.static_values = {n: env.maps[0][n] for n in self.schedule.static_outputs if n in env.maps[0]}
         if self.device.type != "cpu":
@@ -188,11 +187,13 @@ class CapturedProgram:
                 for n, v in self.static_values.items()
                 if isinstance(v, torch.Tensor) and v.device.type == "cpu"
             }
+            self.runner = NodeRunner(self.device, self.program.host_copies, self.device_copies)
         return env
 
-    def _run_unit_eagerly(self, unit: Unit, env: Any) -> None:
-        for step in unit.steps:
-            self._call(step, env)
+    def _run_unit_eagerly(self, unit: Unit, env: ChainMap) -> None:
+        run, own = self.runner.run, env.maps[0]
+        for node in unit.steps:
+            run(node, env, own)
 
     def _segment_fn(self, unit: Unit, bindings: dict[str, Binding], tail: StepTail | None = None) -> SegmentFn:
         frozen: list[dict[int, Any]] = [{} for _ in unit.steps]
@@ -203,19 +204,20 @@ class CapturedProgram:
         def fn(replay: bool, commit: bool) -> dict[str, Any]:
             local: dict[str, Any] = {}
             env = ChainMap(local, inputs, static, initializers)
-            for i, step in enumerate(unit.steps):
+            run = self.runner.run
+            for i, node in enumerate(unit.steps):
                 try:
                     if replay:
-                        self._call(step, env, frozen=frozen[i])
+                        run(node, env, local, frozen=frozen[i])
                     else:
-                        self._call(step, env, freeze=frozen[i])
+                        run(node, env, local, freeze=frozen[i])
                 except RecordingFailed:
                     raise
                 except Exception as exc:
                     if replay:
                         raise
                     raise RecordingFailed(
-                        f"{unit.label}: {step.ctx.op_type} {step.ctx.name!r}: {exc}", step.ctx.op_type, step.ctx.name
+                        f"{unit.label}: {node.ctx.op_type} {node.ctx.name!r}: {exc}", node.ctx.op_type, node.ctx.name
                     ) from exc
             if tail is not None and commit:
                 try:

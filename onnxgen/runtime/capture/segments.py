@@ -6,21 +6,17 @@ once per key, then a constant) and *dynamic* (it mentions a growing symbol, e.g.
 dynamic cache: evaluated every step, on the host, before the segment it sits in, which it may
 precede because its inputs are shapes of values the seams or the caller produced).
 
-``call_step`` runs one compiled step the way the executor does (host/device placement of inputs),
-so seams and recordings execute exactly the kernels and placements of an eager run.
+Units hold the program's compiled nodes; the capture runtime runs them with the executor's node
+run (``executor.NodeRunner``), so seams and recordings execute exactly the kernels and placements
+of an eager run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
 
-import torch
-
-from onnxgen.errors import KernelError, OnnxgenError
 from onnxgen.runtime.capture.planner import CapturePlan, NodePlan
-from onnxgen.runtime.executor import GraphProgram, Step
+from onnxgen.runtime.executor import CompiledNode, GraphProgram
 from onnxgen.runtime.shapes.infer import NodeShapes, ShapeResult
 
 
@@ -35,7 +31,7 @@ class ScheduleRefused(Exception):
 @dataclass
 class Unit:
     kind: str  # "segment" | "seam" | "folded" (dynamic shape arithmetic)
-    steps: list[Step]
+    steps: list[CompiledNode]
     segment: int | None = None
     reason: str | None = None
     inputs: list[str] = field(default_factory=list)  # segment: values read from outside the segment
@@ -58,8 +54,8 @@ class Schedule:
         return [u for u in self.units if u.kind == "segment"]
 
 
-def pair_steps(program: GraphProgram, plan: CapturePlan) -> list[tuple[Step, NodePlan]]:
-    """Compiled steps with their plan entries (Constant nodes were folded into initializers)."""
+def pair_steps(program: GraphProgram, plan: CapturePlan) -> list[tuple[CompiledNode, NodePlan]]:
+    """Compiled nodes with their plan entries (Constant nodes were folded into initializers)."""
     nodes = [n for n in plan.nodes if not (n.op_type == "Constant" and n.domain == "")]
     if len(nodes) != len(program.steps):
         raise ValueError(f"plan has {len(nodes)} runnable nodes, the program {len(program.steps)} steps")
@@ -120,7 +116,7 @@ def build_schedule(program: GraphProgram, plan: CapturePlan, shapes: ShapeResult
     return schedule
 
 
-def _reads(step: Step) -> list[str]:
+def _reads(step: CompiledNode) -> list[str]:
     names = [n for n in step.inputs if n]
     for sub in step.ctx.subgraphs.values():
         names.extend(sorted(sub.outer_references()))
@@ -167,52 +163,3 @@ def _wire(program: GraphProgram, schedule: Schedule) -> None:
                 later.update(_reads(step))
         unit.inputs = inputs
         unit.outputs = [o for s in unit.steps for o in s.outputs if o and o in later]
-
-
-def call_step(
-    step: Step,
-    env: MutableMapping[str, Any],
-    device: torch.device,
-    host_copies: Mapping[str, Any],
-    device_copies: Mapping[str, Any] | None = None,
-    frozen: dict[int, Any] | None = None,
-    freeze: dict[int, Any] | None = None,
-) -> None:
-    """Run one step as the executor does. ``freeze``: store the host-read arguments here;
-    ``frozen``: use the stored ones instead (a replay: what a CUDA graph baked in)."""
-    args: list[Any] = []
-    for position, name in enumerate(step.inputs):
-        if not name:
-            args.append(None)
-            continue
-        if frozen is not None and position in frozen:
-            args.append(frozen[position])
-            continue
-        try:
-            value = env[name]
-        except KeyError:
-            raise KernelError(f"{step.ctx.op_type} node {step.ctx.name!r}: input {name!r} has no value") from None
-        want_host = step.on_host or position in step.host_input_positions
-        if isinstance(value, torch.Tensor) and not step.reads_shape_only:
-            if want_host and value.device.type != "cpu":
-                value = host_copies.get(name, value).cpu()
-            elif not want_host and value.device != device:
-                copy = device_copies.get(name) if device_copies else None
-                value = copy if copy is not None else value.to(device)
-        if freeze is not None and want_host:
-            freeze[position] = value
-        args.append(value)
-    step.ctx.scope = env
-    try:
-        result = step.spec.fn(step.ctx, *args)
-    except OnnxgenError:
-        raise
-    except Exception as exc:
-        raise KernelError(f"{step.ctx.op_type} node {step.ctx.name!r} failed: {type(exc).__name__}: {exc}") from exc
-    finally:
-        step.ctx.scope = None
-    if not isinstance(result, tuple):
-        result = (result,)
-    for name, value in zip(step.outputs, result):
-        if name:
-            env[name] = value
