@@ -293,8 +293,8 @@ def test_feed_check_memo_never_skips_a_different_layout(package) -> None:
     generator = make(package, False)
     session = generator.session
     feeds = decode_feeds(generator)
-    assert session._check_feeds_repeated(feeds).keys() == feeds.keys()
-    assert session._check_feeds_repeated(feeds) is feeds  # the same layout: passed through unchecked
+    assert session.check_feeds_repeated(feeds).keys() == feeds.keys()
+    assert session.check_feeds_repeated(feeds) is feeds  # the same layout: passed through unchecked
     name = generator.config.past_key_name(1)
     bad = [
         {**feeds, name: feeds[name][:, :, :-1]},  # capacity differs from the other layers
@@ -308,8 +308,8 @@ def test_feed_check_memo_never_skips_a_different_layout(package) -> None:
         with pytest.raises(InvalidInputError):
             session._check_feeds(wrong)
         with pytest.raises(InvalidInputError):
-            session._check_feeds_repeated(wrong)
-    assert session._check_feeds_repeated({**feeds, "input_ids": torch.tensor([[9]])}) is not feeds
+            session.check_feeds_repeated(wrong)
+    assert session.check_feeds_repeated({**feeds, "input_ids": torch.tensor([[9]])}) is not feeds
 
 
 def old_key_of(runtime: CaptureRuntime, feeds) -> tuple:

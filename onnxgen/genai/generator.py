@@ -368,7 +368,7 @@ class Generator:
                 feeds[io.position_ids] = torch.arange(kv.length, kv.length + n, device=self.device).reshape(1, n)
         feeds.update(kv.feeds())
         if n == 1 and self.capture != "off":
-            outputs = self._capture_runtime(kv).run(self.session._check_feeds_repeated(feeds), tail=tail)
+            outputs = self._capture_runtime(kv).run(self.session.check_feeds_repeated(feeds), tail=tail)
         else:
             outputs = self.session.run_torch(feeds)
         kv.update(outputs, n)
