@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from onnxgen.genai.decode_tail import GreedyTail
-from onnxgen.genai.generator import host_read
+from onnxgen.genai.host_read import host_read
 from onnxgen.genai.kv_cache import DynamicKV, StaticKV
 from onnxgen.genai.package import PackageConfig, load_package_config
 from onnxgen.models.builder import build_package

@@ -18,8 +18,9 @@ import pytest
 import torch
 
 from onnxgen.errors import InvalidInputError
-from onnxgen.genai import generator as generator_module
-from onnxgen.genai.generator import CpuHostRead, Generator
+from onnxgen.genai import engine as engine_module
+from onnxgen.genai.generator import Generator
+from onnxgen.genai.host_read import CpuHostRead
 from onnxgen.genai.sampling import SamplingParams
 from onnxgen.models.builder import build_package
 from onnxgen.models.random_source import TINY_CONFIGS, RandomSource
@@ -210,15 +211,15 @@ def test_step_n_plus_1_is_enqueued_before_token_n_is_read(package, monkeypatch) 
     past max_new_tokens."""
     log: list[str] = []
     LoggingRead.log = log
-    monkeypatch.setattr(generator_module, "host_read", lambda device, host_tokens=None: LoggingRead())
+    monkeypatch.setattr(engine_module, "host_read", lambda device, host_tokens=None: LoggingRead())
     pipelined = make(package, True)
-    original = pipelined._step
+    original = pipelined.engine._forward
 
-    def step(kv, ids, tail=None):
+    def step(sequence, ids, tail=None):
         log.append("prefill" if ids.shape[1] > 1 else "step")
-        return original(kv, ids, tail)
+        return original(sequence, ids, tail)
 
-    pipelined._step = step  # type: ignore[method-assign]
+    pipelined.engine._forward = step  # type: ignore[method-assign]
     tokens = list(pipelined.generate_ids(PROMPT, with_(GREEDY, max_new_tokens=4)))
     assert len(tokens) == 4
     assert log == ["prefill", "start", "wait", "step"] + ["start", "step", "wait"] * 2 + ["start", "wait"]
@@ -243,16 +244,16 @@ def test_a_failing_step_raises_after_the_same_tokens(package) -> None:
     """An error while enqueuing step N+1 surfaces where the sequential loop raises it: after token N."""
 
     def failing(generator: Generator, at: int) -> Generator:
-        original, calls = generator._step, {"n": 0}
+        original, calls = generator.engine._forward, {"n": 0}
 
-        def step(kv, ids, tail=None):
+        def step(sequence, ids, tail=None):
             if ids.shape[1] == 1:
                 calls["n"] += 1
                 if calls["n"] == at:
                     raise RuntimeError("boom")
-            return original(kv, ids, tail)
+            return original(sequence, ids, tail)
 
-        generator._step = step  # type: ignore[method-assign]
+        generator.engine._forward = step  # type: ignore[method-assign]
         return generator
 
     for at in (1, 2, 4):
@@ -284,7 +285,7 @@ def test_pipeline_argument(package) -> None:
 
 
 def decode_feeds(generator: Generator) -> dict[str, torch.Tensor]:
-    kv = generator._new_kv(16)
+    kv = generator.engine._new_kv(16)
     io = generator.config.io
     return {io.input_ids: torch.tensor([[5]]), io.attention_mask: kv.attention_mask(1), **kv.feeds()}
 
@@ -328,8 +329,7 @@ def old_key_of(runtime: CaptureRuntime, feeds) -> tuple:
 def test_key_of_unchanged(package) -> None:
     generator = make(package, False)
     feeds = decode_feeds(generator)
-    kv = generator._new_kv(16)
-    runtime = generator._capture_runtime(kv)
+    runtime = generator.engine.capture_runtime()
     name = generator.config.past_key_name(2)
     variants = [
         feeds,
@@ -446,7 +446,7 @@ def test_decode_feeds_ids_and_positions_in_place(package, pipeline: bool) -> Non
         assert run(generator, params) == run(eager, params)
     io = generator.config.io
     # greedy's recordings hold its step tail, the sampled run's none: one program each
-    programs = list(generator._capture.keys.values())
+    programs = list(generator.engine.capture_runtime().keys.values())
     assert sorted(p.tail is not None for p in programs) == [False, True]
     for captured in programs:
         bindings = {name: b for per_segment in captured.bindings.values() for name, b in per_segment.items()}
