@@ -382,34 +382,53 @@ def test_guard_is_the_per_binding_check() -> None:
 
 
 def test_bench_greedy_loop_pipelined_matches_sequential(package, monkeypatch) -> None:
+    """The benches' greedy runs (the decode engine, random_package.greedy_run): pipelined or not, the
+    tail in the graph or outside, pinned or copied host tokens, the tokens of eager decoding."""
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    from random_package import GreedyLoop, open_package, static_pin
+    from random_package import greedy_run, make_engine, open_package
 
     results = {}
-    for no_pipeline, in_graph in ((True, "1"), (False, "1"), (False, "0")):
-        monkeypatch.setenv("ONNXGEN_SAMPLE_IN_GRAPH", in_graph)
+    for no_pipeline, tail, host_tokens in ((True, "graph", "pinned"), (False, "graph", "pinned"),
+                                           (False, "outside", "pinned"), (False, "graph", "copy")):  # fmt: skip
         args = argparse.Namespace(
             package_dir=package, device="cpu", kv="static", context=64, prompt_tokens=5, new_tokens=12,
-            no_pipeline=no_pipeline,
+            no_pipeline=no_pipeline, tail=tail, host_tokens=host_tokens,
         )  # fmt: skip
         session, config = open_package(args)
-        runtime = CaptureRuntime(
-            session.program, session.model, recorder=ReplayRecorder(), pin=static_pin(session, config)
-        )
-        loop = GreedyLoop(session, config, args)
-        assert loop.pipelined(runtime) == (not no_pipeline) and not loop.pipelined(None)
+        engine = make_engine(session, config, args, capture="on", recorder=ReplayRecorder())
+        assert engine.pipelined == (not no_pipeline) and not make_engine(session, config, args).pipelined
+        assert engine.sample_in_graph == (tail == "graph") and engine.host_tokens == (host_tokens == "pinned")
         out = []
         for n in (1, 2, 3, 12):
-            ttft, decode_s, tokens = loop.run(runtime, new_tokens=n)
+            ttft, decode_s, tokens = greedy_run(engine, args, new_tokens=n)
             assert len(tokens) == n and ttft > 0 and decode_s >= 0
             out.append(tokens)
-        results[no_pipeline, in_graph] = out
-        assert runtime.stats.replays > 0
-        assert runtime.stats.steps == 0 + 1 + 2 + 11  # n - 1 decode steps per run: none past the last token
-        assert runtime.stats.tail == ("in the graph" if in_graph == "1" else "")
-        eager = [loop.run(None, new_tokens=n)[2] for n in (1, 2, 3, 12)]  # the oracle: eager steps, host argmax
-        assert out == eager, (no_pipeline, in_graph)
+        results[no_pipeline, tail, host_tokens] = out
+        stats = engine.capture_stats
+        assert stats.replays > 0
+        assert stats.steps == 0 + 1 + 2 + 11  # n - 1 decode steps per run: none past the last token
+        assert stats.tail == ("in the graph" if tail == "graph" else "")
+        eager = make_engine(session, config, args)  # the oracle: eager steps, the sampler's argmax
+        assert out == [greedy_run(eager, args, new_tokens=n).tokens for n in (1, 2, 3, 12)], (no_pipeline, tail)
     assert len({str(v) for v in results.values()}) == 1
+
+
+def test_bench_variant_names_map_to_engine_switches(monkeypatch) -> None:
+    """``--variant name:ONNXGEN_SAMPLE_IN_GRAPH=0`` (step_sweep.py, step_anatomy.py) still works: the two
+    names are the engine's arguments now, over --tail / --host-tokens."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from random_package import engine_switches
+
+    args = argparse.Namespace(tail="graph", host_tokens="pinned")
+    assert engine_switches(args) == {"sample_in_graph": True, "host_tokens": True}
+    assert engine_switches(args, {"ONNXGEN_SAMPLE_IN_GRAPH": "0"}) == {"sample_in_graph": False, "host_tokens": True}
+    assert engine_switches(args, {"ONNXGEN_HOST_TOKENS": "0", "ONNXGEN_PDL": "0"}) == {
+        "sample_in_graph": True,
+        "host_tokens": False,
+    }
+    copied = argparse.Namespace(tail="outside", host_tokens="copy")
+    assert engine_switches(copied) == {"sample_in_graph": False, "host_tokens": False}
+    assert engine_switches(copied, {"ONNXGEN_SAMPLE_IN_GRAPH": "1"})["sample_in_graph"]
 
 
 # -- CUDA (pytest -m gpu) -------------------------------------------------------------------------
