@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import onnx
 import torch
@@ -27,10 +28,12 @@ from onnxgen.genai.package import PackageConfig
 from onnxgen.genai.package_checks import growing_kv
 from onnxgen.genai.sampling import LogitsSampler, SamplingParams
 from onnxgen.genai.sequence import Sequence
-from onnxgen.runtime.capture.runtime import CaptureRuntime
 from onnxgen.runtime.capture.stats import CaptureStats
 from onnxgen.runtime.dtypes import ONNX_TO_TORCH
 from onnxgen.runtime.session import InferenceSession
+
+if TYPE_CHECKING:
+    from onnxgen.runtime.capture.runtime import CaptureRuntime
 
 KV = DynamicKV | GrowingKV | StaticKV
 
