@@ -431,6 +431,39 @@ def test_bench_variant_names_map_to_engine_switches(monkeypatch) -> None:
     assert engine_switches(copied, {"ONNXGEN_SAMPLE_IN_GRAPH": "1"})["sample_in_graph"]
 
 
+def test_step_anatomy_steps_replay_the_engines_recording(package, monkeypatch) -> None:
+    """bench/step_anatomy.py times the engine's own step on a rewound sequence: the steps replay the
+    recording the greedy runs made (no invalidation), a rewind starts them over, and the tail in the
+    graph or outside makes the same tokens."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from random_package import greedy_run, make_engine, open_package
+    from step_anatomy import rewind, timed_sequence
+
+    runs = []
+    for tail in ("graph", "outside"):
+        args = argparse.Namespace(
+            package_dir=package, device="cpu", kv="static", context=64, prompt_tokens=5, new_tokens=12,
+            no_pipeline=False, tail=tail, host_tokens="pinned",
+        )  # fmt: skip
+        session, config = open_package(args)
+        engine = make_engine(session, config, args, capture="on", recorder=ReplayRecorder())
+        greedy_run(engine, args)  # warm-up and recording
+        sequence = timed_sequence(engine, args)
+        with torch.inference_mode():
+            for _ in range(2):
+                kv = rewind(engine, sequence)
+                before = engine.capture_stats.replays
+                tokens = []
+                for _ in range(6):
+                    engine.step([sequence])
+                    tokens.append(int(sequence.token))
+                assert kv.length == 5 + 6 and engine.capture_stats.replays == before + 6
+                runs.append(tokens)
+        assert engine.capture_stats.invalidations == 0
+        assert (sequence.tail is not None) == (tail == "graph")
+    assert all(r == runs[0] for r in runs)
+
+
 # -- CUDA (pytest -m gpu) -------------------------------------------------------------------------
 
 
