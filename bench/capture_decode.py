@@ -9,7 +9,9 @@ TTFT, the ratio, and the capture statistics (segments per step, replays, seams a
 Both modes must produce the same tokens: the script fails loudly if they do not. --capture verify
 additionally checks the first --verify-steps steps bit for bit against an eager run of each.
 With static KV the captured loop is pipelined (step N+1 enqueued before token N is read, as the
-Generator does); --no-pipeline runs it sequentially, to compare the two.
+Generator does); --no-pipeline runs it sequentially, to compare the two. Both modes run the decode
+engine (onnxgen/genai/engine.py), the Generator's loop: see random_package.py for --tail and
+--host-tokens.
 """
 
 from __future__ import annotations
@@ -20,9 +22,15 @@ import sys
 import tempfile
 import time
 
-from random_package import GreedyLoop, add_package_args, build_random_package, describe, open_package, static_pin
-
-from onnxgen.runtime.capture.runtime import CaptureRuntime
+from random_package import (
+    GreedyRun,
+    add_package_args,
+    build_random_package,
+    describe,
+    greedy_run,
+    make_engine,
+    open_package,
+)
 
 
 def main() -> int:
@@ -43,33 +51,31 @@ def main() -> int:
             from onnxgen.runtime.capture.recorder import ReplayRecorder
 
             recorder = ReplayRecorder()
-        pin = static_pin(session, config) if args.kv == "static" else set()
         t0 = time.perf_counter()
-        runtime = CaptureRuntime(
-            session.program, session.model, mode=args.capture, recorder=recorder, pin=pin,
-            verify_steps=args.verify_steps,
-        )  # fmt: skip
+        captured = make_engine(session, config, args, capture=args.capture, recorder=recorder,
+                               verify_steps=args.verify_steps)  # fmt: skip
+        captured.capture_runtime()
         plan_s = time.perf_counter() - t0
-        loop = GreedyLoop(session, config, args)
-        results: dict[str, tuple[float, float, list[int]]] = {}
-        modes = [(args.capture, runtime)] if args.capture_only else [("off", None), (args.capture, runtime)]
-        for mode, rt in modes:
+        results: dict[str, GreedyRun] = {}
+        modes = [captured] if args.capture_only else [make_engine(session, config, args), captured]
+        for engine in modes:
+            mode = engine.capture
             t0 = time.perf_counter()
-            loop.run(rt)  # warm-up (for capture: warm-up steps, recording, replays)
+            greedy_run(engine, args)  # warm-up (for capture: warm-up steps, recording, replays)
             warm_s = time.perf_counter() - t0
-            runs = [loop.run(rt) for _ in range(args.repeats)]
-            decode_s = statistics.median(r[1] for r in runs)
-            ttft = statistics.median(r[0] for r in runs)
-            results[mode] = (ttft, decode_s, runs[0][2])
+            runs = [greedy_run(engine, args) for _ in range(args.repeats)]
+            decode_s = statistics.median(r.decode_s for r in runs)
+            ttft = statistics.median(r.ttft_s for r in runs)
+            results[mode] = GreedyRun(ttft, decode_s, runs[0].tokens)
             n = args.new_tokens - 1
-            loop_kind = "pipelined" if loop.pipelined(rt) else "sequential"
+            loop_kind = "pipelined" if engine.pipelined else "sequential"
             print(
                 f"{describe(args)} capture {mode:6s} ({loop_kind}): "
                 f"{n / decode_s:8.1f} tok/s  ({1000 * decode_s / n:.3f} ms/token, TTFT {1000 * ttft:.1f} ms, "
                 f"median of {args.repeats}; first run {warm_s:.1f} s)",
                 flush=True,
             )
-        print(runtime.stats.summary())
+        print(captured.capture_stats.summary())
         if args.capture_only:
             return 0
         (_, off_s, off_tokens), (_, on_s, on_tokens) = results["off"], results[args.capture]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 
-from random_package import GreedyLoop, add_package_args, build_random_package, describe, open_package
+from random_package import add_package_args, build_random_package, describe, greedy_run, make_engine, open_package
 
 
 def main() -> None:
@@ -20,9 +20,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         build_s = build_random_package(args, tmp)
         session, config = open_package(args)
-        loop = GreedyLoop(session, config, args)
-        loop.run(None, new_tokens=8)  # warm-up
-        runs = sorted(loop.run(None) for _ in range(3))
+        engine = make_engine(session, config, args)  # capture off: the eager executor
+        greedy_run(engine, args, new_tokens=8)  # warm-up
+        runs = sorted(greedy_run(engine, args) for _ in range(3))
         ttft, decode_s, _ = sorted(runs, key=lambda r: r[1])[1]
         n = args.new_tokens - 1
         print(

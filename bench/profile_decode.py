@@ -19,9 +19,9 @@ import time
 from collections import Counter
 
 import torch
-from random_package import GreedyLoop, add_package_args, build_random_package, describe, open_package, static_pin
+from random_package import add_package_args, build_random_package, describe, greedy_run, make_engine, open_package
 
-from onnxgen.runtime.capture.runtime import CaptureRuntime
+from onnxgen.genai.engine import DecodeEngine
 
 LAUNCH_CALLS = {
     "cudaLaunchKernel", "cudaGraphLaunch", "cudaMemcpyAsync", "cudaStreamSynchronize", "cudaDeviceSynchronize",
@@ -29,14 +29,14 @@ LAUNCH_CALLS = {
 }  # fmt: skip
 
 
-def profile_steps(loop: GreedyLoop, runtime: CaptureRuntime | None, steps: int, label: str, top: int) -> None:
+def profile_steps(engine: DecodeEngine, args: argparse.Namespace, steps: int, label: str, top: int) -> None:
     from torch.profiler import ProfilerActivity, profile
 
-    loop.run(runtime, new_tokens=steps)  # warm (and for capture: record)
+    greedy_run(engine, args, new_tokens=steps)  # warm (and for capture: record)
     torch.cuda.synchronize()
     prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
     # decode steps only: the profiler starts once the prefill's token is back
-    ttft, decode_s, _ = loop.run(runtime, new_tokens=steps + 1, after_prefill=prof.start)
+    ttft, decode_s, _ = greedy_run(engine, args, new_tokens=steps + 1, after_prefill=prof.start)
     torch.cuda.synchronize()
     prof.stop()
     kernels: Counter[str] = Counter()
@@ -74,24 +74,23 @@ def main() -> None:
         build_s = build_random_package(args, tmp)
         session, config = open_package(args)
         print(f"{describe(args)}: built in {build_s:.1f} s")
-        loop = GreedyLoop(session, config, args)
-        profile_steps(loop, None, args.steps, "eager", args.top)
+        eager = make_engine(session, config, args)
+        profile_steps(eager, args, args.steps, "eager", args.top)
         if args.python_profile:
-            loop.run(None, new_tokens=4)
+            greedy_run(eager, args, new_tokens=4)
             profiler = cProfile.Profile()
             t0 = time.perf_counter()
             profiler.enable()
-            loop.run(None, new_tokens=args.steps + 1)
+            greedy_run(eager, args, new_tokens=args.steps + 1)
             profiler.disable()
             print(f"\n== cProfile of eager decode ({time.perf_counter() - t0:.3f} s for prefill + {args.steps} steps)")
             out = io.StringIO()
             pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(args.top)
             print(out.getvalue())
         if args.capture:
-            pin = static_pin(session, config) if args.kv == "static" else set()
-            runtime = CaptureRuntime(session.program, session.model, mode="on", pin=pin)
-            profile_steps(loop, runtime, args.steps, "captured", args.top)
-            print(runtime.stats.summary())
+            captured = make_engine(session, config, args, capture="on")
+            profile_steps(captured, args, args.steps, "captured", args.top)
+            print(captured.capture_stats.summary())
 
 
 if __name__ == "__main__":

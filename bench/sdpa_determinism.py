@@ -17,9 +17,11 @@ import time
 
 import torch
 import torch.nn.functional as F
-from random_package import GreedyLoop, add_package_args, build_random_package, open_package
+from random_package import add_package_args, build_random_package, open_package
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from onnxgen.genai.kv_cache import StaticKV
+from onnxgen.runtime.dtypes import ONNX_TO_TORCH
 from onnxgen.runtime.kernels import common
 
 
@@ -59,12 +61,13 @@ def eager_twice(steps: int) -> None:
         build_random_package(args, tmp)
         session, config = open_package(args)
         names = [o.name for o in session.program.outputs]
+        past = next(i for i in session.graph_inputs if i.name == config.past_key_name(0))
         cudnn = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION]
         cudnn += [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
         for label, backends in (("onnxgen's SDPA backends", None), ("cuDNN allowed", cudnn)):
             if backends is not None:
                 common.CUDA_SDPA_BACKENDS[:] = backends
-            kv = GreedyLoop(session, config, args).new_kv()
+            kv = StaticKV(config, ONNX_TO_TORCH[past.elem_type], session.device, args.context)
             ids = torch.randint(0, 1000, (1, 7), device="cuda")
             first_bad = None
             t0 = time.perf_counter()

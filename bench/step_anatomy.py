@@ -7,8 +7,9 @@ Per variant (environment as in step_sweep.py; one package, one process), after t
 capture_decode.py has warmed up and recorded:
 
 - ``loop``: the pipelined greedy loop's decode tok/s (median of --repeats), what every bench quotes;
-- ``host``: host time to enqueue one whole step (feeds, CaptureRuntime.run, argmax unless it runs in
-  the graph: ``ONNXGEN_SAMPLE_IN_GRAPH=0`` keeps it out, as a variant), measured while
+- ``host``: host time to enqueue one whole step of the decode engine (feeds, CaptureRuntime.run, the
+  sampler unless the argmax runs in the graph: ``--tail outside``, or ``ONNXGEN_SAMPLE_IN_GRAPH=0`` in a
+  variant, keeps it out), measured while
   a sleeping kernel holds the GPU so that nothing waits for the device;
 - ``gpu step``: GPU time of those same enqueued steps back to back (CUDA events after the sleep):
   the step with its eager work outside the graphs (mask/position updates and argmax, where they do not
@@ -36,10 +37,22 @@ from collections import defaultdict
 from collections.abc import Callable
 
 import torch
-from random_package import GreedyLoop, add_package_args, build_random_package, describe, open_package, static_pin
+from random_package import (
+    add_package_args,
+    build_random_package,
+    describe,
+    engine_switches,
+    greedy_run,
+    make_engine,
+    open_package,
+)
 from step_sweep import apply_env, parse_variant
 
+from onnxgen.genai.benchmark import prompt_ids
+from onnxgen.genai.engine import DecodeEngine
 from onnxgen.genai.kv_cache import StaticKV
+from onnxgen.genai.sampling import SamplingParams
+from onnxgen.genai.sequence import Sequence
 from onnxgen.runtime.capture.runtime import CaptureRuntime
 
 SLEEP_CYCLES = 1_500_000_000  # ~0.8 s at the H200's clock: far longer than the enqueues it hides
@@ -70,37 +83,36 @@ def behind_a_sleeping_gpu(work: Callable[[], None], steps: int) -> tuple[float, 
     return 1000 * host / steps, start.elapsed_time(end) / steps
 
 
-def rewind(loop: GreedyLoop) -> StaticKV:
-    """The loop's cache after a prompt's worth of (zero) rows, its feeds set for the next step: the
+def timed_sequence(engine: DecodeEngine, args: argparse.Namespace) -> Sequence:
+    """A greedy sequence of the bench's prompt, prefilled: the timed steps below step it on."""
+    ids = prompt_ids(engine.config.vocab_size, args.prompt_tokens)
+    sequence = engine.new_sequence(ids, SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True))
+    engine.prefill([sequence])
+    return sequence
+
+
+def rewind(engine: DecodeEngine, sequence: Sequence) -> StaticKV:
+    """The sequence's cache after a prompt's worth of (zero) rows, its feeds set for the next step: the
     timed steps and replays start there (a step tail moves the position on in every replay, so the
     graphs alone must not run past the rotary tables either)."""
-    kv = loop.static
-    assert kv is not None and loop.decode_ids is not None and loop.decode_pos is not None, "run the loop once first"
+    kv, feeds = sequence.kv, engine.decode_feeds
+    assert isinstance(kv, StaticKV) and feeds is not None, "a captured static-KV engine, prefilled"
+    ids, pos = feeds  # the engine's persistent feeds (the recording uses them in place)
     kv.reset()
-    kv.length = loop.args.prompt_tokens
+    kv.length = len(sequence.prompt_ids)
     kv.mask[:, : kv.length + 1] = 1
-    loop.decode_ids.zero_()
-    loop.decode_pos.fill_(kv.length)
+    ids.zero_()
+    pos.fill_(kv.length)
+    sequence.token, sequence.token_at = ids.view(()), None
+    sequence.prepared_at = kv.length if sequence.tail is not None else None  # the position and mask row are set
     return kv
 
 
-def enqueue_steps(loop: GreedyLoop, runtime: CaptureRuntime, steps: int) -> tuple[float, float]:
-    """(host ms per enqueued step, GPU ms per step) for ``steps`` single-token steps past the prompt."""
-    kv = rewind(loop)
-    ids, pos = loop.decode_ids, loop.decode_pos  # the loop's persistent feeds (the recording uses them in place)
-    assert ids is not None and pos is not None
-    tail = loop.tail_of(kv) if loop.sample_in_graph() else None
-
-    def step() -> None:
-        feeds = {"input_ids": ids, "attention_mask": kv.attention_mask(1, set_rows=tail is None), **kv.feeds()}
-        if "position_ids" in loop.inputs:
-            feeds["position_ids"] = pos if tail is not None else pos.fill_(kv.length)
-        out = runtime.run(feeds, tail=tail)
-        kv.update(out, 1)
-        if tail is None:
-            torch.argmax(out["logits"][0, -1], out=ids.view(()))
-
-    return behind_a_sleeping_gpu(step, steps)
+def enqueue_steps(engine: DecodeEngine, sequence: Sequence, steps: int) -> tuple[float, float]:
+    """(host ms per enqueued step, GPU ms per step) for ``steps`` single-token steps past the prompt:
+    the engine's own step (feeds, CaptureRuntime.run, the sampler unless the tail runs in the graph)."""
+    rewind(engine, sequence)
+    return behind_a_sleeping_gpu(lambda: engine.step([sequence]), steps)
 
 
 def replay_graphs(recs: list, steps: int) -> tuple[float, float]:
@@ -191,22 +203,23 @@ def main() -> int:
         build_s = build_random_package(args, os.path.join(tmp, "pkg"))
         print(f"{describe(args)}: built in {build_s:.1f} s", flush=True)
         session, config = open_package(args)
-        pin = static_pin(session, config) if args.kv == "static" else set()
-        loop = GreedyLoop(session, config, args)
         n = args.new_tokens - 1
         for name, env in variants:
             apply_env(env)
-            runtime = CaptureRuntime(session.program, session.model, mode="on", pin=pin)
+            # ONNXGEN_SAMPLE_IN_GRAPH / ONNXGEN_HOST_TOKENS in a variant are the engine's arguments
+            engine = make_engine(session, config, args, capture="on", **engine_switches(args, env))
+            runtime = engine.capture_runtime()
             start = time.perf_counter()
-            loop.run(runtime)
+            greedy_run(engine, args)
             while time.perf_counter() - start < args.warmup_s:  # clocks and caches settle, for every variant
-                loop.run(runtime)
-            runs = [loop.run(runtime) for _ in range(args.repeats)]
-            loop_ms = 1000 * statistics.median(r[1] for r in runs) / n
+                greedy_run(engine, args)
+            runs = [greedy_run(engine, args) for _ in range(args.repeats)]
+            loop_ms = 1000 * statistics.median(r.decode_s for r in runs) / n
+            sequence = timed_sequence(engine, args)
             with torch.inference_mode():
-                host_ms, gpu_step_ms = enqueue_steps(loop, runtime, args.steps)
+                host_ms, gpu_step_ms = enqueue_steps(engine, sequence, args.steps)
                 recs = recordings(runtime)
-                rewind(loop)
+                rewind(engine, sequence)
                 replay_host_ms, gpu_graph_ms = replay_graphs(recs, args.steps)
             print(
                 f"{name}: loop {loop_ms:.3f} ms/token ({1000 / loop_ms:.1f} tok/s) | host {host_ms:.3f} ms/step | "
@@ -216,7 +229,7 @@ def main() -> int:
             )
             if args.kernels:
                 with torch.inference_mode():
-                    rewind(loop)
+                    rewind(engine, sequence)
                     kernels = kernel_timeline(recs, args.profile_steps, os.path.join(tmp, f"{name}.json"))
                 print_timeline(kernels, args.profile_steps)
     return 0

@@ -22,9 +22,16 @@ import statistics
 import sys
 import tempfile
 
-from random_package import GreedyLoop, add_package_args, build_random_package, describe, open_package, static_pin
+from random_package import (
+    add_package_args,
+    build_random_package,
+    describe,
+    engine_switches,
+    greedy_run,
+    make_engine,
+    open_package,
+)
 
-from onnxgen.runtime.capture.runtime import CaptureRuntime
 from onnxgen.runtime.kernels import triton_support
 
 SWEPT_PREFIXES = (
@@ -74,8 +81,6 @@ def main() -> int:
         build_s = build_random_package(args, tmp)
         print(f"{describe(args)}: built in {build_s:.1f} s", flush=True)
         session, config = open_package(args)
-        pin = static_pin(session, config) if args.kv == "static" else set()
-        loop = GreedyLoop(session, config, args)
         first_tokens: list[int] | None = None
         n = args.new_tokens - 1
         for name, env in variants:
@@ -85,9 +90,10 @@ def main() -> int:
                 from onnxgen.runtime.capture.recorder import ReplayRecorder
 
                 recorder = ReplayRecorder()
-            runtime = CaptureRuntime(session.program, session.model, mode="on", recorder=recorder, pin=pin)
-            loop.run(runtime)  # warm-up: warm-up steps, recording, replays
-            runs = [loop.run(runtime) for _ in range(args.repeats)]
+            # ONNXGEN_SAMPLE_IN_GRAPH / ONNXGEN_HOST_TOKENS in a variant are the engine's arguments
+            engine = make_engine(session, config, args, capture="on", recorder=recorder, **engine_switches(args, env))
+            greedy_run(engine, args)  # warm-up: warm-up steps, recording, replays
+            runs = [greedy_run(engine, args) for _ in range(args.repeats)]
             decode_s = statistics.median(r[1] for r in runs)
             tokens = runs[0][2]
             first_tokens = first_tokens if first_tokens is not None else tokens

@@ -178,9 +178,10 @@ def test_chunked_prefill_matches_onnxruntime(smollm2_packages, capsys):
         return out
 
     generator.session.run_torch = spy
-    kv = generator._new_kv(len(ids) + 1)
+    sequence = generator.engine.new_sequence(ids, SamplingParams(max_new_tokens=1))
+    sequence.kv = generator.engine._new_kv(len(ids) + 1)
     with torch.inference_mode():
-        ours = generator._prefill(kv, torch.tensor([ids])).float().numpy()
+        ours = generator.engine._prefill(sequence, torch.tensor([ids])).float().numpy()
     assert rows == [128, 128, 44]  # never more than a chunk of logits rows at once
     err = capsys.readouterr().err
     assert "prefill" in err and "300 tok" in err
@@ -217,5 +218,5 @@ def test_dynamic_kv_grows_in_place_with_same_tokens(smollm2_packages):
     # 162 rows from a capacity of 64: 64 -> 128 -> 256, so three buffers over 150 steps
     assert len(storages) <= 3, f"{len(storages)} past buffers for {len(grown)} steps: the cache was copied"
     # the same tokens as the concatenating cache (present = cat(past, new), the onnxruntime-like layout)
-    generator._in_place = False
+    generator.engine._in_place = False
     assert list(generator.generate_ids(ids, params)) == grown

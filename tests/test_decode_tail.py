@@ -206,8 +206,8 @@ def test_generator_tail_fills_the_cache_to_its_last_row(package) -> None:
     """A generation that ends on the cache's last row: the tail's mask entry stays inside the buffer."""
     eager = Generator(package, kv="static", capture="off")
     generator = Generator(package, kv="static", capture="verify", recorder=ReplayRecorder(), verify_steps=100)
-    generator._static_capacity = lambda total: CAPACITY  # type: ignore[method-assign]
-    eager._static_capacity = lambda total: CAPACITY  # type: ignore[method-assign]
+    generator.engine._static_capacity = lambda total: CAPACITY  # type: ignore[method-assign]
+    eager.engine._static_capacity = lambda total: CAPACITY  # type: ignore[method-assign]
     ids = [3, 141, 59, 26]
     params = SamplingParams(max_new_tokens=CAPACITY - len(ids), ignore_eos=True)
     assert list(generator.generate_ids(ids, params)) == list(eager.generate_ids(ids, params))
@@ -259,7 +259,7 @@ def test_gpu_generator_tokens_with_the_tail_in_the_graph(package) -> None:
         assert stats.tail == ("in the graph" if in_graph else ""), kw
         assert stats.replays > 0 and stats.invalidations == 0, kw
         if in_graph:  # the kernel stores each token in pinned host memory: no copy in the stream
-            assert generator._tail is not None and generator._tail.writes_host, kw
+            assert generator.engine._tail is not None and generator.engine._tail.writes_host, kw
 
 
 @pytest.mark.gpu

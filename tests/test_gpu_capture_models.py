@@ -61,7 +61,7 @@ def predicted_segments(package: Path, generator: Generator) -> int:
     """What `onnxgen show PKG --capture --device cuda [--bind ...]` prints for the generator's binding."""
     bind = ""
     if generator.kv_kind == "static":
-        capacity = generator._static_kv.capacity
+        capacity = generator.engine._static_kv.capacity
         bind = f"past_sequence_length={capacity},total_sequence_length={capacity}"
     report = json.loads(capture_report(generator.config.model_file, bind=bind or None, as_json=True, device="cuda"))
     return int(report["segments"])

@@ -18,8 +18,9 @@ import pytest
 import torch
 
 from onnxgen.errors import InvalidInputError
-from onnxgen.genai import generator as generator_module
-from onnxgen.genai.generator import CpuHostRead, Generator
+from onnxgen.genai import engine as engine_module
+from onnxgen.genai.generator import Generator
+from onnxgen.genai.host_read import CpuHostRead
 from onnxgen.genai.sampling import SamplingParams
 from onnxgen.models.builder import build_package
 from onnxgen.models.random_source import TINY_CONFIGS, RandomSource
@@ -210,15 +211,15 @@ def test_step_n_plus_1_is_enqueued_before_token_n_is_read(package, monkeypatch) 
     past max_new_tokens."""
     log: list[str] = []
     LoggingRead.log = log
-    monkeypatch.setattr(generator_module, "host_read", lambda device, host_tokens=None: LoggingRead())
+    monkeypatch.setattr(engine_module, "host_read", lambda device, host_tokens=None: LoggingRead())
     pipelined = make(package, True)
-    original = pipelined._step
+    original = pipelined.engine._forward
 
-    def step(kv, ids, tail=None):
+    def step(sequence, ids, tail=None):
         log.append("prefill" if ids.shape[1] > 1 else "step")
-        return original(kv, ids, tail)
+        return original(sequence, ids, tail)
 
-    pipelined._step = step  # type: ignore[method-assign]
+    pipelined.engine._forward = step  # type: ignore[method-assign]
     tokens = list(pipelined.generate_ids(PROMPT, with_(GREEDY, max_new_tokens=4)))
     assert len(tokens) == 4
     assert log == ["prefill", "start", "wait", "step"] + ["start", "step", "wait"] * 2 + ["start", "wait"]
@@ -243,16 +244,16 @@ def test_a_failing_step_raises_after_the_same_tokens(package) -> None:
     """An error while enqueuing step N+1 surfaces where the sequential loop raises it: after token N."""
 
     def failing(generator: Generator, at: int) -> Generator:
-        original, calls = generator._step, {"n": 0}
+        original, calls = generator.engine._forward, {"n": 0}
 
-        def step(kv, ids, tail=None):
+        def step(sequence, ids, tail=None):
             if ids.shape[1] == 1:
                 calls["n"] += 1
                 if calls["n"] == at:
                     raise RuntimeError("boom")
-            return original(kv, ids, tail)
+            return original(sequence, ids, tail)
 
-        generator._step = step  # type: ignore[method-assign]
+        generator.engine._forward = step  # type: ignore[method-assign]
         return generator
 
     for at in (1, 2, 4):
@@ -284,7 +285,7 @@ def test_pipeline_argument(package) -> None:
 
 
 def decode_feeds(generator: Generator) -> dict[str, torch.Tensor]:
-    kv = generator._new_kv(16)
+    kv = generator.engine._new_kv(16)
     io = generator.config.io
     return {io.input_ids: torch.tensor([[5]]), io.attention_mask: kv.attention_mask(1), **kv.feeds()}
 
@@ -293,8 +294,8 @@ def test_feed_check_memo_never_skips_a_different_layout(package) -> None:
     generator = make(package, False)
     session = generator.session
     feeds = decode_feeds(generator)
-    assert session._check_feeds_repeated(feeds).keys() == feeds.keys()
-    assert session._check_feeds_repeated(feeds) is feeds  # the same layout: passed through unchecked
+    assert session.check_feeds_repeated(feeds).keys() == feeds.keys()
+    assert session.check_feeds_repeated(feeds) is feeds  # the same layout: passed through unchecked
     name = generator.config.past_key_name(1)
     bad = [
         {**feeds, name: feeds[name][:, :, :-1]},  # capacity differs from the other layers
@@ -308,8 +309,8 @@ def test_feed_check_memo_never_skips_a_different_layout(package) -> None:
         with pytest.raises(InvalidInputError):
             session._check_feeds(wrong)
         with pytest.raises(InvalidInputError):
-            session._check_feeds_repeated(wrong)
-    assert session._check_feeds_repeated({**feeds, "input_ids": torch.tensor([[9]])}) is not feeds
+            session.check_feeds_repeated(wrong)
+    assert session.check_feeds_repeated({**feeds, "input_ids": torch.tensor([[9]])}) is not feeds
 
 
 def old_key_of(runtime: CaptureRuntime, feeds) -> tuple:
@@ -328,8 +329,7 @@ def old_key_of(runtime: CaptureRuntime, feeds) -> tuple:
 def test_key_of_unchanged(package) -> None:
     generator = make(package, False)
     feeds = decode_feeds(generator)
-    kv = generator._new_kv(16)
-    runtime = generator._capture_runtime(kv)
+    runtime = generator.engine.capture_runtime()
     name = generator.config.past_key_name(2)
     variants = [
         feeds,
@@ -382,34 +382,86 @@ def test_guard_is_the_per_binding_check() -> None:
 
 
 def test_bench_greedy_loop_pipelined_matches_sequential(package, monkeypatch) -> None:
+    """The benches' greedy runs (the decode engine, random_package.greedy_run): pipelined or not, the
+    tail in the graph or outside, pinned or copied host tokens, the tokens of eager decoding."""
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    from random_package import GreedyLoop, open_package, static_pin
+    from random_package import greedy_run, make_engine, open_package
 
     results = {}
-    for no_pipeline, in_graph in ((True, "1"), (False, "1"), (False, "0")):
-        monkeypatch.setenv("ONNXGEN_SAMPLE_IN_GRAPH", in_graph)
+    for no_pipeline, tail, host_tokens in ((True, "graph", "pinned"), (False, "graph", "pinned"),
+                                           (False, "outside", "pinned"), (False, "graph", "copy")):  # fmt: skip
         args = argparse.Namespace(
             package_dir=package, device="cpu", kv="static", context=64, prompt_tokens=5, new_tokens=12,
-            no_pipeline=no_pipeline,
+            no_pipeline=no_pipeline, tail=tail, host_tokens=host_tokens,
         )  # fmt: skip
         session, config = open_package(args)
-        runtime = CaptureRuntime(
-            session.program, session.model, recorder=ReplayRecorder(), pin=static_pin(session, config)
-        )
-        loop = GreedyLoop(session, config, args)
-        assert loop.pipelined(runtime) == (not no_pipeline) and not loop.pipelined(None)
+        engine = make_engine(session, config, args, capture="on", recorder=ReplayRecorder())
+        assert engine.pipelined == (not no_pipeline) and not make_engine(session, config, args).pipelined
+        assert engine.sample_in_graph == (tail == "graph") and engine.host_tokens == (host_tokens == "pinned")
         out = []
         for n in (1, 2, 3, 12):
-            ttft, decode_s, tokens = loop.run(runtime, new_tokens=n)
+            ttft, decode_s, tokens = greedy_run(engine, args, new_tokens=n)
             assert len(tokens) == n and ttft > 0 and decode_s >= 0
             out.append(tokens)
-        results[no_pipeline, in_graph] = out
-        assert runtime.stats.replays > 0
-        assert runtime.stats.steps == 0 + 1 + 2 + 11  # n - 1 decode steps per run: none past the last token
-        assert runtime.stats.tail == ("in the graph" if in_graph == "1" else "")
-        eager = [loop.run(None, new_tokens=n)[2] for n in (1, 2, 3, 12)]  # the oracle: eager steps, host argmax
-        assert out == eager, (no_pipeline, in_graph)
+        results[no_pipeline, tail, host_tokens] = out
+        stats = engine.capture_stats
+        assert stats.replays > 0
+        assert stats.steps == 0 + 1 + 2 + 11  # n - 1 decode steps per run: none past the last token
+        assert stats.tail == ("in the graph" if tail == "graph" else "")
+        eager = make_engine(session, config, args)  # the oracle: eager steps, the sampler's argmax
+        assert out == [greedy_run(eager, args, new_tokens=n).tokens for n in (1, 2, 3, 12)], (no_pipeline, tail)
     assert len({str(v) for v in results.values()}) == 1
+
+
+def test_bench_variant_names_map_to_engine_switches(monkeypatch) -> None:
+    """``--variant name:ONNXGEN_SAMPLE_IN_GRAPH=0`` (step_sweep.py, step_anatomy.py) still works: the two
+    names are the engine's arguments now, over --tail / --host-tokens."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from random_package import engine_switches
+
+    args = argparse.Namespace(tail="graph", host_tokens="pinned")
+    assert engine_switches(args) == {"sample_in_graph": True, "host_tokens": True}
+    assert engine_switches(args, {"ONNXGEN_SAMPLE_IN_GRAPH": "0"}) == {"sample_in_graph": False, "host_tokens": True}
+    assert engine_switches(args, {"ONNXGEN_HOST_TOKENS": "0", "ONNXGEN_PDL": "0"}) == {
+        "sample_in_graph": True,
+        "host_tokens": False,
+    }
+    copied = argparse.Namespace(tail="outside", host_tokens="copy")
+    assert engine_switches(copied) == {"sample_in_graph": False, "host_tokens": False}
+    assert engine_switches(copied, {"ONNXGEN_SAMPLE_IN_GRAPH": "1"})["sample_in_graph"]
+
+
+def test_step_anatomy_steps_replay_the_engines_recording(package, monkeypatch) -> None:
+    """bench/step_anatomy.py times the engine's own step on a rewound sequence: the steps replay the
+    recording the greedy runs made (no invalidation), a rewind starts them over, and the tail in the
+    graph or outside makes the same tokens."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from random_package import greedy_run, make_engine, open_package
+    from step_anatomy import rewind, timed_sequence
+
+    runs = []
+    for tail in ("graph", "outside"):
+        args = argparse.Namespace(
+            package_dir=package, device="cpu", kv="static", context=64, prompt_tokens=5, new_tokens=12,
+            no_pipeline=False, tail=tail, host_tokens="pinned",
+        )  # fmt: skip
+        session, config = open_package(args)
+        engine = make_engine(session, config, args, capture="on", recorder=ReplayRecorder())
+        greedy_run(engine, args)  # warm-up and recording
+        sequence = timed_sequence(engine, args)
+        with torch.inference_mode():
+            for _ in range(2):
+                kv = rewind(engine, sequence)
+                before = engine.capture_stats.replays
+                tokens = []
+                for _ in range(6):
+                    engine.step([sequence])
+                    tokens.append(int(sequence.token))
+                assert kv.length == 5 + 6 and engine.capture_stats.replays == before + 6
+                runs.append(tokens)
+        assert engine.capture_stats.invalidations == 0
+        assert (sequence.tail is not None) == (tail == "graph")
+    assert all(r == runs[0] for r in runs)
 
 
 # -- CUDA (pytest -m gpu) -------------------------------------------------------------------------
@@ -446,7 +498,7 @@ def test_decode_feeds_ids_and_positions_in_place(package, pipeline: bool) -> Non
         assert run(generator, params) == run(eager, params)
     io = generator.config.io
     # greedy's recordings hold its step tail, the sampled run's none: one program each
-    programs = list(generator._capture.keys.values())
+    programs = list(generator.engine.capture_runtime().keys.values())
     assert sorted(p.tail is not None for p in programs) == [False, True]
     for captured in programs:
         bindings = {name: b for per_segment in captured.bindings.values() for name, b in per_segment.items()}

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from onnxgen.runtime.kernels.triton_support import triton_serves
+from onnxgen.runtime import argmax_advance, device_kernels_available
 
 
 class GreedyTail:
@@ -43,13 +43,13 @@ class GreedyTail:
         if host_tokens is not None and (host_tokens.dtype != torch.int64 or host_tokens.numel() != mask.shape[1] + 1):
             raise ValueError(f"host_tokens must be {mask.shape[1] + 1} int64 values (the capacity + 1)")
         self.host_tokens = host_tokens
-        self.writes_host = host_tokens is not None and triton_serves(mask) and host_tokens.is_pinned()
+        self.writes_host = host_tokens is not None and device_kernels_available(mask) and host_tokens.is_pinned()
 
     @staticmethod
     def host_tokens_for(capacity: int, device: torch.device) -> torch.Tensor | None:
         """Pinned host memory for the tokens of a ``capacity``-row cache, or None where the kernel
         cannot write it (a CPU device: there is no copy to save)."""
-        if device.type != "cuda" or not triton_serves(torch.empty(0, device=device)):
+        if device.type != "cuda" or not device_kernels_available(torch.empty(0, device=device)):
             return None
         return torch.zeros(capacity + 1, dtype=torch.int64, pin_memory=True)
 
@@ -59,12 +59,10 @@ class GreedyTail:
     def apply(self, outputs: Mapping[str, Any], state: Mapping[str, torch.Tensor]) -> None:
         row = outputs[self.logits][0, -1][: self.vocab_size]
         ids, pos, mask = state["ids"], state["pos"], state["mask"]
-        if triton_serves(row) and row.is_contiguous():
-            from onnxgen.runtime.kernels.triton_greedy import greedy_advance
-
+        if device_kernels_available(row) and row.is_contiguous():
             # verify mode's eager reference advances a copy of the state: it leaves the host tokens alone
             host = self.host_tokens if self.writes_host and state is self._state else None
-            greedy_advance(row, ids, pos, mask, host)
+            argmax_advance(row, ids, pos, mask, host)
             return
         torch.argmax(row, out=ids.view(()))
         pos.add_(1)

@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -17,6 +17,9 @@ from onnxgen.runtime.dtypes import NUMPY_TO_TORCH, ONNX_TO_TORCH, numpy_to_torch
 from onnxgen.runtime.executor import GraphProgram, ValueInfo, compile_model
 from onnxgen.runtime.fusion import fuse_for_device, pack_matmul_groups
 from onnxgen.runtime.model_io import load_model, parse_model_bytes
+
+if TYPE_CHECKING:
+    from onnxgen.runtime.capture.runtime import CaptureRuntime
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,7 @@ class InferenceSession:
         self._inputs = [vi for vi in self.program.inputs if vi.name not in inits]
         self._optional_inputs = {vi.name for vi in self.program.inputs if vi.name in inits}
         self._outputs = self.program.outputs
-        self._checked_layouts: set[tuple[Any, ...]] = set()  # see _check_feeds_repeated
+        self._checked_layouts: set[tuple[Any, ...]] = set()  # see check_feeds_repeated
         # what run() must not hand out uncopied (after pack_matmul_groups: the tensors that stay)
         self._persistent_storages = frozenset(persistent_storages(self.program))
         self._written_inputs = written_inputs(self.program, {vi.name for vi in self._inputs})
@@ -119,6 +122,29 @@ class InferenceSession:
 
     def get_providers(self) -> list[str]:
         return ["CUDAExecutionProvider" if self.device.type == "cuda" else "CPUExecutionProvider"]
+
+    @property
+    def graph_inputs(self) -> list[ValueInfo]:
+        """Every declared graph input (name, ONNX element type, shape, type string), also those an
+        initializer backs (optional feeds, which ``get_inputs`` leaves out as onnxruntime does)."""
+        return list(self.program.inputs)
+
+    def capture_runtime(
+        self,
+        *,
+        mode: str = "on",
+        recorder: Any = None,
+        pin: set[str] | tuple[str, ...] = (),
+        verify_steps: int = 8,
+    ) -> CaptureRuntime:
+        """A CaptureRuntime over this session's program: captured runs of its repeated step (CUDA
+        graphs; ``recorder``: a stand-in such as capture.recorder.ReplayRecorder on the CPU). ``pin``:
+        the graph-input symbols the caller holds fixed (a fixed-capacity cache's length and mask width)."""
+        from onnxgen.runtime.capture.runtime import CaptureRuntime
+
+        return CaptureRuntime(
+            self.program, self.model, mode=mode, recorder=recorder, pin=pin, verify_steps=verify_steps
+        )
 
     # -- running ---------------------------------------------------------------------------
 
@@ -205,8 +231,8 @@ class InferenceSession:
             checked[name] = value
         return checked
 
-    def _check_feeds_repeated(self, feeds: Mapping[str, Any]) -> Mapping[str, Any]:
-        """``_check_feeds`` for a step that repeats every token (the captured decode step).
+    def check_feeds_repeated(self, feeds: Mapping[str, Any]) -> Mapping[str, Any]:
+        """``_check_feeds`` for a step run again and again with one feed layout (a captured decode step).
 
         _check_feeds' verdict depends only on the feed names, their order (which input binds a symbol
         first) and each tensor's shape, dtype and device; other values pass through untouched. So once

@@ -1,0 +1,454 @@
+"""The decode engine: token ids in, token ids out. The one decode loop of onnxgen.
+
+It owns what a decoder's generation needs below text: the KV state (kv_cache.py: DynamicKV,
+GrowingKV, StaticKV), the captured single-token step (a CaptureRuntime from the session), the
+persistent feeds that step is fed in place, the step tail that samples inside the graph
+(decode_tail.py), chunked prefill on the CPU, and the pipelined loop (step N+1 enqueued before
+token N is read, host_read.py). The Generator (text, chat templates, stop strings, streaming) and
+every bench drive it; none of them keeps a copy of this loop.
+
+Batches: every entry point takes a list of ``Sequence``s, so a scheduler can hand it a running
+batch later. Today only a batch of one sequence is supported; more raise ``BatchNotSupportedError``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
+
+import onnx
+import torch
+
+from onnxgen.errors import InvalidInputError
+from onnxgen.genai.decode_tail import GreedyTail
+from onnxgen.genai.host_read import HostRead, host_read
+from onnxgen.genai.kv_cache import DynamicKV, GrowingKV, StaticKV, past_feeds_attention_in_place
+from onnxgen.genai.package import PackageConfig
+from onnxgen.genai.package_checks import growing_kv
+from onnxgen.genai.sampling import LogitsSampler, SamplingParams
+from onnxgen.genai.sequence import Sequence
+from onnxgen.runtime.capture.stats import CaptureStats
+from onnxgen.runtime.dtypes import ONNX_TO_TORCH
+from onnxgen.runtime.session import InferenceSession
+
+if TYPE_CHECKING:
+    from onnxgen.runtime.capture.runtime import CaptureRuntime
+
+KV = DynamicKV | GrowingKV | StaticKV
+
+
+class BatchNotSupportedError(InvalidInputError):
+    """More than one sequence was handed to the engine: it decodes one sequence at a time so far."""
+
+
+class DecodeEngine:
+    """Decodes sequences of token ids with one session.
+
+    ``kv``: "auto" (static where the package shares its KV buffer, else dynamic), "static" or
+    "dynamic". ``capture``: None (on with CUDA, off on the CPU), "on", "off" or "verify"; a CPU
+    ``recorder`` (capture.recorder.ReplayRecorder) stands in for CUDA graphs in tests and smoke runs.
+    ``pipeline``: "auto" (on with CUDA, static KV and capture on/verify), "on" (True) or "off" (False).
+    ``sample_in_graph``: plain greedy decoding of a captured static-KV step runs its argmax, next
+    position and mask row in the step's tail, inside the graph (False: between the steps).
+    ``host_tokens``: that tail also stores each token in pinned host memory, so the host reads it
+    without a copy in the stream (False: the loop copies each token to the host). ``kv_capacity``:
+    a fixed static-cache size (the benches), kept from run to run; None sizes it per generation.
+    ``package_model``: the graph as the package holds it, before the session's device rewrites (what
+    the static-KV check names in its error); default: the session's.
+    """
+
+    prefill_chunk = 256  # prompt tokens per CPU prefill step (_prefill); 0: one step
+    prefill_progress_tokens: int | None = 1024  # prompts this long show prefill progress on stderr
+
+    def __init__(
+        self,
+        session: InferenceSession,
+        config: PackageConfig,
+        *,
+        kv: str = "auto",
+        capture: str | None = None,
+        recorder: object = None,
+        verify_steps: int = 8,
+        pipeline: str | bool = "auto",
+        sample_in_graph: bool = True,
+        host_tokens: bool = True,
+        kv_capacity: int | None = None,
+        package_model: onnx.ModelProto | None = None,
+    ):
+        self.session = session
+        self.config = config
+        self.device = session.device
+        inputs = {i.name: i for i in session.graph_inputs}
+        io = config.io
+        self.has_mask = bool(io.attention_mask) and io.attention_mask in inputs
+        self.has_positions = bool(io.position_ids) and io.position_ids in inputs
+        self._past = inputs[config.past_key_name(0)]
+        self.kv_dtype = ONNX_TO_TORCH[self._past.elem_type]
+        if kv == "auto":
+            kv = "static" if config.share_buffer else "dynamic"
+        if kv not in ("static", "dynamic"):
+            raise InvalidInputError(f"kv must be 'auto', 'static' or 'dynamic', got {kv!r}")
+        if kv == "static" and not self.has_mask:
+            raise InvalidInputError("static KV needs an attention_mask input to carry the valid length")
+        graph = (package_model or session.model).graph
+        growing = growing_kv(config, list(graph.node)) if kv == "static" else None
+        if growing:
+            raise InvalidInputError(
+                f"kv static needs a decoder that writes each step's KV rows in place into a fixed buffer "
+                f"(com.microsoft GroupQueryAttention with past and present sharing it), but {growing}: "
+                "its KV grows every step; use kv 'dynamic' (or 'auto')"
+            )
+        self.kv_kind = kv
+        # CUDA graphs for the single-token decode step (prefill stays eager): on by default on CUDA,
+        # off on the CPU (a test passes a CPU ReplayRecorder to exercise the logic there)
+        self.capture = capture or ("on" if self.device.type == "cuda" else "off")
+        self.capture_recorder = recorder
+        self.verify_steps = verify_steps
+        if self.capture not in ("on", "off", "verify"):
+            raise InvalidInputError(f"capture must be 'on', 'off' or 'verify', got {self.capture!r}")
+        if self.capture != "off" and self.device.type != "cuda" and recorder is None:
+            raise InvalidInputError("capture needs CUDA graphs: use capture='off' on the CPU")
+        mode = {True: "on", False: "off"}[pipeline] if isinstance(pipeline, bool) else pipeline
+        if mode not in ("auto", "on", "off"):
+            raise InvalidInputError(f"pipeline must be 'auto', 'on' or 'off' (or True/False), got {pipeline!r}")
+        if mode == "on" and self.kv_kind != "static":
+            # dynamic KV: the next step's feeds are this step's present outputs, and its graph is not
+            # captured; keep the sequential loop there
+            raise InvalidInputError("pipeline='on' needs static KV (kv='static'); dynamic KV decodes sequentially")
+        self.pipeline = mode
+        self.pipelined = mode == "on" or (
+            mode == "auto" and self.device.type == "cuda" and self.kv_kind == "static" and self.capture != "off"
+        )
+        self.sample_in_graph = bool(sample_in_graph)
+        self.host_tokens = bool(host_tokens)
+        self.kv_capacity = kv_capacity
+        self._capture: CaptureRuntime | None = None
+        self._in_place: bool | None = None  # see _grows_in_place
+        self._static_kv: StaticKV | None = None
+        self._decode_feeds: tuple[torch.Tensor, torch.Tensor] | None = None  # see _decode_buffers
+        self._tail: GreedyTail | None = None  # of the static cache it was made for (its mask)
+
+    # -- sequences -------------------------------------------------------------------------
+
+    def new_sequence(self, prompt_ids: list[int], params: SamplingParams, stop_ids: Iterable[int] = ()) -> Sequence:
+        """A sequence for ``prompt_ids`` (checked by the caller: ints in the vocabulary, shorter than
+        the context). It stops at ``params.max_new_tokens`` (at most what the context leaves room
+        for) or at a token of ``stop_ids`` (unless ``params.ignore_eos``); the stop id is counted in
+        the stats but not handed out."""
+        room = self.config.context_length - len(prompt_ids)
+        max_new = min(params.max_new_tokens or room, room)
+        sequence = Sequence(
+            prompt_ids=list(prompt_ids),
+            sampler=LogitsSampler(params, self.config.vocab_size, self.device),
+            max_new_tokens=max_new,
+            limit_reason="length" if max_new < room else "context full",
+            stop_ids=frozenset() if params.ignore_eos else frozenset(stop_ids),
+        )
+        sequence.stats.prompt_tokens = len(prompt_ids)
+        sequence.stats.kv = self.kv_kind
+        return sequence
+
+    @staticmethod
+    def _one(sequences: list[Sequence]) -> Sequence:
+        if len(sequences) != 1:
+            raise BatchNotSupportedError(
+                f"the decode engine runs one sequence at a time so far; got a batch of {len(sequences)}"
+            )
+        return sequences[0]
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def generate(self, sequences: list[Sequence], after_first_read: Callable[[], None] | None = None) -> Iterator[int]:
+        """Runs the sequences to their end, yielding each new token id as the host reads it (the
+        stop id excepted); fills in their ``generated``, ``done`` and ``stats``.
+
+        Raises NonFiniteLogitsError where the model's logits are NaN or infinite. Checked: the first
+        token on every path (its logits row's maximum, or the draw's probabilities), and every later
+        token the sampler picks between the steps (its row's maximum on the device, folded into the
+        token the host reads anyway; the sampled draw's own check). Not checked: the tokens that a
+        captured greedy step's tail picks (sample_in_graph), where such a row yields the index of a
+        NaN as argmax does. ``after_first_read()``: called once the first token is on the host,
+        before it is counted (a profiler starts there; its time is TTFT's, not decode's)."""
+        sequence = self._one(sequences)
+        self.prefill([sequence])
+        with torch.inference_mode():
+            tail = sequence.tail
+            if self.pipelined and isinstance(sequence.kv, StaticKV):
+                host = tail.host_tokens if tail is not None and tail.writes_host else None
+                reader = host_read(self.device, host)
+                yield from self._decode_pipelined(sequence, reader, after_first_read)
+                return
+            stats = sequence.stats
+            while True:
+                token_id = LogitsSampler.check(sequence.token)  # the one device-to-host read per token
+                if stats.new_tokens == 0 and after_first_read is not None:
+                    after_first_read()
+                stats.count_token(sequence.started_at)
+                if token_id in sequence.stop_ids:
+                    sequence.finish("eos")
+                    return
+                sequence.generated.append(token_id)
+                yield token_id
+                if stats.new_tokens >= sequence.max_new_tokens:
+                    sequence.finish(sequence.limit_reason)
+                    return
+                self.step([sequence])
+
+    def prefill(self, sequences: list[Sequence]) -> None:
+        """Each sequence's prompt steps, in a fresh KV state; its first new token is then on the
+        device (``sequence.token``), and ``sequence.tail`` the step tail of its decode steps (None:
+        the sampler runs between them). The KV state is made outside inference mode (a reused
+        static cache is written in place later), the steps run inside it."""
+        sequence = self._one(sequences)
+        kv = sequence.kv = self._new_kv(len(sequence.prompt_ids) + sequence.max_new_tokens)
+        sequence.prepared_at = None
+        ids = torch.tensor([sequence.prompt_ids], dtype=torch.int64, device=self.device)
+        sequence.sampler.observe(ids)
+        sequence.started_at = time.perf_counter()
+        with torch.inference_mode():
+            out = self._token_out(kv)
+            sequence.token = sequence.sampler.sample(self._prefill(sequence, ids), out=out)
+            sequence.token_at = None
+            sequence.tail = self._tail_for(sequence)
+
+    def step(self, sequences: list[Sequence]) -> None:
+        """Enqueues one decode step per sequence, fed its newest token (on the device); the next
+        token is then ``sequence.token`` (sampled after the step, or by the step's tail, which also
+        stored it in pinned host memory at ``sequence.token_at`` where it writes the host). Nothing
+        is read to the host. Call under torch.inference_mode, after ``prefill``."""
+        sequence = self._one(sequences)
+        kv, token, tail = sequence.kv, sequence.token, sequence.tail
+        assert kv is not None and token is not None, "step() before prefill()"
+        sequence.sampler.observe(token.reshape(1))
+        logits = self._forward(sequence, token.reshape(1, 1), tail)
+        if tail is not None:  # the step's tail wrote it, at the new position
+            sequence.token = tail.state()["ids"].view(())
+            sequence.token_at = kv.length if tail.writes_host else None
+            return
+        sequence.token = sequence.sampler.sample(logits, out=self._token_out(kv))
+        sequence.token_at = None
+
+    def _decode_pipelined(
+        self, sequence: Sequence, reader: HostRead, after_first_read: Callable[[], None] | None
+    ) -> Iterator[int]:
+        """generate's loop with one step of lookahead: once token N exists on the device (sampled,
+        its host read started), step N+1 is enqueued from that device tensor, and only then does the
+        host wait for token N. Same tokens, stop reasons and stats as the sequential loop:
+
+        - a step is enqueued only for a token after which one more may come (N < max_new), so no step
+          runs past max_new_tokens or the context;
+        - the first token is read before the next step is built (then enqueued before it is handed
+          out): TTFT stays prefill + first read, and a first decode step that warms up or records the
+          capture is not counted in it;
+        - a stop id is seen when the token is read: the lookahead step already enqueued is dropped.
+          It wrote one KV row past this generation's end into the static cache, which the next
+          generation resets (``_new_kv``), as it does when the consumer stops iterating early;
+        - an error raised while enqueuing step N+1 surfaces after token N is handed out (or not at
+          all if token N is a stop id), where the sequential loop would have raised it.
+
+        ``reader`` reads the token on the device, from the copy it starts or, where the step's tail
+        stored it in the reader's pinned host tokens (``sequence.token_at``), with no copy to wait
+        for. ``sampler.observe`` and the sampling stay on the device, in stream order with the steps."""
+        stats = sequence.stats
+        max_new = sequence.max_new_tokens
+        token, at = sequence.token, sequence.token_at
+        assert token is not None
+        ahead: tuple[torch.Tensor, int | None] | None = None
+
+        def try_advance() -> Exception | None:
+            """step(); an error is returned, to be raised after the token."""
+            nonlocal ahead
+            try:
+                self.step([sequence])
+            except Exception as exc:
+                return exc
+            assert sequence.token is not None
+            ahead = (sequence.token, sequence.token_at)
+            return None
+
+        while True:
+            n = stats.new_tokens + 1  # the token on the device is the n-th new one
+            reader.start(token, at)  # before step n+1 is enqueued: the wait below is for token n only
+            failed = try_advance() if 1 < n < max_new else None
+            token_id = LogitsSampler.check(reader.wait())
+            if n == 1 and after_first_read is not None:
+                after_first_read()
+            stats.count_token(sequence.started_at)
+            if token_id in sequence.stop_ids:
+                sequence.finish("eos")
+                return
+            if n == 1 and n < max_new:  # the first token is back: its step runs while it is handed out
+                failed = try_advance()
+            sequence.generated.append(token_id)
+            yield token_id
+            if failed is not None:
+                raise failed
+            if n >= max_new:
+                sequence.finish(sequence.limit_reason)
+                return
+            assert ahead is not None
+            token, at = ahead
+
+    # -- KV state and the step's feeds ------------------------------------------------------
+
+    def _static_capacity(self, total: int) -> int:
+        """KV rows for a generation of ``total`` tokens: ``kv_capacity`` where fixed, else the next
+        power of two (at least 256), at most the context. On CUDA the attention spans the whole
+        buffer (fixed shapes for capture), so a buffer sized for the full context would cost every
+        step; a few sizes keep recordings reusable."""
+        if self._past.shape and isinstance(self._past.shape[2], int):
+            return self._past.shape[2]  # a graph built for a fixed buffer length
+        if self.kv_capacity is not None:
+            return self.kv_capacity
+        context = self.config.context_length
+        return min(context, max(256, 1 << max(0, total - 1).bit_length()))
+
+    def _new_kv(self, total: int) -> KV:
+        if self.kv_kind == "static":
+            capacity = self._static_capacity(total)
+            if self.capture == "off" and self.kv_capacity is None:
+                return StaticKV(self.config, self.kv_dtype, self.device, capacity)
+            # captured decode reads the KV buffers at fixed addresses: keep one cache, reset in
+            # place (a new one would invalidate the recording and cost a re-record per generation);
+            # a fixed capacity keeps it eagerly too (the benches' runs share one cache)
+            kv = self._static_kv
+            if kv is None or kv.capacity != capacity:
+                kv = self._static_kv = StaticKV(self.config, self.kv_dtype, self.device, capacity)
+            kv.reset()
+            return kv
+        if self._grows_in_place():
+            return GrowingKV(self.config, self.kv_dtype, self.device, limit=self.config.context_length)
+        return DynamicKV(self.config, self.kv_dtype, self.device)
+
+    def _grows_in_place(self) -> bool:
+        """Dynamic KV on the CPU keeps spare rows (GrowingKV) where the graph's attention writes in
+        place; CUDA keeps DynamicKV (its attention spans the whole past buffer: spare rows would cost)."""
+        if self._in_place is None:
+            self._in_place = (
+                self.device.type == "cpu"
+                and self.has_mask
+                and past_feeds_attention_in_place(self.session.model.graph, self.config)
+            )
+        return self._in_place
+
+    def _decode_buffers(self, kv: KV) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(token ids [1, 1], positions [1, 1]) fed to every captured one-token step with static KV:
+        the same device tensors each step, so the capture uses them in place (no copy into its
+        bindings), and the sampler writes the next token straight into the ids. None elsewhere."""
+        if kv.kind != "static" or self.capture == "off":
+            return None
+        if self._decode_feeds is None:
+            ids = torch.zeros((1, 1), dtype=torch.int64, device=self.device)
+            self._decode_feeds = (ids, torch.zeros_like(ids))
+        return self._decode_feeds
+
+    @property
+    def decode_feeds(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The persistent (token ids, positions) feeds of the captured one-token step, once made
+        (``_decode_buffers``); a bench that rewinds a sequence sets them (bench/step_anatomy.py)."""
+        return self._decode_feeds
+
+    def _token_out(self, kv: KV) -> torch.Tensor | None:
+        """Where the sampler writes the next token (a 0-d view of the decode ids), or None."""
+        buffers = self._decode_buffers(kv)
+        return buffers[0].view(()) if buffers is not None else None
+
+    def _tail_for(self, sequence: Sequence) -> GreedyTail | None:
+        """The step tail of this sequence's one-token steps, or None (the sampler runs between them)."""
+        kv = sequence.kv
+        assert kv is not None
+        buffers = self._decode_buffers(kv)
+        if (
+            buffers is None
+            or not self.sample_in_graph
+            or not sequence.sampler.plain_greedy
+            or not isinstance(kv, StaticKV)
+        ):
+            return None
+        tail = self._tail
+        if tail is None or tail.state()["mask"] is not kv.mask:
+            ids, pos = buffers
+            host = GreedyTail.host_tokens_for(kv.capacity, self.device) if self.host_tokens else None
+            tail = self._tail = GreedyTail(self.config.io.logits, self.config.vocab_size, ids, pos, kv.mask, host)
+        return tail
+
+    def _forward(self, sequence: Sequence, ids: torch.Tensor, tail: GreedyTail | None = None) -> torch.Tensor:
+        """One step of ``ids.shape[1]`` tokens; returns the last row's logits. With ``tail`` (one-token
+        captured steps only) the step also writes the next token into the decode ids."""
+        kv = sequence.kv
+        assert kv is not None
+        io = self.config.io
+        n = ids.shape[1]
+        feeds: dict[str, torch.Tensor] = {io.input_ids: ids}
+        buffers = self._decode_buffers(kv) if n == 1 else None
+        if buffers is None:
+            tail = None
+        # the previous step's tail already wrote this step's position and mask row
+        prepared = tail is not None and sequence.prepared_at == kv.length
+        if buffers is not None:
+            if ids.data_ptr() != buffers[0].data_ptr():  # the token came from elsewhere (a caller's id)
+                buffers[0].copy_(ids.reshape(1, 1))
+            feeds[io.input_ids] = buffers[0]
+            if not prepared and (self.has_positions or tail is not None):
+                buffers[1].fill_(kv.length)  # the position feed, and what a tail counts on from
+        if self.has_mask:
+            # prepared implies a static cache (a tail needs one)
+            feeds[io.attention_mask] = kv.attention_mask(n, set_rows=False) if prepared else kv.attention_mask(n)
+        if self.has_positions:
+            if buffers is not None:
+                feeds[io.position_ids] = buffers[1]
+            else:
+                feeds[io.position_ids] = torch.arange(kv.length, kv.length + n, device=self.device).reshape(1, n)
+        feeds.update(kv.feeds())
+        if n == 1 and self.capture != "off":
+            outputs = self.capture_runtime().run(self.session.check_feeds_repeated(feeds), tail=tail)
+        else:
+            outputs = self.session.run_torch(feeds)
+        kv.update(outputs, n)
+        sequence.prepared_at = kv.length if tail is not None else None
+        return outputs[io.logits][0, -1]
+
+    def _prefill(self, sequence: Sequence, ids: torch.Tensor) -> torch.Tensor:
+        """The prompt's steps; returns the last row's logits.
+
+        On the CPU, where the graph's attention is GroupQueryAttention reading the past directly
+        (it takes a later prompt chunk: rows at T - S, causal within the chunk), the prompt runs in
+        chunks of ``prefill_chunk`` tokens. One pass would hold every row's logits ([S, vocab] fp32,
+        the largest tensor of a long prefill) and an S x S attention per head at once; a chunk holds
+        ``prefill_chunk`` rows of each. A prompt of at least ``prefill_progress_tokens`` shows a
+        Progress line on stderr (None: never). Elsewhere (CUDA, graphs that concatenate their own
+        KV) the prompt is one step, as before."""
+        n = ids.shape[1]
+        chunk = self.prefill_chunk
+        if self.device.type != "cpu" or not chunk or n <= chunk or not self._prefill_chunks_apply():
+            return self._forward(sequence, ids)
+        from onnxgen.progress import Progress
+
+        threshold = self.prefill_progress_tokens
+        with Progress("prefill", total=n, unit="tok", enabled=threshold is not None and n >= threshold) as bar:
+            for lo in range(0, n, chunk):
+                logits = self._forward(sequence, ids[:, lo : lo + chunk])
+                bar.update(min(chunk, n - lo))
+        return logits
+
+    def _prefill_chunks_apply(self) -> bool:
+        return self.has_mask and past_feeds_attention_in_place(self.session.model.graph, self.config)
+
+    # -- capture ---------------------------------------------------------------------------
+
+    def capture_runtime(self) -> CaptureRuntime:
+        """The captured step's runtime (made on first use; static KV pins the KV length and the mask
+        width, what a fixed capacity fixes)."""
+        if self._capture is None:
+            pin: set[str] = set()
+            if self.kv_kind == "static":
+                pin = StaticKV.pinned_symbols(self.session.graph_inputs, self.config)
+            self._capture = self.session.capture_runtime(
+                mode=self.capture, recorder=self.capture_recorder, pin=pin, verify_steps=self.verify_steps
+            )
+        return self._capture
+
+    @property
+    def capture_stats(self) -> CaptureStats:
+        return self._capture.stats if self._capture is not None else CaptureStats(mode=self.capture)
