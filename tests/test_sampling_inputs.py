@@ -160,6 +160,27 @@ def test_bad_token_ids_are_refused(generators, ids, words):
             assert word in str(info.value), f"{word!r} missing from: {info.value}"
 
 
+@pytest.mark.parametrize("params", [{"temperature": 0.5}, 0.5, "greedy"])
+def test_params_that_are_not_sampling_params_are_refused(generators, params):
+    generator = generators["sequential"]
+    for call in (
+        lambda: generator.generate("Hi", params),
+        lambda: next(generator.generate_ids([1, 2], params)),
+    ):
+        with pytest.raises(
+            SamplingError, match=rf"params must be a SamplingParams or None, got {type(params).__name__}"
+        ):
+            call()
+
+
+@pytest.mark.parametrize("device", ["gpu", "tpu:0", 3])
+def test_generator_device_names_are_checked_first(int4_package, device):
+    from onnxgen.genai.generator import Generator
+
+    with pytest.raises(InvalidInputError, match="expected 'cpu', 'cuda' or 'cuda:N'"):
+        Generator(int4_package, device=device)
+
+
 def test_numpy_token_ids_are_accepted(generators):
     generator = generators["sequential"]
     ids = generator.encode("Hello")

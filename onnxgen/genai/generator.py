@@ -8,19 +8,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from onnxgen.errors import InvalidInputError, OnnxgenError
 from onnxgen.genai.chat import render_chat
 from onnxgen.genai.engine import DecodeEngine
 from onnxgen.genai.package import PackageConfig, load_package_config
 from onnxgen.genai.package_checks import check_package
-from onnxgen.genai.sampling import NonFiniteLogitsError, SamplingParams
+from onnxgen.genai.sampling import NonFiniteLogitsError, SamplingParams, checked_params
 from onnxgen.genai.sequence import GenerationStats
 from onnxgen.genai.tokenizer import Tokenizer
 from onnxgen.runtime.capture.stats import CaptureStats
 from onnxgen.runtime.model_io import load_model
-from onnxgen.runtime.session import InferenceSession
+from onnxgen.runtime.session import InferenceSession, resolve_device
 from onnxgen.threads import ThreadOptions
 
 __all__ = ["GenerationStats", "Generator", "PromptTooLongError"]
@@ -66,7 +64,8 @@ class Generator:
         threads: ThreadOptions | None = None,
     ):
         self.threads: int | None = None  # torch's CPU thread count in force (CPU generators)
-        if torch.device(device).type == "cpu":  # torch's thread count is per process (onnxgen/threads.py)
+        device = resolve_device(device)  # a bad name is refused before the package is read
+        if device.type == "cpu":  # torch's thread count is per process (onnxgen/threads.py)
             self.threads = (threads or ThreadOptions()).apply()
         self.config = package if isinstance(package, PackageConfig) else load_package_config(package)
         # the package is checked against the graph proto before any weight is read (and read once)
@@ -178,7 +177,7 @@ class Generator:
 
         Raises NonFiniteLogitsError, naming the new token, where the model's logits are NaN or
         infinite (which tokens are checked: DecodeEngine.generate)."""
-        params = (params or SamplingParams()).validate()
+        params = checked_params(params)
         prompt_ids = self._checked_ids(prompt_ids)
         try:
             yield from self._generate_ids(prompt_ids, params)
@@ -197,7 +196,7 @@ class Generator:
         self, prompt: str | list[int], params: SamplingParams | None = None, *, chat: bool = False
     ) -> Iterator[str]:
         """Yields text pieces as they are decoded; honours stop strings (never emitted)."""
-        params = (params or SamplingParams()).validate()
+        params = checked_params(params)
         prompt_ids = self.encode(prompt, chat=chat)
         decoder = self.tokenizer.stream()
         pending = ""

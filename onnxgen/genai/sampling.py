@@ -258,3 +258,14 @@ class LogitsSampler:
         if token_id == NON_FINITE:
             raise NonFiniteLogitsError("the model produced non-finite logits (NaN or inf): no token to pick")
         return token_id
+
+
+def checked_params(params: object) -> SamplingParams:
+    """``params`` validated, or SamplingParams() for None; anything else is refused by name, so a dict
+    of options does not fail later as an attribute error deep in the sampler."""
+    if params is None:
+        return SamplingParams().validate()
+    if not isinstance(params, SamplingParams):
+        hint = " (SamplingParams(**options) builds one from a dict)" if isinstance(params, dict) else ""
+        raise SamplingError(f"params must be a SamplingParams or None, got {type(params).__name__}{hint}")
+    return params.validate()
