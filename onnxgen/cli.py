@@ -39,11 +39,6 @@ def _add_build_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _looks_like_path(name: str) -> bool:
-    """A --model value meant as a path, never as a registry name (registry names have none of these)."""
-    return "/" in name or os.sep in name or name.startswith((".", "~")) or name.lower().endswith(".onnx")
-
-
 def _package_of_path(name: str) -> Path | None:
     """The package directory a --model path means, or None for a registry name. A .onnx file counts
     as its package only where that directory's genai_config.json names it: a bare graph has no
@@ -66,9 +61,9 @@ def _package_of_path(name: str) -> Path | None:
                 f"a genai_config.json that names it and tokenizer files); `onnxgen show {path}` prints the graph"
             )
         raise OnnxgenError(f"{path} is a file, not a package directory (expected genai_config.json, model.onnx, ...)")
-    if _looks_like_path(name):
-        from onnxgen.models.registry import known_names
+    from onnxgen.models.registry import known_names, looks_like_path
 
+    if looks_like_path(name):
         raise OnnxgenError(
             f"no such file or directory: {name} (expected a package directory or a registry name: "
             f"{', '.join(known_names())})"

@@ -29,13 +29,19 @@ def _tensor_bytes(t: onnx.TensorProto) -> tuple[int, int]:
 
 def _model_path(target: str) -> tuple[Path, Path | None]:
     """(onnx file, package dir or None) for a directory, a file or a registry name."""
-    path = Path(target)
+    path = Path(target).expanduser()
     if path.is_dir():
         return path / "model.onnx", path
     if path.is_file():
         return path, path.parent if (path.parent / "genai_config.json").is_file() else None
     from onnxgen.models.pull import cached_package
+    from onnxgen.models.registry import known_names, looks_like_path
 
+    if looks_like_path(target):
+        raise ModelLoadError(
+            f"no such file or directory: {target} (expected an .onnx file, a package directory or a registry "
+            f"name: {', '.join(known_names())})"
+        )
     cached = cached_package(target)
     if cached is None:
         raise ModelLoadError(f"{target!r} is neither a file, a package directory nor a pulled model")

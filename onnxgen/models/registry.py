@@ -8,6 +8,7 @@ hub at run time.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from onnxgen.errors import UnknownModelError
@@ -85,6 +86,11 @@ MODELS: dict[str, KnownModel] = {
         ),
     )
 }
+
+
+def looks_like_path(name: str) -> bool:
+    """A model argument meant as a path, never as a registry name (registry names have none of these)."""
+    return "/" in name or os.sep in name or name.startswith((".", "~")) or name.lower().endswith(".onnx")
 
 
 def known_names() -> list[str]:
