@@ -717,6 +717,14 @@ def write_markdown(path: Path, outcomes: list[Outcome], elapsed: float, rev: str
     path.write_text("\n".join(lines) + "\n")
 
 
+def code_revision() -> str:
+    """The commit of onnxgen/ the cases run against, and whether the tree differs from it."""
+    git = ["git", "-C", str(REPO)]
+    rev = subprocess.run([*git, "log", "-1", "--format=%h", "--", "onnxgen"], capture_output=True, text=True)
+    dirty = subprocess.run([*git, "status", "--porcelain", "--", "onnxgen"], capture_output=True, text=True)
+    return f"onnxgen/ at {rev.stdout.strip()}{' + uncommitted changes' if dirty.stdout.strip() else ''}"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=None, help="run the cases whose id or title matches this regex")
@@ -736,6 +744,7 @@ def main(argv: list[str] | None = None) -> int:
     if not selected:
         print("user_battery: no case matches", file=sys.stderr)
         return 1
+    rev = code_revision()  # before the cases run: the tree may change while they do
     root = Path(tempfile.mkdtemp(prefix="onnxgen-battery-"))
     started = time.monotonic()
     outcomes: list[Outcome] = []
@@ -773,10 +782,6 @@ def main(argv: list[str] | None = None) -> int:
     summary = ", ".join(f"{k}: {counts[k]}" for k in CLASSES if counts[k])
     print(f"user_battery: {len(outcomes)} cases in {elapsed:.0f} s; {summary}", file=sys.stderr)
     if args.markdown:
-        git = ["git", "-C", str(REPO)]
-        rev = subprocess.run([*git, "log", "-1", "--format=%h", "--", "onnxgen"], capture_output=True, text=True)
-        dirty = subprocess.run([*git, "status", "--porcelain", "--", "onnxgen"], capture_output=True, text=True)
-        rev = f"onnxgen/ at {rev.stdout.strip()}{' + uncommitted changes' if dirty.stdout.strip() else ''}"
         write_markdown(args.markdown, outcomes, elapsed, rev)
     return 0 if counts["ok"] == len(outcomes) and not broken else 1
 
