@@ -58,7 +58,8 @@ def test_default_gemv_configs(shape: tuple[int, int], h200: None) -> None:
     else:
         assert triton_linear.split_config(n, k, CUDA) == split_cuda
         assert triton_linear.split_config(n, k, CPU) == split_cpu
-    assert [triton_linear.q4_config(n, k, block) for block in (16, 32, 64, 128)] == q4
+    assert [triton_linear.q4_config(n, k, block, CUDA) for block in (16, 32, 64, 128)] == q4
+    assert [triton_linear.q4_config(n, k, block, CPU) for block in (16, 32, 64, 128)] == q4  # 132 stand-in
 
 
 def test_default_attention_and_tile_settings() -> None:
