@@ -158,3 +158,30 @@ def test_docs_carry_the_declared_table() -> None:
     """docs/options.md holds the table as ``python -m onnxgen.options`` prints it; README the user part."""
     assert options.markdown_table() in (ROOT / "docs" / "options.md").read_text()
     assert options.markdown_table("user") in (ROOT / "README.md").read_text()
+
+
+def test_bench_variants_apply_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench/step_sweep.py (and step_anatomy.py, which shares apply_env) put a variant in force with
+    options.using; the two loop switches stay environment variables (random_package.py reads them)."""
+    pytest.importorskip("torch")
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    step_sweep = pytest.importorskip("step_sweep")
+    for key in step_sweep.LOOP_SWITCHES:
+        monkeypatch.delenv(key, raising=False)
+    before = options.current()
+    name, env = step_sweep.parse_variant("split:ONNXGEN_GEMV_SPLIT=4,32,4,ONNXGEN_GQA_EARLY=0,ONNXGEN_HOST_TOKENS=0")
+    assert (name, env["ONNXGEN_GEMV_SPLIT"]) == ("split", "4,32,4")
+    try:
+        step_sweep.apply_env(env)
+        assert options.current().gemv_split.lookup(1, 2) == (4, 32, 4) and not options.current().gqa_early
+        assert step_sweep.os.environ["ONNXGEN_HOST_TOKENS"] == "0"
+        step_sweep.apply_env({})  # the next variant: nothing of the last one leaks
+        assert not options.current().gemv_split and options.current().gqa_early
+        assert "ONNXGEN_HOST_TOKENS" not in step_sweep.os.environ
+        with pytest.raises(SystemExit, match="unknown switch.*ONNXGEN_GEMV_SPLT"):
+            step_sweep.apply_env({"ONNXGEN_GEMV_SPLT": "off"})
+        with pytest.raises(OptionError, match="ONNXGEN_PDL='2'"):
+            step_sweep.check_variant({"ONNXGEN_PDL": "2"})
+    finally:
+        step_sweep._IN_FORCE.close()
+    assert options.current() is before
