@@ -286,14 +286,17 @@ _current: Options | None = None  # the options in force: an override's, else _FR
 
 
 def current() -> Options:
-    """The options in force (the environment's, read once, unless an ``override`` is active)."""
+    """The options in force (the environment's, read once, unless an ``override`` is active).
+    Called per kernel launch: one global read once loaded."""
+    return _current or _load()
+
+
+def _load() -> Options:
     global _current
-    opts = _current
-    if opts is None:
-        if not _FROM_ENV:
-            _FROM_ENV.append(from_env(os.environ))
-        opts = _current = _FROM_ENV[0]
-    return opts
+    if not _FROM_ENV:
+        _FROM_ENV.append(from_env(os.environ))
+    _current = _FROM_ENV[0]
+    return _current
 
 
 def _coerce(field: str, value: Any) -> Any:

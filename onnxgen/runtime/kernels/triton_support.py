@@ -56,8 +56,10 @@ def _warn_fallback() -> None:
         )
 
 
+@functools.cache
 def interpreting() -> bool:
-    """Triton's interpreter is on (fixed for the process: triton itself decides when a kernel is defined)."""
+    """Triton's interpreter is on (a process-lifetime option, which override refuses to change:
+    triton itself decides when a kernel is defined; so it is cached here)."""
     return options.current().triton_interpret
 
 
@@ -159,7 +161,7 @@ def linear_row_serves(a: torch.Tensor) -> bool:
     """A one-row linear layer over ``a`` may run as triton_linear's kernel."""
     if a.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return False
-    mode = linear_row_mode()
+    mode = options.current().triton_linear  # linear_row_mode(), one call less per op
     if mode == "auto":
         return a.device.type == "cuda" and _pdl_on_device(a.device.index or 0) and triton_serves(a)
     return mode == "on" and triton_serves(a)
