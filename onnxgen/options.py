@@ -299,30 +299,79 @@ def _load() -> Options:
     return _current
 
 
+def _env_text(value: Any) -> str:
+    """A field value as its variable would spell it (for checking an override with the same parser)."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value) if value else "off"
+    return str(value)
+
+
+_SCALAR_TYPES: dict[str, tuple[type, ...]] = {"gemv_persist": (int,), "dequant_cache_mb": (int, float)}
+_NAMED_VALUES = {"triton_linear": ("auto", "on", "off"), "int8_activations": ("none", "cpu", "all")}
+
+
+def _checked(knob: Knob, value: Any) -> Any:
+    """``value`` for ``knob``'s field, or OptionError saying what the field takes."""
+    field = knob.field
+    if field in _NAMED_VALUES:
+        if value not in _NAMED_VALUES[field]:
+            raise OptionError(f"option {field}={value!r}: expected one of {', '.join(_NAMED_VALUES[field])}")
+        return value
+    if isinstance(knob.default, bool):
+        if not isinstance(value, bool):
+            raise OptionError(f"option {field}={value!r}: expected True or False")
+        return value
+    if value is None and knob.default is None:
+        return None
+    ok = isinstance(value, tuple) or (isinstance(value, _SCALAR_TYPES.get(field, ())) and not isinstance(value, bool))
+    try:
+        if not ok:
+            raise ValueError(f"expected {knob.values}")
+        return knob.parse(_env_text(value))
+    except ValueError as exc:
+        raise OptionError(f"option {field}={value!r}: {exc}") from None
+
+
+def _config(knob: Knob, config: Any) -> Config:
+    """One per-shape configuration given to ``override``: a tuple, or the variable's text."""
+    text = config if isinstance(config, str) else _env_text(tuple(config))
+    try:
+        return knob.parse(text)
+    except ValueError as exc:
+        raise OptionError(f"option {knob.field}={config!r}: {exc}") from None
+
+
 def _coerce(field: str, value: Any) -> Any:
-    """A value given to ``override`` in the field's own type; per-shape fields also take one
-    configuration (every shape) or a mapping {"NxK" or (N, K) or "*": configuration}."""
+    """A value given to ``override``, checked, in the field's own type. Per-shape fields take one
+    configuration (every shape: a tuple or the variable's text) or a mapping {"NxK" or (N, K) or "*":
+    configuration}; ``gemv_split`` also takes "off"."""
     knob = _BY_FIELD.get(field)
     if knob is None:
         raise OptionError(f"no option {field!r}; options: {', '.join(_BY_FIELD)}")
     if knob.lifetime == "process" and value != getattr(current(), field):
         raise OptionError(f"{knob.env} is fixed for the process (set it in the environment before starting Python)")
-    if not knob.per_shape or isinstance(value, ShapeOverrides):
+    if not knob.per_shape:
+        return _checked(knob, value)
+    if isinstance(value, ShapeOverrides):
         return value
     if value is None:
         return NO_OVERRIDES
-    if isinstance(value, str):
-        return ShapeOverrides(knob.parse(value))
     if not isinstance(value, Mapping):
-        return ShapeOverrides(tuple(value))
+        return ShapeOverrides(_config(knob, value))
     every, shapes = None, []
     for key, config in value.items():
-        config = knob.parse(config) if isinstance(config, str) else tuple(config)
         if key == "*":
-            every = config
+            every = _config(knob, config)
         else:
-            n, k = (int(v) for v in key.split("x")) if isinstance(key, str) else key
-            shapes.append(((n, k), config))
+            try:
+                n, k = (int(v) for v in key.split("x")) if isinstance(key, str) else key
+            except ValueError:
+                raise OptionError(
+                    f"option {field}: shape {key!r} is not N x K, like '9728x896' or (9728, 896)"
+                ) from None
+            shapes.append(((n, k), _config(knob, config)))
     return ShapeOverrides(every, tuple(shapes))
 
 

@@ -185,3 +185,29 @@ def test_bench_variants_apply_in_process(monkeypatch: pytest.MonkeyPatch) -> Non
     finally:
         step_sweep._IN_FORCE.close()
     assert options.current() is before
+
+
+@pytest.mark.parametrize(
+    "field,value,accepted",
+    [
+        ("triton_linear", "yes", "expected one of auto, on, off"),
+        ("fuse", 0, "expected True or False"),
+        ("gemv_persist", -1, "expected a number of programs per SM"),
+        ("gqa_decode", (100, 8), "BLOCK_N must be a power of two"),
+        ("dequant_cache_mb", "big", "expected MB"),
+        ("gemv_dense", (4, 32), "expected BLOCK_N,BLOCK_K,WARPS"),
+        ("gemv_q4", {"9728x896": "1,2"}, "expected BLOCK_N,BLOCKS_PER_ITER,WARPS"),
+        ("gemv_split", {"9728-896": "off"}, "is not N x K"),
+    ],
+)
+def test_an_override_is_checked_like_the_environment(field: str, value: object, accepted: str) -> None:
+    with pytest.raises(OptionError, match=f"option {field}.*{accepted}"), options.override(**{field: value}):
+        pass
+
+
+def test_override_values_in_their_own_types() -> None:
+    with options.override(gqa_decode=(64, 4), gemv_persist=2, dequant_cache_mb=0.5, triton_linear="off") as o:
+        assert (o.gqa_decode, o.gemv_persist, o.dequant_cache_mb, o.triton_linear) == ((64, 4), 2, 0.5, "off")
+    with options.override(gqa_decode=None, dequant_cache_mb=None, gemv_split={"*": "off", (1, 2): (4, 32, 4)}) as o:
+        assert o.gqa_decode is None and o.dequant_cache_mb is None
+        assert o.gemv_split.lookup(3, 4) == options.SPLIT_OFF and o.gemv_split.lookup(1, 2) == (4, 32, 4)
