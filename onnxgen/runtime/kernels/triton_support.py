@@ -109,18 +109,18 @@ def _pdl_supported(index: int) -> bool:
     try:
         from triton.backends.nvidia.compiler import CUDAOptions
 
-        options: set[str] | None = set(getattr(CUDAOptions, "__dataclass_fields__", {}))
+        launcher: set[str] | None = set(getattr(CUDAOptions, "__dataclass_fields__", {}))
     except Exception:
-        options = None
+        launcher = None
     capability = torch.cuda.get_device_capability(index)
-    reason = pdl_unavailable(capability, options)
+    reason = pdl_unavailable(capability, launcher)
     if reason is not None and capability >= (9, 0):
         # said once per device: this GPU could chain the step's kernels, and does not (slower decode)
         warnings.warn(
             f"programmatic dependent launch is off on cuda:{index} ({reason}): the decode step's "
             "one-row GEMVs run on cuBLAS, its Triton kernels without PDL (slower decode)",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=4,  # past _pdl_on_device, to the caller that asked (as before the options split)
         )
     return reason is None
 
