@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import sys
 
 import torch
 import torch.nn.functional as F
 
+from onnxgen import options
 from onnxgen.models.random_source import MODEL_SHAPES
 from onnxgen.runtime.kernels import triton_linear as TL
 
@@ -123,15 +123,14 @@ def bench_shape(name: str, k: int, n: int, args, dev, sweeps) -> list[tuple[str,
     for bn, bk, warps in itertools.product(bn_list, bk_list, w_list):
         if bk > 2 * triton_pow2(k):
             continue
-        os.environ["ONNXGEN_GEMV_DENSE"] = f"{bn},{bk},{warps}"
-        got = TL.linear_row(x, ws[0]).float()
-        err = ((got - ref).norm() / ref.norm()).item()
-        if not err < 1e-2:
-            print(f"  {name} triton {bn}/{bk}/{warps}: WRONG (rel err {err:.3g})")
-            continue
-        mark = "*" if (bn, bk, warps) == chosen else ""
-        add(f"triton {bn}/{bk}/{warps}{mark}", time_in_graph(lambda i: TL.linear_row(x, ws[i]), copies))
-    os.environ.pop("ONNXGEN_GEMV_DENSE", None)
+        with options.override(gemv_dense=(bn, bk, warps)):  # every shape: ONNXGEN_GEMV_DENSE=bn,bk,warps
+            got = TL.linear_row(x, ws[0]).float()
+            err = ((got - ref).norm() / ref.norm()).item()
+            if not err < 1e-2:
+                print(f"  {name} triton {bn}/{bk}/{warps}: WRONG (rel err {err:.3g})")
+                continue
+            mark = "*" if (bn, bk, warps) == chosen else ""
+            add(f"triton {bn}/{bk}/{warps}{mark}", time_in_graph(lambda i: TL.linear_row(x, ws[i]), copies))
 
     def fused(i: int) -> torch.Tensor:
         return TL.linear_row(x, ws[i], prologue="skip_rms", x2=skip, gamma=gamma, eps=1e-6, sum_out=total)
@@ -146,16 +145,15 @@ def bench_shape(name: str, k: int, n: int, args, dev, sweeps) -> list[tuple[str,
     qs = [torch.rand(n, nb, device=dev, dtype=torch.float16) * 0.01 for _ in range(qcopies)]
     add("q4-dequant (fp16 copy)", time_in_graph(lambda i: F.linear(x, ws[i]), copies), wbytes)
 
-    qchosen = TL.q4_config(n, k, bs)
+    qchosen = TL.q4_config(n, k, bs, dev)
 
     def q4(i: int) -> torch.Tensor:
         return TL.linear_row_q4(x, qb[i], qs[i], None, n=n, k=k, block_size=bs)
 
     for bn, bpi, warps in itertools.product(bn_list, bpi_list, w_list):
-        os.environ["ONNXGEN_GEMV_Q4"] = f"{bn},{bpi},{warps}"
         mark = "*" if (bn, bpi, warps) == qchosen else ""
-        add(f"q4 {bn}/{bpi}/{warps}{mark}", time_in_graph(q4, qcopies), qbytes)
-    os.environ.pop("ONNXGEN_GEMV_Q4", None)
+        with options.override(gemv_q4=(bn, bpi, warps)):  # ONNXGEN_GEMV_Q4=bn,bpi,warps
+            add(f"q4 {bn}/{bpi}/{warps}{mark}", time_in_graph(q4, qcopies), qbytes)
     print(f"\n{name}: K={k} N={n}  fp16 weight {wbytes / 1e6:.2f} MB, int4 {qbytes / 1e6:.2f} MB", flush=True)
     for label, us, gbs in rows:
         print(f"  {label:36s} {us:8.2f} us  {gbs:7.0f} GB/s")

@@ -5,18 +5,22 @@
         --variant "triton-nopdl:ONNXGEN_TRITON_LINEAR=1,ONNXGEN_PDL=0" \\
         --variant "gate_up-1k:ONNXGEN_TRITON_LINEAR=1,ONNXGEN_GEMV_DENSE_9728x896=8,1024,8"
 
-The package is built and opened once; each variant sets its environment (names not given are
-unset: the variants do not leak into each other), records a fresh CaptureRuntime, and runs the
-greedy loop of capture_decode.py (warm-up, then the median of --repeats). It prints tok/s per
-variant and whether its tokens match the first variant's (kernel settings change summation order,
-so with random weights a late token may differ; every variant is one real run, nothing is reused).
-The settings read once per process (ONNXGEN_TRITON_LINEAR, ONNXGEN_TRITON_Q4, ONNXGEN_PDL) are re-read
-per variant.
+The package is built and opened once; each variant puts its settings in force (names not given
+go back to the process environment's value, or the default for the swept ones: the variants do not
+leak into each other), records a fresh CaptureRuntime, and runs the greedy loop of capture_decode.py
+(warm-up, then the median of --repeats). It prints tok/s per variant and whether its tokens match
+the first variant's (kernel settings change summation order, so with random weights a late token may
+differ; every variant is one real run, nothing is reused).
+The settings are onnxgen.options switches (docs/options.md), applied in this process through
+options.using, plus the two loop switches random_package.py reads from the environment; a name that
+is neither stops the sweep before it starts. Switches read when the session is built (ONNXGEN_FUSE)
+keep the process's value.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -32,7 +36,7 @@ from random_package import (
     open_package,
 )
 
-from onnxgen.runtime.kernels import triton_support
+from onnxgen import options
 
 SWEPT_PREFIXES = (
     "ONNXGEN_TRITON_LINEAR",
@@ -60,13 +64,26 @@ def parse_variant(text: str) -> tuple[str, dict[str, str]]:
     return name, env
 
 
+# the decode engine's arguments (random_package.engine_switches), not onnxgen options
+LOOP_SWITCHES = ("ONNXGEN_SAMPLE_IN_GRAPH", "ONNXGEN_HOST_TOKENS")
+_IN_FORCE = contextlib.ExitStack()  # the options.using block of the variant applied last
+
+
+def check_variant(env: dict[str, str]) -> None:
+    unknown = [k for k in env if k not in LOOP_SWITCHES and not options.env_names(k)]
+    if unknown:
+        raise SystemExit(f"unknown switch(es) {', '.join(unknown)}: see docs/options.md")
+    options.from_env(env)  # a bad value fails here, before the package is built
+
+
 def apply_env(env: dict[str, str]) -> None:
-    for key in [k for k in os.environ if k.startswith(SWEPT_PREFIXES)]:
-        del os.environ[key]
-    os.environ.update(env)
-    triton_support.linear_row_mode.cache_clear()
-    triton_support.q4_row_enabled.cache_clear()
-    triton_support._pdl_on_device.cache_clear()
+    """Put a variant's onnxgen switches in force until the next call, through options.using over the
+    process environment's unswept ones (its loop switches go to the engine: engine_switches)."""
+    check_variant(env)
+    env = {k: v for k, v in env.items() if k not in LOOP_SWITCHES}
+    base = {k: v for k, v in os.environ.items() if not k.startswith(SWEPT_PREFIXES)}
+    _IN_FORCE.close()
+    _IN_FORCE.enter_context(options.using(options.from_env({**base, **env})))
 
 
 def main() -> int:
@@ -77,6 +94,8 @@ def main() -> int:
     parser.add_argument("--replay-recorder", action="store_true", help="CPU stand-in for CUDA graphs (smoke test)")
     args = parser.parse_args()
     variants = [parse_variant(v) for v in args.variant]
+    for _, env in variants:
+        check_variant(env)
     with tempfile.TemporaryDirectory() as tmp:
         build_s = build_random_package(args, tmp)
         print(f"{describe(args)}: built in {build_s:.1f} s", flush=True)

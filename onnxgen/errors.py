@@ -31,3 +31,8 @@ class ModelFetchError(OnnxgenError):
 
 class RegistryUnreachableError(ModelFetchError):
     """pip could not reach the package index (offline, proxy, DNS)."""
+
+
+class OptionError(OnnxgenError, ValueError):
+    """An ``ONNXGEN_*`` switch (or an override of one) has a value it does not accept; the message
+    names the variable and the accepted values. A ValueError too, as the kernels' checks were."""

@@ -145,7 +145,7 @@ def test_fused_graph_captures_bit_identical(packages, attention: str, kv_kind: s
     from onnxgen.runtime import session as session_module
     from onnxgen.runtime.fusion import fuse_graph
 
-    monkeypatch.setattr(session_module, "fuse_for_device", lambda model, device: fuse_graph(model))
+    monkeypatch.setattr(session_module, "fuse_for_device", lambda model, device, opts=None: fuse_graph(model))
     eager = Decoder(packages[attention], kv_kind)
     runtime_kw = {"recorder": ReplayRecorder(), "mode": "verify", "verify_steps": STEPS}
     captured = Decoder(packages[attention], kv_kind, runtime_kw=runtime_kw)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxgen import options
 from onnxgen.runtime import InferenceSession
 from onnxgen.runtime.fusion import fuse_for_device, fuse_graph, pack_matmul_groups
 from tests.conftest import DEVICES, make_model, ort_run
@@ -92,12 +93,13 @@ def test_sigmoid_read_elsewhere_is_not_fused() -> None:
     assert report.silu_mul == 0
 
 
-def test_rewrites_per_device(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rewrites_per_device() -> None:
     model = swiglu_model(False)
     assert fuse_for_device(model, "cpu")[1].total == 0
     assert fuse_for_device(model, "cuda")[1].total == 1
-    monkeypatch.setenv("ONNXGEN_FUSE", "0")
-    assert fuse_for_device(model, "cuda")[1].total == 0
+    with options.override(fuse=False):  # ONNXGEN_FUSE=0
+        assert fuse_for_device(model, "cuda")[1].total == 0
+    assert fuse_for_device(model, "cuda", options.Options(fuse=False))[1].total == 0
     assert fuse_graph(model)[0] is not model and len(model.graph.node) == 3  # the input is left alone
 
 

@@ -26,6 +26,7 @@ import torch
 from onnx import TensorProto as TP
 from onnx import helper
 
+from onnxgen import options
 from onnxgen.errors import KernelError
 from tests.conftest import DEVICES, assert_parity, make_model, onnxgen_run, ort_run
 
@@ -974,33 +975,27 @@ def test_multi_head_attention_packed_qkv(device: str) -> None:
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bits,block_size", [(4, 16), (4, 32), (4, 128), (8, 32), (2, 16), (2, 32)])
 @pytest.mark.parametrize("zp_kind", ["none", "packed", "float"])
-def test_matmul_nbits_int8_activations(
-    bits: int, block_size: int, zp_kind: str, device: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_matmul_nbits_int8_activations(bits: int, block_size: int, zp_kind: str, device: str) -> None:
     """With ONNXGEN_INT8_ACTIVATIONS on, accuracy_level 4 rounds A like onnxruntime's CPU kernel:
     the op then matches it to fp32 rounding (measured <= 4e-7 of the output scale)."""
-    from onnxgen.runtime.kernels import contrib_quant
-
-    monkeypatch.setattr(contrib_quant, "_INT8_ACTIVATIONS", "all")
     if zp_kind == "float" and bits != 4:
         pytest.skip("float zero points are tested with 4 bits")
     model = matmul_nbits_model(256, 24, bits, block_size, TP.FLOAT, zp_kind, 4)
-    _nbits_parity(model, TP.FLOAT, device, 1e-5)
+    with options.override(int8_activations="all"):
+        _nbits_parity(model, TP.FLOAT, device, 1e-5)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_matmul_nbits_int8_activations_rounding(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_matmul_nbits_int8_activations_rounding(device: str) -> None:
     """Values where a / scale and a * (1 / scale) round to different codes: onnxruntime multiplies."""
-    from onnxgen.runtime.kernels import contrib_quant
-
-    monkeypatch.setattr(contrib_quant, "_INT8_ACTIVATIONS", "all")
     model = matmul_nbits_model(64, 24, 4, 32, TP.FLOAT, "none", 4)
     a = np.zeros((2, 64), np.float32)
     a[:, 0] = 2.9  # the block maximum fixes the scale at 2.9 / 127
     a[0, 1:3] = [-2.1350393295288086, 1.7468504905700684]
     a[1, 33] = 1.0
     expected = ort_run(model, {"A": a})[0]
-    _close(onnxgen_run(model, {"A": a}, device)[0], expected, 1e-6, "int8 rounding")
+    with options.override(int8_activations="all"):
+        _close(onnxgen_run(model, {"A": a}, device)[0], expected, 1e-6, "int8 rounding")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -122,29 +122,24 @@ def test_linear_row_q4_compiles(zero_kind: int, prologue: int, pdl: bool) -> Non
         assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait")
 
 
-def test_one_row_kernel_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_row_kernel_policy() -> None:
     """ONNXGEN_TRITON_LINEAR: 1 forces the one-row kernels, 0 turns them off, unset they run only
     where programmatic dependent launch is (a CUDA device of sm_90 or later): never on this CPU."""
     import torch
 
+    from onnxgen import options
     from onnxgen.runtime.kernels import triton_support as ts
 
     row = torch.zeros(8, dtype=torch.float16)
     for raw, mode in [(None, "auto"), ("1", "on"), ("0", "off"), ("auto", "auto")]:
-        if raw is None:
-            monkeypatch.delenv("ONNXGEN_TRITON_LINEAR", raising=False)
-        else:
-            monkeypatch.setenv("ONNXGEN_TRITON_LINEAR", raw)
-        ts.linear_row_mode.cache_clear()
-        assert ts.linear_row_mode() == mode
-        if mode != "on":
-            assert not ts.linear_row_serves(row)
+        env = {} if raw is None else {"ONNXGEN_TRITON_LINEAR": raw}
+        with options.using(options.from_env(env)):
+            assert ts.linear_row_mode() == mode
+            if mode != "on":
+                assert not ts.linear_row_serves(row)
     assert ts.pdl_launch(row) == {"PDL": False}
-    monkeypatch.setenv("ONNXGEN_TRITON_LINEAR", "yes")
-    ts.linear_row_mode.cache_clear()
-    with pytest.raises(ValueError, match="expected 1 .on., 0 .off. or unset"):
-        ts.linear_row_serves(row)
-    ts.linear_row_mode.cache_clear()
+    with pytest.raises(ValueError, match="ONNXGEN_TRITON_LINEAR='yes': expected 1 .on., 0 .off. or unset"):
+        options.from_env({"ONNXGEN_TRITON_LINEAR": "yes"})
 
 
 def test_why_programmatic_dependent_launch_is_unavailable() -> None:

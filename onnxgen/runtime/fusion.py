@@ -27,12 +27,11 @@ shapes/rules/fused.py). They change roundings a little (one GEMM + bias epilogue
 then Add; silu in fp32 rounded once): parity with onnxruntime is tested within the stated
 tolerances, and captured == eager holds because both run the same fused graph.
 CUDA sessions get every rewrite, CPU sessions the attention rewrite only (DEVICE_REWRITES says
-why); ``ONNXGEN_FUSE=0`` turns them off.
+why); ``ONNXGEN_FUSE=0`` (option ``fuse``) turns them off.
 """
 
 from __future__ import annotations
 
-import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass, fields
 from typing import Any
@@ -40,6 +39,8 @@ from typing import Any
 import onnx
 import onnx.numpy_helper
 from onnx import helper
+
+from onnxgen import options
 
 FUSED_DOMAIN = "onnxgen"
 _FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
@@ -71,13 +72,16 @@ ALL_REWRITES = frozenset(
 DEVICE_REWRITES = {"cuda": ALL_REWRITES, "cpu": frozenset({"attention"})}
 
 
-def fusion_enabled(device_type: str) -> bool:
-    return bool(DEVICE_REWRITES.get(device_type)) and os.environ.get("ONNXGEN_FUSE", "1") != "0"
+def fusion_enabled(device_type: str, opts: options.Options | None = None) -> bool:
+    return bool(DEVICE_REWRITES.get(device_type)) and (opts or options.current()).fuse
 
 
-def fuse_for_device(model: onnx.ModelProto, device_type: str) -> tuple[onnx.ModelProto, FusionReport]:
-    """The model rewritten for ``device_type`` (a copy; the input is left alone) and what was fused."""
-    if not fusion_enabled(device_type):
+def fuse_for_device(
+    model: onnx.ModelProto, device_type: str, opts: options.Options | None = None
+) -> tuple[onnx.ModelProto, FusionReport]:
+    """The model rewritten for ``device_type`` (a copy; the input is left alone) and what was fused,
+    under ``opts`` (default: the options in force)."""
+    if not fusion_enabled(device_type, opts):
         return model, FusionReport()
     return fuse_graph(model, DEVICE_REWRITES[device_type])
 

@@ -12,7 +12,9 @@ import numpy as np
 import onnx
 import torch
 
+from onnxgen import options
 from onnxgen.errors import InvalidInputError, ModelLoadError
+from onnxgen.options import Options
 from onnxgen.runtime.dtypes import NUMPY_TO_TORCH, ONNX_TO_TORCH, numpy_to_torch, onnx_type_name, torch_to_numpy
 from onnxgen.runtime.executor import GraphProgram, ValueInfo, compile_model
 from onnxgen.runtime.fusion import fuse_for_device, pack_matmul_groups
@@ -81,6 +83,8 @@ class InferenceSession:
         base_dir: str | os.PathLike | None = None,
     ):
         self.device = resolve_device(device)
+        # the switches in force now; the graph is rewritten (or not) under them, once
+        self.options: Options = options.current()
         if isinstance(path_or_model, onnx.ModelProto):
             model, directory = path_or_model, Path(base_dir).resolve() if base_dir else None
         elif isinstance(path_or_model, (bytes, bytearray)):
@@ -97,7 +101,7 @@ class InferenceSession:
             raise ModelLoadError("the onnx.ModelProto given holds no ONNX graph; expected a complete model")
         # CUDA: fewer, larger kernels per step (see runtime/fusion.py); the rewritten graph is the
         # one that runs and that the capture planner sees
-        model, self.fusions = fuse_for_device(model, self.device.type)
+        model, self.fusions = fuse_for_device(model, self.device.type, self.options)
         self.model = model
         self.model_dir = directory
         self.program: GraphProgram = compile_model(model, self.device, directory)

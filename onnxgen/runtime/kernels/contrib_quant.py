@@ -7,8 +7,8 @@ MatMulNBits dequantizes its weight to [N, K] and runs one GEMM. Caching (a consc
 the dequantized weight is kept per (B, scales, zero_points, g_idx) tensor identity, so a weight
 that is an initializer is dequantized once and each later call is a single GEMM (few kernels per
 decode step, which is what decode speed on the GPU hinges on). The price is memory: a 4-bit
-weight held as fp16 takes 4x its packed size (fp32: 8x). The environment variable
-ONNXGEN_DEQUANT_CACHE_MB caps the cache (0 turns it off; unset: no cap); past the cap, weights are
+weight held as fp16 takes 4x its packed size (fp32: 8x). ONNXGEN_DEQUANT_CACHE_MB (option
+``dequant_cache_mb``) caps the cache (0 turns it off; unset: no cap); past the cap, weights are
 dequantized on every call. An entry dies with its packed tensor, and a changed tensor (in-place
 write) is not served from the cache.
 
@@ -18,12 +18,12 @@ whenever the zero points are absent or uint8 and its MLAS has an int8 kernel for
 block_size); on x86-64 that is every case but bits=2 with block_size 16. That moves outputs by
 about 0.5% against the unquantized product. By default we do not follow it: the GEMM runs on A as
 it is (in the activation dtype; fp32 on the CPU for half types, as onnxruntime's CPU kernel does).
-ONNXGEN_INT8_ACTIVATIONS=cpu (or all) rounds A the same way ("fake" quantization; the GEMM stays
-floating point, exact for these integer products up to fp32 rounding). A single op then matches
-onnxruntime to ~1e-7, but not a whole model: one-ulp differences upstream (a norm's reduction
-order) flip a rounded code now and then, the flip spreads through the layers, and on an 8-layer
-int4 model built by onnxruntime-genai the logits differed more (median 2.2e-3) than without the
-rounding (1.8e-3). So it is off by default and useful for single-op checks.
+ONNXGEN_INT8_ACTIVATIONS=cpu (or all; option ``int8_activations``) rounds A the same way ("fake"
+quantization; the GEMM stays floating point, exact for these integer products up to fp32 rounding).
+A single op then matches onnxruntime to ~1e-7, but not a whole model: one-ulp differences upstream
+(a norm's reduction order) flip a rounded code now and then, the flip spreads through the layers,
+and on an 8-layer int4 model built by onnxruntime-genai the logits differed more (median 2.2e-3)
+than without the rounding (1.8e-3). So it is off by default and useful for single-op checks.
 
 On the CPU at accuracy_level >= 3, 4-bit weights skip all of the above and go through torch's
 int4 weight-only GEMM with bf16 activations (see "CPU fast path" below): the level permits bf16
@@ -35,7 +35,6 @@ GatherBlockQuantized dequantizes only the gathered rows (no cache needed).
 
 from __future__ import annotations
 
-import os
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +42,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from onnxgen import options
 from onnxgen.runtime.kernels.common import NodeContext, normalize_axis
 from onnxgen.runtime.kernels.contrib_attention import compute_dtype
 from onnxgen.runtime.kernels.cpu_gemv import split_gemv
@@ -131,17 +131,19 @@ class _Entry:
 
 
 class DequantCache:
-    """Dequantized weights, keyed by the identity and version of the tensors they came from."""
+    """Dequantized weights, keyed by the identity and version of the tensors they came from. The cap
+    is ``budget_bytes`` (None: no cap), or with ``from_options`` the options' cap in force when a
+    weight would be stored (a hit never reads it)."""
 
-    def __init__(self, budget_bytes: int | None):
-        self.budget = budget_bytes
+    def __init__(self, budget_bytes: int | None = None, *, from_options: bool = False):
+        self._budget = budget_bytes
+        self._from_options = from_options
         self.used = 0
         self._entries: dict[tuple, _Entry] = {}
 
-    @staticmethod
-    def from_env() -> DequantCache:
-        raw = os.environ.get("ONNXGEN_DEQUANT_CACHE_MB", "").strip()
-        return DequantCache(int(float(raw) * 2**20) if raw else None)
+    @property
+    def budget(self) -> int | None:
+        return options.current().dequant_cache_bytes if self._from_options else self._budget
 
     def get(self, sources: tuple[torch.Tensor | None, ...], extra: tuple, build) -> torch.Tensor:
         key = tuple(id(t) for t in sources) + extra
@@ -154,7 +156,8 @@ class DequantCache:
             self._drop(key)
         weight = build()
         size = weight.numel() * weight.element_size()
-        if self.budget is not None and self.used + size > self.budget:
+        budget = self.budget
+        if budget is not None and self.used + size > budget:
             return weight  # over the cap: use once, keep nothing
         refs = tuple(weakref.ref(t, lambda _r, key=key: self._drop(key)) if t is not None else None for t in sources)
         self._entries[key] = _Entry(refs, versions, weight)
@@ -171,17 +174,17 @@ class DequantCache:
         self.used = 0
 
 
-DEQUANT_CACHE = DequantCache.from_env()
-_INT8_ACTIVATIONS = os.environ.get("ONNXGEN_INT8_ACTIVATIONS", "none").strip().lower()
+DEQUANT_CACHE = DequantCache(from_options=True)
 
 
 def _int8_activations(
     ctx: NodeContext, a: torch.Tensor, zero_points: torch.Tensor | None, bits: int, block: int
 ) -> bool:
     """Whether onnxruntime's CPU kernel would quantize A to int8 here (see the module docstring)."""
-    if int(ctx.attr("accuracy_level", 0)) != 4 or _INT8_ACTIVATIONS == "none":
+    if int(ctx.attr("accuracy_level", 0)) != 4:
         return False
-    if _INT8_ACTIVATIONS != "all" and a.device.type != "cpu":
+    mode = options.current().int8_activations
+    if mode == "none" or (mode != "all" and a.device.type != "cpu"):
         return False
     float_zero_points = zero_points is not None and zero_points.dtype != torch.uint8
     return not float_zero_points and not (bits == 2 and block < 32)
@@ -216,9 +219,8 @@ def fake_quantize_int8_blocks(a: torch.Tensor, block_size: int) -> torch.Tensor:
 # accuracy_level >= 3 (3 = bf16, 4 = int8 compute; onnxruntime itself rounds activations to int8
 # per block at level 4). At levels 0-2 the exact fp32 path below stays. It is faster than the fp32
 # GEMM at every M we measured (1..512), so prefill uses it too and no fp32 copy is cached.
-# ONNXGEN_CPU_INT4_GEMM=0 turns it off.
+# ONNXGEN_CPU_INT4_GEMM=0 (option cpu_int4_gemm) turns it off.
 _INT4PACK_GROUPS = (32, 64, 128, 256)  # the group sizes the kernel accepts
-_INT4PACK_ENABLED = os.environ.get("ONNXGEN_CPU_INT4_GEMM", "1").strip() != "0"
 _INT4PACK_OP = getattr(getattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", None), "default", None)
 
 
@@ -233,12 +235,13 @@ def _int4pack_applies(
     bits: int,
     block_size: int,
 ) -> bool:
+    if _INT4PACK_OP is None or a.device.type != "cpu":
+        return False
+    opts = options.current()
     return (
-        _INT4PACK_ENABLED
-        and _INT4PACK_OP is not None
-        and a.device.type == "cpu"
+        opts.cpu_int4_gemm
         and int(ctx.attr("accuracy_level", 0)) >= 3
-        and _INT8_ACTIVATIONS == "none"  # int8 emulation asked for: keep the path that does it
+        and opts.int8_activations == "none"  # int8 emulation asked for: keep the path that does it
         and bits == 4
         and g_idx is None
         and block_size in _INT4PACK_GROUPS

@@ -21,12 +21,11 @@ fp32 models use IEEE fp32 dot products (no TF32).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from onnxgen import options
 from onnxgen.runtime.kernels.triton_pdl import wait_for_previous
 from onnxgen.runtime.kernels.triton_support import LAUNCHES, pdl_launch, settled_before_launch
 
@@ -311,7 +310,8 @@ def decode_step(
     half_rot = cos_cache.shape[-1] if do_rotary else 1
     block_d = triton.next_power_of_2(head_size)
     group = num_heads // kv_heads
-    block_n, warps = decode_config()
+    opts = options.current()
+    block_n, warps = decode_config(opts)
     splits = triton.cdiv(capacity, block_n)
     part_max = torch.empty((batch, num_heads, splits), dtype=torch.float32, device=q.device)
     part_sum = torch.empty_like(part_max)
@@ -321,7 +321,7 @@ def decode_step(
     positions = position_ids.reshape(-1) if position_ids is not None else seqlens
     # before pdl_launch, which records this launch's own writes in place of the last one's
     settled = (seqlens, positions, cos_cache, sin_cache, key_cache, value_cache)
-    early = early_reads_enabled() and settled_before_launch(*settled)
+    early = early_reads_enabled(opts) and settled_before_launch(*settled)
     tickets = _tickets(key_cache, batch * kv_heads)
     _attend_split[(batch, kv_heads, splits)](
         q,
@@ -365,28 +365,22 @@ def decode_step(
     return out
 
 
-def decode_config() -> tuple[int, int]:
-    """(keys per program, warps): ``ONNXGEN_GQA_DECODE=BLOCK_N,WARPS`` overrides (the GPU benches
-    sweep it); a buffer of up to BLOCK_N rows is attended by one program, without the merge."""
-    raw = os.environ.get("ONNXGEN_GQA_DECODE")
-    if not raw:
-        # measured on the H200 (0.5B shape, docs/benchmarks/2026-12-01-h200-anatomy.md): 128 keys in
-        # 8 warps beat 64 in 4 (1,800 against 1,726 tok/s at 128 new tokens; 1,707 against 1,700 at
-        # 1,024) and 256 in 8 (1,735; 1,650 at 1,024)
-        return 128, 8
-    try:
-        block_n, warps = (int(v) for v in raw.split(","))
-    except ValueError:
-        raise ValueError(f"ONNXGEN_GQA_DECODE={raw!r}: expected BLOCK_N,WARPS (two integers)") from None
-    if block_n < 16 or block_n & (block_n - 1) or warps not in (1, 2, 4, 8, 16):
-        raise ValueError(f"ONNXGEN_GQA_DECODE={raw!r}: BLOCK_N must be a power of two >= 16, WARPS 1-16")
-    return block_n, warps
+# (keys per program, warps), measured on the H200 (0.5B shape, docs/benchmarks/2026-12-01-h200-anatomy.md):
+# 128 keys in 8 warps beat 64 in 4 and 256 in 8, at 128 and at 1,024 new tokens
+DECODE_CONFIG = (128, 8)
 
 
-def early_reads_enabled() -> bool:
+def decode_config(opts: options.Options | None = None) -> tuple[int, int]:
+    """(keys per program, warps): ``ONNXGEN_GQA_DECODE=BLOCK_N,WARPS`` (option ``gqa_decode``)
+    overrides (the GPU benches sweep it); a buffer of up to BLOCK_N rows is attended by one program,
+    without the merge."""
+    return (opts or options.current()).gqa_decode or DECODE_CONFIG
+
+
+def early_reads_enabled(opts: options.Options | None = None) -> bool:
     """The settled inputs are read before the PDL wait where that is safe (settled_before_launch);
-    ``ONNXGEN_GQA_EARLY=0`` reads them after it (the benches compare the two)."""
-    return os.environ.get("ONNXGEN_GQA_EARLY", "1") != "0"
+    ``ONNXGEN_GQA_EARLY=0`` (option ``gqa_early``) reads them after it (the benches compare the two)."""
+    return (opts or options.current()).gqa_early
 
 
 def _tickets(key_cache: torch.Tensor, count: int) -> torch.Tensor:

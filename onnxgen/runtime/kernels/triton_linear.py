@@ -27,12 +27,13 @@ and eager steps agree bit for bit.
 from __future__ import annotations
 
 import functools
-import os
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from onnxgen import options
 from onnxgen.runtime.kernels.triton_pdl import wait_for_previous
 from onnxgen.runtime.kernels.triton_support import LAUNCHES, pdl_launch
 
@@ -355,13 +356,11 @@ def _linear_row_q4_kernel(
 # -- launch configurations ---------------------------------------------------------------------
 
 
-def persistent_programs(device: torch.device) -> int:
+def persistent_programs(device: torch.device, opts: options.Options | None = None) -> int:
     """Programs of the persistent one-tile kernel (0: off, the default): ``ONNXGEN_GEMV_PERSIST=P``
-    launches P programs per SM (on the CPU interpreter: P programs) for rows that fit one tile."""
-    raw = os.environ.get("ONNXGEN_GEMV_PERSIST", "0")
-    if not raw.isdigit():
-        raise ValueError(f"ONNXGEN_GEMV_PERSIST={raw!r}: expected a number of programs per SM (0: off)")
-    per_sm = int(raw)
+    (option ``gemv_persist``) launches P programs per SM (on the CPU interpreter: P programs) for
+    rows that fit one tile."""
+    per_sm = (opts or options.current()).gemv_persist
     if not per_sm or device.type != "cuda":
         return per_sm
     return per_sm * _multiprocessors(device.index or 0)
@@ -372,54 +371,56 @@ def _multiprocessors(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def single_tile_enabled() -> bool:
-    """Rows that fit one tile run _linear_tile_kernel; ``ONNXGEN_GEMV_TILE=0`` runs the loop kernel
-    there instead (the benches compare the two)."""
-    return os.environ.get("ONNXGEN_GEMV_TILE", "1") != "0"
+# the interpreter has no SMs: the tables take the H200's count there, so that the CPU tests run the
+# configurations that GPU runs
+_INTERPRETER_SMS = 132
 
 
-def _override(name: str, n: int, k: int) -> tuple[int, ...] | None:
-    """ONNXGEN_GEMV_<NAME>_<N>x<K>=a,b,c forces a configuration for one weight shape, and
-    ONNXGEN_GEMV_<NAME>=a,b,c for every shape (the GPU benches sweep them)."""
-    raw = os.environ.get(f"ONNXGEN_GEMV_{name}_{n}x{k}") or os.environ.get(f"ONNXGEN_GEMV_{name}")
-    return tuple(int(v) for v in raw.split(",")) if raw else None
+def _sms(device: torch.device) -> int:
+    return _multiprocessors(device.index or 0) if device.type == "cuda" else _INTERPRETER_SMS
 
 
-def split_config(n: int, k: int, device: torch.device) -> tuple[int, int, int] | None:
+def single_tile_enabled(opts: options.Options | None = None) -> bool:
+    """Rows that fit one tile run _linear_tile_kernel; ``ONNXGEN_GEMV_TILE=0`` (option ``gemv_tile``)
+    runs the loop kernel there instead (the benches compare the two)."""
+    return (opts or options.current()).gemv_tile
+
+
+def split_config(
+    n: int, k: int, device: torch.device, opts: options.Options | None = None
+) -> tuple[int, int, int] | None:
     """(BLOCK_N, BLOCK_K, num_warps) of _linear_split_kernel for rows longer than one tile, or None
     (the loop kernel). Measured on the H200 (docs/benchmarks/2026-12-01-h200-tail-split.md): on the
     0.5B shape's down_proj (896 x 4,864), where the loop kernel has 224 programs for 132 SMs, split
-    8 x 1,024 in 8 warps ran the step at 1,995 tok/s against 1,903; on the 1.5B shape's (1,536 x
-    8,960: 384 programs) every split configuration lost (812-844 against 891). So the split runs
-    where the loop kernel would have fewer than two programs per SM. ``ONNXGEN_GEMV_SPLIT=off``
+    8 x 1,024 in 8 warps ran the step faster than the loop kernel; on the 1.5B shape's (1,536 x
+    8,960: 384 programs) every split configuration lost. So the split runs where the loop kernel
+    would have fewer than two programs per SM. ``ONNXGEN_GEMV_SPLIT=off`` (option ``gemv_split``)
     turns it off, ``ONNXGEN_GEMV_SPLIT[_<N>x<K>]=a,b,c`` forces a configuration (the benches sweep them)."""
-    raw = os.environ.get(f"ONNXGEN_GEMV_SPLIT_{n}x{k}") or os.environ.get("ONNXGEN_GEMV_SPLIT", "")
-    if raw == "off":
+    opts = opts or options.current()
+    forced = opts.gemv_split.lookup(n, k)
+    if forced == options.SPLIT_OFF:
         return None
-    if raw:
-        try:
-            block_n, block_k, warps = (int(v) for v in raw.split(","))
-        except ValueError:
-            raise ValueError(f"ONNXGEN_GEMV_SPLIT={raw!r}: expected off or BLOCK_N,BLOCK_K,WARPS") from None
-        return block_n, block_k, warps
-    loop_block_n = dense_config(n, k)[0]
+    if forced is not None:
+        return forced  # type: ignore[return-value]
+    loop_block_n = dense_config(n, k, opts)[0]
     if device.type == "cuda" and triton.cdiv(n, loop_block_n) >= 2 * _multiprocessors(device.index or 0):
         return None
     return 8, 1024, 8
 
 
-def dense_config(n: int, k: int) -> tuple[int, int, int]:
+def dense_config(n: int, k: int, opts: options.Options | None = None) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps) for a dense [N, K] weight, from whole-step sweeps on the H200
     under PDL (bench/step_anatomy.py, docs/benchmarks/2026-12-01-h200-anatomy.md):
     - K <= 2,048: the whole row in one tile (_linear_tile_kernel), 4 rows per program, 4 warps up
       to 1,024-wide tiles and 8 above, so that every weight load of a program is issued before it
-      waits for the kernel before. On the Qwen2.5-1.5B shape (K = 1,536) one-tile rows took the
-      step from 742 to 829 tok/s against 256-wide tiles in a loop;
+      waits for the kernel before. On the Qwen2.5-1.5B shape (K = 1,536) one-tile rows ran the
+      step faster than 256-wide tiles in a loop;
     - longer rows (down_proj, K = 4,864 or 8,960) in the loop kernel: 4 rows per program in
       1,024-wide tiles, 8 warps. The prologue (SiLU-mul of the gate and up rows) is computed once
-      per program and serves its rows: on the 0.5B shape 4 rows ran at 1,913 tok/s, 2 rows at
-      1,858, 1 row at 1,800. Where that grid is small, split_config splits the rows along K instead."""
-    forced = _override("DENSE", n, k)
+      per program and serves its rows: on the 0.5B shape 4 rows beat 2, and 2 beat 1. Where that
+      grid is small, split_config splits the rows along K instead.
+    ``ONNXGEN_GEMV_DENSE[_<N>x<K>]`` (option ``gemv_dense``) forces a configuration."""
+    forced = (opts or options.current()).gemv_dense.lookup(n, k)
     if forced:
         return forced  # type: ignore[return-value]
     if k <= 2048:
@@ -428,18 +429,69 @@ def dense_config(n: int, k: int) -> tuple[int, int, int]:
     return 4, 1024, 8
 
 
-def q4_config(n: int, k: int, block_size: int) -> tuple[int, int, int]:
+def q4_config(
+    n: int, k: int, block_size: int, device: torch.device, opts: options.Options | None = None
+) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCKS_PER_ITER, num_warps) for 4-bit weights: 256 elements per iteration, rows
-    per program from 16 down to 2 until there are 4 programs per SM. Whole-row tiles were slower
-    here (877-827 against 974 tok/s, docs/benchmarks/2026-12-01-h200-pdl.md)."""
-    forced = _override("Q4", n, k)
+    per program from 16 down to 2 until there are 4 programs per SM of ``device``. Whole-row tiles
+    were slower here (docs/benchmarks/2026-12-01-h200-pdl.md). ``ONNXGEN_GEMV_Q4[_<N>x<K>]``
+    (option ``gemv_q4``) forces a configuration."""
+    forced = (opts or options.current()).gemv_q4.lookup(n, k)
     if forced:
         return forced  # type: ignore[return-value]
     per_iter = max(1, 256 // block_size)
     block_n = 16
-    while block_n > 2 and triton.cdiv(n, block_n) < 4 * 132:
+    while block_n > 2 and triton.cdiv(n, block_n) < 4 * _sms(device):
         block_n //= 2
     return block_n, per_iter, 4
+
+
+@dataclass(frozen=True)
+class _RowPlan:
+    """How linear_row launches for one (N, K, split allowed, device) under one options object."""
+
+    block_n: int
+    block_k: int
+    warps: int
+    split: tuple[int, int, int] | None
+    tile: bool  # the one-tile kernel (the row fits one tile and gemv_tile is on)
+    resident: int  # programs of the persistent one-tile kernel (0: off)
+
+
+# resolved launch plans for the options object in force (_PLANS_FOR[0]); emptied when it changes,
+# so an override takes effect at the next launch and the hot path does one dict lookup per launch
+_PLANS: dict[tuple, _RowPlan | tuple[int, int, int]] = {}
+_PLANS_FOR: list[options.Options | None] = [None]
+
+
+def _plans() -> tuple[dict[tuple, _RowPlan | tuple[int, int, int]], options.Options]:
+    opts = options.current()
+    if _PLANS_FOR[0] is not opts:
+        _PLANS.clear()
+        _PLANS_FOR[0] = opts
+    return _PLANS, opts
+
+
+def _row_plan(n: int, k: int, splittable: bool, device: torch.device) -> _RowPlan:
+    plans, opts = _plans()
+    key = (n, k, splittable, device)
+    plan = plans.get(key)
+    if plan is None:
+        block_n, block_k, warps = dense_config(n, k, opts)
+        split = split_config(n, k, device, opts) if block_k < k and splittable else None
+        tile = block_k >= k and single_tile_enabled(opts)
+        resident = persistent_programs(device, opts) if tile else 0
+        plan = plans[key] = _RowPlan(block_n, block_k, warps, split, tile, resident)
+    return plan  # type: ignore[return-value]
+
+
+def _q4_plan(n: int, k: int, block_size: int, device: torch.device) -> tuple[int, int, int]:
+    plans, opts = _plans()
+    key = ("q4", n, k, block_size, device)
+    plan = plans.get(key)
+    if plan is None:
+        plan = plans[key] = q4_config(n, k, block_size, device, opts)
+    return plan  # type: ignore[return-value]
 
 
 # -- launchers ---------------------------------------------------------------------------------
@@ -475,18 +527,17 @@ def linear_row(
         raise ValueError("the weight must be [N, K] with K contiguous")
     code, x2, gamma, sum_out = _prologue_args(x, prologue, x2, gamma, sum_out)
     out = torch.empty(n, dtype=x.dtype, device=x.device)
-    block_n, block_k, warps = dense_config(n, k)
+    plan = _row_plan(n, k, code in (0, 3), x.device)
+    block_n, block_k, warps = plan.block_n, plan.block_k, plan.warps
     LAUNCHES["linear_row"] += 1
-    split = split_config(n, k, x.device) if block_k < k and code in (0, 3) else None
-    if split is not None:
-        _launch_split(x, x2, gamma, sum_out, weight, bias, out, code, split)
+    if plan.split is not None:
+        _launch_split(x, x2, gamma, sum_out, weight, bias, out, code, plan.split)
         return out
     kernel, grid = _linear_row_kernel, triton.cdiv(n, block_n)
-    if block_k >= k and single_tile_enabled():
+    if plan.tile:
         kernel = _linear_tile_kernel
-        resident = persistent_programs(x.device)
-        if resident and grid > resident:
-            kernel, grid = _linear_tile_persistent_kernel, resident
+        if plan.resident and grid > plan.resident:
+            kernel, grid = _linear_tile_persistent_kernel, plan.resident
             LAUNCHES["linear_row_persistent"] += 1
     kernel[(grid,)](
         x, x2, gamma, sum_out, weight, bias if bias is not None else out, out,
@@ -553,7 +604,7 @@ def linear_row_q4(
     zero_kind = 0 if zero_points is None else (1 if zero_points.dtype == torch.uint8 else 2)
     zeros = zero_points.reshape(n, -1) if zero_points is not None else packed
     out = torch.empty(n, dtype=x.dtype, device=x.device)
-    block_n, per_iter, warps = q4_config(n, k, block_size)
+    block_n, per_iter, warps = _q4_plan(n, k, block_size, x.device)
     LAUNCHES["linear_row_q4"] += 1
     _linear_row_q4_kernel[(triton.cdiv(n, block_n),)](
         x, x2, gamma, sum_out, packed, scales.reshape(n, n_blocks), zeros,

@@ -2,8 +2,10 @@
 
 Triton is used on CUDA only, where it is installed with torch. Tests run the same kernels on the
 CPU through Triton's interpreter (TRITON_INTERPRET=1, set before triton is imported), so a CPU
-tensor qualifies when the interpreter is on. ``ONNXGEN_TRITON=0`` turns the kernels off (the torch
-kernels run instead), which the benches use to measure what the kernels bring.
+tensor qualifies when the interpreter is on. ``ONNXGEN_TRITON=0`` (option ``triton``) turns the
+kernels off (the torch kernels run instead), which the benches use to measure what the kernels bring.
+The switches are onnxgen.options fields, read per call (a few attribute reads: the decode step
+calls these when it records, not when it replays); what the device and triton can do is cached.
 
 Also here: which one-row GEMV path runs (linear_row_serves: Triton where programmatic dependent
 launch is, else cuBLAS; the 4-bit kernel opt-in), and the launch arguments of PDL (pdl_launch).
@@ -12,20 +14,24 @@ launch is, else cuBLAS; the 4-bit kernel opt-in), and the launch arguments of PD
 from __future__ import annotations
 
 import functools
-import os
 import warnings
 from collections import Counter
 
 import torch
 
+from onnxgen import options
+
 # how often each fused kernel ran in this process (tests check that the fused path was taken)
 LAUNCHES: Counter[str] = Counter()
 
 
-@functools.cache
 def triton_importable() -> bool:
-    if os.environ.get("ONNXGEN_TRITON", "1") == "0":
-        return False
+    """Triton kernels are on (option ``triton``) and triton imports."""
+    return options.current().triton and _imports()
+
+
+@functools.cache
+def _imports() -> bool:
     try:
         import triton  # noqa: F401
     except Exception as exc:
@@ -52,8 +58,9 @@ def _warn_fallback() -> None:
 
 @functools.cache
 def interpreting() -> bool:
-    """Triton's interpreter is on (read once: triton itself decides when a kernel is defined)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    """Triton's interpreter is on (a process-lifetime option, which override refuses to change:
+    triton itself decides when a kernel is defined; so it is cached here)."""
+    return options.current().triton_interpret
 
 
 def triton_serves(t: torch.Tensor) -> bool:
@@ -66,24 +73,18 @@ def triton_serves(t: torch.Tensor) -> bool:
     return interpreting() and t.device.type == "cpu" and triton_importable()
 
 
-@functools.cache
 def linear_row_mode() -> str:
     """Whether the one-row GEMV kernels of triton_linear run: ``ONNXGEN_TRITON_LINEAR=1`` always,
     ``=0`` never, unset ("auto") where programmatic dependent launch is (Hopper and later). There,
-    chained with PDL, they beat cuBLAS on the whole step (Qwen2.5-0.5B fp16 1,448 vs 1,136 tok/s,
-    1.5B 646 vs 620, docs/benchmarks/2026-12-01-h200-pdl.md); without PDL they lost on the 1.5B shape."""
-    raw = os.environ.get("ONNXGEN_TRITON_LINEAR", "")
-    modes = {"1": "on", "0": "off", "": "auto", "auto": "auto"}
-    if raw not in modes:
-        raise ValueError(f"ONNXGEN_TRITON_LINEAR={raw!r}: expected 1 (on), 0 (off) or unset (auto)")
-    return modes[raw]
+    chained with PDL, they beat cuBLAS on the whole step (docs/benchmarks/2026-12-01-h200-pdl.md);
+    without PDL they lost on the 1.5B shape."""
+    return options.current().triton_linear
 
 
-@functools.cache
 def q4_row_enabled() -> bool:
     """triton_linear's 4-bit kernel, opt-in (``ONNXGEN_TRITON_Q4=1``): on the H200 it lost to the
     dense kernel over the dequantized fp16 copy (docs/benchmarks/2026-12-01-h200-pdl.md)."""
-    return os.environ.get("ONNXGEN_TRITON_Q4", "0") == "1"
+    return options.current().triton_q4
 
 
 def pdl_unavailable(capability: tuple[int, int], launcher_options: set[str] | None) -> str | None:
@@ -98,25 +99,28 @@ def pdl_unavailable(capability: tuple[int, int], launcher_options: set[str] | No
     return None
 
 
-@functools.cache
 def _pdl_on_device(index: int) -> bool:
-    if os.environ.get("ONNXGEN_PDL", "1") == "0":
-        return False
+    """PDL is on (option ``pdl``) and cuda:``index`` with this triton can do it."""
+    return options.current().pdl and _pdl_supported(index)
+
+
+@functools.cache
+def _pdl_supported(index: int) -> bool:
     try:
         from triton.backends.nvidia.compiler import CUDAOptions
 
-        options: set[str] | None = set(getattr(CUDAOptions, "__dataclass_fields__", {}))
+        launcher: set[str] | None = set(getattr(CUDAOptions, "__dataclass_fields__", {}))
     except Exception:
-        options = None
+        launcher = None
     capability = torch.cuda.get_device_capability(index)
-    reason = pdl_unavailable(capability, options)
+    reason = pdl_unavailable(capability, launcher)
     if reason is not None and capability >= (9, 0):
         # said once per device: this GPU could chain the step's kernels, and does not (slower decode)
         warnings.warn(
             f"programmatic dependent launch is off on cuda:{index} ({reason}): the decode step's "
             "one-row GEMVs run on cuBLAS, its Triton kernels without PDL (slower decode)",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=4,  # past _pdl_on_device, to the caller that asked (as before the options split)
         )
     return reason is None
 
@@ -157,7 +161,7 @@ def linear_row_serves(a: torch.Tensor) -> bool:
     """A one-row linear layer over ``a`` may run as triton_linear's kernel."""
     if a.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return False
-    mode = linear_row_mode()
+    mode = options.current().triton_linear  # linear_row_mode(), one call less per op
     if mode == "auto":
         return a.device.type == "cuda" and _pdl_on_device(a.device.index or 0) and triton_serves(a)
     return mode == "on" and triton_serves(a)

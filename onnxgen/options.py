@@ -1,0 +1,421 @@
+"""onnxgen's switches, declared once: one ``Options`` object, read from the environment on first use.
+
+Every ``ONNXGEN_*`` switch (and ``TRITON_INTERPRET``) is a field of ``Options`` and a ``Knob`` in
+``KNOBS``: its variable, default, accepted values and what it trades. The environment is parsed
+once, at the first ``current()``; a bad value is one ``OptionError`` naming the variable and what
+it accepts (every knob is checked then, not only the one a run happens to reach).
+
+Lifetimes: ``session`` knobs are read when an ``InferenceSession`` is built (it keeps the object);
+``launch`` knobs when a kernel runs or a CUDA graph records it (launch configurations are resolved
+once per weight shape and cached for the options object in force, so the hot path reads no
+environment and parses nothing); ``process`` knobs are fixed for the process (``override`` refuses
+them: triton reads ``TRITON_INTERPRET`` itself when the kernels are defined).
+
+``override(**changes)`` replaces the options object in force for the code run inside the ``with``
+block, in every thread of the process (the benches sweep kernel settings with it; tests use it
+instead of setting variables and clearing caches). It is not meant for threads that override
+different values at the same time. Defaults are the measured-fastest paths; the launch tables
+themselves live next to their kernels (kernels/triton_linear.py, triton_gqa.py): a per-shape
+override here replaces a table entry, the tables are not copied here.
+
+Read elsewhere, on purpose: ``ONNXGEN_HOME`` (models/fetch.py, at each lookup, so a changed
+environment applies to the next pull), ``OMP_*`` (threads.py, which must run before torch loads).
+This module imports nothing heavy, so ``onnxgen.runtime`` and the CLI may import it early.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from onnxgen.errors import OptionError
+
+Config = tuple[int, ...]
+Shape = tuple[int, int]
+SPLIT_OFF: Config = ()  # a split-K "configuration" that turns the split kernel off
+
+
+@dataclass(frozen=True)
+class ShapeOverrides:
+    """Launch configurations forced by weight shape [N, K]: ``shapes`` per shape, which wins over
+    ``every`` (all shapes). Empty (the default): the kernel's own table decides."""
+
+    every: Config | None = None
+    shapes: tuple[tuple[Shape, Config], ...] = ()
+
+    def lookup(self, n: int, k: int) -> Config | None:
+        for shape, config in self.shapes:
+            if shape == (n, k):
+                return config
+        return self.every
+
+    def __bool__(self) -> bool:
+        return self.every is not None or bool(self.shapes)
+
+
+NO_OVERRIDES = ShapeOverrides()
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """The switches in force; see ``KNOBS`` for each field's variable and trade-off."""
+
+    fuse: bool = True
+    triton: bool = True
+    triton_interpret: bool = False
+    triton_linear: Literal["auto", "on", "off"] = "auto"
+    triton_q4: bool = False
+    pdl: bool = True
+    gemv_persist: int = 0
+    gemv_tile: bool = True
+    gemv_dense: ShapeOverrides = NO_OVERRIDES
+    gemv_q4: ShapeOverrides = NO_OVERRIDES
+    gemv_split: ShapeOverrides = NO_OVERRIDES
+    gqa_decode: tuple[int, int] | None = None
+    gqa_early: bool = True
+    dequant_cache_mb: float | None = None
+    int8_activations: Literal["none", "cpu", "all"] = "none"
+    cpu_int4_gemm: bool = True
+
+    @property
+    def dequant_cache_bytes(self) -> int | None:
+        """The dequantized-weight cache's cap in bytes (None: no cap)."""
+        return None if self.dequant_cache_mb is None else int(self.dequant_cache_mb * 2**20)
+
+
+# -- parsers: environment text -> field value; ValueError(accepted values) on anything else -----------
+
+
+def _flag(on: str = "1", off: str = "0") -> Callable[[str], bool]:
+    def parse(raw: str) -> bool:
+        if raw.strip() not in (on, off):
+            raise ValueError(f"expected {on} or {off}")
+        return raw.strip() == on
+
+    return parse
+
+
+def _ints(raw: str, count: int, what: str) -> Config:
+    try:
+        values = tuple(int(v) for v in raw.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != count or min(values) < 1:
+        raise ValueError(f"expected {what} ({count} positive integers)")
+    return values
+
+
+def _triton_flag(raw: str) -> bool:
+    """Triton's own variable: onnxgen takes exactly ``1`` as on and leaves validation to triton."""
+    return raw == "1"
+
+
+def _triton_linear(raw: str) -> str:
+    modes = {"1": "on", "0": "off", "auto": "auto"}
+    if raw not in modes:
+        raise ValueError("expected 1 (on), 0 (off) or unset (auto)")
+    return modes[raw]
+
+
+def _persist(raw: str) -> int:
+    if not raw.isdigit():
+        raise ValueError("expected a number of programs per SM (0: off)")
+    return int(raw)
+
+
+def _gqa_decode(raw: str) -> tuple[int, int]:
+    try:
+        block_n, warps = (int(v) for v in raw.split(","))
+    except ValueError:
+        raise ValueError("expected BLOCK_N,WARPS (two integers)") from None
+    if block_n < 16 or block_n & (block_n - 1) or warps not in (1, 2, 4, 8, 16):
+        raise ValueError("BLOCK_N must be a power of two >= 16, WARPS 1-16")
+    return block_n, warps
+
+
+def _cache_mb(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ValueError("expected a size in MB (0: no cache; unset: no cap)")
+    return value
+
+
+def _int8(raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in ("none", "cpu", "all"):
+        raise ValueError("expected none, cpu or all")
+    return value
+
+
+def _dense(raw: str) -> Config:
+    return _ints(raw, 3, "BLOCK_N,BLOCK_K,WARPS")
+
+
+def _q4(raw: str) -> Config:
+    return _ints(raw, 3, "BLOCK_N,BLOCKS_PER_ITER,WARPS")
+
+
+def _split(raw: str) -> Config:
+    if raw == "off":
+        return SPLIT_OFF
+    try:
+        return _ints(raw, 3, "BLOCK_N,BLOCK_K,WARPS")
+    except ValueError:
+        raise ValueError("expected off or BLOCK_N,BLOCK_K,WARPS (3 positive integers)") from None
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One switch: ``field`` of Options, read from ``env``; ``per_shape``: also ``<env>_<N>x<K>``."""
+
+    field: str
+    env: str
+    parse: Callable[[str], Any]
+    values: str  # the accepted values, as the docs and errors say them
+    trades: str  # one line: what turning it trades
+    lifetime: Literal["session", "launch", "process"] = "launch"
+    audience: Literal["user", "tuning"] = "tuning"
+    per_shape: bool = False
+    default_text: str | None = None  # the default as the docs say it (None: from Options())
+
+    @property
+    def default(self) -> Any:
+        return getattr(Options(), self.field)
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("fuse", "ONNXGEN_FUSE", _flag(), "`1` / `0`",
+         "`0`: no graph rewrites (GEMM groups, prologues, attention): more kernels per step, the graph as written",
+         lifetime="session", audience="user"),
+    Knob("triton", "ONNXGEN_TRITON", _flag(), "`1` / `0`",
+         "`0`: no Triton kernels at all; torch's unfused kernels run (slower CUDA decode)", audience="user"),
+    Knob("dequant_cache_mb", "ONNXGEN_DEQUANT_CACHE_MB", _cache_mb, "MB (unset: no cap)",
+         "caps the cache of dequantized weights (`0`: no cache): memory against dequantizing on every call",
+         audience="user"),
+    Knob("cpu_int4_gemm", "ONNXGEN_CPU_INT4_GEMM", _flag(), "`1` / `0`",
+         "`0`: no torch int4 GEMM (bf16 activations) for MatMulNBits at accuracy_level >= 3 on the CPU: "
+         "the exact fp32 path over an 8x larger dequantized copy", audience="user"),
+    Knob("triton_interpret", "TRITON_INTERPRET", _triton_flag, "`1` (anything else: off)",
+         "`1`: Triton's interpreter (the tests run the kernels on the CPU); read by triton when the kernels "
+         "are defined", lifetime="process"),
+    Knob("triton_linear", "ONNXGEN_TRITON_LINEAR", _triton_linear, "unset (auto) / `1` / `0`",
+         "one-row Triton GEMVs (norm or SiLU-mul fused in) always / never (cuBLAS); auto: where PDL is"),
+    Knob("triton_q4", "ONNXGEN_TRITON_Q4", _flag(), "`0` / `1`",
+         "`1`: one-row int4 GEMVs read the packed 4-bit weights instead of the cached fp16 copy (slower on the H200)"),
+    Knob("pdl", "ONNXGEN_PDL", _flag(), "`1` / `0`",
+         "`0`: no programmatic dependent launch between the step's Triton kernels (Hopper+)"),
+    Knob("gemv_persist", "ONNXGEN_GEMV_PERSIST", _persist, "`P` (programs per SM; `0`: off)",
+         "one-tile GEMVs with more row blocks than P programs per SM run as P programs per SM, each looping"),
+    Knob("gemv_tile", "ONNXGEN_GEMV_TILE", _flag(), "`1` / `0`",
+         "`0`: rows that fit one tile run the loop kernel instead of the one-tile kernel"),
+    Knob("gemv_dense", "ONNXGEN_GEMV_DENSE", _dense, "`BLOCK_N,BLOCK_K,WARPS`",
+         "forces the dense GEMV's launch configuration (all shapes, or `_<N>x<K>` one weight shape)", per_shape=True,
+         default_text="unset: the kernel's table"),
+    Knob("gemv_q4", "ONNXGEN_GEMV_Q4", _q4, "`BLOCK_N,BLOCKS_PER_ITER,WARPS`",
+         "forces the 4-bit GEMV's launch configuration (all shapes, or `_<N>x<K>`)", per_shape=True,
+         default_text="unset: the kernel's table"),
+    Knob("gemv_split", "ONNXGEN_GEMV_SPLIT", _split, "`off` / `BLOCK_N,BLOCK_K,WARPS`",
+         "`off`: long rows run the loop kernel; a configuration: the split-K kernel wherever it applies "
+         "(all shapes, or `_<N>x<K>`)", per_shape=True,
+         default_text="unset: split where the loop kernel has < 2 programs per SM"),
+    Knob("gqa_decode", "ONNXGEN_GQA_DECODE", _gqa_decode, "`BLOCK_N,WARPS`",
+         "forces the decode attention kernel's keys per program and warps", default_text="unset: `128,8`"),
+    Knob("gqa_early", "ONNXGEN_GQA_EARLY", _flag(), "`1` / `0`",
+         "`0`: attention reads its settled inputs after the PDL wait, not before"),
+    Knob("int8_activations", "ONNXGEN_INT8_ACTIVATIONS", _int8, "`none` / `cpu` / `all`",
+         "at MatMulNBits accuracy_level 4, round A to int8 per block as onnxruntime's CPU kernel does "
+         "(single-op parity checks; whole models drift more)"),
+)  # fmt: skip
+
+_BY_FIELD = {knob.field: knob for knob in KNOBS}
+assert set(_BY_FIELD) == {f.name for f in dataclasses.fields(Options)}, "every Options field is one Knob"
+
+
+def _per_shape_pattern(knob: Knob) -> re.Pattern[str]:
+    return re.compile(re.escape(knob.env) + r"_(\d+)x(\d+)")
+
+
+def _invalid(name: str, raw: str, why: str) -> OptionError:
+    return OptionError(f"{name}={raw!r}: {why}")
+
+
+def from_env(env: Mapping[str, str], base: Options | None = None) -> Options:
+    """The options ``env`` (an environment mapping) asks for, over ``base`` (default: the defaults).
+    Empty values count as unset; names no knob declares are ignored."""
+    changes: dict[str, Any] = {}
+    for knob in KNOBS:
+        raw = env.get(knob.env, "")
+        value: Any = None
+        if raw.strip():
+            try:
+                value = knob.parse(raw)
+            except ValueError as exc:
+                raise _invalid(knob.env, raw, str(exc)) from None
+        if knob.per_shape:
+            pattern = _per_shape_pattern(knob)
+            shapes = []
+            for name, text in sorted(env.items()):
+                match = pattern.fullmatch(name)
+                if match and text.strip():
+                    try:
+                        shapes.append(((int(match[1]), int(match[2])), knob.parse(text)))
+                    except ValueError as exc:
+                        raise _invalid(name, text, str(exc)) from None
+            if value is not None or shapes:
+                changes[knob.field] = ShapeOverrides(value, tuple(shapes))
+        elif value is not None:
+            changes[knob.field] = value
+    return dataclasses.replace(base or Options(), **changes)
+
+
+def env_names(name: str) -> bool:
+    """Whether ``name`` is a variable some knob reads (per-shape names included)."""
+    return any(name == k.env or (k.per_shape and _per_shape_pattern(k).fullmatch(name)) for k in KNOBS)
+
+
+_FROM_ENV: list[Options] = []  # the options of the process environment, parsed at the first current()
+_current: Options | None = None  # the options in force: an override's, else _FROM_ENV[0]
+
+
+def current() -> Options:
+    """The options in force (the environment's, read once, unless an ``override`` is active).
+    Called per kernel launch: one global read once loaded."""
+    return _current or _load()
+
+
+def _load() -> Options:
+    global _current
+    if not _FROM_ENV:
+        _FROM_ENV.append(from_env(os.environ))
+    _current = _FROM_ENV[0]
+    return _current
+
+
+def _env_text(value: Any) -> str:
+    """A field value as its variable would spell it (for checking an override with the same parser)."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value) if value else "off"
+    return str(value)
+
+
+_SCALAR_TYPES: dict[str, tuple[type, ...]] = {"gemv_persist": (int,), "dequant_cache_mb": (int, float)}
+_NAMED_VALUES = {"triton_linear": ("auto", "on", "off"), "int8_activations": ("none", "cpu", "all")}
+
+
+def _checked(knob: Knob, value: Any) -> Any:
+    """``value`` for ``knob``'s field, or OptionError saying what the field takes."""
+    field = knob.field
+    if field in _NAMED_VALUES:
+        if value not in _NAMED_VALUES[field]:
+            raise OptionError(f"option {field}={value!r}: expected one of {', '.join(_NAMED_VALUES[field])}")
+        return value
+    if isinstance(knob.default, bool):
+        if not isinstance(value, bool):
+            raise OptionError(f"option {field}={value!r}: expected True or False")
+        return value
+    if value is None and knob.default is None:
+        return None
+    ok = isinstance(value, tuple) or (isinstance(value, _SCALAR_TYPES.get(field, ())) and not isinstance(value, bool))
+    try:
+        if not ok:
+            raise ValueError(f"expected {knob.values}")
+        return knob.parse(_env_text(value))
+    except ValueError as exc:
+        raise OptionError(f"option {field}={value!r}: {exc}") from None
+
+
+def _config(knob: Knob, config: Any) -> Config:
+    """One per-shape configuration given to ``override``: a tuple, or the variable's text."""
+    text = config if isinstance(config, str) else _env_text(tuple(config))
+    try:
+        return knob.parse(text)
+    except ValueError as exc:
+        raise OptionError(f"option {knob.field}={config!r}: {exc}") from None
+
+
+def _coerce(field: str, value: Any) -> Any:
+    """A value given to ``override``, checked, in the field's own type. Per-shape fields take one
+    configuration (every shape: a tuple or the variable's text) or a mapping {"NxK" or (N, K) or "*":
+    configuration}; ``gemv_split`` also takes "off"."""
+    knob = _BY_FIELD.get(field)
+    if knob is None:
+        raise OptionError(f"no option {field!r}; options: {', '.join(_BY_FIELD)}")
+    if knob.lifetime == "process" and value != getattr(current(), field):
+        raise OptionError(f"{knob.env} is fixed for the process (set it in the environment before starting Python)")
+    if not knob.per_shape:
+        return _checked(knob, value)
+    if isinstance(value, ShapeOverrides):
+        return value
+    if value is None:
+        return NO_OVERRIDES
+    if not isinstance(value, Mapping):
+        return ShapeOverrides(_config(knob, value))
+    every, shapes = None, []
+    for key, config in value.items():
+        if key == "*":
+            every = _config(knob, config)
+        else:
+            try:
+                n, k = (int(v) for v in key.split("x")) if isinstance(key, str) else key
+            except ValueError:
+                raise OptionError(
+                    f"option {field}: shape {key!r} is not N x K, like '9728x896' or (9728, 896)"
+                ) from None
+            shapes.append(((n, k), _config(knob, config)))
+    return ShapeOverrides(every, tuple(shapes))
+
+
+@contextmanager
+def using(opts: Options) -> Iterator[Options]:
+    """``opts`` in force for the code run inside the block (then whatever was before)."""
+    global _current
+    before = _current
+    _current = opts
+    try:
+        yield opts
+    finally:
+        _current = before
+
+
+@contextmanager
+def override(**changes: Any) -> Iterator[Options]:
+    """The options in force with ``changes`` (field=value) for the code run inside the block."""
+    opts = dataclasses.replace(current(), **{f: _coerce(f, v) for f, v in changes.items()})
+    with using(opts):
+        yield opts
+
+
+def markdown_table(audience: str | None = None) -> str:
+    """The knobs (of one audience, or all) as the Markdown table docs/options.md and README carry."""
+    rows = ["| variable | option | values | default | lifetime | what it trades |", "|---" * 6 + "|"]
+    for knob in KNOBS:
+        if audience is None or knob.audience == audience:
+            name = f"`{knob.env}`" + (f", `{knob.env}_<N>x<K>`" if knob.per_shape else "")
+            default = _default_text(knob)
+            rows.append(f"| {name} | `{knob.field}` | {knob.values} | {default} | {knob.lifetime} | {knob.trades} |")
+    return "\n".join(rows) + "\n"
+
+
+def _default_text(knob: Knob) -> str:
+    if knob.default_text is not None:
+        return knob.default_text
+    value = knob.default
+    if isinstance(value, bool):
+        return "`1`" if value else "`0`"
+    if value is None or value == NO_OVERRIDES:
+        return "unset"
+    return f"`{value}`"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")

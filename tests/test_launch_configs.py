@@ -1,0 +1,69 @@
+"""The default Triton launch configurations per weight shape stay what the GPU sweeps chose.
+
+The values below were recorded from triton_linear and triton_gqa before the launch settings moved
+into onnxgen.options (issue 16); a change to a tuning table must change this table too, on
+purpose. CUDA devices are stood in by a fake SM count (the H200's 132), so this runs on the CPU.
+Needs triton importable (the kernel modules define their kernels at import), not a GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+triton_linear = pytest.importorskip("onnxgen.runtime.kernels.triton_linear")
+triton_gqa = pytest.importorskip("onnxgen.runtime.kernels.triton_gqa")
+
+H200_SMS = 132
+CUDA = torch.device("cuda", 0)
+CPU = torch.device("cpu")
+
+# (N, K): dense (BLOCK_N, BLOCK_K, warps); split-K on a 132-SM GPU and on the CPU interpreter
+# (None: the loop kernel; "tile": the row fits one tile, no split is considered); 4-bit
+# (BLOCK_N, BLOCKS_PER_ITER, warps) for quantization blocks 16, 32, 64, 128
+DEFAULTS = {
+    # Qwen2.5-0.5B: qkv, o_proj, gate_up, down_proj, lm_head
+    (1152, 896): ((4, 1024, 4), "tile", "tile", [(2, 16, 4), (2, 8, 4), (2, 4, 4), (2, 2, 4)]),
+    (896, 896): ((4, 1024, 4), "tile", "tile", [(2, 16, 4), (2, 8, 4), (2, 4, 4), (2, 2, 4)]),
+    (9728, 896): ((4, 1024, 4), "tile", "tile", [(16, 16, 4), (16, 8, 4), (16, 4, 4), (16, 2, 4)]),
+    (896, 4864): ((4, 1024, 8), (8, 1024, 8), (8, 1024, 8), [(2, 16, 4), (2, 8, 4), (2, 4, 4), (2, 2, 4)]),
+    (151936, 896): ((4, 1024, 4), "tile", "tile", [(16, 16, 4), (16, 8, 4), (16, 4, 4), (16, 2, 4)]),
+    # Qwen2.5-1.5B
+    (2048, 1536): ((4, 2048, 8), "tile", "tile", [(2, 16, 4), (2, 8, 4), (2, 4, 4), (2, 2, 4)]),
+    (1536, 1536): ((4, 2048, 8), "tile", "tile", [(2, 16, 4), (2, 8, 4), (2, 4, 4), (2, 2, 4)]),
+    (17920, 1536): ((4, 2048, 8), "tile", "tile", [(16, 16, 4), (16, 8, 4), (16, 4, 4), (16, 2, 4)]),
+    (1536, 8960): ((4, 1024, 8), None, (8, 1024, 8), [(2, 16, 4), (2, 8, 4), (2, 4, 4), (2, 2, 4)]),
+    (151936, 1536): ((4, 2048, 8), "tile", "tile", [(16, 16, 4), (16, 8, 4), (16, 4, 4), (16, 2, 4)]),
+    # SmolLM2-135M
+    (960, 576): ((4, 1024, 4), "tile", "tile", [(2, 16, 4), (2, 8, 4), (2, 4, 4), (2, 2, 4)]),
+    (576, 576): ((4, 1024, 4), "tile", "tile", [(2, 16, 4), (2, 8, 4), (2, 4, 4), (2, 2, 4)]),
+    (3072, 576): ((4, 1024, 4), "tile", "tile", [(4, 16, 4), (4, 8, 4), (4, 4, 4), (4, 2, 4)]),
+    (576, 1536): ((4, 2048, 8), "tile", "tile", [(2, 16, 4), (2, 8, 4), (2, 4, 4), (2, 2, 4)]),
+    (49152, 576): ((4, 1024, 4), "tile", "tile", [(16, 16, 4), (16, 8, 4), (16, 4, 4), (16, 2, 4)]),
+}
+
+
+@pytest.fixture
+def h200(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(triton_linear, "_multiprocessors", lambda index: H200_SMS)
+
+
+@pytest.mark.parametrize("shape", list(DEFAULTS), ids=lambda s: f"{s[0]}x{s[1]}")
+def test_default_gemv_configs(shape: tuple[int, int], h200: None) -> None:
+    n, k = shape
+    dense, split_cuda, split_cpu, q4 = DEFAULTS[shape]
+    assert triton_linear.dense_config(n, k) == dense
+    if dense[1] >= k:
+        assert split_cuda == split_cpu == "tile"
+    else:
+        assert triton_linear.split_config(n, k, CUDA) == split_cuda
+        assert triton_linear.split_config(n, k, CPU) == split_cpu
+    assert [triton_linear.q4_config(n, k, block, CUDA) for block in (16, 32, 64, 128)] == q4
+    assert [triton_linear.q4_config(n, k, block, CPU) for block in (16, 32, 64, 128)] == q4  # 132 stand-in
+
+
+def test_default_attention_and_tile_settings() -> None:
+    assert triton_gqa.decode_config() == (128, 8)
+    assert triton_gqa.early_reads_enabled()
+    assert triton_linear.single_tile_enabled()
+    assert triton_linear.persistent_programs(CPU) == 0
