@@ -66,9 +66,8 @@ ALL_REWRITES = frozenset(
     {"attention", "matmul_groups", "matmul_nbits_groups", "silu_mul", "singles", "prologues", "row_sums"}
 )
 # what pays on each device (measured, docs/benchmarks/cpu.md and 2026-11-29-h200-capture.md): on the
-# CPU the grouped GEMMs lose the one-row GEMV fast path (SmolLM2 fp32 standard 28 -> 25 tok/s with
-# every rewrite) while the attention rewrite alone gains (29.9 -> 32.1 tok/s); on CUDA every rewrite
-# removes launches
+# CPU the grouped GEMMs give up the split one-row GEMV (kernels/cpu_gemv.py) and lose with every
+# rewrite on, while the attention rewrite alone gains; on CUDA every rewrite removes launches
 DEVICE_REWRITES = {"cuda": ALL_REWRITES, "cpu": frozenset({"attention"})}
 
 
