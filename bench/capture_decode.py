@@ -1,7 +1,7 @@
 """Decode speed with CUDA-graph capture on vs off, in the same run (random weights, real model shape).
 
-    python bench/capture_decode.py --shape qwen2.5-coder-0.5b-instruct --precision fp16 --attention gqa --kv static
-    python bench/capture_decode.py --shape smollm2-135m-instruct --attention standard --kv dynamic --capture verify
+    python -m bench.capture_decode --shape qwen2.5-coder-0.5b-instruct --precision fp16 --attention gqa --kv static
+    python -m bench.capture_decode --shape smollm2-135m-instruct --attention standard --kv dynamic --capture verify
 
 For each mode it decodes --new-tokens greedy tokens after a --prompt-tokens prompt (median of
 --repeats runs, after a warm-up run) and prints decode tok/s (tokens after the first), ms/token,
@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-from random_package import (
+from bench.random_package import (
     GreedyRun,
     add_package_args,
     build_random_package,

@@ -1,8 +1,8 @@
 """CPU decode under contention: onnxgen and onnxruntime-genai, alone, two at once, beside a busy core.
 
-    python bench/cpu_contention.py                                   # default package, 64 tokens
-    python bench/cpu_contention.py --variant default --variant threads=1 --variant "env:OMP_WAIT_POLICY=ACTIVE"
-    python bench/cpu_contention.py --engines onnxgen --conditions alone,busy
+    python -m bench.cpu_contention                                   # default package, 64 tokens
+    python -m bench.cpu_contention --variant default --variant threads=1 --variant "env:OMP_WAIT_POLICY=ACTIVE"
+    python -m bench.cpu_contention --engines onnxgen --conditions alone,busy
 
 Every measurement is a fresh process (a worker: this script with --worker), so one engine's
 threads or memory never leak into another's numbers. A worker loads the package, runs one warm-up
@@ -32,6 +32,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench import ROOT, module_command
+
 DEFAULT_PACKAGE = Path.home() / ".cache/onnxgen/packages/smollm2-135m-instruct-int4-cpu-gqa"
 PROMPT = "Once upon a time, in a small village, there lived"
 
@@ -46,8 +48,7 @@ def peak_rss_mib() -> float:
 
 def worker(engine: str, package: Path, new_tokens: int, threads: int | None) -> None:
     """Load, warm up, wait for "go", generate once, print one JSON line."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from genai_peer import run_genai, run_onnxgen
+    from bench.genai_peer import run_genai, run_onnxgen
 
     if engine == "onnxgen":
         from onnxgen.genai import Generator
@@ -90,10 +91,10 @@ def parse_variant(text: str) -> tuple[dict[str, str], int | None]:
 
 
 def spawn(engine: str, args: argparse.Namespace, env_extra: dict[str, str], threads: int | None) -> subprocess.Popen:
-    cmd = [sys.executable, __file__, "--worker", engine, "--package", str(args.package)]
+    cmd = [*module_command("bench.cpu_contention"), "--worker", engine, "--package", str(args.package)]
     cmd += ["--new-tokens", str(args.new_tokens)] + (["--threads", str(threads)] if threads else [])
     env = dict(os.environ, **env_extra)
-    return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
 
 
 def measure(engine: str, count: int, busy: bool, args, env_extra, threads) -> list[dict] | str:

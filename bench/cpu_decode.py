@@ -1,8 +1,8 @@
 """CPU decode speed: onnxgen vs onnxruntime-genai on the same package, same prompt ids, same process.
 
-    python bench/cpu_decode.py --precision int4 --new-tokens 128 --repeats 3
-    python bench/cpu_decode.py --precision fp32
-    python bench/cpu_decode.py --package DIR --accuracy-level 0   # rewrite MatMulNBits' level first
+    python -m bench.cpu_decode --precision int4 --new-tokens 128 --repeats 3
+    python -m bench.cpu_decode --precision fp32
+    python -m bench.cpu_decode --package DIR --accuracy-level 0   # rewrite MatMulNBits' level first
 
 Each engine gets one warm-up generation, then `--repeats` timed ones; the median is printed.
 TTFT is prompt prefill + first token; decode tok/s counts the tokens after the first (onnxgen's
@@ -22,8 +22,8 @@ import tempfile
 from pathlib import Path
 
 import torch
-from genai_peer import Run, genai_config_variant, median_run, run_genai, run_onnxgen
 
+from bench.genai_peer import Run, genai_config_variant, median_run, run_genai, run_onnxgen
 from onnxgen.models.package_variants import with_accuracy_level
 
 

@@ -1,9 +1,9 @@
 """CPU memory and long-generation speed: onnxgen and onnxruntime-genai on the same package.
 
-    python bench/cpu_memory.py                          # both parts, default package
-    python bench/cpu_memory.py --part peak              # peak RSS of a 64-token run only
-    python bench/cpu_memory.py --part long --long-tokens 2000
-    python bench/cpu_memory.py --part prefill --prompt-tokens 8000 --engines onnxgen
+    python -m bench.cpu_memory                          # both parts, default package
+    python -m bench.cpu_memory --part peak              # peak RSS of a 64-token run only
+    python -m bench.cpu_memory --part long --long-tokens 2000
+    python -m bench.cpu_memory --part prefill --prompt-tokens 8000 --engines onnxgen
 
 Every measurement is a fresh process (this script with --worker), so one engine's memory never
 counts for the other. Parts:
@@ -25,9 +25,10 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
+
+from bench import ROOT, module_command
 
 DEFAULT_PACKAGE = Path.home() / ".cache/onnxgen/packages/smollm2-135m-instruct-int4-cpu-gqa"
 PROMPT = "Once upon a time, in a small village, there lived"
@@ -109,11 +110,11 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def run_worker(engine: str, part: str, args: argparse.Namespace) -> dict | str:
-    cmd = [sys.executable, __file__, "--worker", engine, "--part", part, "--package", str(args.package)]
+    cmd = [*module_command("bench.cpu_memory"), "--worker", engine, "--part", part, "--package", str(args.package)]
     cmd += ["--new-tokens", str(args.new_tokens), "--long-tokens", str(args.long_tokens)]
     cmd += ["--prompt-tokens", str(args.prompt_tokens)]
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
         return f"timed out after {args.timeout:.0f} s"
     if done.returncode != 0:

@@ -1,6 +1,6 @@
 """Eager decode speed of a random-weights package in a real model's shape (no tokenizer needed).
 
-    python bench/decode_eager.py --shape smollm2-135m-instruct --precision fp16 --device cuda --kv static
+    python -m bench.decode_eager --shape smollm2-135m-instruct --precision fp16 --device cuda --kv static
 
 Prints build time, TTFT and decode tok/s (tokens after the first) for onnxgen's eager executor.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 
-from random_package import add_package_args, build_random_package, describe, greedy_run, make_engine, open_package
+from bench.random_package import add_package_args, build_random_package, describe, greedy_run, make_engine, open_package
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """One-row GEMV kernels at the decode step's shapes, inside CUDA graphs (GPU only).
 
-    python bench/gemv_micro.py [--shape qwen2.5-coder-0.5b-instruct] [--quick]
+    python -m bench.gemv_micro [--shape qwen2.5-coder-0.5b-instruct] [--quick]
 
 For each linear layer of the shape (QKV, o_proj, gate/up, down, lm_head) it times, per call inside
 one captured CUDA graph of many calls over distinct weight copies (so the weights stream from HBM,

@@ -1,8 +1,8 @@
 """Per-node cost of the node loop on the CPU: a long chain of cheap ops, run eagerly and captured.
 
-    python bench/node_loop_overhead.py                      # 500 nodes, eager and replayed
-    python bench/node_loop_overhead.py --nodes 1000 --runs 400 --repeats 7
-    python bench/node_loop_overhead.py --ops Identity        # the loop's own cost, nearly alone
+    python -m bench.node_loop_overhead                      # 500 nodes, eager and replayed
+    python -m bench.node_loop_overhead --nodes 1000 --runs 400 --repeats 7
+    python -m bench.node_loop_overhead --ops Identity        # the loop's own cost, nearly alone
 
 The kernels (Identity, Add, Mul on a [1, 4] float tensor) cost about as little as a torch call
 can, so what this measures is mostly the loop's own Python work per node: argument lookup, the

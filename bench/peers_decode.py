@@ -49,11 +49,11 @@ Set-up on the offline GPU machine (facts from ../shared/device/README.md and pac
 
 Examples (device):
     export PYTHONPATH=/tmp/site:$PWD; source /tmp/site-env.sh
-    python3 bench/peers_decode.py --shape qwen2.5-coder-0.5b-instruct --precision fp16
-    python3 bench/peers_decode.py --shape qwen2.5-coder-0.5b-instruct --precision int4 --workdir /tmp/peers
-    python3 bench/peers_decode.py --shape smollm2-135m-instruct --engines onnxgen,ort-genai-graph --repeats 5
+    python3 -m bench.peers_decode --shape qwen2.5-coder-0.5b-instruct --precision fp16
+    python3 -m bench.peers_decode --shape qwen2.5-coder-0.5b-instruct --precision int4 --workdir /tmp/peers
+    python3 -m bench.peers_decode --shape smollm2-135m-instruct --engines onnxgen,ort-genai-graph --repeats 5
 Smoke run on a CPU (seconds):
-    python bench/peers_decode.py --device cpu --tiny --engines onnxgen,onnxgen-eager,ort-genai,hf-eager
+    python -m bench.peers_decode --device cpu --tiny --engines onnxgen,onnxgen-eager,ort-genai,hf-eager
 """
 
 from __future__ import annotations
@@ -65,7 +65,6 @@ import inspect
 import json
 import os
 import platform
-import shlex
 import shutil
 import statistics
 import sys
@@ -80,8 +79,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from genai_peer import Run, genai_config_variant, run_genai, run_onnxgen, set_provider_option, timed_runs
 
+from bench import reproduce_line
+from bench.genai_peer import Run, genai_config_variant, run_genai, run_onnxgen, set_provider_option, timed_runs
 from onnxgen.models.config import DecoderConfig, weight_shapes
 from onnxgen.models.hf_reference import transformers_config
 from onnxgen.models.pull import build_from_source, default_precision, is_complete_package
@@ -624,7 +624,7 @@ def report(bench: Bench, results: list[EngineResult]) -> list[str]:
         lines.append("int4 on the CPU: onnxruntime rounds MatMulNBits activations to int8 (accuracy_level 4)")
     lines += ["", f"device: {device_name(args.device)}", "versions: " + "; ".join(versions())]
     lines.append(f"date: {datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}")
-    lines.append(f"command: python {shlex.join(sys.argv)}")
+    lines.append(f"command: {reproduce_line('bench.peers_decode')}")
     return lines
 
 

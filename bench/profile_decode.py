@@ -1,8 +1,8 @@
 """Where a decode step's time goes: kernels per token and the top GPU kernels and host ops, from the
 torch profiler, for eager decode and (with --capture) for captured decode of the same package.
 
-    python bench/profile_decode.py --shape smollm2-135m-instruct --precision fp16 --kv static --capture
-    python bench/profile_decode.py --shape qwen2.5-coder-0.5b-instruct --precision int4 --python-profile
+    python -m bench.profile_decode --shape smollm2-135m-instruct --precision fp16 --kv static --capture
+    python -m bench.profile_decode --shape qwen2.5-coder-0.5b-instruct --precision int4 --python-profile
 
 Random weights in a real model's shape. --python-profile adds a cProfile of the eager steps
 (host time by Python function), which tells dispatch overhead from kernel time.
@@ -19,8 +19,8 @@ import time
 from collections import Counter
 
 import torch
-from random_package import add_package_args, build_random_package, describe, greedy_run, make_engine, open_package
 
+from bench.random_package import add_package_args, build_random_package, describe, greedy_run, make_engine, open_package
 from onnxgen.genai.engine import DecodeEngine
 
 LAUNCH_CALLS = {

@@ -1,6 +1,6 @@
 """Is a decode step run-to-run deterministic on CUDA? (Why onnxgen's SDPA leaves cuDNN out.)
 
-    python bench/sdpa_determinism.py [--steps 256]
+    python -m bench.sdpa_determinism [--steps 256]
 
 1. Each SDPA backend, on decode-shaped inputs (14 query heads, 2 KV heads, head 64, a bool mask),
    called 3,000 times: how many results differ from the first.
@@ -17,9 +17,9 @@ import time
 
 import torch
 import torch.nn.functional as F
-from random_package import add_package_args, build_random_package, open_package
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from bench.random_package import add_package_args, build_random_package, open_package
 from onnxgen.genai.kv_cache import StaticKV
 from onnxgen.runtime.dtypes import ONNX_TO_TORCH
 from onnxgen.runtime.kernels import common

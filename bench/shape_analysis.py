@@ -5,7 +5,7 @@ The graph is the onnxgen builder's own decoder graph in the shape of Qwen2.5-1.5
 weights: the weight source hands out zero-stride views and the writer keeps only each
 initializer's dims (inference reads nothing else). Target: analysis under 2 s.
 
-    python bench/shape_analysis.py [--attention standard|gqa|both] [--repeat 3]
+    python -m bench.shape_analysis [--attention standard|gqa|both] [--repeat 3]
 """
 
 from __future__ import annotations

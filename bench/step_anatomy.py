@@ -1,6 +1,6 @@
 """Where a captured decode step's time goes, on the GPU and on the host (random weights, GPU only).
 
-    python bench/step_anatomy.py --shape qwen2.5-coder-0.5b-instruct --precision fp16 --context 512 \\
+    python -m bench.step_anatomy --shape qwen2.5-coder-0.5b-instruct --precision fp16 --context 512 \\
         --variant "default:" --variant "nopdl:ONNXGEN_PDL=0"
 
 Per variant (environment as in step_sweep.py; one package, one process), after the greedy loop of
@@ -37,7 +37,8 @@ from collections import defaultdict
 from collections.abc import Callable
 
 import torch
-from random_package import (
+
+from bench.random_package import (
     add_package_args,
     build_random_package,
     describe,
@@ -46,8 +47,7 @@ from random_package import (
     make_engine,
     open_package,
 )
-from step_sweep import apply_env, parse_variant
-
+from bench.step_sweep import apply_env, parse_variant
 from onnxgen.genai.benchmark import prompt_ids
 from onnxgen.genai.engine import DecodeEngine
 from onnxgen.genai.kv_cache import StaticKV

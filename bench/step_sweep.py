@@ -1,6 +1,6 @@
 """The captured decode step under several kernel settings, in one process (GPU; random weights).
 
-    python bench/step_sweep.py --shape qwen2.5-coder-0.5b-instruct --precision fp16 --context 512 \\
+    python -m bench.step_sweep --shape qwen2.5-coder-0.5b-instruct --precision fp16 --context 512 \\
         --variant "cublas:" --variant "triton:ONNXGEN_TRITON_LINEAR=1" \\
         --variant "triton-nopdl:ONNXGEN_TRITON_LINEAR=1,ONNXGEN_PDL=0" \\
         --variant "gate_up-1k:ONNXGEN_TRITON_LINEAR=1,ONNXGEN_GEMV_DENSE_9728x896=8,1024,8"
@@ -26,7 +26,7 @@ import statistics
 import sys
 import tempfile
 
-from random_package import (
+from bench.random_package import (
     add_package_args,
     build_random_package,
     describe,
@@ -35,7 +35,6 @@ from random_package import (
     make_engine,
     open_package,
 )
-
 from onnxgen import options
 
 SWEPT_PREFIXES = (

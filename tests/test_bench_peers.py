@@ -17,7 +17,7 @@ ENGINES = ["onnxgen", "onnxgen-eager", "ort-genai", "hf-eager"]
 def test_peers_decode_tiny_cpu(tiny: str, precision: str) -> None:
     pytest.importorskip("onnxruntime_genai")
     pytest.importorskip("transformers")
-    command = [sys.executable, str(ROOT / "bench" / "peers_decode.py"), "--device", "cpu", "--tiny", tiny]
+    command = [sys.executable, "-m", "bench.peers_decode", "--device", "cpu", "--tiny", tiny]
     command += ["--precision", precision, "--new-tokens", "32", "--repeats", "2", "--engines", ",".join(ENGINES)]
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -25,7 +25,7 @@ def test_peers_decode_tiny_cpu(tiny: str, precision: str) -> None:
     for engine in ENGINES:
         cells = [c.strip() for c in rows[engine].split("|")[2:5]]  # tok/s, ms/token, TTFT ms
         assert all(float(c) > 0 for c in cells), rows[engine]
-    assert "command: python" in done.stdout and "versions: torch" in done.stdout
+    assert "command: python -m bench.peers_decode --device cpu" in done.stdout and "versions: torch" in done.stdout
     if precision == "fp32":  # the same fp32 weights everywhere: greedy ids agree token for token
         for engine in ENGINES[1:]:
             assert f"tokens: {engine} = onnxgen over all 32 greedy tokens" in done.stdout, done.stdout

@@ -164,8 +164,7 @@ def test_bench_variants_apply_in_process(monkeypatch: pytest.MonkeyPatch) -> Non
     """bench/step_sweep.py (and step_anatomy.py, which shares apply_env) put a variant in force with
     options.using; the two loop switches go to the decode engine as arguments, never the environment."""
     pytest.importorskip("torch")
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    step_sweep = pytest.importorskip("step_sweep")
+    step_sweep = pytest.importorskip("bench.step_sweep")
     for key in step_sweep.LOOP_SWITCHES:
         monkeypatch.delenv(key, raising=False)
     before = options.current()

@@ -30,7 +30,6 @@ from onnxgen.runtime.capture.runtime import CaptureRuntime
 from tests.conftest import HAS_CUDA
 from tests.test_capture_runtime import write_word_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
 PROMPT = [3, 141, 59, 26]
 GREEDY = SamplingParams(max_new_tokens=24, ignore_eos=True)
 SAMPLED = SamplingParams(
@@ -381,11 +380,10 @@ def test_guard_is_the_per_binding_check() -> None:
 # -- the bench loop ---------------------------------------------------------------------------------
 
 
-def test_bench_greedy_loop_pipelined_matches_sequential(package, monkeypatch) -> None:
+def test_bench_greedy_loop_pipelined_matches_sequential(package) -> None:
     """The benches' greedy runs (the decode engine, random_package.greedy_run): pipelined or not, the
     tail in the graph or outside, pinned or copied host tokens, the tokens of eager decoding."""
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    from random_package import greedy_run, make_engine, open_package
+    from bench.random_package import greedy_run, make_engine, open_package
 
     results = {}
     for no_pipeline, tail, host_tokens in ((True, "graph", "pinned"), (False, "graph", "pinned"),
@@ -413,11 +411,10 @@ def test_bench_greedy_loop_pipelined_matches_sequential(package, monkeypatch) ->
     assert len({str(v) for v in results.values()}) == 1
 
 
-def test_bench_variant_names_map_to_engine_switches(monkeypatch) -> None:
+def test_bench_variant_names_map_to_engine_switches() -> None:
     """``--variant name:ONNXGEN_SAMPLE_IN_GRAPH=0`` (step_sweep.py, step_anatomy.py) still works: the two
     names are the engine's arguments now, over --tail / --host-tokens."""
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    from random_package import engine_switches
+    from bench.random_package import engine_switches
 
     args = argparse.Namespace(tail="graph", host_tokens="pinned")
     assert engine_switches(args) == {"sample_in_graph": True, "host_tokens": True}
@@ -431,13 +428,12 @@ def test_bench_variant_names_map_to_engine_switches(monkeypatch) -> None:
     assert engine_switches(copied, {"ONNXGEN_SAMPLE_IN_GRAPH": "1"})["sample_in_graph"]
 
 
-def test_step_anatomy_steps_replay_the_engines_recording(package, monkeypatch) -> None:
+def test_step_anatomy_steps_replay_the_engines_recording(package) -> None:
     """bench/step_anatomy.py times the engine's own step on a rewound sequence: the steps replay the
     recording the greedy runs made (no invalidation), a rewind starts them over, and the tail in the
     graph or outside makes the same tokens."""
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    from random_package import greedy_run, make_engine, open_package
-    from step_anatomy import rewind, timed_sequence
+    from bench.random_package import greedy_run, make_engine, open_package
+    from bench.step_anatomy import rewind, timed_sequence
 
     runs = []
     for tail in ("graph", "outside"):

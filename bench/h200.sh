@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# The usual GPU measurements and checks as named stages, for one device call on the lent H200 (or any
+# CUDA machine). Run from the repo root:
+#
+#     bash bench/h200.sh STAGE [STAGE ...]      # logs to $OUT (the device tool's output folder) or ./h200-logs
+#     bash bench/h200.sh                        # lists the stages
+#
+# Stages (each command under its own time limit, so one slow stage cannot eat a call's 10 minutes;
+# the tail of every log is printed; Q = --shape qwen2.5-coder-0.5b-instruct, random weights):
+#
+#   tests      the GPU test files (pytest -m gpu ...), ~5 min
+#   decode     python -m bench.capture_decode Q --context 512 --capture-only, fp16 and int4, ~1.5 min
+#   verify     the same with --capture verify --verify-steps 24 (every captured step against eager), ~2 min
+#   long       1,024 new tokens at --context 2048, fp16, ~1 min
+#   standard   the standard flavour (default-domain attention, dynamic KV), capture on vs off, ~1 min
+#   qwen15     capture_decode --shape qwen2.5-coder-1.5b-instruct, fp16 and int4, ~2.5 min
+#   peers      python -m bench.peers_decode Q, fp16 and int4 (needs the peer wheels), ~5 min
+#   peers15    peers_decode for the 1.5B shape, fp16 (needs the peer wheels), ~4 min
+#   generator  peers_decode --engines onnxgen, fp16 and int4 (the Generator alone; needs only gguf), ~2 min
+#   anatomy    python -m bench.step_anatomy Q --kernels: where the step's time goes, per kernel, ~2 min
+#   profile    python -m bench.profile_decode Q --capture: kernels per token, top kernels, ~1 min
+#   micro      python -m bench.gemv_micro --quick: the one-row GEMVs alone, ~2 min
+#
+# The environment passes through (README's table of ONNXGEN_* switches), e.g.
+#     ONNXGEN_TRITON_LINEAR=0 bash bench/h200.sh decode      # the same stage with cuBLAS GEMVs
+# For many settings in one process use python -m bench.step_sweep / bench.step_anatomy --variant.
+#
+# Set-up (bench/README.md): the peer wheels and gguf are carried into /tmp/site by earlier calls; this
+# script puts /tmp/site first on PYTHONPATH and sources /tmp/site-env.sh when it is there.
+set -u
+out=${OUT:-$PWD/h200-logs}
+export PYTHONPATH=/tmp/site:$PWD
+[ -f /tmp/site-env.sh ] && source /tmp/site-env.sh
+
+Q="--shape qwen2.5-coder-0.5b-instruct"
+Q15="--shape qwen2.5-coder-1.5b-instruct"
+PY=python3
+GPU_TESTS="tests/test_fusion.py tests/test_decode_tail.py tests/test_gpu_capture_models.py tests/test_capture_runtime.py
+  tests/test_pipelined_decode.py tests/test_model_parity.py tests/test_kernels_contrib.py tests/test_kernels_tensor.py
+  tests/test_session_contract.py tests/test_sampling_inputs.py"
+
+# run NAME LIMIT COMMAND...: one command, its log in $out/NAME.log, its exit status and last lines printed
+run() {
+  local name=$1 limit=$2
+  shift 2
+  echo "### $name ($(date +%T), limit ${limit}s): $*"
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  echo "### $name rc=$?"
+  grep -v '^\s*$' "$out/$name.log" | tail -n 14
+}
+
+stage_tests() {
+  # query_seqlens: the oracle's gap, not onnxgen's (onnxruntime 1.31's GroupQueryAttention lacks that
+  # input; docs/benchmarks/2026-11-29-h200.md)
+  # shellcheck disable=SC2086
+  run tests 420 $PY -m pytest -q -p no:cacheprovider -m gpu $GPU_TESTS -k "not query_seqlens"
+}
+stage_decode() {
+  for p in fp16 int4; do run "decode-$p" 60 $PY -m bench.capture_decode $Q --precision $p --context 512 --capture-only; done
+}
+stage_verify() {
+  for p in fp16 int4; do
+    run "verify-$p" 90 $PY -m bench.capture_decode $Q --precision $p --context 512 --capture verify --verify-steps 24 --repeats 1
+  done
+}
+stage_long() {
+  run long 60 $PY -m bench.capture_decode $Q --precision fp16 --context 2048 --new-tokens 1024 --repeats 1 --capture-only
+}
+stage_standard() {
+  run standard 80 $PY -m bench.capture_decode $Q --precision fp16 --attention standard --kv dynamic --repeats 2
+}
+stage_qwen15() {
+  for p in fp16 int4; do run "qwen15-$p" 90 $PY -m bench.capture_decode $Q15 --precision $p --context 512 --capture-only; done
+}
+stage_peers() {
+  run peers-fp16 170 $PY -m bench.peers_decode $Q --precision fp16 --workdir /tmp/peers
+  run peers-int4 150 $PY -m bench.peers_decode $Q --precision int4 --workdir /tmp/peers
+}
+stage_peers15() {
+  run peers15-fp16 250 $PY -m bench.peers_decode $Q15 --precision fp16 --workdir /tmp/peers15
+}
+stage_generator() {
+  for p in fp16 int4; do run "generator-$p" 120 $PY -m bench.peers_decode $Q --precision $p --workdir /tmp/peers --engines onnxgen; done
+}
+stage_anatomy() {
+  run anatomy 200 $PY -m bench.step_anatomy $Q --precision fp16 --context 512 --kernels --variant "default:"
+}
+stage_profile() {
+  run profile 60 $PY -m bench.profile_decode $Q --precision fp16 --context 512 --capture --steps 16 --top 15
+}
+stage_micro() {
+  run micro 150 $PY -m bench.gemv_micro --quick
+}
+
+STAGES="tests decode verify long standard qwen15 peers peers15 generator anatomy profile micro"
+if [ $# -eq 0 ]; then
+  echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
+  exit 2
+fi
+for name in "$@"; do
+  [[ " $STAGES " == *" $name "* ]] || { echo "unknown stage $name (stages: $STAGES)" >&2; exit 2; }
+done
+mkdir -p "$out"
+for name in "$@"; do "stage_$name"; done
+echo "logs in $out"
