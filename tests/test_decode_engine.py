@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from onnxgen.errors import InvalidInputError
-from onnxgen.genai.engine import BatchNotSupportedError, DecodeEngine
+from onnxgen.genai.engine import BatchNotSupportedError, DecodeEngine, PromptTooLongError
 from onnxgen.genai.package import load_package_config
 from onnxgen.genai.sampling import SamplingParams
 from onnxgen.models.builder import build_package
@@ -64,6 +64,27 @@ def test_a_batch_of_more_than_one_sequence_is_refused(package, session) -> None:
         engine.prefill([])
     assert issubclass(BatchNotSupportedError, InvalidInputError)
     assert decode(engine, PROMPT, GREEDY) == decode(engine_of(package, session, kv="dynamic"), PROMPT, GREEDY)
+
+
+@pytest.mark.parametrize(
+    "ids, words",
+    [
+        ([3, 10**6], ["token id 1000000 at index 1 is outside the vocabulary [0, "]),
+        ([3, 2.5], ["2.5", "float"]),
+        ([], ["empty"]),
+    ],
+)
+def test_prompt_ids_are_checked_where_they_enter_the_engine(package, session, ids, words) -> None:
+    """The engine is the ids-in entry for every driver (the Generator, the benches, a scheduler):
+    a sequence is only made of ids in range, so the decode loop needs no bound checks."""
+    engine = engine_of(package, session, kv="dynamic")
+    with pytest.raises(InvalidInputError) as info:
+        engine.new_sequence(ids, GREEDY)
+    for word in words:
+        assert word in str(info.value)
+    too_long = [1] * engine.config.context_length
+    with pytest.raises(PromptTooLongError, match="context holds"):
+        engine.new_sequence(too_long, GREEDY)
 
 
 def test_every_loop_form_gives_the_same_tokens(package, session) -> None:

@@ -13,6 +13,7 @@ batch later. Today only a batch of one sequence is supported; more raise ``Batch
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING
 import onnx
 import torch
 
-from onnxgen.errors import InvalidInputError
+from onnxgen.errors import InvalidInputError, OnnxgenError
 from onnxgen.genai.decode_tail import GreedyTail
 from onnxgen.genai.host_read import HostRead, host_read
 from onnxgen.genai.kv_cache import DynamicKV, GrowingKV, StaticKV, past_feeds_attention_in_place
@@ -36,6 +37,10 @@ if TYPE_CHECKING:
     from onnxgen.runtime.capture.runtime import CaptureRuntime
 
 KV = DynamicKV | GrowingKV | StaticKV
+
+
+class PromptTooLongError(OnnxgenError):
+    """The prompt does not fit in the model's context."""
 
 
 class BatchNotSupportedError(InvalidInputError):
@@ -131,11 +136,37 @@ class DecodeEngine:
 
     # -- sequences -------------------------------------------------------------------------
 
+    def checked_prompt_ids(self, prompt_ids: Iterable[object]) -> list[int]:
+        """``prompt_ids`` as ints, checked where ids enter decoding: ints (numpy integers too; bool
+        and float refused) within [0, vocab_size), not empty, leaving room for one new token. These
+        checks keep the decode loop free of bound checks: sampled tokens are always in range."""
+        vocab = self.config.vocab_size
+        ids: list[int] = []
+        for index, value in enumerate(prompt_ids):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise InvalidInputError(
+                    f"token ids must be ints; the one at index {index} is {value!r} ({type(value).__name__})"
+                )
+            if not 0 <= value < vocab:
+                raise InvalidInputError(
+                    f"token id {int(value)} at index {index} is outside the vocabulary [0, {vocab}) of this model"
+                )
+            ids.append(int(value))
+        if not ids:
+            raise InvalidInputError("the prompt is empty; give at least one token of text")
+        if len(ids) >= self.config.context_length:
+            raise PromptTooLongError(
+                f"the prompt has {len(ids)} tokens, but the context holds {self.config.context_length} "
+                "(prompt plus at least one new token)"
+            )
+        return ids
+
     def new_sequence(self, prompt_ids: list[int], params: SamplingParams, stop_ids: Iterable[int] = ()) -> Sequence:
-        """A sequence for ``prompt_ids`` (checked by the caller: ints in the vocabulary, shorter than
-        the context). It stops at ``params.max_new_tokens`` (at most what the context leaves room
-        for) or at a token of ``stop_ids`` (unless ``params.ignore_eos``); the stop id is counted in
-        the stats but not handed out."""
+        """A sequence for ``prompt_ids``, checked by ``checked_prompt_ids``. It stops at
+        ``params.max_new_tokens`` (at most what the context leaves room for) or at a token of
+        ``stop_ids`` (unless ``params.ignore_eos``); the stop id is counted in the stats but not
+        handed out."""
+        prompt_ids = self.checked_prompt_ids(prompt_ids)
         room = self.config.context_length - len(prompt_ids)
         max_new = min(params.max_new_tokens or room, room)
         sequence = Sequence(

@@ -3,14 +3,13 @@ the decode engine (engine.py), which runs the token ids."""
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from onnxgen.errors import InvalidInputError, OnnxgenError
+from onnxgen.errors import InvalidInputError
 from onnxgen.genai.chat import render_chat
-from onnxgen.genai.engine import DecodeEngine
+from onnxgen.genai.engine import DecodeEngine, PromptTooLongError
 from onnxgen.genai.package import PackageConfig, load_package_config
 from onnxgen.genai.package_checks import check_package
 from onnxgen.genai.sampling import NonFiniteLogitsError, SamplingParams, checked_params
@@ -22,10 +21,6 @@ from onnxgen.runtime.session import InferenceSession, resolve_device
 from onnxgen.threads import ThreadOptions
 
 __all__ = ["GenerationStats", "Generator", "PromptTooLongError"]
-
-
-class PromptTooLongError(OnnxgenError):
-    """The prompt does not fit in the model's context."""
 
 
 class Generator:
@@ -128,7 +123,7 @@ class Generator:
         room for one new token. The checked ids are what keeps the decode loop free of bound checks:
         sampled tokens are always in range."""
         if isinstance(prompt, (list, tuple)):
-            return self._checked_ids(prompt)
+            return self.engine.checked_prompt_ids(prompt)
         if not isinstance(prompt, str):
             raise InvalidInputError(
                 f"the prompt must be a str or a list of token ids (int), got {type(prompt).__name__}"
@@ -142,29 +137,7 @@ class Generator:
                 f"the prompt is not valid UTF-8 text: U+{ord(prompt[exc.start]):04X} at character {exc.start} is "
                 "a lone surrogate (what Python makes of bytes that are not UTF-8, e.g. in a command-line argument)"
             ) from None
-        return self._checked_ids(self.tokenizer.encode(prompt))
-
-    def _checked_ids(self, prompt_ids: list[int] | tuple[int, ...]) -> list[int]:
-        vocab = self.config.vocab_size
-        ids: list[int] = []
-        for index, value in enumerate(prompt_ids):
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                raise InvalidInputError(
-                    f"token ids must be ints; the one at index {index} is {value!r} ({type(value).__name__})"
-                )
-            if not 0 <= value < vocab:
-                raise InvalidInputError(
-                    f"token id {int(value)} at index {index} is outside the vocabulary [0, {vocab}) of this model"
-                )
-            ids.append(int(value))
-        if not ids:
-            raise InvalidInputError("the prompt is empty; give at least one token of text")
-        if len(ids) >= self.config.context_length:
-            raise PromptTooLongError(
-                f"the prompt has {len(ids)} tokens, but the context holds {self.config.context_length} "
-                "(prompt plus at least one new token)"
-            )
-        return ids
+        return self.engine.checked_prompt_ids(self.tokenizer.encode(prompt))
 
     # -- generation ----------------------------------------------------------------------
 
@@ -178,7 +151,6 @@ class Generator:
         Raises NonFiniteLogitsError, naming the new token, where the model's logits are NaN or
         infinite (which tokens are checked: DecodeEngine.generate)."""
         params = checked_params(params)
-        prompt_ids = self._checked_ids(prompt_ids)
         try:
             yield from self._generate_ids(prompt_ids, params)
         except NonFiniteLogitsError as exc:
