@@ -7,9 +7,9 @@ one captured CUDA graph of many calls over distinct weight copies (so the weight
 not from L2):
     cublas-linear   F.linear(x, W[N, K])      (what MatMulGroup runs)
     cublas-matmul   x @ W[K, N]               (what a plain MatMul runs)
-    triton BN/BK/W  kernels/triton_linear.py's dense kernel, swept over launch configurations
+    triton BN/BK/W  gpu/linear_row.py's dense kernel, swept over launch configurations
     q4-dequant      F.linear over the dequantized fp16 copy (the int4 package's default path before)
-    q4 BN/BPI/W     kernels/triton_linear.py's 4-bit kernel, swept
+    q4 BN/BPI/W     gpu/linear_row.py's 4-bit kernel, swept
 and the same kernel with its norm prologue fused (skip_rms) at the chosen configuration. Each row
 gives us/call and the bandwidth it reached (weight bytes / time). The chosen configurations of
 dense_config/q4_config are marked with '*'.
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from onnxgen import options
 from onnxgen.models.random_source import MODEL_SHAPES
-from onnxgen.runtime.kernels import triton_linear as TL
+from onnxgen.runtime.gpu import linear_row as TL
 
 
 def layer_shapes(shape: str) -> list[tuple[str, int, int]]:

@@ -22,7 +22,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from bench.random_package import add_package_args, build_random_package, open_package
 from onnxgen.genai.kv_cache import StaticKV
 from onnxgen.runtime.dtypes import ONNX_TO_TORCH
-from onnxgen.runtime.kernels import common
+from onnxgen.runtime.ops import common
 
 
 def backend_repeats(calls: int) -> None:

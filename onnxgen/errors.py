@@ -10,15 +10,15 @@ class ModelLoadError(OnnxgenError):
 
 
 class UnsupportedOpError(OnnxgenError):
-    """The graph uses ops that have no kernel; lists every such node at once."""
+    """The graph uses ops that onnxgen has no implementation of; lists every such node at once."""
 
 
 class InvalidInputError(OnnxgenError):
     """A feed has the wrong name, dtype or shape."""
 
 
-class KernelError(OnnxgenError):
-    """A kernel rejected its inputs or attributes at run time."""
+class OpError(OnnxgenError):
+    """An op implementation rejected its node's inputs or attributes at run time."""
 
 
 class UnknownModelError(OnnxgenError):

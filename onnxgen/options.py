@@ -15,7 +15,7 @@ them: triton reads ``TRITON_INTERPRET`` itself when the kernels are defined).
 block, in every thread of the process (the benches sweep kernel settings with it; tests use it
 instead of setting variables and clearing caches). It is not meant for threads that override
 different values at the same time. Defaults are the measured-fastest paths; the launch tables
-themselves live next to their kernels (kernels/triton_linear.py, triton_gqa.py): a per-shape
+themselves live next to their kernels (gpu/linear_row.py, gpu/gqa_decode.py): a per-shape
 override here replaces a table entry, the tables are not copied here.
 
 Read elsewhere, on purpose: ``ONNXGEN_HOME`` (models/fetch.py, at each lookup, so a changed

@@ -52,6 +52,31 @@ def ort_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.nda
     return session.run(None, feeds)
 
 
+def prompt_feeds(package, ids: list[int]) -> dict[str, np.ndarray]:
+    """A package decoder's feeds for ``ids`` as its first prompt: every position attended, every
+    layer's past empty (fp32 KV)."""
+    from onnxgen.genai.package import load_package_config
+
+    c = load_package_config(package)
+    feeds = {c.io.input_ids: np.array([ids], dtype=np.int64), c.io.attention_mask: np.ones((1, len(ids)), np.int64)}
+    empty = np.zeros((1, c.num_kv_heads, 0, c.head_size), dtype=np.float32)
+    for layer in range(c.num_layers):
+        feeds[c.past_key_name(layer)] = feeds[c.past_value_name(layer)] = empty
+    return feeds
+
+
+def onnxruntime_prompt_logits(package, ids: list[int]) -> np.ndarray:
+    """The oracle for a prompt: onnxruntime runs the package's graph once over ``ids`` (prompt_feeds);
+    the logits of every row, [len(ids), vocab]."""
+    import onnxruntime as ort
+
+    from onnxgen.genai.package import load_package_config
+
+    c = load_package_config(package)
+    session = ort.InferenceSession(str(c.model_file), providers=["CPUExecutionProvider"])
+    return session.run([c.io.logits], prompt_feeds(package, ids))[0][0]
+
+
 def onnxgen_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray], device: str = "cpu") -> list[np.ndarray]:
     from onnxgen.runtime import InferenceSession
 

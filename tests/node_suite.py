@@ -26,15 +26,15 @@ class CaseResult:
 
 
 def _category(model: onnx.ModelProto) -> str:
-    from onnxgen.runtime.kernels.registry import load_all_kernels, lookup, normalize_domain
+    from onnxgen.runtime.ops.registry import load_all_ops, lookup, normalize_domain
 
-    load_all_kernels()
+    load_all_ops()
     opsets = {normalize_domain(o.domain): o.version for o in model.opset_import}
     for node in model.graph.node:
         if node.op_type == "Constant":
             continue
         spec = lookup(node.domain, node.op_type, opsets.get(normalize_domain(node.domain), 1))
-        return spec.family if spec else "no kernel"
+        return spec.family if spec else "no implementation"
     return "constant"
 
 
@@ -83,7 +83,7 @@ def run_case(case, device: str = "cpu") -> CaseResult:
         try:
             category = _category(model)
         except Exception:
-            category = "no kernel"
+            category = "no implementation"
     try:
         session = InferenceSession(model, device=device)
     except UnsupportedOpError as exc:
@@ -140,7 +140,7 @@ def summarize(results: list[CaseResult]) -> str:
         failed = c["fail"] + c["error"] + c["unsupported"]
         lines.append(
             f"{category:>16}: {c['pass']} passed, {failed} failed"
-            f" (wrong {c['fail']}, raised {c['error']}, no kernel {c['unsupported']})"
+            f" (wrong {c['fail']}, raised {c['error']}, no implementation {c['unsupported']})"
         )
     total = Counter(r.status for r in results)
     failed = len(results) - total["pass"]

@@ -267,16 +267,16 @@ def test_recording_failure_quarantines_replans_and_completes_eagerly(packages) -
                 recording["on"] = False
 
     captured.runtime.recorder = Recorder()
-    for step in captured.session.program.steps:
-        if step.ctx.op_type == broken:
-            original = step.spec.fn
+    for node in captured.session.program.nodes:
+        if node.ctx.op_type == broken:
+            original = node.spec.fn
 
             def fn(ctx, *args, _original=original):
                 if recording["on"]:
                     raise RuntimeError("operation not permitted when stream is capturing")  # as CUDA says
                 return _original(ctx, *args)
 
-            step.spec = dataclasses.replace(step.spec, fn=fn)
+            node.spec = dataclasses.replace(node.spec, fn=fn)
     decode_pair(eager, captured, steps=16)
     stats = captured.runtime.stats
     assert stats.recording_failures == 1
@@ -383,9 +383,9 @@ def test_gpu_a_syncing_kernel_breaks_the_recording_and_is_quarantined(packages) 
     eager = Decoder(packages["gqa"], "static", device="cuda")
     captured = Decoder(packages["gqa"], "static", device="cuda", runtime_kw={"recorder": CudaGraphRecorder(device)})
     patched = 0
-    for step in captured.session.program.steps:
-        if step.ctx.op_type == broken:
-            original = step.spec.fn
+    for node in captured.session.program.nodes:
+        if node.ctx.op_type == broken:
+            original = node.spec.fn
 
             def fn(ctx, *args, _original=original):
                 out = _original(ctx, *args)
@@ -393,7 +393,7 @@ def test_gpu_a_syncing_kernel_breaks_the_recording_and_is_quarantined(packages) 
                 first.reshape(-1)[0].item()  # a host read of device data: legal eagerly, not while capturing
                 return out
 
-            step.spec = dataclasses.replace(step.spec, fn=fn)
+            node.spec = dataclasses.replace(node.spec, fn=fn)
             patched += 1
     assert patched
     decode_pair(eager, captured, steps=16)
@@ -440,7 +440,7 @@ def test_host_arithmetic_over_constants_leaves_the_segment(tmp_path) -> None:
         [helper.make_tensor("one", TensorProto.INT64, [], [1])],
     )
     session = InferenceSession(model)
-    cast = next(s for s in session.program.steps if s.ctx.name == "cast")
+    cast = next(s for s in session.program.nodes if s.ctx.name == "cast")
     cast.on_host = True  # what the executor decides on CUDA: its input is host shape data
     runtime = CaptureRuntime(session.program, model, recorder=ReplayRecorder())
     x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
@@ -450,5 +450,5 @@ def test_host_arithmetic_over_constants_leaves_the_segment(tmp_path) -> None:
         assert torch.equal(got, torch.from_numpy(want))
     (program,) = runtime.keys.values()
     (segment,) = program.schedule.segments
-    assert [s.ctx.name for s in segment.steps] == ["mul", "add", "square"]
+    assert [s.ctx.name for s in segment.nodes] == ["mul", "add", "square"]
     assert "f" in program.schedule.static_outputs and runtime.stats.replays == 2

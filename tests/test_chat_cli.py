@@ -150,6 +150,9 @@ def test_ctrl_c_at_the_prompt_asks_then_leaves(package):
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        # a test runner started as a background job inherits SIGINT ignored, and Python then never
+        # raises KeyboardInterrupt: give the chat the Ctrl-C a terminal user has
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         banner = proc.stderr.readline().decode()  # printed once the model is loaded, before the prompt

@@ -175,7 +175,7 @@ def test_control_flow_mentioning_growing_symbol_is_a_host_seam() -> None:
 
 def test_capturable_kernel_cannot_readmit_a_vetoed_node(monkeypatch) -> None:
     from onnxgen.runtime.capture import planner
-    from onnxgen.runtime.kernels.registry import lookup
+    from onnxgen.runtime.ops.registry import lookup
 
     spec = lookup("", "Relu", 21)
     assert spec is not None and spec.capture is None  # the kernel says: always capturable
@@ -268,4 +268,4 @@ def test_unresolved_quarantined_and_cold_nodes_stay_eager() -> None:
     assert p.node("relu").capturable and p.node("sigmoid").capturable
     q = plan_capture(result, classify(result), opsets, quarantine={"Sigmoid"}, warmed={"relu", "sigmoid"})
     assert q.node("sigmoid").reason.startswith("quarantined")  # quarantine outranks everything
-    assert q.node("neg").reason == "kernel not warmed for this shape"
+    assert q.node("neg").reason == "op not warmed for this shape"

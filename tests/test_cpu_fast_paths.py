@@ -6,7 +6,7 @@
   5.1e-3; onnxruntime at level 4, which rounds A to int8, is off by up to 8.2e-3
   on the same cases). At accuracy_level 0 the path must not be taken (exact to 1e-5 of the scale).
 - GroupQueryAttention's appending step (batch 1, past + new rows = total): outputs and presents
-  as onnxruntime, tolerance 1e-5 (fp32), as in test_kernels_contrib.
+  as onnxruntime, tolerance 1e-5 (fp32), as in test_ops_contrib.
 Each test also checks that the fast path really ran.
 """
 
@@ -18,9 +18,9 @@ import pytest
 from onnx import TensorProto as TP
 from onnx import helper
 
-from onnxgen.runtime.kernels import contrib_attention, contrib_quant
+from onnxgen.runtime.ops import contrib_attention, contrib_quant
 from tests.conftest import make_model, onnxgen_run, ort_run
-from tests.test_kernels_contrib import GqaCase, matmul_nbits_model, run_gqa_separate
+from tests.test_ops_contrib import GqaCase, matmul_nbits_model, run_gqa_separate
 
 INT4_TOL = 1e-2
 
@@ -172,7 +172,7 @@ def test_matmul_nbits_int4_plan_sees_in_place_writes(int4_calls) -> None:
     """A packed weight written in place (same tensor, new version) is packed again."""
     import torch
 
-    from onnxgen.runtime.kernels.common import NodeContext
+    from onnxgen.runtime.node_contract import NodeContext
 
     k, n = 64, 32
     attrs = dict(K=k, N=n, bits=4, block_size=32, accuracy_level=4)
@@ -197,7 +197,7 @@ def test_skip_rms_norm_output_and_sum_only(monkeypatch: pytest.MonkeyPatch) -> N
     """Outputs [y, "", "", sum] (what decoders use) go through torch's rms_norm: same as onnxruntime."""
     import torch
 
-    from onnxgen.runtime.kernels import contrib_norm
+    from onnxgen.runtime.ops import contrib_norm
 
     calls: list[int] = []
     original = torch.nn.functional.rms_norm
@@ -269,7 +269,7 @@ def two_threads():
 @pytest.mark.parametrize("op", ["MatMul", "Gemm"])
 @pytest.mark.parametrize("a_shape", [(1, 1, 384), (1, 384), (2, 384)])
 def test_split_gemv_matches_onnxruntime(op: str, a_shape, two_threads, monkeypatch: pytest.MonkeyPatch) -> None:
-    from onnxgen.runtime.kernels import cpu_gemv
+    from onnxgen.runtime.ops import cpu_gemv
 
     if op == "Gemm" and len(a_shape) != 2:
         pytest.skip("Gemm takes 2D A")

@@ -22,7 +22,7 @@ from onnxgen.models.builder import build_package
 from onnxgen.models.random_source import TINY_CONFIGS, RandomSource
 from onnxgen.runtime.capture.recorder import ReplayRecorder
 from onnxgen.runtime.capture.runtime import CaptureMismatchError, CaptureRuntime
-from onnxgen.runtime.kernels.triton_support import triton_serves
+from onnxgen.runtime.gpu.launch import triton_serves
 from tests.conftest import HAS_CUDA
 from tests.test_capture_runtime import CAPACITY, Decoder, prompt, write_word_tokenizer
 
@@ -79,7 +79,7 @@ def test_greedy_tail_at_the_end_of_a_full_cache_keeps_to_the_mask() -> None:
 def test_greedy_tail_kernel_stores_host_tokens() -> None:
     """The kernel's host copy: the token at its new position, nothing else (run interpreted: a CPU
     tensor stands in for the pinned memory the GPU writes)."""
-    from onnxgen.runtime.kernels.triton_greedy import greedy_advance
+    from onnxgen.runtime.gpu.greedy_advance import greedy_advance
 
     row = _row("tie_across_blocks")[:VOCAB]
     ids, pos = torch.zeros((1, 1), dtype=torch.int64), torch.full((1, 1), 4, dtype=torch.int64)
@@ -223,7 +223,7 @@ def test_generator_tail_fills_the_cache_to_its_last_row(package) -> None:
 def test_gpu_greedy_tail_kernel_matches_torch_argmax(case: str) -> None:
     """The Triton kernel (with PDL where the GPU has it) against torch.argmax on the GPU; and a
     151,936-entry row, the Qwen2.5 vocabulary, random."""
-    from onnxgen.runtime.kernels.triton_support import LAUNCHES
+    from onnxgen.runtime.gpu.launch import LAUNCHES
 
     rows = [_row(case).cuda()]
     if case == "random":

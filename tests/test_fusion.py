@@ -219,7 +219,7 @@ def norm_mlp_model(
 def test_norm_and_silu_prologues_match_onnxruntime(rows: int, dtype: int, sum_output: bool, inner: int, device: str):
     """The norm moves into the gate/up group, SiLU-mul into the down projection (a group of one);
     one row takes the one-row kernels (through Triton where it serves), more rows the unfused path.
-    inner=1300 and 2100: the down projection takes triton_linear's middle and long-K launch configurations."""
+    inner=1300 and 2100: the down projection takes linear_row's middle and long-K launch configurations."""
     model = norm_mlp_model(dtype, sum_output=sum_output, inner=inner)
     fused, report = fuse_graph(model)
     assert (report.matmul_groups, report.singles, report.prologues, report.silu_mul) == (1, 1, 2, 1), report
@@ -310,3 +310,32 @@ def test_embedding_gather_matches_onnxruntime(indices: list, width: int, device:
     (want,) = ort_run(model, {"ids": ids})
     (got,) = InferenceSession(model, device=device).run(None, {"ids": ids})
     np.testing.assert_array_equal(got, want)
+
+
+def _tied_embedding(perm: list[int] | None = None, second_reader: bool = False):
+    """ids [B, S] -> Gather(Transpose(W [8, 50]), ids) -> [B, S, 8]; optionally the transposed table
+    is also an output (a reader that is not a Gather)."""
+    transpose = helper.make_node("Transpose", ["W"], ["table"], **({"perm": perm} if perm else {}))
+    nodes = [transpose, helper.make_node("Gather", ["table", "ids"], ["emb"], axis=0)]
+    outputs = [helper.make_tensor_value_info("emb", TensorProto.FLOAT, None)]
+    if second_reader:
+        nodes.append(helper.make_node("Identity", ["table"], ["table_out"]))
+        outputs.append(helper.make_tensor_value_info("table_out", TensorProto.FLOAT, None))
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, ["B", "S"])
+    weight = numpy_helper.from_array(np.random.default_rng(3).standard_normal((8, 50)).astype(np.float32), "W")
+    return make_model(nodes, [ids], outputs, [weight])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    ("perm", "second_reader", "rewritten"), [(None, False, 1), ([1, 0], False, 1), (None, True, 0)]
+)
+def test_tied_embedding_gather_matches_onnxruntime(device: str, perm, second_reader: bool, rewritten: int) -> None:
+    model = _tied_embedding(perm, second_reader)
+    ids = np.array([[3, 49, 0], [7, 7, 21]], dtype=np.int64)
+    expected = ort_run(model, {"ids": ids})
+    session = InferenceSession(model, device=device)
+    assert session.fusions.tied_gathers == rewritten
+    ours = session.run(None, {"ids": ids})
+    for a, b in zip(ours, expected):
+        np.testing.assert_array_equal(a, b)  # a gather and a transpose: exact

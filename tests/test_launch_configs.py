@@ -1,6 +1,6 @@
 """The default Triton launch configurations per weight shape stay what the GPU sweeps chose.
 
-The values below were recorded from triton_linear and triton_gqa before the launch settings moved
+The values below were recorded from gpu/linear_row.py and gpu/gqa_decode.py before the launch settings moved
 into onnxgen.options (issue 16); a change to a tuning table must change this table too, on
 purpose. CUDA devices are stood in by a fake SM count (the H200's 132), so this runs on the CPU.
 Needs triton importable (the kernel modules define their kernels at import), not a GPU.
@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-triton_linear = pytest.importorskip("onnxgen.runtime.kernels.triton_linear")
-triton_gqa = pytest.importorskip("onnxgen.runtime.kernels.triton_gqa")
+linear_row = pytest.importorskip("onnxgen.runtime.gpu.linear_row")
+gqa_decode = pytest.importorskip("onnxgen.runtime.gpu.gqa_decode")
 
 H200_SMS = 132
 CUDA = torch.device("cuda", 0)
@@ -45,25 +45,25 @@ DEFAULTS = {
 
 @pytest.fixture
 def h200(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(triton_linear, "_multiprocessors", lambda index: H200_SMS)
+    monkeypatch.setattr(linear_row, "_multiprocessors", lambda index: H200_SMS)
 
 
 @pytest.mark.parametrize("shape", list(DEFAULTS), ids=lambda s: f"{s[0]}x{s[1]}")
 def test_default_gemv_configs(shape: tuple[int, int], h200: None) -> None:
     n, k = shape
     dense, split_cuda, split_cpu, q4 = DEFAULTS[shape]
-    assert triton_linear.dense_config(n, k) == dense
+    assert linear_row.dense_config(n, k) == dense
     if dense[1] >= k:
         assert split_cuda == split_cpu == "tile"
     else:
-        assert triton_linear.split_config(n, k, CUDA) == split_cuda
-        assert triton_linear.split_config(n, k, CPU) == split_cpu
-    assert [triton_linear.q4_config(n, k, block, CUDA) for block in (16, 32, 64, 128)] == q4
-    assert [triton_linear.q4_config(n, k, block, CPU) for block in (16, 32, 64, 128)] == q4  # 132 stand-in
+        assert linear_row.split_config(n, k, CUDA) == split_cuda
+        assert linear_row.split_config(n, k, CPU) == split_cpu
+    assert [linear_row.q4_config(n, k, block, CUDA) for block in (16, 32, 64, 128)] == q4
+    assert [linear_row.q4_config(n, k, block, CPU) for block in (16, 32, 64, 128)] == q4  # 132 stand-in
 
 
 def test_default_attention_and_tile_settings() -> None:
-    assert triton_gqa.decode_config() == (128, 8)
-    assert triton_gqa.early_reads_enabled()
-    assert triton_linear.single_tile_enabled()
-    assert triton_linear.persistent_programs(CPU) == 0
+    assert gqa_decode.decode_config() == (128, 8)
+    assert gqa_decode.early_reads_enabled()
+    assert linear_row.single_tile_enabled()
+    assert linear_row.persistent_programs(CPU) == 0

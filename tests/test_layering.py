@@ -8,9 +8,14 @@ Rules (each violation is reported as file:line, the rule, and what was found):
   b. The environment (``os.environ``, ``os.getenv``, ``os.putenv``, ``os.unsetenv``, ``os.environb``,
      however ``os`` or those names were imported) is touched only in ENV_FILES: the switches are read
      once, in onnxgen/options.py.
-  c. ``onnxgen.genai`` reaches the runtime through its API only: it imports no ``onnxgen.runtime.kernels``
-     module and calls no private (``_name``) attribute of a session. GENAI_ALLOWED lists today's
-     exceptions; each entry must still occur, so the list is emptied as they are fixed.
+  c. ``onnxgen.genai`` reaches the runtime through its API only: it imports no ``onnxgen.runtime.ops``
+     or ``onnxgen.runtime.gpu`` module and calls no private (``_name``) attribute of a session.
+     GENAI_ALLOWED lists today's exceptions; each entry must still occur, so the list is emptied as
+     they are fixed.
+  d. Inside the runtime, imports go one way: the ONNX op implementations (``runtime.ops``) see the
+     executor only through ``runtime.node_contract`` and import neither the executor, the session nor
+     the capture runtime; the GPU kernels (``runtime.gpu``) import no op implementation; the
+     contract itself imports nothing of the runtime.
 The checks parse the source (nothing is imported), so a file that fails to import is checked too.
 """
 
@@ -25,6 +30,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "onnxgen"
 
+# rule d: (importing package, packages it may not import, why)
+INTERNAL_RULES = (
+    (
+        "onnxgen.runtime.ops",
+        ("onnxgen.runtime.executor", "onnxgen.runtime.session", "onnxgen.runtime.capture"),
+        "op implementations see the executor only through runtime.node_contract",
+    ),
+    (
+        "onnxgen.runtime.gpu",
+        ("onnxgen.runtime.ops", "onnxgen.runtime.executor", "onnxgen.runtime.session"),
+        "GPU kernels sit below the op implementations",
+    ),
+    ("onnxgen.runtime.node_contract", ("onnxgen.runtime",), "the contract sits below both sides"),
+)
 RUNTIME_FORBIDDEN = ("onnxgen.genai", "onnxgen.models", "onnxgen.cli", "onnxgen.server", "onnxgen.show")
 OPTIONS_ALLOWED = ("onnxgen.errors",)
 # the files that may touch the process environment, and why
@@ -107,12 +126,23 @@ def _within(name: str, prefixes: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
+def internal_crossing(module: str, name: str) -> str | None:
+    """Rule d: why ``module`` may not import ``name``, or None."""
+    for inner, forbidden, why in INTERNAL_RULES:
+        if _within(module, (inner,)) and _within(name, forbidden):
+            return why
+    return None
+
+
 def runtime_violations() -> list[Found]:
     found = []
     for rel, module, tree in _sources():
         for line, name in imports(rel, module, tree):
             if _within(module, ("onnxgen.runtime",)) and _within(name, RUNTIME_FORBIDDEN):
                 found.append(Found(rel, line, "a", f"{module} imports {name}"))
+            why = internal_crossing(module, name)
+            if why:
+                found.append(Found(rel, line, "d", f"{module} imports {name} ({why})"))
             if module == "onnxgen.options" and _within(name, ("onnxgen",)) and name != "onnxgen":
                 if not _within(name, OPTIONS_ALLOWED):
                     found.append(Found(rel, line, "a", f"{module} imports {name} (options sits below the runtime)"))
@@ -159,16 +189,17 @@ def _private_session_calls(tree: ast.Module) -> Iterator[tuple[int, str]]:
                 yield node.lineno, f"session.{node.attr}"
 
 
+GPU_AND_OPS = ("onnxgen.runtime.ops", "onnxgen.runtime.gpu")
+
+
 def genai_uses() -> list[tuple[Found, bool]]:
     """Rule c's findings, each with whether GENAI_ALLOWED excuses it."""
     found = []
     for rel, module, tree in _sources():
         if not _within(module, ("onnxgen.genai",)):
             continue
-        kernels = {
-            (line, name) for line, name in imports(rel, module, tree) if _within(name, ("onnxgen.runtime.kernels",))
-        }
-        # "from onnxgen.runtime.kernels.m import f" yields the module and m.f: report the module
+        kernels = {(line, name) for line, name in imports(rel, module, tree) if _within(name, GPU_AND_OPS)}
+        # "from onnxgen.runtime.ops.m import f" yields the module and m.f: report the module
         modules = {(line, name) for line, name in kernels if not any(n == name.rpartition(".")[0] for _, n in kernels)}
         uses = sorted(modules) + sorted(_private_session_calls(tree))
         found += [(Found(rel, line, "c", what), (rel, what) in GENAI_ALLOWED) for line, what in uses]
@@ -209,11 +240,16 @@ def test_the_checks_see_what_they_forbid() -> None:
         "    importlib.import_module('onnxgen.cli')\n    return o.environ, g('X'), self.session._feeds\n"
     )
     tree = ast.parse(source)
-    names = [name for _, name in imports("onnxgen/runtime/kernels/x.py", "onnxgen.runtime.kernels.x", tree)]
-    # three dots from kernels/x.py reach onnxgen, two onnxgen.runtime (no genai module there)
+    names = [name for _, name in imports("onnxgen/runtime/ops/x.py", "onnxgen.runtime.ops.x", tree)]
+    # three dots from ops/x.py reach onnxgen, two onnxgen.runtime (no genai module there)
     assert sorted(names) == sorted(
         ["onnxgen.genai.generator", "onnxgen.runtime.genai", "onnxgen.models.fetch", "onnxgen.models.pull"]
         + ["os", "os", "importlib", "onnxgen.cli"]
     )
     assert {what for _, what in environment_uses(tree)} == {"from os import getenv", "o.environ", "g"}
     assert [what for _, what in _private_session_calls(tree)] == ["session._feeds"]
+    assert internal_crossing("onnxgen.runtime.ops.control_flow", "onnxgen.runtime.executor")
+    assert internal_crossing("onnxgen.runtime.gpu.linear_row", "onnxgen.runtime.ops.common")
+    assert internal_crossing("onnxgen.runtime.node_contract", "onnxgen.runtime.dtypes")
+    assert not internal_crossing("onnxgen.runtime.ops.control_flow", "onnxgen.runtime.node_contract")
+    assert not internal_crossing("onnxgen.runtime.ops.fused", "onnxgen.runtime.gpu.linear_row")

@@ -13,7 +13,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from onnxgen.errors import KernelError
+from onnxgen.errors import OpError
 from onnxgen.runtime.capture.recorder import ReplayRecorder
 from onnxgen.runtime.capture.runtime import CaptureRuntime
 from onnxgen.runtime.executor import NodeRunner
@@ -72,7 +72,7 @@ def test_executor_and_capture_runtime_compute_the_same(device: str) -> None:
         assert torch.equal(got_captured, got_eager)
     assert runtime.stats.replays >= 2, runtime.stats.summary()
     for program in (eager.program, captured.program):
-        branch = next(n for n in program.steps if n.ctx.name == "branch")
+        branch = next(n for n in program.nodes if n.ctx.name == "branch")
         assert branch.runs_subgraphs and branch.ctx.scope is None  # set only while the If runs
 
 
@@ -83,7 +83,7 @@ def test_node_by_node_runs_match_the_loop() -> None:
     program = session.program
     feeds = {"x": torch.randn(2, 4), "cond": torch.tensor(False)}
     values = dict(program.initializers, **feeds)
-    for node in program.steps:
+    for node in program.nodes:
         program.runner.run(node, values, values)
     env = program.run(feeds)
     assert set(env) <= set(values)
@@ -99,10 +99,10 @@ def test_a_failing_kernel_is_named_alike_by_both_loops() -> None:
     )
     feeds = {"d": torch.randn(3, 4), "i": torch.tensor([7])}
     session = InferenceSession(model)
-    with pytest.raises(KernelError) as eager:
+    with pytest.raises(OpError) as eager:
         session.program.run(feeds)
     runtime = CaptureRuntime(session.program, model, recorder=ReplayRecorder())
-    with pytest.raises(KernelError) as captured:
+    with pytest.raises(OpError) as captured:
         runtime.run(feeds)  # the key's first run: the capture runtime's warm-up
     assert str(eager.value).startswith("Gather node 'pick'"), eager.value
     assert str(captured.value) == str(eager.value)
@@ -112,12 +112,12 @@ def test_a_missing_value_is_named_alike_by_both_loops() -> None:
     session = InferenceSession(mixed_model())
     program = session.program
     feeds = {"x": torch.randn(2, 4), "cond": torch.tensor(True)}
-    square = next(n for n in program.steps if n.ctx.name == "square")
+    square = next(n for n in program.nodes if n.ctx.name == "square")
     square.inputs[1] = "nowhere"
     want = "Mul node 'square': input 'nowhere' has no value (not a graph input, initializer or earlier output)"
-    with pytest.raises(KernelError) as eager:
+    with pytest.raises(OpError) as eager:
         program.run(feeds)
-    with pytest.raises(KernelError) as direct:
+    with pytest.raises(OpError) as direct:
         program.runner.run(square, {"a": torch.ones(1)}, {})
     assert str(eager.value) == str(direct.value) == want
 
@@ -126,7 +126,7 @@ def test_frozen_host_arguments_stand_in_for_their_values() -> None:
     """A recording freezes the arguments a node reads on the host (what a CUDA graph bakes in); its
     replays use them without looking the value up again."""
     program = InferenceSession(mixed_model()).program
-    reshape = next(n for n in program.steps if n.ctx.name == "reshape")
+    reshape = next(n for n in program.nodes if n.ctx.name == "reshape")
     assert 1 in reshape.host_input_positions and 0 not in reshape.host_input_positions
     runner = NodeRunner(program.device, program.host_copies)
     x = torch.randn(2, 4)
@@ -137,5 +137,5 @@ def test_frozen_host_arguments_stand_in_for_their_values() -> None:
     replayed: dict[str, object] = {}
     runner.run(reshape, {"x": x}, replayed, frozen=frozen)  # "s" is gone: the frozen value serves
     assert torch.equal(replayed["r"], out["r"])
-    with pytest.raises(KernelError, match="input 's' has no value"):
+    with pytest.raises(OpError, match="input 's' has no value"):
         runner.run(reshape, {"x": x}, {})

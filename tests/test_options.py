@@ -122,31 +122,31 @@ def test_override_refuses_unknown_fields_and_process_knobs() -> None:
 def test_overrides_reach_the_kernels_launch_tables() -> None:
     """The kernel modules read the options in force, and their per-shape plan cache follows it."""
     torch = pytest.importorskip("torch")
-    triton_linear = pytest.importorskip("onnxgen.runtime.kernels.triton_linear")
-    from onnxgen.runtime.kernels import triton_gqa, triton_support
+    linear_row = pytest.importorskip("onnxgen.runtime.gpu.linear_row")
+    from onnxgen.runtime.gpu import gqa_decode, launch
 
     cpu = torch.device("cpu")
-    default_plan = triton_linear._row_plan(896, 4864, True, cpu)
+    default_plan = linear_row._row_plan(896, 4864, True, cpu)
     assert (default_plan.block_k, default_plan.split, default_plan.tile) == (1024, (8, 1024, 8), False)
     with options.override(gemv_split="off", gemv_dense={(896, 896): (2, 1024, 4)}, gemv_persist=3):
-        assert triton_linear._row_plan(896, 4864, True, cpu).split is None
-        small = triton_linear._row_plan(896, 896, True, cpu)
+        assert linear_row._row_plan(896, 4864, True, cpu).split is None
+        small = linear_row._row_plan(896, 896, True, cpu)
         assert (small.block_n, small.tile, small.resident) == (2, True, 3)
     with options.override(gemv_tile=False, gqa_decode=(16, 2), gqa_early=False, triton_q4=True):
-        assert not triton_linear._row_plan(896, 896, True, cpu).tile
-        assert triton_gqa.decode_config() == (16, 2) and not triton_gqa.early_reads_enabled()
-        assert triton_support.q4_row_enabled()
+        assert not linear_row._row_plan(896, 896, True, cpu).tile
+        assert gqa_decode.decode_config() == (16, 2) and not gqa_decode.early_reads_enabled()
+        assert launch.q4_row_enabled()
     with options.override(gemv_q4="8,4,2"):
-        assert triton_linear._q4_plan(896, 896, 32, cpu) == (8, 4, 2)
+        assert linear_row._q4_plan(896, 896, 32, cpu) == (8, 4, 2)
     with options.override(triton=False):
-        assert not triton_support.triton_importable()
-    assert triton_linear._row_plan(896, 4864, True, cpu) == default_plan
-    assert triton_linear._q4_plan(896, 896, 32, cpu) == triton_linear.q4_config(896, 896, 32, cpu)
+        assert not launch.triton_importable()
+    assert linear_row._row_plan(896, 4864, True, cpu) == default_plan
+    assert linear_row._q4_plan(896, 896, 32, cpu) == linear_row.q4_config(896, 896, 32, cpu)
 
 
 def test_overrides_reach_the_quantized_kernels_and_the_dequant_cap() -> None:
     pytest.importorskip("torch")
-    from onnxgen.runtime.kernels.contrib_quant import DEQUANT_CACHE
+    from onnxgen.runtime.ops.contrib_quant import DEQUANT_CACHE
 
     with options.override(dequant_cache_mb=0):
         assert DEQUANT_CACHE.budget == 0

@@ -214,9 +214,9 @@ def test_step_n_plus_1_is_enqueued_before_token_n_is_read(package, monkeypatch) 
     pipelined = make(package, True)
     original = pipelined.engine._forward
 
-    def step(sequence, ids, tail=None):
+    def step(sequence, ids, tail=None, **kw):
         log.append("prefill" if ids.shape[1] > 1 else "step")
-        return original(sequence, ids, tail)
+        return original(sequence, ids, tail, **kw)
 
     pipelined.engine._forward = step  # type: ignore[method-assign]
     tokens = list(pipelined.generate_ids(PROMPT, with_(GREEDY, max_new_tokens=4)))
@@ -245,12 +245,12 @@ def test_a_failing_step_raises_after_the_same_tokens(package) -> None:
     def failing(generator: Generator, at: int) -> Generator:
         original, calls = generator.engine._forward, {"n": 0}
 
-        def step(sequence, ids, tail=None):
+        def step(sequence, ids, tail=None, **kw):
             if ids.shape[1] == 1:
                 calls["n"] += 1
                 if calls["n"] == at:
                     raise RuntimeError("boom")
-            return original(sequence, ids, tail)
+            return original(sequence, ids, tail, **kw)
 
         generator.engine._forward = step  # type: ignore[method-assign]
         return generator

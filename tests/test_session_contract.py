@@ -19,7 +19,7 @@ import torch
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
-from onnxgen.errors import InvalidInputError, KernelError, ModelLoadError, OnnxgenError
+from onnxgen.errors import InvalidInputError, ModelLoadError, OnnxgenError, OpError
 from onnxgen.runtime import InferenceSession
 from tests.conftest import make_model, ort_run
 
@@ -139,7 +139,7 @@ def test_if_branch_returning_its_initializer_is_copied() -> None:
 def test_feeds_written_in_place_by_a_kernel_stay_the_callers() -> None:
     """GroupQueryAttention's shared KV layout writes the step's rows into past_key/past_value; run()
     (numpy, onnxruntime's contract) must leave the caller's arrays as they were, as onnxruntime does."""
-    from tests.test_kernels_contrib import GqaCase
+    from tests.test_ops_contrib import GqaCase
 
     case = GqaCase()
     model = case.model()
@@ -211,7 +211,7 @@ def test_out_of_range_indices_are_refused(case: str) -> None:
     feeds = {"d": D, **feeds}
     with pytest.raises(Exception, match="(?i)out of|invalid ind"):  # onnxruntime refuses it too
         ort_run(model, feeds)
-    with pytest.raises(KernelError) as info:
+    with pytest.raises(OpError) as info:
         InferenceSession(model).run(None, feeds)
     text = str(info.value)
     op = model.graph.node[0].op_type
@@ -229,7 +229,7 @@ def test_scatter_v9_out_of_range_is_refused() -> None:
     feeds = {"d": D, "i": np.array([[0, 3]]), "u": np.ones((1, 2), np.float32)}
     with pytest.raises(Exception, match="out of data bounds"):
         ort_run(model, feeds)
-    with pytest.raises(KernelError, match=r"Scatter node 'pick': index 3 .*\[-3, 2\]"):
+    with pytest.raises(OpError, match=r"Scatter node 'pick': index 3 .*\[-3, 2\]"):
         InferenceSession(model).run(None, feeds)
 
 
@@ -265,7 +265,7 @@ def test_gather_block_quantized_refuses_out_of_range() -> None:
     np.testing.assert_array_equal(InferenceSession(model).run(None, in_range)[0], ort_run(model, in_range)[0])
     session = InferenceSession(model)
     for index in (4, -5, 10**6):
-        with pytest.raises(KernelError, match=rf"GatherBlockQuantized node 'embed': index {index} .*\[-4, 3\]"):
+        with pytest.raises(OpError, match=rf"GatherBlockQuantized node 'embed': index {index} .*\[-4, 3\]"):
             session.run(None, {"i": np.array([[1, index]])})
 
 
@@ -277,7 +277,7 @@ def test_gather_on_host_shape_arithmetic_out_of_range() -> None:
         [_vi("z", TP.INT64)],
         [_int64("k", [2])],
     )
-    with pytest.raises(KernelError, match=r"Gather node 'dim': index 2 .*\[-2, 1\]"):
+    with pytest.raises(OpError, match=r"Gather node 'dim': index 2 .*\[-2, 1\]"):
         InferenceSession(model).run(None, {"x": np.zeros((2, 3), np.float32)})
 
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-from onnxgen.runtime.kernels.registry import registered_ops
+from onnxgen.runtime.ops.registry import registered_ops
 from onnxgen.runtime.shapes.dimexpr import DimExpr
 from onnxgen.runtime.shapes.infer import infer_shapes
 from onnxgen.runtime.shapes.rules import load_rules

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from onnxgen.runtime.kernels.triton_support import triton_importable
+from onnxgen.runtime.gpu.launch import triton_importable
 
 pytestmark = pytest.mark.skipif(not triton_importable(), reason="triton is not installed")
 
@@ -32,13 +32,13 @@ def compile_for_sm90(fn, signature: dict[str, str], constexprs: dict[str, object
 @pytest.mark.parametrize("skip", [False, True])
 @pytest.mark.parametrize("pdl", [False, True])
 def test_rms_norm_compiles(dtype: str, skip: bool, pdl: bool) -> None:
-    from onnxgen.runtime.kernels import triton_norm
+    from onnxgen.runtime.gpu import rms_norm
 
     ptr = f"*{dtype}"
     sig = dict.fromkeys(["x_ptr", "skip_ptr", "bias_ptr", "gamma_ptr", "y_ptr", "sum_ptr"], ptr)
     sig.update(inv_ptr="*fp32", hidden="i32", eps="fp32")
     const = dict(HAS_SKIP=skip, HAS_BIAS=False, WRITE_SUM=skip, WRITE_INV=not skip, BLOCK=1024, PDL=pdl)
-    assert compile_for_sm90(triton_norm._rms_norm_kernel, sig, const)
+    assert compile_for_sm90(rms_norm._rms_norm_kernel, sig, const)
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "fp32"])
@@ -49,7 +49,7 @@ def test_rms_norm_compiles(dtype: str, skip: bool, pdl: bool) -> None:
 def test_gqa_decode_kernels_compile(
     dtype: str, rotary: bool, interleaved: bool, positions: bool, pdl: bool, early: bool
 ) -> None:
-    from onnxgen.runtime.kernels import triton_gqa
+    from onnxgen.runtime.gpu import gqa_decode
 
     ptr = f"*{dtype}"
     sig = dict.fromkeys(["q_ptr", "k_ptr", "v_ptr", "cos_ptr", "sin_ptr", "key_cache_ptr", "value_cache_ptr"], ptr)
@@ -60,7 +60,7 @@ def test_gqa_decode_kernels_compile(
     const = dict(HAS_POSITIONS=positions, DO_ROTARY=rotary, INTERLEAVED=interleaved, HALF_ROT=32 if rotary else 1)
     sig.update(ticket_ptr="*i32", out_ptr=ptr)
     const.update(GROUP=7, BLOCK_G=16, BLOCK_N=64, BLOCK_D=64, BLOCK_S=8, IEEE=dtype == "fp32", PDL=pdl, EARLY=early)
-    ptx = compile_for_sm90(triton_gqa._attend_split, sig, const)
+    ptx = compile_for_sm90(gqa_decode._attend_split, sig, const)
     # the merge ticket is an acquire-release atomic, and the partials it merges are read from L2
     assert "atom.global.gpu.acq_rel" in ptx and "ld.global.cg" in ptx
     if pdl:  # early: the settled inputs (the row index first) are read before the wait, else after it
@@ -69,22 +69,22 @@ def test_gqa_decode_kernels_compile(
 
 @pytest.mark.parametrize("pdl", [False, True])
 def test_silu_mul_compiles(pdl: bool) -> None:
-    from onnxgen.runtime.kernels import triton_silu
+    from onnxgen.runtime.gpu import silu_mul
 
     sig = dict(g_ptr="*fp16", u_ptr="*fp16", out_ptr="*fp16", n="i32")
-    assert compile_for_sm90(triton_silu._silu_mul_kernel, sig, dict(BLOCK=1024, PDL=pdl))
+    assert compile_for_sm90(silu_mul._silu_mul_kernel, sig, dict(BLOCK=1024, PDL=pdl))
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
 @pytest.mark.parametrize("prologue", [0, 1, 2, 3])
 @pytest.mark.parametrize("pdl", [False, True])
 def test_linear_row_compiles(dtype: str, prologue: int, pdl: bool) -> None:
-    from onnxgen.runtime.kernels import triton_linear
+    from onnxgen.runtime.gpu import linear_row
 
     sig = dict.fromkeys(["x_ptr", "x2_ptr", "gamma_ptr", "sum_ptr", "w_ptr", "bias_ptr", "out_ptr"], f"*{dtype}")
     sig.update(n="i32", k="i32", w_stride="i32", eps="fp32")
     const = dict(PROLOGUE=prologue, HAS_BIAS=True, BLOCK_N=8, BLOCK_K=128, PDL=pdl)
-    ptx = compile_for_sm90(triton_linear._linear_row_kernel, sig, const)
+    ptx = compile_for_sm90(linear_row._linear_row_kernel, sig, const)
     if pdl:  # the first weight tile streams before the wait for the kernel before
         assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait")
 
@@ -93,9 +93,9 @@ def test_linear_row_compiles(dtype: str, prologue: int, pdl: bool) -> None:
 @pytest.mark.parametrize("pdl", [False, True])
 @pytest.mark.parametrize("persistent", [False, True])
 def test_linear_tile_compiles(prologue: int, pdl: bool, persistent: bool) -> None:
-    from onnxgen.runtime.kernels import triton_linear
+    from onnxgen.runtime.gpu import linear_row
 
-    kernel = triton_linear._linear_tile_persistent_kernel if persistent else triton_linear._linear_tile_kernel
+    kernel = linear_row._linear_tile_persistent_kernel if persistent else linear_row._linear_tile_kernel
 
     sig = dict.fromkeys(["x_ptr", "x2_ptr", "gamma_ptr", "sum_ptr", "w_ptr", "bias_ptr", "out_ptr"], "*fp16")
     sig.update(n="i32", k="i32", w_stride="i32", eps="fp32")
@@ -110,14 +110,14 @@ def test_linear_tile_compiles(prologue: int, pdl: bool, persistent: bool) -> Non
 @pytest.mark.parametrize("prologue", [0, 2, 3])
 @pytest.mark.parametrize("pdl", [False, True])
 def test_linear_row_q4_compiles(zero_kind: int, prologue: int, pdl: bool) -> None:
-    from onnxgen.runtime.kernels import triton_linear
+    from onnxgen.runtime.gpu import linear_row
 
     sig = dict.fromkeys(["x_ptr", "x2_ptr", "gamma_ptr", "sum_ptr", "scale_ptr", "bias_ptr", "out_ptr"], "*fp16")
     sig.update(b_ptr="*u8", zero_ptr="*fp16" if zero_kind == 2 else "*u8", eps="fp32")
     sig.update(dict.fromkeys(["n", "k", "n_blocks", "row_bytes", "zp_row_bytes"], "i32"))
     const = dict(PROLOGUE=prologue, ZERO_KIND=zero_kind, HAS_BIAS=prologue == 0, QBLOCK=32)
     const.update(BLOCK_N=8, BLOCKS_PER_ITER=8, PDL=pdl)
-    ptx = compile_for_sm90(triton_linear._linear_row_q4_kernel, sig, const)
+    ptx = compile_for_sm90(linear_row._linear_row_q4_kernel, sig, const)
     if pdl:
         assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait")
 
@@ -128,7 +128,7 @@ def test_one_row_kernel_policy() -> None:
     import torch
 
     from onnxgen import options
-    from onnxgen.runtime.kernels import triton_support as ts
+    from onnxgen.runtime.gpu import launch as ts
 
     row = torch.zeros(8, dtype=torch.float16)
     for raw, mode in [(None, "auto"), ("1", "on"), ("0", "off"), ("auto", "auto")]:
@@ -143,7 +143,7 @@ def test_one_row_kernel_policy() -> None:
 
 
 def test_why_programmatic_dependent_launch_is_unavailable() -> None:
-    from onnxgen.runtime.kernels.triton_support import pdl_unavailable
+    from onnxgen.runtime.gpu.launch import pdl_unavailable
 
     assert pdl_unavailable((9, 0), {"launch_pdl", "num_warps"}) is None
     assert pdl_unavailable((10, 0), {"launch_pdl"}) is None
@@ -154,10 +154,10 @@ def test_why_programmatic_dependent_launch_is_unavailable() -> None:
 
 def test_settled_inputs_exclude_what_the_last_pdl_launch_writes(monkeypatch: pytest.MonkeyPatch) -> None:
     """A PDL kernel may read before its wait only what the PDL kernel launched just before it does
-    not write (triton_gqa reads its cache, row index and rotary tables early on that condition)."""
+    not write (gqa_decode reads its cache, row index and rotary tables early on that condition)."""
     import torch
 
-    from onnxgen.runtime.kernels import triton_support as ts
+    from onnxgen.runtime.gpu import launch as ts
 
     x, out, other = torch.zeros(4), torch.zeros(8), torch.zeros(8)
     monkeypatch.setattr(ts, "pdl_applies", lambda t: True)
@@ -174,12 +174,12 @@ def test_settled_inputs_exclude_what_the_last_pdl_launch_writes(monkeypatch: pyt
 @pytest.mark.parametrize("prologue", [0, 3])
 @pytest.mark.parametrize("pdl", [False, True])
 def test_linear_split_compiles(prologue: int, pdl: bool) -> None:
-    from onnxgen.runtime.kernels import triton_linear
+    from onnxgen.runtime.gpu import linear_row
 
     sig = dict.fromkeys(["x_ptr", "x2_ptr", "gamma_ptr", "sum_ptr", "w_ptr", "bias_ptr", "out_ptr"], "*fp16")
     sig.update(part_ptr="*fp32", ticket_ptr="*i32", n="i32", k="i32", w_stride="i32", eps="fp32")
     const = dict(PROLOGUE=prologue, HAS_BIAS=True, BLOCK_N=8, BLOCK_K=1024, BLOCK_S=8, PDL=pdl)
-    ptx = compile_for_sm90(triton_linear._linear_split_kernel, sig, const)
+    ptx = compile_for_sm90(linear_row._linear_split_kernel, sig, const)
     assert "atom.global.gpu.acq_rel.add" in ptx  # the ticket of the partials' merge
     if pdl:  # the weight tile streams before the wait
         assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait")
@@ -188,22 +188,24 @@ def test_linear_split_compiles(prologue: int, pdl: bool) -> None:
 @pytest.mark.parametrize("host", [False, True])
 @pytest.mark.parametrize("pdl", [False, True])
 def test_greedy_advance_compiles(host: bool, pdl: bool) -> None:
-    from onnxgen.runtime.kernels import triton_greedy
+    from onnxgen.runtime.gpu import greedy_advance
 
     sig = dict(row_ptr="*fp16", vocab="i32", part_val_ptr="*fp32", part_idx_ptr="*i32", part_nan_ptr="*i32")
     sig.update(ticket_ptr="*i32", ids_ptr="*i64", pos_ptr="*i64", mask_ptr="*i64", host_ptr="*i64", capacity="i32")
-    ptx = compile_for_sm90(triton_greedy._greedy_advance_kernel, sig, dict(BLOCK=2048, BLOCK_P=128, HOST=host, PDL=pdl))
+    ptx = compile_for_sm90(
+        greedy_advance._greedy_advance_kernel, sig, dict(BLOCK=2048, BLOCK_P=128, HOST=host, PDL=pdl)
+    )
     assert "atom.global.gpu.acq_rel.add" in ptx  # the ticket of the last program
 
 
 @pytest.mark.parametrize("pdl", [False, True])
 @pytest.mark.parametrize("early", [False, True])
 def test_prelude_kernels_compile(pdl: bool, early: bool) -> None:
-    from onnxgen.runtime.kernels import triton_prelude
+    from onnxgen.runtime.gpu import prelude
 
     sig = dict(x_ptr="*i64", out_ptr="*i32", width="i32", stride="i32", offset="i32")
-    assert compile_for_sm90(triton_prelude._row_sum_cast_kernel, sig, dict(BLOCK=512, PDL=pdl))
+    assert compile_for_sm90(prelude._row_sum_cast_kernel, sig, dict(BLOCK=512, PDL=pdl))
     sig = dict(table_ptr="*fp16", idx_ptr="*i64", out_ptr="*fp16", rows="i32", width="i32")
-    ptx = compile_for_sm90(triton_prelude._gather_rows_kernel, sig, dict(BLOCK=1024, EARLY=early, PDL=pdl))
+    ptx = compile_for_sm90(prelude._gather_rows_kernel, sig, dict(BLOCK=1024, EARLY=early, PDL=pdl))
     if pdl and early:  # the settled index and its row are read before the wait
         assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait")

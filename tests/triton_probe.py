@@ -2,6 +2,6 @@
 
 
 def pytest_sessionfinish(session, exitstatus):
-    from onnxgen.runtime.kernels.triton_support import LAUNCHES
+    from onnxgen.runtime.gpu.launch import LAUNCHES
 
     print(f"\nTRITON-LAUNCHES {dict(LAUNCHES)}")

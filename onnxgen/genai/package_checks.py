@@ -184,7 +184,7 @@ def growing_kv(config: PackageConfig, nodes: list[onnx.NodeProto]) -> str | None
 
     A static cache needs each layer's present K/V to be written in place into the past buffer it
     came from: com.microsoft GroupQueryAttention does that when past and present share a buffer
-    (kernels/contrib_attention.py). Any other producer (Concat(past, new), an exporter's attention)
+    (runtime/ops/contrib_attention.py). Any other producer (Concat(past, new), an exporter's attention)
     returns a new, longer tensor each step."""
     producers = {out: node for node in nodes for out in node.output}
     io = config.io

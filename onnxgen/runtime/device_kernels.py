@@ -1,7 +1,7 @@
 """The runtime's fused device kernels that callers above it use between or at the end of steps.
 
 Layers above the runtime (genai's step tails) reach GPU kernels only through this module and the
-session API, never through ``onnxgen.runtime.kernels``: the kernels' modules, their launch tables
+session API, never through ``onnxgen.runtime.ops``: the kernels' modules, their launch tables
 and their fallbacks stay the runtime's to change. Nothing here knows what the tensors mean to the
 caller; the names say what is computed.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from onnxgen.runtime.kernels.triton_support import triton_serves
+from onnxgen.runtime.gpu.launch import triton_serves
 
 
 def device_kernels_available(tensor: torch.Tensor) -> bool:
@@ -35,6 +35,6 @@ def argmax_advance(
     directly (the host reads it once the stream has passed, with no copy in the stream). Only where
     ``device_kernels_available(row)``; capture-safe (no allocation after the first call per device,
     no host read)."""
-    from onnxgen.runtime.kernels.triton_greedy import greedy_advance  # imports Triton: only when used
+    from onnxgen.runtime.gpu.greedy_advance import greedy_advance  # imports Triton: only when used
 
     greedy_advance(row, index, position, flags, host_out)

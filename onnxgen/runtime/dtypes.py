@@ -30,7 +30,7 @@ ONNX_TO_TORCH: dict[int, torch.dtype] = {
     TP.FLOAT8E5M2FNUZ: torch.float8_e5m2fnuz,
     TP.FLOAT8E8M0: torch.float8_e8m0fnu,
     # Sub-byte integers: one element per byte holding the low bits (as ml_dtypes stores them).
-    # torch has no kernels for these dtypes; kernels reinterpret them as uint8 (see kernels/cast.py).
+    # torch has no kernels for these dtypes; op implementations reinterpret them as uint8 (see ops/cast.py).
     TP.INT4: torch.int4,
     TP.UINT4: torch.uint4,
     TP.INT2: torch.int2,

@@ -1,4 +1,4 @@
-"""The node loop: a graph compiled once into nodes (kernel + context + value routing), run many times.
+"""The node loop: a graph compiled once into nodes (op implementation + context + value routing), run many times.
 
 ``NodeRunner`` is the one node run; the capture runtime runs its seams and segments through it too."""
 
@@ -15,10 +15,10 @@ import onnx
 import torch
 from onnx import helper
 
-from onnxgen.errors import KernelError, OnnxgenError, UnsupportedOpError
-from onnxgen.runtime.kernels.common import NodeContext
-from onnxgen.runtime.kernels.registry import KernelSpec, load_all_kernels, lookup, normalize_domain
+from onnxgen.errors import OnnxgenError, OpError, UnsupportedOpError
 from onnxgen.runtime.model_io import tensor_to_value
+from onnxgen.runtime.node_contract import NodeContext, ValueInfo
+from onnxgen.runtime.ops.registry import OpImpl, load_all_ops, lookup, normalize_domain
 
 # Ops that may run on the host when every input is a host value: the arithmetic of
 # Shape -> Gather -> Concat -> Reshape chains. Ops whose output can be large stay on the device.
@@ -71,20 +71,12 @@ HOST_VALUE_MAX_ELEMENTS = 64
 
 
 @dataclass
-class ValueInfo:
-    name: str
-    elem_type: int  # 0 when unknown (non-tensor or untyped)
-    shape: list[int | str | None] | None  # None: rank unknown; str: symbolic dim
-    type_str: str
-
-
-@dataclass
 class CompiledNode:
-    """One graph node compiled for one device: its kernel, context and value routing.
+    """One graph node compiled for one device: its op implementation, context and value routing.
 
-    ``GraphProgram.steps`` holds them in graph order; ``NodeRunner`` runs them."""
+    ``GraphProgram.nodes`` holds them in graph order; ``NodeRunner`` runs them."""
 
-    spec: KernelSpec
+    spec: OpImpl
     ctx: NodeContext
     inputs: list[str]  # "" for a missing optional input
     outputs: list[str]
@@ -95,7 +87,7 @@ class CompiledNode:
     reads_shape_only: bool = False
     # Derived once here, so the node run (run ~470 times a token on the CPU) does not work them out
     # per call: only nodes with subgraph bodies read ``ctx.scope`` (NodeContext.run_subgraph), and
-    # a kernel that returns one value binds it to the first output ("" when it has none or is unnamed).
+    # an op that returns one value binds it to the first output ("" when it has none or is unnamed).
     runs_subgraphs: bool = field(init=False)
     first_output: str = field(init=False)
 
@@ -137,7 +129,7 @@ def value_info_of(vi: onnx.ValueInfoProto) -> ValueInfo:
 
 
 class NodeRunner:
-    """The node run: one compiled node's arguments, its kernel call and its outputs.
+    """The node run: one compiled node's arguments, its op call and its outputs.
 
     Both node loops run nodes through it: ``GraphProgram.run`` (eager) and the capture runtime
     (seams, warm-up runs, segment recordings and CPU replays), so a node gets the same arguments,
@@ -196,7 +188,7 @@ class NodeRunner:
             try:
                 value = env[name]
             except KeyError:
-                raise KernelError(
+                raise OpError(
                     f"{node.ctx.op_type} node {node.ctx.name!r}: input {name!r} has no value "
                     "(not a graph input, initializer or earlier output)"
                 ) from None
@@ -214,8 +206,8 @@ class NodeRunner:
 
     @staticmethod
     def call(node: CompiledNode, args: list[Any], env: Mapping[str, Any], out: MutableMapping[str, Any]) -> None:
-        """The kernel on ``args``, its outputs bound into ``out``. A failure other than onnxgen's own
-        errors becomes a KernelError naming the node. ``env`` is the scope a subgraph body reads
+        """The op implementation on ``args``, its outputs bound into ``out``. A failure other than onnxgen's own
+        errors becomes a OpError naming the node. ``env`` is the scope a subgraph body reads
         outer names from; it is set only for the call's duration (a body runs inside it)."""
         ctx = node.ctx
         scoped = node.runs_subgraphs
@@ -226,11 +218,11 @@ class NodeRunner:
         except OnnxgenError:
             raise
         except Exception as exc:
-            raise KernelError(f"{ctx.op_type} node {ctx.name!r} failed: {type(exc).__name__}: {exc}") from exc
+            raise OpError(f"{ctx.op_type} node {ctx.name!r} failed: {type(exc).__name__}: {exc}") from exc
         finally:
             if scoped:
                 ctx.scope = None
-        if isinstance(result, tuple):  # kernels return a tuple for several outputs
+        if isinstance(result, tuple):  # op implementations return a tuple for several outputs
             for name, value in zip(node.outputs, result):
                 if name:
                     out[name] = value
@@ -275,7 +267,7 @@ class GraphProgram:
         for sparse in graph.sparse_initializer:
             dense = onnx.numpy_helper.to_array(sparse)  # sparse initializers are rare and small
             self._add_constant(sparse.values.name, torch.from_numpy(np.ascontiguousarray(dense)))
-        self.steps: list[CompiledNode] = []
+        self.nodes: list[CompiledNode] = []
         host_values = self.host_values
         known = set(scope_names) | {vi.name for vi in graph.input} | set(self.initializers)
         for node in graph.node:
@@ -284,7 +276,7 @@ class GraphProgram:
             compiled = self._compile_node(node, index, base_dir, unsupported, frozenset(known), host_values)
             if compiled is None:
                 continue
-            self.steps.append(compiled)
+            self.nodes.append(compiled)
         self._plan_releases()
         self.runner = NodeRunner(device, self.host_copies)
 
@@ -293,7 +285,7 @@ class GraphProgram:
     def _add_constant(self, name: str, value: Any) -> None:
         if isinstance(value, torch.Tensor):
             if value.numel() <= HOST_VALUE_MAX_ELEMENTS:
-                # a host copy serves kernels that read it as a host input (shapes, Resize scales,
+                # a host copy serves ops that read it as a host input (shapes, Resize scales,
                 # thresholds) without a device-to-host read per run
                 self.host_copies[name] = value
                 if is_host_sized(value):
@@ -394,7 +386,7 @@ class GraphProgram:
     def _plan_releases(self) -> None:
         keep = {o.name for o in self.outputs} | set(self.initializers)
         last_use: dict[str, int] = {}
-        for position, node in enumerate(self.steps):
+        for position, node in enumerate(self.nodes):
             names = list(node.inputs)
             for sub in node.ctx.subgraphs.values():
                 names.extend(sub.outer_references())
@@ -406,7 +398,7 @@ class GraphProgram:
                     last_use[name] = position  # produced but never read: free at once
         for name, position in last_use.items():
             if name not in keep:
-                self.steps[position].release.append(name)
+                self.nodes[position].release.append(name)
 
     def outer_references(self) -> set[str]:
         """Names this graph (and its nested bodies) reads from enclosing scopes."""
@@ -415,7 +407,7 @@ class GraphProgram:
             return cached
         local = {vi.name for vi in self.inputs} | set(self.initializers)
         refs: set[str] = set()
-        for node in self.steps:
+        for node in self.nodes:
             for name in node.inputs:
                 if name and name not in local:
                     refs.add(name)
@@ -442,9 +434,9 @@ class GraphProgram:
         runner = self.runner
         call = runner.call
         # A CPU session holds only CPU tensors (feeds are moved on entry, initializers at load,
-        # kernels make their outputs on ctx.device): nothing to route, so inputs are plain lookups.
+        # op implementations make their outputs on ctx.device): nothing to route, so inputs are plain lookups.
         cpu_only = self.device.type == "cpu"
-        for node in self.steps:
+        for node in self.nodes:
             if cpu_only:
                 try:
                     args = [env[name] if name else None for name in node.inputs]
@@ -460,7 +452,7 @@ class GraphProgram:
 
 def compile_model(model: onnx.ModelProto, device: torch.device, base_dir: Path | None) -> GraphProgram:
     """Compile the main graph; every unsupported node (also in subgraphs) is reported at once."""
-    load_all_kernels()
+    load_all_ops()
     if model.functions:
         from onnx import inliner
 
@@ -470,5 +462,5 @@ def compile_model(model: onnx.ModelProto, device: torch.device, base_dir: Path |
     program = GraphProgram(model.graph, opsets, device, base_dir, unsupported)
     if unsupported:
         lines = "\n  ".join(u.describe() for u in unsupported)
-        raise UnsupportedOpError(f"{len(unsupported)} node(s) use ops onnxgen has no kernel for:\n  {lines}")
+        raise UnsupportedOpError(f"{len(unsupported)} node(s) use ops onnxgen has no implementation of:\n  {lines}")
     return program

@@ -16,17 +16,20 @@ match on the ONNX graph that keeps every value name the rest of the graph reads:
   instead of three, the first of every decode step.
 - Singles: a lone MatMul with a constant 2-D weight (o_proj, down_proj) or a lone MatMulNBits
   becomes a group of one, so that every decode GEMV runs through one kernel family.
+- Tied embedding: Gather(Transpose(W), ids) over a 2-D constant W (a tied lm_head weight stored
+  once, as onnxruntime-genai's builder writes it) becomes Transpose(Gather(W, ids, axis=1)), so no
+  step copies the whole table. The only rewrite that is not CUDA-only.
 - Prologues: the op that feeds a group and nothing else (SimplifiedLayerNormalization, its Skip
   variant, or SiluMul) moves into the group as its ``prologue``: at one row the group's kernel
-  recomputes it per program (kernels/triton_linear.py) instead of a kernel of its own; at more
+  recomputes it per program (gpu/linear_row.py) instead of a kernel of its own; at more
   rows the group runs it first, as the unfused graph did. The Skip variant's residual sum becomes
   the group's last output.
 
-The fused ops live in the ``onnxgen`` domain (kernels: kernels/fused.py, shapes:
+The fused ops live in the ``onnxgen`` domain (implementations: ops/fused.py, shapes:
 shapes/rules/fused.py). They change roundings a little (one GEMM + bias epilogue instead of GEMM
 then Add; silu in fp32 rounded once): parity with onnxruntime is tested within the stated
 tolerances, and captured == eager holds because both run the same fused graph.
-CUDA sessions get every rewrite, CPU sessions the attention rewrite only (DEVICE_REWRITES says
+CUDA sessions get every rewrite, CPU sessions the attention and tied-embedding ones (DEVICE_REWRITES says
 why); ``ONNXGEN_FUSE=0`` (option ``fuse``) turns them off.
 """
 
@@ -56,6 +59,7 @@ class FusionReport:
     singles: int = 0
     prologues: int = 0
     row_sums: int = 0
+    tied_gathers: int = 0
 
     @property
     def total(self) -> int:
@@ -63,12 +67,17 @@ class FusionReport:
 
 
 ALL_REWRITES = frozenset(
-    {"attention", "matmul_groups", "matmul_nbits_groups", "silu_mul", "singles", "prologues", "row_sums"}
-)
+    {
+        "attention", "matmul_groups", "matmul_nbits_groups", "silu_mul", "singles", "prologues", "row_sums",
+        "tied_gathers",
+    }
+)  # fmt: skip
 # what pays on each device (measured, docs/benchmarks/cpu.md and 2026-11-29-h200-capture.md): on the
-# CPU the grouped GEMMs give up the split one-row GEMV (kernels/cpu_gemv.py) and lose with every
-# rewrite on, while the attention rewrite alone gains; on CUDA every rewrite removes launches
-DEVICE_REWRITES = {"cuda": ALL_REWRITES, "cpu": frozenset({"attention"})}
+# CPU the grouped GEMMs give up the split one-row GEMV (ops/cpu_gemv.py) and lose with every
+# rewrite on, while the attention rewrite alone gains; on CUDA every rewrite removes launches. The
+# tied-embedding gather runs everywhere: it removes a copy of the whole table per step
+# (docs/benchmarks/2026-12-02-cpu-foreign.md)
+DEVICE_REWRITES = {"cuda": ALL_REWRITES, "cpu": frozenset({"attention", "tied_gathers"})}
 
 
 def fusion_enabled(device_type: str, opts: options.Options | None = None) -> bool:
@@ -89,7 +98,33 @@ def fuse_for_device(
 _LINEAR = ("MatMul", "MatMulNBits")
 _NEEDS = {"attention": (("Softmax",), 1), "silu_mul": (("Sigmoid",), 1), "matmul_groups": (("MatMul",), 2),
           "matmul_nbits_groups": (("MatMulNBits",), 2), "singles": (_LINEAR, 1), "prologues": (_LINEAR, 1),
-          "row_sums": (("ReduceSum",), 1)}  # fmt: skip
+          "row_sums": (("ReduceSum",), 1), "tied_gathers": (("Transpose",), 1)}  # fmt: skip
+
+
+# what each rewrite looks for, as `onnxgen show --capture` says it where the graph has the op a
+# rewrite starts from but the rewrite matched nothing
+PATTERNS = {
+    "attention": "Softmax in a masked attention chain (MatMul(Q, K^T) scaled, plus a mask, Softmax, MatMul(., V))",
+    "matmul_groups": "MatMuls that share their input A, with constant 2-D weights",
+    "matmul_nbits_groups": "MatMulNBits siblings sharing A, with equal K, bits, block size and accuracy level",
+    "silu_mul": "Sigmoid(g) -> Mul(g, .) -> Mul(., u), each the only reader of the last",
+    "singles": "a lone MatMul with a constant 2-D weight, or a lone MatMulNBits",
+    "prologues": "a (Skip)SimplifiedLayerNormalization or SiluMul whose output only one group reads",
+    "row_sums": "ReduceSum over axis 1 of a 2-D integer graph input, minus a constant, cast to an integer",
+    "tied_gathers": "Gather(Transpose(W), ids) over a 2-D constant W, every reader of the table such a Gather",
+}
+
+
+def unmatched_rewrites(model: onnx.ModelProto, device_type: str, report: FusionReport) -> dict[str, str]:
+    """The rewrites a ``device_type`` session tries that matched nothing although the graph has the op
+    they start from: rewrite name -> the pattern it looks for."""
+    rewrites = DEVICE_REWRITES.get(device_type, frozenset())
+    ops = Counter(n.op_type for n in model.graph.node)
+    return {
+        name: PATTERNS[name]
+        for name in sorted(rewrites)
+        if not getattr(report, name) and sum(ops[op] for op in _NEEDS[name][0]) >= _NEEDS[name][1]
+    }
 
 
 def fuse_graph(model: onnx.ModelProto, rewrites: frozenset[str] = ALL_REWRITES) -> tuple[onnx.ModelProto, FusionReport]:
@@ -111,6 +146,16 @@ class _Rewriter:
     def __init__(self, graph: onnx.GraphProto):
         self.graph = graph
         self.inits = {t.name: t for t in graph.initializer}
+        # small values the patterns read (axes, offsets): initializers, or Constant nodes' tensors (as
+        # onnxruntime-genai's builder writes them); the executor folds both into initializers
+        self.scalars = dict(self.inits)
+        for node in graph.node:
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output:
+                value = next(
+                    (a.t for a in node.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR), None
+                )
+                if value is not None:
+                    self.scalars[node.output[0]] = value
         self.graph_outputs = {o.name for o in graph.output}
 
     def _consumers(self) -> dict[str, list[onnx.NodeProto]]:
@@ -130,6 +175,8 @@ class _Rewriter:
     def run(self, report: FusionReport, rewrites: frozenset[str] = ALL_REWRITES) -> None:
         from onnxgen.runtime.fusion_attention import fuse_masked_attention
 
+        if "tied_gathers" in rewrites:
+            report.tied_gathers += self._fuse_tied_gathers()
         if "attention" in rewrites:
             report.attention += fuse_masked_attention(self)
         if "silu_mul" in rewrites:
@@ -190,10 +237,62 @@ class _Rewriter:
         self._apply(replace)
         return count
 
+    # -- the embedding of a tied lm_head ---------------------------------------------------
+
+    def _declared_rank(self, name: str) -> int | None:
+        for vi in [*self.graph.input, *self.graph.value_info]:
+            if vi.name == name and vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+                return len(vi.type.tensor_type.shape.dim)
+        return None
+
+    def _fuse_tied_gathers(self) -> int:
+        """Gather(Transpose(W), ids) with W a 2-D initializer: the embedding of a model that stores its
+        tied lm_head weight [hidden, vocab] once, as onnxruntime-genai's builder writes it. Run as
+        written, every step copies the whole transposed table (Transpose's output is contiguous) to
+        read a few rows of it. Gathering W's columns (axis 1) and transposing those few rows gives
+        the same values with no copy of the table. Applied where every reader of the transposed
+        table is such a Gather (axis 0) and the ids' rank is declared."""
+        consumers = self._consumers()
+        index = {id(n): i for i, n in enumerate(self.graph.node)}
+        replace: dict[int, onnx.NodeProto | list[onnx.NodeProto] | None] = {}
+        count = 0
+        for node in self.graph.node:
+            if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx") or len(node.input) != 1:
+                continue
+            weight = self._const(node.input[0], 2)
+            perm = [list(a.ints) for a in node.attribute if a.name == "perm"]
+            if weight is None or (perm and perm[0] != [1, 0]) or node.output[0] in self.graph_outputs:
+                continue
+            table = node.output[0]
+            readers = consumers.get(table, [])
+            ranks = [self._declared_rank(r.input[1]) if len(r.input) == 2 else None for r in readers]
+            if not readers or any(
+                r.op_type != "Gather" or r.domain not in ("", "ai.onnx") or r.input[0] != table
+                or r.input[1] == table or any(a.name == "axis" and a.i != 0 for a in r.attribute) or rank is None
+                for r, rank in zip(readers, ranks)
+            ):  # fmt: skip
+                continue
+            for reader, rank in zip(readers, ranks):
+                assert rank is not None
+                columns = f"{reader.output[0]}/tied_columns"
+                gather = helper.make_node(
+                    "Gather", [node.input[0], reader.input[1]], [columns], name=f"{reader.name}/tied", axis=1
+                )
+                # [hidden, *ids] -> [*ids, hidden]
+                rows = helper.make_node(
+                    "Transpose", [columns], [reader.output[0]], name=f"{reader.name}/tied_rows",
+                    perm=[*range(1, rank + 1), 0],
+                )  # fmt: skip
+                replace[index[id(reader)]] = [gather, rows]
+            replace[index[id(node)]] = None
+            count += len(readers)
+        self._apply(replace)
+        return count
+
     # -- RowSumCast -------------------------------------------------------------------------
 
     def _int_scalar(self, name: str) -> int | None:
-        t = self.inits.get(name)
+        t = self.scalars.get(name)
         if t is None or t.data_type not in _INTS or len(t.dims) > 1 or (t.dims and t.dims[0] != 1):
             return None
         return int(onnx.numpy_helper.to_array(t).reshape(-1)[0])
@@ -212,7 +311,7 @@ class _Rewriter:
                 continue
             attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
             if len(node.input) > 1 and node.input[1]:
-                axes = self.inits.get(node.input[1])
+                axes = self.scalars.get(node.input[1])
                 axes_list = [] if axes is None else [int(v) for v in onnx.numpy_helper.to_array(axes).reshape(-1)]
             else:
                 axes_list = [int(v) for v in attrs.get("axes", [])]
@@ -224,7 +323,7 @@ class _Rewriter:
             if sub.input[0] != node.output[0]:  # sum - c only (c - sum is another op)
                 continue
             minus = self._int_scalar(sub.input[1])
-            if minus is None or self.inits[sub.input[1]].data_type != data.elem_type:
+            if minus is None or self.scalars[sub.input[1]].data_type != data.elem_type:
                 continue
             cast = self._sole_consumer(sub.output[0], consumers)
             if cast is None or cast.op_type != "Cast" or cast.domain not in ("", "ai.onnx"):
@@ -381,14 +480,17 @@ class _Rewriter:
         self._apply(replace)
         return count
 
-    def _apply(self, replace: dict[int, onnx.NodeProto | None]) -> None:
+    def _apply(self, replace: dict[int, onnx.NodeProto | list[onnx.NodeProto] | None]) -> None:
         if not replace:
             return
         nodes = []
         for i, node in enumerate(self.graph.node):
             if i in replace:
-                if replace[i] is not None:
-                    nodes.append(replace[i])
+                new = replace[i]
+                if isinstance(new, list):
+                    nodes.extend(new)
+                elif new is not None:
+                    nodes.append(new)
             else:
                 nodes.append(node)
         del self.graph.node[:]
@@ -402,24 +504,24 @@ def pack_matmul_groups(program: Any) -> int:
     import torch
 
     readers: Counter[str] = Counter()
-    for step in program.steps:
-        readers.update(name for name in step.inputs if name)
-        for sub in step.ctx.subgraphs.values():
+    for node in program.nodes:
+        readers.update(name for name in node.inputs if name)
+        for sub in node.ctx.subgraphs.values():
             readers.update(sub.outer_references())
     graph_inputs = {vi.name for vi in program.inputs} | {vi.name for vi in program.outputs}
     packed = 0
-    for step in program.steps:
-        if step.ctx.op_type != "MatMulGroup" or step.ctx.domain != FUSED_DOMAIN or step.ctx.attrs.get("packed_weight"):
+    for node in program.nodes:
+        if node.ctx.op_type != "MatMulGroup" or node.ctx.domain != FUSED_DOMAIN or node.ctx.attrs.get("packed_weight"):
             continue
-        n = len(step.ctx.attrs["widths"])
-        names = step.inputs[1 : 1 + n]
+        n = len(node.ctx.attrs["widths"])
+        names = node.inputs[1 : 1 + n]
         weights = [program.initializers.get(name) for name in names]
         if any(w is None or name in graph_inputs for w, name in zip(weights, names)):
             continue
         name = f"onnxgen.packed[{','.join(names)}]"
         program.initializers[name] = torch.cat([w.t() for w in weights]).contiguous()
-        step.inputs[1 : 1 + n] = [name] + [""] * (n - 1)
-        step.ctx.attrs["packed_weight"] = 1
+        node.inputs[1 : 1 + n] = [name] + [""] * (n - 1)
+        node.ctx.attrs["packed_weight"] = 1
         for old in names:
             readers[old] -= 1
             if readers[old] == 0:

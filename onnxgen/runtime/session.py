@@ -164,7 +164,7 @@ class InferenceSession:
         names = self._output_names(output_names)
         declared = {vi.name: vi for vi in self.program.inputs}
         feeds = {name: feed_value(declared.get(name), name, value) for name, value in _feed_items(input_feed)}
-        for name in self._written_inputs.intersection(feeds):  # a kernel writes it: not the caller's array
+        for name in self._written_inputs.intersection(feeds):  # an op writes it in place: not the caller's array
             value = feeds[name]
             if isinstance(value, torch.Tensor) and value.device == self.device:
                 feeds[name] = value.clone()
@@ -356,8 +356,8 @@ def _untyped_value(info: ValueInfo | None, name: str, value: Any) -> Any:
     raise InvalidInputError(f"input {name!r} is of type {type(value).__name__}; expected a numpy array")
 
 
-# (domain, op) -> the input slots its kernel may write in place: GroupQueryAttention's shared and
-# window KV layouts write the step's rows into past_key/past_value (kernels/contrib_attention.py)
+# (domain, op) -> the input slots its implementation may write in place: GroupQueryAttention's shared and
+# window KV layouts write the step's rows into past_key/past_value (ops/contrib_attention.py)
 WRITES_INPUTS: dict[tuple[str, str], tuple[int, ...]] = {("com.microsoft", "GroupQueryAttention"): (3, 4)}
 # ops whose output may be a view of their first input (a write into it lands in the input)
 VIEW_OPS = frozenset({"Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Cast", "Expand"})
@@ -366,11 +366,11 @@ VIEW_OPS = frozenset({"Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", 
 def written_inputs(program: GraphProgram, graph_inputs: set[str]) -> frozenset[str]:
     """The graph inputs a run may write into: fed (directly or through views) to an in-place slot."""
     written: set[str] = set()
-    for step in reversed(program.steps):  # consumers come after producers: one backward pass
-        slots = WRITES_INPUTS.get((step.ctx.domain, step.ctx.op_type), ())
-        written.update(step.inputs[i] for i in slots if i < len(step.inputs) and step.inputs[i])
-        if step.ctx.domain == "" and step.ctx.op_type in VIEW_OPS and step.inputs and step.outputs[0] in written:
-            written.add(step.inputs[0])
+    for node in reversed(program.nodes):  # consumers come after producers: one backward pass
+        slots = WRITES_INPUTS.get((node.ctx.domain, node.ctx.op_type), ())
+        written.update(node.inputs[i] for i in slots if i < len(node.inputs) and node.inputs[i])
+        if node.ctx.domain == "" and node.ctx.op_type in VIEW_OPS and node.inputs and node.outputs[0] in written:
+            written.add(node.inputs[0])
     return frozenset(written & graph_inputs)
 
 
@@ -387,8 +387,8 @@ def persistent_storages(program: GraphProgram) -> set[int]:
     while todo:
         current = todo.pop()
         values: list[Any] = [*current.initializers.values(), *current.host_copies.values()]
-        for step in current.steps:
-            for attr in step.ctx.attrs.values():
+        for node in current.nodes:
+            for attr in node.ctx.attrs.values():
                 values.extend(attr if isinstance(attr, list) else [attr])
         for value in values:
             if isinstance(value, GraphProgram):

@@ -3,8 +3,8 @@
 Reasons, first match wins (DESIGN.md "Which ops may be captured"):
 1. quarantined op type; 2. structural: host control flow / sequence values (host seam),
 unresolved shape (eager); 3. classifier veto: a growing symbol in an input or output shape,
-or in the value of an input the kernel reads on the host (eager device seam); 4. not warmed;
-5. the kernel's own capture support.
+or in the value of an input the op reads on the host (eager device seam); 4. not warmed;
+5. the op implementation's own capture support.
 
 Shape arithmetic whose every value is known symbolically (Shape → Gather → Concat chains,
 constants) is folded on the host: for a fixed binding its values are constants, computed from
@@ -19,7 +19,7 @@ from typing import Any
 
 from onnxgen.runtime.capture.classifier import Classification
 from onnxgen.runtime.executor import HOST_ELIGIBLE_OPS
-from onnxgen.runtime.kernels.registry import load_all_kernels, lookup
+from onnxgen.runtime.ops.registry import load_all_ops, lookup
 from onnxgen.runtime.shapes.infer import NodeShapes, ShapeResult
 
 HOST_FLOW_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
@@ -159,7 +159,7 @@ def _decide(
         plan.kind, plan.reason, plan.folded = "host", FOLDED_REASON, True
         return plan
     spec = lookup(node.domain, node.op_type, opsets.get(node.domain, 1))
-    # 3. classifier veto: every input and output shape, and values the kernel reads on the host
+    # 3. classifier veto: every input and output shape, and values the op reads on the host
     dims = [d for i in infos for d in i.shape or ()]
     host_reads = spec.host_inputs if spec is not None else ()
     for position in host_reads:
@@ -175,14 +175,14 @@ def _decide(
         return plan
     # 4. warm-up
     if warmed is not None and node.name not in warmed:
-        plan.reason = "kernel not warmed for this shape"
+        plan.reason = "op not warmed for this shape"
         return plan
-    # 5. the kernel's own capture support
+    # 5. the op implementation's own capture support
     if spec is None:
-        plan.reason = "no kernel for this op"
+        plan.reason = "no implementation of this op"
         return plan
     if spec.capture is not None:
-        plan.reason = f"kernel: {spec.capture}"
+        plan.reason = f"op: {spec.capture}"
         return plan
     plan.capturable, plan.kind = True, "segment"
     return plan
@@ -214,7 +214,7 @@ def plan_capture(
     """Plan the step described by ``result`` (main graph nodes, in graph order).
 
     A run shorter than ``min_segment_nodes`` stays eager: one graph launch for one kernel saves nothing."""
-    load_all_kernels()
+    load_all_ops()
     q = frozenset(quarantine)
     nodes = [_decide(n, classification, opsets, q, warmed) for n in result.nodes]
     _demote_short_runs(nodes, min_segment_nodes)

@@ -107,19 +107,22 @@ def _text(analysis: Analysis, path: str) -> str:
 
 def capture_report(onnx_path: str | os.PathLike, bind: str | None, as_json: bool, device: str = "cpu") -> str:
     """The plan for the graph a session on ``device`` runs (CUDA sessions run the fused graph)."""
-    from onnxgen.runtime.fusion import fuse_for_device
+    from onnxgen.runtime.fusion import fuse_for_device, fusion_enabled, unmatched_rewrites
 
-    model, _ = load_model(onnx_path)
-    model, fused = fuse_for_device(model, device)
+    stored, _ = load_model(onnx_path)
+    model, fused = fuse_for_device(stored, device)
     analysis = analyse(model, parse_bind(bind))
     rewrites = dataclasses.asdict(fused)
+    unmatched = unmatched_rewrites(stored, device, fused) if fusion_enabled(device) else {}
     if as_json:
         data = analysis.plan.to_json()
         data["segments_without_classifier"] = len(analysis.baseline.segments)
         data["binding"] = analysis.shapes.binding
-        data["device"], data["fusions"] = device, rewrites
+        data["device"], data["fusions"], data["rewrites_unmatched"] = device, rewrites, unmatched
         return json.dumps(data, indent=2)
     text = _text(analysis, str(onnx_path))
     done = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in rewrites.items() if n)
     header, _, rest = text.partition("\n")
-    return f"{header}\ngraph as a {device} session runs it: {'fused (' + done + ')' if done else 'as stored'}\n{rest}"
+    lines = [header, f"graph as a {device} session runs it: {'fused (' + done + ')' if done else 'as stored'}"]
+    lines += [f"rewrite {name} matched nothing: it looks for {pattern}" for name, pattern in unmatched.items()]
+    return "\n".join([*lines, rest])

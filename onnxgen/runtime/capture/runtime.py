@@ -177,7 +177,7 @@ class CapturedProgram:
             return self.program.run(feeds)
         env = ChainMap(dict(feeds), self.program.initializers)
         run, own = self.runner.run, env.maps[0]  # outputs go into env's first map, as assigning to env does
-        for node in self.program.steps:
+        for node in self.program.nodes:
             run(node, env, own)
         # static shape arithmetic: constants for this key from now on
         self.static_values = {n: env.maps[0][n] for n in self.schedule.static_outputs if n in env.maps[0]}
@@ -192,11 +192,11 @@ class CapturedProgram:
 
     def _run_unit_eagerly(self, unit: Unit, env: ChainMap) -> None:
         run, own = self.runner.run, env.maps[0]
-        for node in unit.steps:
+        for node in unit.nodes:
             run(node, env, own)
 
     def _segment_fn(self, unit: Unit, bindings: dict[str, Binding], tail: StepTail | None = None) -> SegmentFn:
-        frozen: list[dict[int, Any]] = [{} for _ in unit.steps]
+        frozen: list[dict[int, Any]] = [{} for _ in unit.nodes]
         inputs = {n: b.tensor for n, b in bindings.items()}
         static = self.static_values or {}
         initializers = self.program.initializers
@@ -205,7 +205,7 @@ class CapturedProgram:
             local: dict[str, Any] = {}
             env = ChainMap(local, inputs, static, initializers)
             run = self.runner.run
-            for i, node in enumerate(unit.steps):
+            for i, node in enumerate(unit.nodes):
                 try:
                     if replay:
                         run(node, env, local, frozen=frozen[i])

@@ -1,4 +1,4 @@
-"""A step cut up as the capture plan says: segments (recorded), seams (eager), shape arithmetic.
+"""A decode step cut up as the capture plan says: segments (recorded), seams (eager), shape arithmetic.
 
 Folded host shape arithmetic (DESIGN.md: resolved symbolically) comes in two kinds for one
 binding key: *static* (its value mentions no symbol once the key's symbols are bound: computed
@@ -31,7 +31,7 @@ class ScheduleRefused(Exception):
 @dataclass
 class Unit:
     kind: str  # "segment" | "seam" | "folded" (dynamic shape arithmetic)
-    steps: list[CompiledNode]
+    nodes: list[CompiledNode]
     segment: int | None = None
     reason: str | None = None
     inputs: list[str] = field(default_factory=list)  # segment: values read from outside the segment
@@ -39,8 +39,8 @@ class Unit:
 
     @property
     def label(self) -> str:
-        first, last = self.steps[0].ctx.name, self.steps[-1].ctx.name
-        return f"segment {self.segment} ({len(self.steps)} nodes, {first} .. {last})"
+        first, last = self.nodes[0].ctx.name, self.nodes[-1].ctx.name
+        return f"segment {self.segment} ({len(self.nodes)} nodes, {first} .. {last})"
 
 
 @dataclass
@@ -54,15 +54,17 @@ class Schedule:
         return [u for u in self.units if u.kind == "segment"]
 
 
-def pair_steps(program: GraphProgram, plan: CapturePlan) -> list[tuple[CompiledNode, NodePlan]]:
+def pair_with_plan(program: GraphProgram, plan: CapturePlan) -> list[tuple[CompiledNode, NodePlan]]:
     """Compiled nodes with their plan entries (Constant nodes were folded into initializers)."""
     nodes = [n for n in plan.nodes if not (n.op_type == "Constant" and n.domain == "")]
-    if len(nodes) != len(program.steps):
-        raise ValueError(f"plan has {len(nodes)} runnable nodes, the program {len(program.steps)} steps")
-    for step, node in zip(program.steps, nodes):
-        if step.ctx.name != node.name or step.ctx.op_type != node.op_type:
-            raise ValueError(f"plan and program disagree: node {node.name!r} vs step {step.ctx.name!r}")
-    return list(zip(program.steps, nodes))
+    if len(nodes) != len(program.nodes):
+        raise ValueError(f"plan has {len(nodes)} runnable nodes, the program {len(program.nodes)} compiled nodes")
+    for compiled, planned in zip(program.nodes, nodes):
+        if compiled.ctx.name != planned.name or compiled.ctx.op_type != planned.op_type:
+            raise ValueError(
+                f"plan and program disagree: plan node {planned.name!r} vs compiled node {compiled.ctx.name!r}"
+            )
+    return list(zip(program.nodes, nodes))
 
 
 def is_static(shapes: NodeShapes) -> bool:
@@ -84,41 +86,41 @@ def build_schedule(program: GraphProgram, plan: CapturePlan, shapes: ShapeResult
     static_outputs: set[str] = set()
     open_segment: Unit | None = None
     constants = set(program.initializers)
-    for step, node in pair_steps(program, plan):
-        if node.capturable and step.on_host and all(not n or n in constants for n in step.inputs):
+    for compiled, planned in pair_with_plan(program, plan):
+        if planned.capturable and compiled.on_host and all(not n or n in constants for n in compiled.inputs):
             # host arithmetic over constants the planner could not fold (e.g. a Cast to float): its
             # outputs are constants for the key too; left in a segment, its host result would need
             # a host-to-device copy during the capture, which CUDA refuses
-            static_outputs.update(o for o in step.outputs if o)
-            constants.update(o for o in step.outputs if o)
+            static_outputs.update(o for o in compiled.outputs if o)
+            constants.update(o for o in compiled.outputs if o)
             continue
-        if node.folded:
-            if is_static(by_index[node.index]):
-                static_outputs.update(o for o in step.outputs if o)
-                constants.update(o for o in step.outputs if o)
+        if planned.folded:
+            if is_static(by_index[planned.index]):
+                static_outputs.update(o for o in compiled.outputs if o)
+                constants.update(o for o in compiled.outputs if o)
                 continue
-            unit = Unit("folded", [step], reason=node.reason)
+            unit = Unit("folded", [compiled], reason=planned.reason)
             if open_segment is not None:  # hoist before the segment it sits in (checked below)
                 units.insert(units.index(open_segment), unit)
             else:
                 units.append(unit)
             continue
-        if node.capturable:
-            if open_segment is None or open_segment.segment != node.segment:
-                open_segment = Unit("segment", [], segment=node.segment)
+        if planned.capturable:
+            if open_segment is None or open_segment.segment != planned.segment:
+                open_segment = Unit("segment", [], segment=planned.segment)
                 units.append(open_segment)
-            open_segment.steps.append(step)
+            open_segment.nodes.append(compiled)
             continue
         open_segment = None
-        units.append(Unit("seam", [step], reason=node.reason))
+        units.append(Unit("seam", [compiled], reason=planned.reason))
     schedule = Schedule(units, static_outputs, plan)
     _wire(program, schedule)
     return schedule
 
 
-def _reads(step: CompiledNode) -> list[str]:
-    names = [n for n in step.inputs if n]
-    for sub in step.ctx.subgraphs.values():
+def _reads(compiled: CompiledNode) -> list[str]:
+    names = [n for n in compiled.inputs if n]
+    for sub in compiled.ctx.subgraphs.values():
         names.extend(sorted(sub.outer_references()))
     return names
 
@@ -130,36 +132,36 @@ def _wire(program: GraphProgram, schedule: Schedule) -> None:
     # every value must exist before the unit that reads it (hoisted arithmetic included)
     available = constants | {vi.name for vi in program.inputs}
     for unit in schedule.units:
-        for step in unit.steps:
-            for name in _reads(step):
+        for compiled in unit.nodes:
+            for name in _reads(compiled):
                 if name not in available:
                     raise ScheduleRefused(
-                        f"{step.ctx.name!r} would read {name!r} before it is produced (hoisted shape arithmetic)",
-                        step.ctx.op_type,
+                        f"{compiled.ctx.name!r} would read {name!r} before it is produced (hoisted shape arithmetic)",
+                        compiled.ctx.op_type,
                     )
-            available.update(o for o in step.outputs if o)
+            available.update(o for o in compiled.outputs if o)
     for i, unit in enumerate(schedule.units):
         if unit.kind != "segment":
             continue
-        inside = {o for s in unit.steps for o in s.outputs if o}
+        inside = {o for c in unit.nodes for o in c.outputs if o}
         inputs: list[str] = []
-        for step in unit.steps:
-            if step.ctx.subgraphs:
-                raise ScheduleRefused(f"{step.ctx.name!r} runs a subgraph", step.ctx.op_type)
-            for position, name in enumerate(step.inputs):
+        for compiled in unit.nodes:
+            if compiled.ctx.subgraphs:
+                raise ScheduleRefused(f"{compiled.ctx.name!r} runs a subgraph", compiled.ctx.op_type)
+            for position, name in enumerate(compiled.inputs):
                 if not name or name in inside or name in constants:
                     continue
-                if step.on_host or position in step.host_input_positions:
+                if compiled.on_host or position in compiled.host_input_positions:
                     # a value read on the host would be baked into the recording, yet it changes
                     # from step to step (or must first come back from the device): never capture
                     raise ScheduleRefused(
-                        f"{step.ctx.name!r} reads the per-step value {name!r} on the host", step.ctx.op_type
+                        f"{compiled.ctx.name!r} reads the per-step value {name!r} on the host", compiled.ctx.op_type
                     )
                 if name not in inputs:
                     inputs.append(name)
         later = set(graph_outputs)
         for other in schedule.units[i + 1 :]:
-            for step in other.steps:
-                later.update(_reads(step))
+            for compiled in other.nodes:
+                later.update(_reads(compiled))
         unit.inputs = inputs
-        unit.outputs = [o for s in unit.steps for o in s.outputs if o and o in later]
+        unit.outputs = [o for c in unit.nodes for o in c.outputs if o and o in later]

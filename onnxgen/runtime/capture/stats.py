@@ -26,6 +26,7 @@ class CaptureStats:
     quarantined: dict[str, str] = field(default_factory=dict)  # op type -> what broke
     unsupported: dict[str, str] = field(default_factory=dict)  # key -> why it stays eager
     tail: str = ""  # where the step tail ran, for the latest plan with one ("in the graph" or "eager: why")
+    what: str = "decode steps"  # what one run is, in the summary (a prefill's runtime: "prefill chunks")
 
     def note_plan(self, segments: int, reasons: list[str]) -> None:
         self.segments_per_step = segments
@@ -42,7 +43,7 @@ class CaptureStats:
         if self.mode == "off" and not self.steps:
             return "capture off: every decode step ran eagerly (CUDA graphs need --device cuda)"
         lines = [
-            f"capture {self.mode}: {self.steps} decode steps ({self.captured_steps} captured, "
+            f"capture {self.mode}: {self.steps} {self.what} ({self.captured_steps} captured, "
             f"{self.eager_steps} eager), {self.segments_per_step} segment(s) and {self.seams_per_step} seam(s) "
             f"per step, {self.captures} capture(s), {self.replays} replay(s), {self.invalidations} invalidation(s)"
         ]

@@ -1,6 +1,6 @@
 """Shape rules for the recurrent-state ops (LinearAttention, CausalConvWithState), the preview
-FlexAttention, the ai.onnx.ml ops and TfIdfVectorizer (kernels in kernels/linear_attention.py,
-kernels/flex_attention.py, kernels/ml.py)."""
+FlexAttention, the ai.onnx.ml ops and TfIdfVectorizer (implementations in ops/linear_attention.py,
+ops/flex_attention.py, ops/ml.py)."""
 
 from __future__ import annotations
 

@@ -1,1 +1,0 @@
-"""Kernels: one module per op family; each registers itself with ``registry.kernel``."""

@@ -1,0 +1,439 @@
+"""Block-quantized weights: com.microsoft MatMulNBits and GatherBlockQuantized.
+
+Codes are packed low bits first (for 4 bits: element 2i in the low nibble of byte i), blocks run
+along K, and a weight is (code - zero_point) * scale with the default zero point 2^(bits - 1).
+
+MatMulNBits dequantizes its weight to [N, K] and runs one GEMM. Caching (a conscious choice):
+the dequantized weight is kept per (B, scales, zero_points, g_idx) tensor identity, so a weight
+that is an initializer is dequantized once and each later call is a single GEMM (few kernels per
+decode step, which is what decode speed on the GPU hinges on). The price is memory: a 4-bit
+weight held as fp16 takes 4x its packed size (fp32: 8x). ONNXGEN_DEQUANT_CACHE_MB (option
+``dequant_cache_mb``) caps the cache (0 turns it off; unset: no cap); past the cap, weights are
+dequantized on every call. An entry dies with its packed tensor, and a changed tensor (in-place
+write) is not served from the cache.
+
+accuracy_level 4 lets an implementation quantize A to int8 in blocks of block_size along K, and
+onnxruntime's CPU kernel does (symmetric, scale max|a|/127, a times 1/scale rounded half to even)
+whenever the zero points are absent or uint8 and its MLAS has an int8 kernel for (bits,
+block_size); on x86-64 that is every case but bits=2 with block_size 16. That moves outputs by
+about 0.5% against the unquantized product. By default we do not follow it: the GEMM runs on A as
+it is (in the activation dtype; fp32 on the CPU for half types, as onnxruntime's CPU kernel does).
+ONNXGEN_INT8_ACTIVATIONS=cpu (or all; option ``int8_activations``) rounds A the same way ("fake"
+quantization; the GEMM stays floating point, exact for these integer products up to fp32 rounding).
+A single op then matches onnxruntime to ~1e-7, but not a whole model: one-ulp differences upstream
+(a norm's reduction order) flip a rounded code now and then, the flip spreads through the layers,
+and on an 8-layer int4 model built by onnxruntime-genai the logits differed more (median 2.2e-3)
+than without the rounding (1.8e-3). So it is off by default and useful for single-op checks.
+
+On the CPU at accuracy_level >= 3, 4-bit weights skip all of the above and go through torch's
+int4 weight-only GEMM with bf16 activations (see "CPU fast path" below): the level permits bf16
+compute, and decode reads the packed weight instead of an 8x larger fp32 copy. At levels 0-2 the
+exact path stays (fp32 one-row products split across cores, see cpu_gemv).
+
+GatherBlockQuantized dequantizes only the gathered rows (no cache needed).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from onnxgen import options
+from onnxgen.runtime.gpu.launch import linear_row_serves, q4_row_enabled
+from onnxgen.runtime.node_contract import NodeContext
+from onnxgen.runtime.ops.common import normalize_axis
+from onnxgen.runtime.ops.contrib_attention import compute_dtype
+from onnxgen.runtime.ops.cpu_gemv import split_gemv
+from onnxgen.runtime.ops.indexing import checked_indices
+from onnxgen.runtime.ops.registry import MS_DOMAIN, implements
+
+_CHUNK_ELEMENTS = 1 << 24  # fp32 elements per dequantization chunk (64 MiB)
+_FLOAT8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2, torch.float8_e5m2fnuz)
+
+
+def unpack_codes(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """uint8 [..., n] -> uint8 [..., n * 8 / bits], low-order bits first."""
+    if bits == 8:
+        return packed
+    if bits not in (2, 4):
+        raise ValueError(f"bits={bits} is not supported (2, 4 or 8)")
+    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)
+    codes = (packed.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
+    return codes.flatten(-2)
+
+
+def dequantize_nbits(
+    b: torch.Tensor,
+    scales: torch.Tensor,
+    zero_points: torch.Tensor | None,
+    g_idx: torch.Tensor | None,
+    *,
+    k: int,
+    n: int,
+    bits: int,
+    block_size: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """MatMulNBits' B as a dense [N, K] weight of `dtype` (computed in fp32, rounded once).
+
+    Works through rows in chunks so that the fp32 temporaries stay small next to the result
+    (an embedding-sized lm_head would otherwise need several full-size fp32 copies at once).
+    """
+    n_blocks = -(-k // block_size)
+    packed = b.reshape(n, -1)
+    scale = scales.reshape(n, n_blocks)
+    if zero_points is None:
+        zero: torch.Tensor | None = None
+    elif zero_points.dtype == torch.uint8:  # packed like B, each row padded to whole bytes
+        zero = zero_points.reshape(n, -1)
+    else:  # unpacked, same type as the scales
+        zero = zero_points.reshape(n, n_blocks)
+    group = g_idx.to(torch.long).reshape(-1)[:k] if g_idx is not None else None
+    out = torch.empty((n, k), dtype=dtype, device=b.device)
+    rows = max(1, _CHUNK_ELEMENTS // (n_blocks * block_size))
+    for lo in range(0, n, rows):
+        hi = min(n, lo + rows)
+        codes = unpack_codes(packed[lo:hi], bits)[:, : n_blocks * block_size].float()
+        if zero is None:
+            zeros = torch.full((hi - lo, n_blocks), float(1 << (bits - 1)), device=b.device)
+        elif zero.dtype == torch.uint8:
+            zeros = unpack_codes(zero[lo:hi], bits)[:, :n_blocks].float()
+        else:
+            zeros = zero[lo:hi].float()
+        scale_rows = scale[lo:hi].float()
+        if group is not None:  # act-order: each k names its block
+            weight = (codes[:, :k] - zeros[:, group]) * scale_rows[:, group]
+        else:
+            blocks = codes.view(hi - lo, n_blocks, block_size)
+            weight = ((blocks - zeros.unsqueeze(-1)) * scale_rows.unsqueeze(-1)).reshape(hi - lo, -1)[:, :k]
+        out[lo:hi] = weight
+    return out
+
+
+def _version_of(tensor: torch.Tensor | None) -> int:
+    """The in-place write counter (inference-mode tensors have none: they count as never written)."""
+    if tensor is None:
+        return -1
+    try:
+        return tensor._version
+    except RuntimeError:
+        return 0
+
+
+@dataclass
+class _Entry:
+    refs: tuple[Any, ...]  # weak references to the packed tensors (None for an absent input)
+    versions: tuple[int, ...]
+    weight: torch.Tensor
+
+
+class DequantCache:
+    """Dequantized weights, keyed by the identity and version of the tensors they came from. The cap
+    is ``budget_bytes`` (None: no cap), or with ``from_options`` the options' cap in force when a
+    weight would be stored (a hit never reads it)."""
+
+    def __init__(self, budget_bytes: int | None = None, *, from_options: bool = False):
+        self._budget = budget_bytes
+        self._from_options = from_options
+        self.used = 0
+        self._entries: dict[tuple, _Entry] = {}
+
+    @property
+    def budget(self) -> int | None:
+        return options.current().dequant_cache_bytes if self._from_options else self._budget
+
+    def get(self, sources: tuple[torch.Tensor | None, ...], extra: tuple, build) -> torch.Tensor:
+        key = tuple(id(t) for t in sources) + extra
+        entry = self._entries.get(key)
+        versions = tuple(_version_of(t) for t in sources)
+        if entry is not None:
+            alive = all((r() if r is not None else None) is t for r, t in zip(entry.refs, sources))
+            if alive and entry.versions == versions:
+                return entry.weight
+            self._drop(key)
+        weight = build()
+        size = weight.numel() * weight.element_size()
+        budget = self.budget
+        if budget is not None and self.used + size > budget:
+            return weight  # over the cap: use once, keep nothing
+        refs = tuple(weakref.ref(t, lambda _r, key=key: self._drop(key)) if t is not None else None for t in sources)
+        self._entries[key] = _Entry(refs, versions, weight)
+        self.used += size
+        return weight
+
+    def _drop(self, key: tuple) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self.used -= entry.weight.numel() * entry.weight.element_size()
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.used = 0
+
+
+DEQUANT_CACHE = DequantCache(from_options=True)
+
+
+def _int8_activations(
+    ctx: NodeContext, a: torch.Tensor, zero_points: torch.Tensor | None, bits: int, block: int
+) -> bool:
+    """Whether onnxruntime's CPU kernel would quantize A to int8 here (see the module docstring)."""
+    if int(ctx.attr("accuracy_level", 0)) != 4:
+        return False
+    mode = options.current().int8_activations
+    if mode == "none" or (mode != "all" and a.device.type != "cpu"):
+        return False
+    float_zero_points = zero_points is not None and zero_points.dtype != torch.uint8
+    return not float_zero_points and not (bits == 2 and block < 32)
+
+
+def q4_row_serves(a: torch.Tensor, k: int, bits: int, block_size: int) -> bool:
+    """One row of A over 4-bit weights in blocks gpu/linear_row.py's kernel takes (opt-in, ONNXGEN_TRITON_Q4=1:
+    on the H200 it was slower than the dense kernel on the dequantized copy, docs/benchmarks/2026-12-01-h200-pdl.md)."""
+    pow2 = block_size >= 16 and not block_size & (block_size - 1)
+    return bits == 4 and pow2 and a.numel() == k and q4_row_enabled() and linear_row_serves(a)
+
+
+def fake_quantize_int8_blocks(a: torch.Tensor, block_size: int) -> torch.Tensor:
+    """A rounded to symmetric int8 per block of `block_size` along the last axis, back in fp32."""
+    k = a.shape[-1]
+    af = F.pad(a.float(), (0, -k % block_size))
+    blocks = af.reshape(*af.shape[:-1], -1, block_size)
+    scale = blocks.abs().amax(dim=-1, keepdim=True) / 127.0
+    # multiply by the reciprocal, not divide: the two round differently now and then, and one
+    # code off by one moves an output by ~0.4%; torch.round is round half to even, like MLAS
+    inverse = torch.where(scale == 0, 0.0, 1.0 / scale)
+    codes = torch.round(blocks * inverse)
+    return (codes * scale).reshape(af.shape)[..., :k]
+
+
+# -- CPU fast path: torch's int4 weight-only GEMM ---------------------------------------------------
+# Decode on the CPU is memory-bound: the fp32 dequantized weight reads 8x the bytes of the packed
+# one. aten::_weight_int4pack_mm_for_cpu reads 4-bit codes and dequantizes on the fly, as
+# w = (q - 8) * scale + zero; with zero = (8 - zero_point) * scale that is MatMulNBits'
+# (q - zero_point) * scale. Its fast kernel needs bf16 activations, scales and zeros (fp32 ones take
+# a reference loop, ~20x slower), so it is used only where the node permits that precision:
+# accuracy_level >= 3 (3 = bf16, 4 = int8 compute; onnxruntime itself rounds activations to int8
+# per block at level 4). At levels 0-2 the exact fp32 path below stays. It is faster than the fp32
+# GEMM at every M we measured (1..512), so prefill uses it too and no fp32 copy is cached.
+# ONNXGEN_CPU_INT4_GEMM=0 (option cpu_int4_gemm) turns it off.
+_INT4PACK_GROUPS = (32, 64, 128, 256)  # the group sizes the kernel accepts
+_INT4PACK_OP = getattr(getattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", None), "default", None)
+
+
+def _int4pack_applies(
+    ctx: NodeContext,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    g_idx: torch.Tensor | None,
+    *,
+    k: int,
+    n: int,
+    bits: int,
+    block_size: int,
+) -> bool:
+    if _INT4PACK_OP is None or a.device.type != "cpu":
+        return False
+    opts = options.current()
+    return (
+        opts.cpu_int4_gemm
+        and int(ctx.attr("accuracy_level", 0)) >= 3
+        and opts.int8_activations == "none"  # int8 emulation asked for: keep the path that does it
+        and bits == 4
+        and g_idx is None
+        and block_size in _INT4PACK_GROUPS
+        and k % block_size == 0
+        and n % 16 == 0  # the packing works in tiles of 16 output rows
+        and b.dtype == torch.uint8
+        and a.is_floating_point()
+    )
+
+
+_PACK_ROWS = 4096  # output rows packed at a time: a multiple of the packing's row tiles (64 with AVX-512)
+
+
+def _int4pack_weight(b: torch.Tensor, *, k: int, n: int) -> torch.Tensor:
+    """B in the kernel's packed layout ([N, K / 2] uint8). The packing takes int32 codes, 8x the
+    packed size; done in slices of rows (the layout packs rows independently: checked in
+    tests/test_cpu_resources.py) so an embedding-sized lm_head never has all its codes at once."""
+    rows = b.reshape(n, -1)
+    out = torch.empty((n, k // 2), dtype=torch.uint8)
+    for lo in range(0, n, _PACK_ROWS):
+        hi = min(n, lo + _PACK_ROWS)
+        codes = unpack_codes(rows[lo:hi], 4)[:, :k].to(torch.int32).contiguous()
+        out[lo:hi] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+    return out
+
+
+def _int4pack_scales_zeros(
+    scales: torch.Tensor, zero_points: torch.Tensor | None, *, k: int, n: int, block_size: int
+) -> torch.Tensor:
+    """[K / block, N, 2] bf16: (scale, (8 - zero_point) * scale), computed in fp32, rounded once."""
+    n_blocks = k // block_size
+    scale = scales.reshape(n, -1)[:, :n_blocks].float()
+    if zero_points is None:
+        zero = torch.zeros_like(scale)  # default zero point 8: nothing to shift
+    else:
+        if zero_points.dtype == torch.uint8:
+            zp = unpack_codes(zero_points.reshape(n, -1), 4)[:, :n_blocks].float()
+        else:
+            zp = zero_points.reshape(n, -1)[:, :n_blocks].float()
+        zero = (8.0 - zp) * scale
+    return torch.stack((scale, zero), dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
+
+
+def _weak(t: torch.Tensor | None) -> Any:
+    return weakref.ref(t) if t is not None else None
+
+
+class _Int4Plan:
+    """One node's packed weight, kept on its NodeContext (decode calls skip all re-validation).
+
+    It serves a call only while B, scales and zero_points are the very tensors it was built from,
+    unwritten since (weak references: the plan never keeps a weight alive). Memory: the packed
+    copy is as large as B itself, plus bf16 scales/zeros.
+    """
+
+    __slots__ = ("refs", "versions", "packed", "sz", "k", "n", "block_size")
+
+    def __init__(self, b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, *, k, n, block_size):
+        self.refs = (weakref.ref(b), weakref.ref(scales), _weak(zero_points))
+        self.versions = (_version_of(b), _version_of(scales), _version_of(zero_points))
+        self.packed = _int4pack_weight(b, k=k, n=n)
+        self.sz = _int4pack_scales_zeros(scales, zero_points, k=k, n=n, block_size=block_size)
+        self.k, self.n, self.block_size = k, n, block_size
+
+    def serves(self, b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None) -> bool:
+        rb, rs, rz = self.refs
+        if rb() is not b or rs() is not scales or (rz() if rz is not None else None) is not zero_points:
+            return False
+        try:  # (inline: this runs for every quantized matmul of every decode step)
+            versions = (b._version, scales._version, zero_points._version if zero_points is not None else -1)
+        except RuntimeError:  # an inference tensor has no version counter
+            versions = (_version_of(b), _version_of(scales), _version_of(zero_points))
+        return self.versions == versions
+
+    def run(self, a: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """A @ W^T (+ bias) through the int4 kernel, in A's dtype."""
+        x = a.reshape(-1, self.k).to(torch.bfloat16, memory_format=torch.contiguous_format)
+        out = _INT4PACK_OP(x, self.packed, self.block_size, self.sz).to(torch.float32)
+        if bias is not None:
+            out += bias
+        out = out.view(*a.shape[:-1], self.n)
+        return out if a.dtype == torch.float32 else out.to(a.dtype)
+
+
+@implements("MatMulNBits", domain=MS_DOMAIN)
+def matmul_nbits(
+    ctx: NodeContext,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scales: torch.Tensor,
+    zero_points: torch.Tensor | None = None,
+    g_idx: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    plan = ctx.__dict__.get("_int4pack")
+    if plan is not None and a.is_cpu and g_idx is None and plan.serves(b, scales, zero_points):
+        return plan.run(a, bias)  # the decode fast path: checked once when the plan was made
+    k = int(ctx.require("K"))
+    n = int(ctx.require("N"))
+    bits = int(ctx.attr("bits", 4))
+    block_size = int(ctx.require("block_size"))
+    if int(ctx.attr("weight_prepacked", 0)):
+        raise ctx.fail("weight_prepacked (an execution-provider-specific layout) is not supported")
+    if bits not in (2, 4, 8):
+        raise ctx.fail(f"bits={bits} is not supported (2, 4 or 8)")
+    if a.shape[-1] != k:
+        raise ctx.fail(f"A has {a.shape[-1]} columns, K is {k}")
+    dtype = compute_dtype(a.dtype, a.device)
+    out_dtype = a.dtype
+    if b.numel() == 0:  # an omitted projection: zeros (or the bias)
+        out = torch.zeros((*a.shape[:-1], n), dtype=a.dtype, device=a.device)
+        return out + bias if bias is not None else out
+
+    def build() -> torch.Tensor:
+        return dequantize_nbits(b, scales, zero_points, g_idx, k=k, n=n, bits=bits, block_size=block_size, dtype=dtype)
+
+    int8_a = _int8_activations(ctx, a, zero_points, bits, block_size)
+    if g_idx is None and not int8_a and q4_row_serves(a, k, bits, block_size) and scales.dtype == a.dtype:
+        from onnxgen.runtime.gpu.linear_row import linear_row_q4
+
+        out = linear_row_q4(a, b, scales, zero_points, bias, n=n, k=k, block_size=block_size)
+        return out.reshape(*a.shape[:-1], n)
+    if _int4pack_applies(ctx, a, b, g_idx, k=k, n=n, bits=bits, block_size=block_size):
+        plan = _Int4Plan(b, scales, zero_points, k=k, n=n, block_size=block_size)
+        ctx.__dict__["_int4pack"] = plan
+        return plan.run(a, bias)
+    extra = (k, n, bits, block_size, dtype, a.device)
+    weight = DEQUANT_CACHE.get((b, scales, zero_points, g_idx), extra, build)
+    if int8_a:
+        a = fake_quantize_int8_blocks(a, block_size)
+    a = a.to(dtype)
+    out = split_gemv(a, weight, b_transposed=True) if bias is None else None  # fp32 CPU decode
+    if out is None:
+        out = F.linear(a, weight, bias.to(dtype) if bias is not None else None)
+    return out.to(out_dtype)
+
+
+@implements("GatherBlockQuantized", domain=MS_DOMAIN)
+def gather_block_quantized(
+    ctx: NodeContext,
+    data: torch.Tensor,
+    indices: torch.Tensor,
+    scales: torch.Tensor,
+    zero_points: torch.Tensor | None = None,
+) -> torch.Tensor:
+    rank = data.dim()
+    gather_axis = normalize_axis(int(ctx.attr("gather_axis", 0)), rank)
+    quant_axis = normalize_axis(int(ctx.attr("quantize_axis", 1)), rank)
+    block_size = int(ctx.attr("block_size", 128))
+    bits = int(ctx.attr("bits", 4))
+    is_float8 = data.dtype in _FLOAT8
+    if data.dtype != torch.uint8 and not is_float8:
+        raise ctx.fail(f"data of dtype {data.dtype} is not supported (uint8 packed codes or float8)")
+    if data.dtype == torch.uint8:
+        if gather_axis != 0:
+            raise ctx.fail("uint8 data needs gather_axis 0")
+        if bits < 8 and gather_axis == quant_axis:
+            raise ctx.fail("packed data needs quantize_axis different from gather_axis")
+
+    # gather first, then dequantize only what was taken. Out-of-range indices are refused (onnxruntime
+    # 1.32 gives zero rows: a token id past the vocabulary would embed as zeros); where the check
+    # cannot read them (a CUDA graph recording) they still give zero rows, never a stray read.
+    size = data.shape[gather_axis]
+    checked_indices(ctx, indices, size, gather_axis)
+    idx = indices.to(torch.long).reshape(-1)
+    idx = torch.where(idx < 0, idx + size, idx)
+    valid = (idx >= 0) & (idx < size)
+    safe = torch.where(valid, idx, 0)
+    rows = data.index_select(gather_axis, safe)
+    if is_float8:
+        values = rows.float()
+    else:
+        values = unpack_codes(rows, bits).float() if bits < 8 else rows.float()
+    extent = values.shape[quant_axis]
+    block = block_size or extent  # block_size 0 (float8 only): one block per row
+
+    def per_element(param: torch.Tensor, packed: bool) -> torch.Tensor:
+        if param.shape[gather_axis] != 1:
+            param = param.index_select(gather_axis, safe)
+        param = unpack_codes(param, bits).float() if packed else param.float()
+        param = param.narrow(quant_axis, 0, -(-extent // block)) if packed and quant_axis == rank - 1 else param
+        return param.repeat_interleave(block, dim=quant_axis).narrow(quant_axis, 0, extent)
+
+    scale = per_element(scales, packed=False)
+    if zero_points is not None and not is_float8:
+        values = values - per_element(zero_points, packed=bits < 8)
+    elif not is_float8:
+        values = values - float(1 << (bits - 1))
+    out = (values * scale).to(scales.dtype)
+    mask_shape = [1] * rank
+    mask_shape[gather_axis] = -1
+    out = torch.where(valid.reshape(mask_shape), out, torch.zeros((), dtype=out.dtype, device=out.device))
+    shape = list(out.shape)
+    return out.reshape(shape[:gather_axis] + list(indices.shape) + shape[gather_axis + 1 :])

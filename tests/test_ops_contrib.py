@@ -1,0 +1,1105 @@
+"""com.microsoft contrib kernels against onnxruntime's CPU build (1.32) on random inputs.
+
+Tolerances (|a - e| <= atol + rtol * |e|):
+  GroupQueryAttention, RotaryEmbedding  fp32 1e-5 / 1e-5; fp16 2e-3 / 2e-3 (one fp16 ulp near 1)
+  SimplifiedLayerNorm, Skip*LayerNorm   fp32 1e-5 / 1e-5; fp16 2e-3 / 2e-3
+  MatMulNBits                           fp32 accuracy_level 0: 1e-4 relative to the output scale;
+                                        accuracy_level 4 (onnxruntime quantizes A to int8 per
+                                        block): 2e-2 of the output scale; fp16: 4e-3 of the scale
+  GatherBlockQuantized, FastGelu, ...   fp32 1e-5 / 1e-6
+Padding rows of a right-padded first prompt (rows >= seqlens_k[b] + 1) are unspecified by the
+spec and not compared; the KV caches are compared whole.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto as TP
+from onnx import helper
+
+from onnxgen import options
+from onnxgen.errors import OpError
+from tests.conftest import DEVICES, assert_parity, make_model, onnxgen_run, ort_run
+
+NP_OF = {TP.FLOAT: np.float32, TP.FLOAT16: np.float16}
+TORCH_OF = {TP.FLOAT: torch.float32, TP.FLOAT16: torch.float16}
+TOL = {TP.FLOAT: 1e-5, TP.FLOAT16: 2e-3}
+
+
+def _ort_session(model: onnx.ModelProto) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def _session(model: onnx.ModelProto, device: str):
+    from onnxgen.runtime import InferenceSession
+
+    return InferenceSession(model, device=device)
+
+
+def _close(actual: np.ndarray, expected: np.ndarray, tol: float, what: str, rtol: float | None = None) -> None:
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} vs {expected.shape}"
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} vs {expected.dtype}"
+    np.testing.assert_allclose(
+        actual.astype(np.float64),
+        expected.astype(np.float64),
+        rtol=tol if rtol is None else rtol,
+        atol=tol,
+        err_msg=what,
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# GroupQueryAttention
+# ------------------------------------------------------------------------------------------------
+
+GQA_INPUTS = (
+    "query",
+    "key",
+    "value",
+    "past_key",
+    "past_value",
+    "seqlens_k",
+    "total_sequence_length",
+    "cos_cache",
+    "sin_cache",
+    "position_ids",
+    "attention_bias",
+    "head_sink",
+)
+
+
+@dataclass
+class GqaCase:
+    num_heads: int = 4
+    kv_heads: int = 2
+    head_size: int = 16
+    dtype: int = TP.FLOAT
+    rotary: str = "none"  # none | half | interleaved
+    rotary_dim: int = 0  # 0: the whole head
+    packed: bool = False
+    attrs: dict = field(default_factory=dict)
+    with_position_ids: bool = False
+    with_bias: bool = False
+    with_sink: bool = False
+    max_pos: int = 32
+
+    def model(self) -> onnx.ModelProto:
+        h, kv, d, t = self.num_heads, self.kv_heads, self.head_size, self.dtype
+        hidden = (h + 2 * kv) * d if self.packed else h * d
+        shapes: dict[str, tuple[int, list]] = {
+            "query": (t, ["B", "S", hidden]),
+            "past_key": (t, ["B", kv, "P", d]),
+            "past_value": (t, ["B", kv, "P", d]),
+            "seqlens_k": (TP.INT32, ["B"]),
+            "total_sequence_length": (TP.INT32, []),
+        }
+        if not self.packed:
+            shapes["key"] = (t, ["B", "S", kv * d])
+            shapes["value"] = (t, ["B", "S", kv * d])
+        if self.rotary != "none":
+            half = (self.rotary_dim or d) // 2
+            shapes["cos_cache"] = (t, [self.max_pos, half])
+            shapes["sin_cache"] = (t, [self.max_pos, half])
+        if self.with_position_ids:
+            shapes["position_ids"] = (TP.INT64, ["B", "S"])
+        if self.with_bias:
+            shapes["attention_bias"] = (t, ["B", h, "S", "T"])
+        if self.with_sink:
+            shapes["head_sink"] = (t, [h])
+        names = [n if n in shapes else "" for n in GQA_INPUTS]
+        while not names[-1]:
+            names.pop()
+        attrs = dict(num_heads=h, kv_num_heads=kv, **self.attrs)
+        if self.rotary != "none":
+            attrs.update(do_rotary=1, rotary_interleaved=int(self.rotary == "interleaved"))
+        node = helper.make_node(
+            "GroupQueryAttention", names, ["output", "present_key", "present_value"], domain="com.microsoft", **attrs
+        )
+        inputs = [helper.make_tensor_value_info(n, *shapes[n]) for n in GQA_INPUTS if n in shapes]
+        outputs = [helper.make_tensor_value_info(n, t, None) for n in ("output", "present_key", "present_value")]
+        return make_model([node], inputs, outputs)
+
+    def feeds(self, rng, seq: int, seqlens: list[int], past: tuple[np.ndarray, np.ndarray]) -> dict:
+        npt = NP_OF[self.dtype]
+        h, kv, d = self.num_heads, self.kv_heads, self.head_size
+        batch = len(seqlens)
+        total = max(seqlens)
+        hidden = (h + 2 * kv) * d if self.packed else h * d
+        feeds = {
+            "query": rng.standard_normal((batch, seq, hidden)).astype(npt),
+            "past_key": past[0],
+            "past_value": past[1],
+            "seqlens_k": np.array([s - 1 for s in seqlens], np.int32),
+            "total_sequence_length": np.array(total, np.int32),
+        }
+        if not self.packed:
+            feeds["key"] = rng.standard_normal((batch, seq, kv * d)).astype(npt)
+            feeds["value"] = rng.standard_normal((batch, seq, kv * d)).astype(npt)
+        if self.rotary != "none":
+            half = (self.rotary_dim or d) // 2
+            inv = 1.0 / (10000 ** (np.arange(half) / half))
+            angles = np.arange(self.max_pos)[:, None] * inv[None, :]
+            feeds["cos_cache"] = np.cos(angles).astype(npt)
+            feeds["sin_cache"] = np.sin(angles).astype(npt)
+        if self.with_position_ids:
+            # arbitrary but in-range positions, different per batch entry
+            feeds["position_ids"] = rng.integers(0, self.max_pos - seq, (batch, seq)).astype(np.int64)
+        if self.with_bias:
+            feeds["attention_bias"] = rng.standard_normal((batch, h, seq, total)).astype(npt)
+        if self.with_sink:
+            feeds["head_sink"] = rng.standard_normal(h).astype(npt)
+        return feeds
+
+
+# Steps: (sequence length of the step, tokens per batch entry in the cache after the step).
+# The first step is a (right-padded, for batch 2) prompt, then decode steps.
+STEPS_B1 = [(5, [5]), (1, [6]), (1, [7])]
+STEPS_B2 = [(5, [5, 3]), (1, [6, 4]), (1, [7, 5])]
+
+
+def _valid_rows(seq: int, seqlens: list[int], first: bool) -> list[int]:
+    return [min(seq, t) if first else seq for t in seqlens]
+
+
+def _compare_output(actual: np.ndarray, expected: np.ndarray, seq: int, seqlens, first: bool, tol: float) -> None:
+    for b, rows in enumerate(_valid_rows(seq, seqlens, first)):
+        _close(actual[b, :rows], expected[b, :rows], tol, f"output batch {b}")
+
+
+def run_gqa_separate(case: GqaCase, steps, device: str, seed: int = 0) -> None:
+    """Mode (a): past grows each step; present [B, Hkv, total, D] is a new tensor."""
+    rng = np.random.default_rng(seed)
+    model = case.model()
+    ref, ours = _ort_session(model), _session(model, device)
+    npt = NP_OF[case.dtype]
+    batch = len(steps[0][1])
+    empty = np.zeros((batch, case.kv_heads, 0, case.head_size), npt)
+    past_ref = past_ours = (empty, empty)
+    for index, (seq, seqlens) in enumerate(steps):
+        feeds = case.feeds(rng, seq, seqlens, past_ref)
+        expected = ref.run(None, feeds)
+        actual = ours.run(None, {**feeds, "past_key": past_ours[0], "past_value": past_ours[1]})
+        tol = TOL[case.dtype]
+        _compare_output(actual[0], expected[0], seq, seqlens, index == 0, tol)
+        _close(actual[1], expected[1], tol, f"step {index} present_key")
+        _close(actual[2], expected[2], tol, f"step {index} present_value")
+        past_ref, past_ours = (expected[1], expected[2]), (actual[1], actual[2])
+
+
+def run_gqa_shared(case: GqaCase, steps, device: str, capacity: int = 12, seed: int = 0) -> None:
+    """Mode (b): one fixed-capacity buffer bound as both past and present (onnxruntime IOBinding)."""
+    rng = np.random.default_rng(seed)
+    model = case.model()
+    ref, ours = _ort_session(model), _session(model, device)
+    npt = NP_OF[case.dtype]
+    batch = len(steps[0][1])
+    shape = (batch, case.kv_heads, capacity, case.head_size)
+    # the buffer starts with junk: rows beyond each entry's length must never be read
+    start_k = rng.standard_normal(shape).astype(npt)
+    start_v = rng.standard_normal(shape).astype(npt)
+    ref_k, ref_v = ort.OrtValue.ortvalue_from_numpy(start_k.copy()), ort.OrtValue.ortvalue_from_numpy(start_v.copy())
+    our_k = torch.from_numpy(start_k.copy()).to(device)
+    our_v = torch.from_numpy(start_v.copy()).to(device)
+    for index, (seq, seqlens) in enumerate(steps):
+        feeds = case.feeds(rng, seq, seqlens, (start_k, start_v))
+        binding = ref.io_binding()
+        for name, array in feeds.items():
+            if name not in ("past_key", "past_value"):
+                binding.bind_cpu_input(name, array)
+        binding.bind_ortvalue_input("past_key", ref_k)
+        binding.bind_ortvalue_input("past_value", ref_v)
+        binding.bind_ortvalue_output("present_key", ref_k)
+        binding.bind_ortvalue_output("present_value", ref_v)
+        binding.bind_output("output")
+        ref.run_with_iobinding(binding)
+        expected = [o for o in binding.copy_outputs_to_cpu() if o.ndim == 3][0]
+
+        torch_feeds = {k: torch.from_numpy(v).to(device) for k, v in feeds.items()}
+        torch_feeds.update(past_key=our_k, past_value=our_v)
+        result = ours.run_torch(torch_feeds)
+        assert result["present_key"].data_ptr() == our_k.data_ptr(), "shared mode must write past in place"
+        assert result["present_value"].data_ptr() == our_v.data_ptr()
+        tol = TOL[case.dtype]
+        _compare_output(result["output"].cpu().numpy(), expected, seq, seqlens, index == 0, tol)
+        _close(our_k.cpu().numpy(), ref_k.numpy(), tol, f"step {index} key buffer")
+        _close(our_v.cpu().numpy(), ref_v.numpy(), tol, f"step {index} value buffer")
+
+
+GQA_CASES = {
+    "plain": GqaCase(),
+    "rotary": GqaCase(rotary="half"),
+    "rotary_interleaved": GqaCase(rotary="interleaved"),
+    "partial_rotary": GqaCase(head_size=32, rotary="half", rotary_dim=16),
+    "window": GqaCase(attrs={"local_window_size": 3}),
+    "window_rotary": GqaCase(num_heads=6, kv_heads=3, rotary="interleaved", attrs={"local_window_size": 2}),
+    "packed_qkv": GqaCase(packed=True, rotary="half"),
+    "mha_heads": GqaCase(num_heads=2, kv_heads=2),
+    "scale_softcap": GqaCase(attrs={"scale": 0.3, "softcap": 2.0}),
+    "smooth_softmax": GqaCase(attrs={"smooth_softmax": 1}),
+    "head_sink": GqaCase(with_sink=True),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("name", list(GQA_CASES))
+def test_gqa_separate_kv(name: str, batch: int, device: str) -> None:
+    run_gqa_separate(GQA_CASES[name], STEPS_B1 if batch == 1 else STEPS_B2, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("name", ["plain", "rotary", "rotary_interleaved", "window_rotary", "packed_qkv"])
+def test_gqa_shared_kv(name: str, batch: int, device: str) -> None:
+    run_gqa_shared(GQA_CASES[name], STEPS_B1 if batch == 1 else STEPS_B2, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [TP.FLOAT, TP.FLOAT16])
+@pytest.mark.parametrize("packed", [False, True])
+def test_gqa_shared_decode_model_heads(packed: bool, dtype: int, device: str) -> None:
+    """Real-model head counts (14 query / 2 KV heads of 64) and a buffer longer than one 128-key block,
+    entries of different lengths (one past a block, one inside the first): the shape of the fused
+    CUDA decode kernel's split-K merge and of its one-block path."""
+    case = GqaCase(num_heads=14, kv_heads=2, head_size=64, dtype=dtype, rotary="half", packed=packed, max_pos=320)
+    steps = [(150, [150, 70]), (1, [151, 71]), (1, [152, 72]), (1, [153, 73])]
+    run_gqa_shared(case, steps, device, capacity=300)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gqa_shared_decode_combine_in_chunks(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Long buffers: the fused CUDA kernel merges its split-K partials a few splits at a time
+    (here 2 per pass: a merge tile of 16 heads x 2 splits x 64 channels; 3 blocks of 128 keys)."""
+    if importlib.util.find_spec("triton") is not None:
+        from onnxgen.runtime.gpu import gqa_decode
+
+        monkeypatch.setattr(gqa_decode, "COMBINE_TILE", 16 * 2 * 64)
+    case = GqaCase(num_heads=14, kv_heads=2, head_size=64, rotary="half", max_pos=640)
+    run_gqa_shared(case, [(300, [300, 200]), (1, [301, 201]), (1, [302, 202])], device, capacity=640)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shared", [False, True])
+def test_gqa_fp16(shared: bool, device: str) -> None:
+    case = GqaCase(dtype=TP.FLOAT16, rotary="half", attrs={"local_window_size": 4})
+    if shared:
+        run_gqa_shared(case, STEPS_B2, device)
+    else:
+        run_gqa_separate(case, STEPS_B2, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gqa_prompt_chunks(device: str) -> None:
+    """A later prompt chunk (S > 1 with past, batch 1), then decode."""
+    steps = [(4, [4]), (3, [7]), (1, [8])]
+    run_gqa_separate(GqaCase(rotary="half", attrs={"local_window_size": 5}), steps, device)
+    run_gqa_shared(GqaCase(rotary="interleaved"), steps, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gqa_position_ids(device: str) -> None:
+    # onnxruntime reads only position_ids[0, 0] on a first prompt (S > 1), then one per token
+    run_gqa_separate(GqaCase(rotary="half", with_position_ids=True), STEPS_B1, device)
+    run_gqa_separate(GqaCase(rotary="interleaved", with_position_ids=True), STEPS_B2, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gqa_attention_bias(device: str) -> None:
+    run_gqa_separate(GqaCase(with_bias=True), STEPS_B2, device)
+    run_gqa_separate(GqaCase(with_bias=True, attrs={"softcap": 1.5}), STEPS_B1, device)
+
+
+# ------------------------------------------------------------------------------------------------
+# SimplifiedLayerNormalization, SkipSimplifiedLayerNormalization, SkipLayerNormalization
+# ------------------------------------------------------------------------------------------------
+
+
+def _value_infos(specs: dict[str, tuple[int, list | None]]) -> list[onnx.ValueInfoProto]:
+    return [helper.make_tensor_value_info(name, t, shape) for name, (t, shape) in specs.items()]
+
+
+def _untyped_outputs(names: list[str]) -> list[onnx.ValueInfoProto]:
+    return [onnx.ValueInfoProto(name=n) for n in names if n]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [TP.FLOAT, TP.FLOAT16])
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_simplified_layer_norm(axis: int, dtype: int, device: str) -> None:
+    rng = np.random.default_rng(1)
+    npt = NP_OF[dtype]
+    x = (rng.standard_normal((2, 3, 16)) * 3).astype(npt)
+    scale_shape = [16] if axis == -1 else [3, 16]
+    scale = rng.standard_normal(scale_shape).astype(npt)
+    node = helper.make_node("SimplifiedLayerNormalization", ["x", "scale"], ["y", "inv"], axis=axis, epsilon=1e-5)
+    model = make_model(
+        [node], _value_infos({"x": (dtype, [2, 3, 16]), "scale": (dtype, scale_shape)}), _untyped_outputs(["y", "inv"])
+    )
+    assert_parity(model, {"x": x, "scale": scale}, device, rtol=TOL[dtype], atol=TOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_simplified_layer_norm_mixed_types(device: str) -> None:
+    """Y takes the scale's type: fp32 X with an fp16 scale gives fp16."""
+    rng = np.random.default_rng(2)
+    node = helper.make_node("SimplifiedLayerNormalization", ["x", "scale"], ["y"], epsilon=1e-6)
+    model = make_model(
+        [node], _value_infos({"x": (TP.FLOAT, [4, 32]), "scale": (TP.FLOAT16, [32])}), _untyped_outputs(["y"])
+    )
+    feeds = {"x": rng.standard_normal((4, 32)).astype(np.float32), "scale": rng.standard_normal(32).astype(np.float16)}
+    assert_parity(model, feeds, device, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [TP.FLOAT, TP.FLOAT16])
+@pytest.mark.parametrize("op", ["SkipSimplifiedLayerNormalization", "SkipLayerNormalization"])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_skip_layer_norm(op: str, dtype: int, with_bias: bool, device: str) -> None:
+    rng = np.random.default_rng(3)
+    npt = NP_OF[dtype]
+    hidden = 64
+    specs = {"x": (dtype, [2, 3, hidden]), "skip": (dtype, [2, 3, hidden]), "gamma": (dtype, [hidden])}
+    feeds = {
+        "x": (rng.standard_normal((2, 3, hidden)) * 2).astype(npt),
+        "skip": rng.standard_normal((2, 3, hidden)).astype(npt),
+        "gamma": rng.standard_normal(hidden).astype(npt),
+    }
+    inputs = ["x", "skip", "gamma"]
+    if op == "SkipLayerNormalization":
+        specs["beta"] = (dtype, [hidden])
+        feeds["beta"] = rng.standard_normal(hidden).astype(npt)
+        inputs.append("beta")
+    if with_bias:
+        specs["bias"] = (dtype, [hidden])
+        feeds["bias"] = rng.standard_normal(hidden).astype(npt)
+        inputs += [""] * (4 - len(inputs)) + ["bias"] if op == "SkipLayerNormalization" else ["bias"]
+    outputs = ["y", "mean", "inv_std", "sum"]
+    node = helper.make_node(op, inputs, outputs, domain="com.microsoft", epsilon=1e-5)
+    model = make_model([node], _value_infos(specs), _untyped_outputs(outputs))
+    assert_parity(model, feeds, device, rtol=TOL[dtype], atol=TOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_skip_simplified_layer_norm_2d_broadcast_skip(device: str) -> None:
+    """Only the first output wanted; 2D input (token_count, hidden)."""
+    rng = np.random.default_rng(4)
+    node = helper.make_node(
+        "SkipSimplifiedLayerNormalization", ["x", "skip", "gamma"], ["y"], domain="com.microsoft", epsilon=1e-6
+    )
+    specs = {"x": (TP.FLOAT, [5, 32]), "skip": (TP.FLOAT, [5, 32]), "gamma": (TP.FLOAT, [32])}
+    model = make_model([node], _value_infos(specs), _untyped_outputs(["y"]))
+    feeds = {k: rng.standard_normal(s).astype(np.float32) for k, (_, s) in specs.items()}
+    assert_parity(model, feeds, device)
+
+
+# ------------------------------------------------------------------------------------------------
+# FastGelu, QuickGelu, BiasGelu
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [TP.FLOAT, TP.FLOAT16])
+@pytest.mark.parametrize("op", ["FastGelu", "FastGeluBias", "QuickGelu", "BiasGelu"])
+def test_gelu_variants(op: str, dtype: int, device: str) -> None:
+    rng = np.random.default_rng(5)
+    npt = NP_OF[dtype]
+    specs = {"x": (dtype, [2, 3, 16])}
+    feeds = {"x": (rng.standard_normal((2, 3, 16)) * 3).astype(npt)}
+    attrs = {"alpha": 1.5} if op == "QuickGelu" else {}
+    if op in ("FastGeluBias", "BiasGelu"):
+        specs["b"] = (dtype, [16])
+        feeds["b"] = rng.standard_normal(16).astype(npt)
+    node = helper.make_node(
+        op.replace("Bias", "") if op == "FastGeluBias" else op, list(specs), ["y"], domain="com.microsoft", **attrs
+    )
+    model = make_model([node], _value_infos(specs), _untyped_outputs(["y"]))
+    tol = 1e-5 if dtype == TP.FLOAT else 2e-3
+    assert_parity(model, feeds, device, rtol=tol, atol=tol)
+
+
+# ------------------------------------------------------------------------------------------------
+# MatMulNBits, GatherBlockQuantized
+# ------------------------------------------------------------------------------------------------
+
+
+def quantize_blocks(w: np.ndarray, bits: int, block_size: int, symmetric: bool):
+    """Block quantization along the last axis: (codes [N, n_blocks*bs], scales [N, n_blocks], zp [N, n_blocks]).
+
+    The test's own quantizer (not the runtime's): asymmetric uses min/max per block, symmetric keeps
+    the default zero point 2^(bits-1). K is zero-padded to whole blocks.
+    """
+    n, k = w.shape
+    n_blocks = -(-k // block_size)
+    padded = np.zeros((n, n_blocks * block_size), np.float32)
+    padded[:, :k] = w
+    blocks = padded.reshape(n, n_blocks, block_size)
+    top = (1 << bits) - 1
+    if symmetric:
+        zp = np.full((n, n_blocks), 1 << (bits - 1), np.float32)
+        scale = np.abs(blocks).max(axis=2) / (1 << (bits - 1))
+    else:
+        lo, hi = np.minimum(blocks.min(axis=2), 0), np.maximum(blocks.max(axis=2), 0)
+        scale = (hi - lo) / top
+        zp = np.clip(np.rint(-lo / np.where(scale == 0, 1, scale)), 0, top)
+    scale = np.where(scale == 0, 1, scale).astype(np.float32)
+    codes = np.clip(np.rint(blocks / scale[:, :, None]) + zp[:, :, None], 0, top).astype(np.uint8)
+    return codes.reshape(n, -1), scale, zp.astype(np.uint8)
+
+
+def pack_rows(codes: np.ndarray, bits: int) -> np.ndarray:
+    """Pack the last axis low bits first, padding each row to whole bytes."""
+    per_byte = 8 // bits
+    rows = codes.reshape(-1, codes.shape[-1])
+    pad = -rows.shape[1] % per_byte
+    rows = np.concatenate([rows, np.zeros((rows.shape[0], pad), np.uint8)], axis=1)
+    grouped = rows.reshape(rows.shape[0], -1, per_byte).astype(np.uint16)
+    packed = sum(grouped[:, :, i] << (bits * i) for i in range(per_byte)).astype(np.uint8)
+    return packed.reshape(*codes.shape[:-1], -1)
+
+
+def matmul_nbits_model(k, n, bits, block_size, dtype, zp_kind, accuracy_level, with_bias=False, flat_scales=True):
+    rng = np.random.default_rng(block_size + bits + k)
+    npt = NP_OF[dtype]
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    codes, scales, zp = quantize_blocks(w, bits, block_size, symmetric=zp_kind == "none")
+    n_blocks = scales.shape[1]
+    b = pack_rows(codes, bits).reshape(n, n_blocks, block_size * bits // 8)
+    inits = [
+        onnx.numpy_helper.from_array(b, "B"),
+        onnx.numpy_helper.from_array(scales.reshape(-1) if flat_scales else scales.astype(npt), "scales"),
+    ]
+    if flat_scales:
+        inits[1] = onnx.numpy_helper.from_array(scales.reshape(-1).astype(npt), "scales")
+    inputs = ["A", "B", "scales"]
+    if zp_kind == "packed":
+        inits.append(onnx.numpy_helper.from_array(pack_rows(zp, bits).reshape(-1), "zp"))
+        inputs.append("zp")
+    elif zp_kind == "float":  # unpacked, same type as A (may be fractional)
+        inits.append(onnx.numpy_helper.from_array((zp + 0.25).astype(npt), "zp"))
+        inputs.append("zp")
+    if with_bias:
+        inputs += [""] * (5 - len(inputs)) + ["bias"]
+        inits.append(onnx.numpy_helper.from_array(rng.standard_normal(n).astype(npt), "bias"))
+    node = helper.make_node(
+        "MatMulNBits",
+        inputs,
+        ["Y"],
+        domain="com.microsoft",
+        K=k,
+        N=n,
+        bits=bits,
+        block_size=block_size,
+        accuracy_level=accuracy_level,
+    )
+    return make_model([node], _value_infos({"A": (dtype, None)}), _untyped_outputs(["Y"]), inits)
+
+
+def _nbits_parity(model, dtype, device, rel_tol, m_values=(1, 5), batch_dims=()):
+    rng = np.random.default_rng(7)
+    k = next(a.i for a in model.graph.node[0].attribute if a.name == "K")
+    for m in m_values:
+        a = rng.standard_normal((*batch_dims, m, k)).astype(NP_OF[dtype])
+        expected = ort_run(model, {"A": a})[0]
+        actual = onnxgen_run(model, {"A": a}, device)[0]
+        scale = float(np.abs(expected.astype(np.float64)).max())
+        _close(actual, expected, rel_tol * scale, f"M={m}", rtol=0.0)
+
+
+# measured worst cases: 4e-7, 6e-3 (int8 A), 1.3e-6, 7e-3
+NBITS_TOL = {(TP.FLOAT, 0): 1e-5, (TP.FLOAT, 4): 2e-2, (TP.FLOAT16, 0): 1e-3, (TP.FLOAT16, 4): 2e-2}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("accuracy_level", [0, 4])
+@pytest.mark.parametrize("dtype", [TP.FLOAT, TP.FLOAT16])
+@pytest.mark.parametrize("zp_kind", ["none", "packed", "float"])
+@pytest.mark.parametrize("block_size", [16, 32, 64, 128])
+def test_matmul_nbits_4bit(block_size: int, zp_kind: str, dtype: int, accuracy_level: int, device: str) -> None:
+    # K = 200 is not a whole number of blocks for any of these sizes; 16 gives 13 blocks (odd)
+    model = matmul_nbits_model(200, 24, 4, block_size, dtype, zp_kind, accuracy_level)
+    _nbits_parity(model, dtype, device, NBITS_TOL[(dtype, accuracy_level)])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("zp_kind", ["none", "packed", "float"])
+def test_matmul_nbits_4bit_long_rows(zp_kind: str, device: str) -> None:
+    """K = 2,100: the one-row 4-bit kernel's several 1,024-element tiles, the last one partial."""
+    model = matmul_nbits_model(2100, 12, 4, 32, TP.FLOAT, zp_kind, 0)
+    _nbits_parity(model, TP.FLOAT, device, NBITS_TOL[(TP.FLOAT, 0)], m_values=(1,))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bits", [2, 8])
+@pytest.mark.parametrize("zp_kind", ["none", "packed"])
+def test_matmul_nbits_other_widths(bits: int, zp_kind: str, device: str) -> None:
+    model = matmul_nbits_model(96, 20, bits, 32, TP.FLOAT, zp_kind, 0)
+    _nbits_parity(model, TP.FLOAT, device, 1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_matmul_nbits_bias_2d_scales_3d_input(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from onnxgen.runtime.ops import contrib_quant
+
+    monkeypatch.setattr(contrib_quant, "_CHUNK_ELEMENTS", 150)  # dequantize a few rows at a time
+    model = matmul_nbits_model(64, 16, 4, 16, TP.FLOAT, "packed", 0, with_bias=True, flat_scales=False)
+    _nbits_parity(model, TP.FLOAT, device, 1e-5, m_values=(3,), batch_dims=(2,))
+
+
+def _gidx_model(zp_kind: str, g: np.ndarray, k: int = 64, n: int = 8, block_size: int = 16):
+    rng = np.random.default_rng(11)
+    codes, scales, zp = quantize_blocks(rng.standard_normal((n, k)).astype(np.float32), 4, block_size, False)
+    b = pack_rows(codes, 4).reshape(n, k // block_size, block_size // 2)
+    inits = [
+        onnx.numpy_helper.from_array(b, "B"),
+        onnx.numpy_helper.from_array(scales.reshape(-1), "scales"),
+        onnx.numpy_helper.from_array(g, "g_idx"),
+    ]
+    zp_name = ""
+    if zp_kind == "packed":
+        inits.append(onnx.numpy_helper.from_array(pack_rows(zp, 4).reshape(-1), "zp"))
+        zp_name = "zp"
+    elif zp_kind == "float":
+        inits.append(onnx.numpy_helper.from_array(zp.astype(np.float32), "zp"))
+        zp_name = "zp"
+    node = helper.make_node(
+        "MatMulNBits",
+        ["A", "B", "scales", zp_name, "g_idx"],
+        ["Y"],
+        domain="com.microsoft",
+        K=k,
+        N=n,
+        bits=4,
+        block_size=block_size,
+    )
+    model = make_model([node], _value_infos({"A": (TP.FLOAT, None)}), _untyped_outputs(["Y"]), inits)
+    # act-order definition: column k uses block g_idx[k]
+    dense = (codes.astype(np.float32) - zp[:, g]) * scales[:, g]
+    return model, dense
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_matmul_nbits_g_idx(device: str) -> None:
+    g = (np.random.default_rng(12).permutation(64) // 16).astype(np.int32)
+    a = np.random.default_rng(13).standard_normal((3, 64)).astype(np.float32)
+    for zp_kind in ("none", "float"):
+        model, _ = _gidx_model(zp_kind, g)
+        assert_parity(model, {"A": a}, device, rtol=1e-5, atol=1e-5)
+    # onnxruntime 1.32 CPU disagrees with the act-order definition for g_idx with packed uint8
+    # zero points (deprecated input); checked against the definition in numpy instead
+    model, dense = _gidx_model("packed", g)
+    actual = onnxgen_run(model, {"A": a}, device)[0]
+    np.testing.assert_allclose(actual, a @ dense.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_matmul_nbits_dequant_cache(device: str) -> None:
+    """A cached weight is reused, and a packed tensor changed in place is not served stale."""
+    from onnxgen.runtime.ops.contrib_quant import DEQUANT_CACHE
+
+    model = matmul_nbits_model(64, 16, 4, 32, TP.FLOAT, "packed", 0)
+    session = _session(model, device)
+    a = torch.from_numpy(np.random.default_rng(14).standard_normal((2, 64)).astype(np.float32)).to(device)
+    first = session.run_torch({"A": a})["Y"].clone()
+    used = DEQUANT_CACHE.used
+    assert used > 0
+    assert torch.equal(session.run_torch({"A": a})["Y"], first)
+    assert DEQUANT_CACHE.used == used  # second call: no new entry
+    packed = session.program.initializers["B"]
+    packed.bitwise_xor_(0x11)  # flip a bit in every code, in place
+    model.graph.initializer[0].CopyFrom(onnx.numpy_helper.from_array(packed.cpu().numpy(), "B"))
+    expected = ort_run(model, {"A": a.cpu().numpy()})[0]
+    _close(session.run_torch({"A": a})["Y"].cpu().numpy(), expected, 1e-5, "after in-place change")
+
+
+def gather_block_quantized_model(bits, block_size, zp_kind, scale_dtype, vocab=11, hidden=96, index_dtype=TP.INT64):
+    rng = np.random.default_rng(bits * 1000 + block_size)
+    codes, scales, zp = quantize_blocks(
+        rng.standard_normal((vocab, hidden)).astype(np.float32), bits, block_size, zp_kind == "none"
+    )
+    n_blocks = scales.shape[1]
+    hidden_padded = n_blocks * block_size  # whole blocks, as the model builder pads them
+    data = pack_rows(codes, bits) if bits < 8 else codes
+    inits = [
+        onnx.numpy_helper.from_array(data.reshape(vocab, hidden_padded * bits // 8), "data"),
+        onnx.numpy_helper.from_array(scales.astype(NP_OF[scale_dtype]), "scales"),
+    ]
+    inputs = ["data", "indices", "scales"]
+    if zp_kind == "packed":
+        inits.append(onnx.numpy_helper.from_array(pack_rows(zp, bits) if bits < 8 else zp, "zp"))
+        inputs.append("zp")
+    node = helper.make_node(
+        "GatherBlockQuantized",
+        inputs,
+        ["y"],
+        domain="com.microsoft",
+        bits=bits,
+        block_size=block_size,
+        gather_axis=0,
+        quantize_axis=1,
+    )
+    return make_model([node], _value_infos({"indices": (index_dtype, None)}), _untyped_outputs(["y"]), inits)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("scale_dtype", [TP.FLOAT, TP.FLOAT16])
+@pytest.mark.parametrize("zp_kind", ["none", "packed"])
+@pytest.mark.parametrize("bits,block_size", [(4, 16), (4, 32), (4, 64), (4, 128), (8, 32)])
+def test_gather_block_quantized(bits: int, block_size: int, zp_kind: str, scale_dtype: int, device: str) -> None:
+    model = gather_block_quantized_model(bits, block_size, zp_kind, scale_dtype)
+    indices = np.array([[3, 0, 10], [-1, 7, 3]], np.int64)  # 2-D, with a negative index
+    assert_parity(model, {"indices": indices}, device, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gather_block_quantized_int32_and_out_of_range(device: str) -> None:
+    model = gather_block_quantized_model(4, 32, "packed", TP.FLOAT, index_dtype=TP.INT32)
+    assert_parity(model, {"indices": np.array([2, 5, 2], np.int32)}, device, rtol=1e-5, atol=1e-6)
+    # onnxruntime 1.32 gives zero rows for out-of-range indices; onnxgen refuses them, like Gather
+    with pytest.raises(OpError, match=r"index 99 is out of range for axis 0"):
+        onnxgen_run(model, {"indices": np.array([1, 99, -99], np.int32)}, device)
+
+
+# ------------------------------------------------------------------------------------------------
+# RotaryEmbedding (com.microsoft)
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [TP.FLOAT, TP.FLOAT16])
+@pytest.mark.parametrize("interleaved", [0, 1])
+@pytest.mark.parametrize(
+    "layout,rotary_dim,pos_kind",
+    [("3d", 0, "per_token"), ("3d", 0, "start"), ("3d", 16, "per_token"), ("4d", 0, "per_token"), ("4d", 0, "start")],
+)
+def test_rotary_embedding(
+    layout: str, rotary_dim: int, pos_kind: str, interleaved: int, dtype: int, device: str
+) -> None:
+    rng = np.random.default_rng(21)
+    npt = NP_OF[dtype]
+    batch, seq, heads, head_size, max_pos = 2, 5, 3, 32, 24
+    shape = [batch, seq, heads * head_size] if layout == "3d" else [batch, heads, seq, head_size]
+    half = (rotary_dim or head_size) // 2
+    angles = rng.uniform(0, 6.3, (max_pos, half))
+    feeds = {
+        "x": rng.standard_normal(shape).astype(npt),
+        "pos": (rng.integers(0, max_pos, (batch, seq)) if pos_kind == "per_token" else np.array([7])).astype(np.int64),
+        "cos": np.cos(angles).astype(npt),
+        "sin": np.sin(angles).astype(npt),
+    }
+    attrs = {"interleaved": interleaved}
+    if rotary_dim:
+        attrs.update(rotary_embedding_dim=rotary_dim, num_heads=heads)
+    node = helper.make_node("RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"], domain="com.microsoft", **attrs)
+    specs = {
+        "x": (dtype, shape),
+        "pos": (TP.INT64, list(feeds["pos"].shape)),
+        "cos": (dtype, [max_pos, half]),
+        "sin": (dtype, [max_pos, half]),
+    }
+    model = make_model([node], _value_infos(specs), _untyped_outputs(["y"]))
+    assert_parity(model, feeds, device, rtol=TOL[dtype], atol=TOL[dtype])
+
+
+# ------------------------------------------------------------------------------------------------
+# GroupQueryAttention: the newer inputs and attributes
+# ------------------------------------------------------------------------------------------------
+
+
+def _with_extra_input(model: onnx.ModelProto, position: int, name: str, elem_type: int, shape: list) -> None:
+    node = model.graph.node[0]
+    while len(node.input) < position:
+        node.input.append("")
+    node.input.append(name)
+    model.graph.input.append(helper.make_tensor_value_info(name, elem_type, shape))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gqa_query_seqlens_chunked_prefill(device: str) -> None:
+    """Right-padded fixed-size chunks (query_seqlens), batch 2, an idle entry, shared buffer."""
+    case = GqaCase(rotary="half", attrs={"local_window_size": 5})
+    model = case.model()
+    _with_extra_input(model, 16, "query_seqlens", TP.INT32, ["B"])
+    rng = np.random.default_rng(31)
+    capacity = 12
+    ref, ours = _ort_session(model), _session(model, device)
+    shape = (2, case.kv_heads, capacity, case.head_size)
+    start_k, start_v = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(shape).astype(np.float32)
+    ref_k, ref_v = ort.OrtValue.ortvalue_from_numpy(start_k.copy()), ort.OrtValue.ortvalue_from_numpy(start_v.copy())
+    our_k, our_v = torch.from_numpy(start_k.copy()).to(device), torch.from_numpy(start_v.copy()).to(device)
+    # (chunk length, cache length after the step, valid rows, total_sequence_length as an upper bound)
+    for seq, cache_lens, valid, total in [
+        (4, [3, 4], [3, 4], capacity),
+        (4, [6, 5], [3, 1], capacity),
+        (1, [7, 6], [1, 1], capacity),
+        (4, [8, 6], [1, 0], 8),
+    ]:
+        feeds = case.feeds(rng, seq, cache_lens, (start_k, start_v))
+        feeds["query_seqlens"] = np.array(valid, np.int32)
+        feeds["total_sequence_length"] = np.array(total, np.int32)
+        binding = ref.io_binding()
+        for name, array in feeds.items():
+            if name not in ("past_key", "past_value"):
+                binding.bind_cpu_input(name, array)
+        binding.bind_ortvalue_input("past_key", ref_k)
+        binding.bind_ortvalue_input("past_value", ref_v)
+        binding.bind_ortvalue_output("present_key", ref_k)
+        binding.bind_ortvalue_output("present_value", ref_v)
+        binding.bind_output("output")
+        ref.run_with_iobinding(binding)
+        expected = [o for o in binding.copy_outputs_to_cpu() if o.ndim == 3][0]
+        torch_feeds = {k: torch.from_numpy(v).to(device) for k, v in feeds.items()}
+        torch_feeds.update(past_key=our_k, past_value=our_v)
+        output = ours.run_torch(torch_feeds)["output"].cpu().numpy()
+        for b, (rows, length) in enumerate(zip(valid, cache_lens)):
+            # only valid rows, and cache rows below T, are specified
+            _close(output[b, :rows], expected[b, :rows], 1e-5, f"output {b}")
+            _close(our_k[b, :, :length].cpu().numpy(), ref_k.numpy()[b, :, :length], 1e-5, f"keys {b}")
+            _close(our_v[b, :, :length].cpu().numpy(), ref_v.numpy()[b, :, :length], 1e-5, f"values {b}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gqa_not_causal(device: str) -> None:
+    run_gqa_separate(GqaCase(rotary="half", attrs={"causal": 0}), [(5, [5, 5]), (1, [6, 6])], device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gqa_fused_qk_norm(device: str) -> None:
+    """q_norm_weight/k_norm_weight (onnxruntime CPU rejects them): the oracle is the unfused graph,
+    Reshape -> SimplifiedLayerNormalization -> Reshape before a plain GroupQueryAttention."""
+    case = GqaCase(rotary="half")
+    h, kv, d = case.num_heads, case.kv_heads, case.head_size
+    rng = np.random.default_rng(32)
+    weights = {"q_w": rng.standard_normal(d).astype(np.float32), "k_w": rng.standard_normal(d).astype(np.float32)}
+    eps = 1e-5
+
+    fused = case.model()
+    node = fused.graph.node[0]
+    while len(node.input) < 14:
+        node.input.append("")
+    node.input.extend(["q_w", "k_w"])
+    node.attribute.append(helper.make_attribute("qk_norm_epsilon", eps))
+    fused.graph.initializer.extend(onnx.numpy_helper.from_array(w, n) for n, w in weights.items())
+
+    unfused = case.model()
+    gqa = unfused.graph.node[0]
+    norm_nodes = []
+    for name, heads, weight in (("query", h, "q_w"), ("key", kv, "k_w")):
+        norm_nodes += [
+            helper.make_node("Reshape", [name, f"{name}_4d_shape"], [f"{name}_4d"]),
+            helper.make_node("SimplifiedLayerNormalization", [f"{name}_4d", weight], [f"{name}_n"], epsilon=eps),
+            helper.make_node("Reshape", [f"{name}_n", f"{name}_3d_shape"], [f"{name}_normed"]),
+        ]
+        unfused.graph.initializer.extend(
+            [
+                onnx.numpy_helper.from_array(np.array([0, 0, heads, d], np.int64), f"{name}_4d_shape"),
+                onnx.numpy_helper.from_array(np.array([0, 0, heads * d], np.int64), f"{name}_3d_shape"),
+            ]
+        )
+        gqa.input[GQA_INPUTS.index(name)] = f"{name}_normed"
+    unfused.graph.initializer.extend(onnx.numpy_helper.from_array(w, n) for n, w in weights.items())
+    nodes = norm_nodes + [gqa]
+    del unfused.graph.node[:]
+    unfused.graph.node.extend(nodes)
+
+    empty = np.zeros((2, kv, 0, d), np.float32)
+    feeds = case.feeds(rng, 5, [5, 5], (empty, empty))
+    expected = _ort_session(unfused).run(None, feeds)
+    actual = _session(fused, device).run(None, feeds)
+    for index in range(3):
+        _close(actual[index], expected[index], 1e-5, f"output {index}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gqa_shared_decode_step_records_into_cuda_graph() -> None:
+    """One decode step recorded once replays right for later steps (seqlens_k grows on the device)."""
+    from onnxgen.runtime.node_contract import NodeContext
+    from onnxgen.runtime.ops.contrib_attention import group_query_attention
+
+    device = torch.device("cuda")
+    attrs = {"num_heads": 4, "kv_num_heads": 2, "do_rotary": 1, "local_window_size": 6}
+    ctx = NodeContext("gqa", "GroupQueryAttention", "com.microsoft", 1, attrs, device, 9, 3, (True, True, True))
+    gen = torch.Generator().manual_seed(0)
+    batch, heads, kv, d, capacity = 2, 4, 2, 16, 16
+    angles = torch.rand(32, d // 2, generator=gen) * 6
+    cos, sin = angles.cos().to(device), angles.sin().to(device)
+    start_k = torch.randn(batch, kv, capacity, d, generator=gen).to(device)
+    start_v = torch.randn(batch, kv, capacity, d, generator=gen).to(device)
+    total = torch.tensor(capacity, dtype=torch.int32)  # host input: the capacity as the bound
+
+    def new_inputs(step: int):
+        g = torch.Generator().manual_seed(100 + step)
+        q = torch.randn(batch, 1, heads * d, generator=g).to(device)
+        k = torch.randn(batch, 1, kv * d, generator=g).to(device)
+        v = torch.randn(batch, 1, kv * d, generator=g).to(device)
+        lengths = torch.tensor([5 + step, 3 + step], dtype=torch.int32, device=device)
+        return q, k, v, lengths
+
+    # eager reference over three steps
+    eager_k, eager_v = start_k.clone(), start_v.clone()
+    eager_out = []
+    for step in range(3):
+        q, k, v, lengths = new_inputs(step)
+        out = group_query_attention(ctx, q, k, v, eager_k, eager_v, lengths, total, cos, sin)[0]
+        eager_out.append(out.clone())
+
+    # recorded once at step 0, replayed for steps 1 and 2 with new inputs copied in
+    graph_k, graph_v = start_k.clone(), start_v.clone()
+    q_s, k_s, v_s, len_s = (t.clone() for t in new_inputs(0))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up outside the graph, on scratch buffers
+        group_query_attention(ctx, q_s, k_s, v_s, graph_k.clone(), graph_v.clone(), len_s, total, cos, sin)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_s = group_query_attention(ctx, q_s, k_s, v_s, graph_k, graph_v, len_s, total, cos, sin)[0]
+    for step in range(3):
+        for static, fresh in zip((q_s, k_s, v_s, len_s), new_inputs(step)):
+            static.copy_(fresh)
+        graph.replay()
+        torch.testing.assert_close(out_s, eager_out[step], rtol=0, atol=0)
+    torch.testing.assert_close(graph_k, eager_k, rtol=0, atol=0)
+    torch.testing.assert_close(graph_v, eager_v, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_matmul_nbits_with_model_builder_quantizer(device: str) -> None:
+    """onnxgen.models.quantize's MatMulNBits tensors mean to onnxruntime what they mean to us,
+    and what its own dequantize() says (the builder emits int4 packages with exactly these)."""
+    quantize = pytest.importorskip("onnxgen.models.quantize")
+    rng = np.random.default_rng(41)
+    k, n, block_size = 72, 12, 32  # K not a whole number of blocks, an odd block count
+    q = quantize.quantize_4bit(rng.standard_normal((n, k)).astype(np.float32), block_size)
+    b, scales, zp = q.matmulnbits_tensors()
+    inits = [onnx.numpy_helper.from_array(x, name) for x, name in ((b, "B"), (scales, "scales"), (zp, "zp"))]
+    node = helper.make_node(
+        "MatMulNBits",
+        ["A", "B", "scales", "zp"],
+        ["Y"],
+        domain="com.microsoft",
+        K=k,
+        N=n,
+        bits=4,
+        block_size=block_size,
+    )
+    model = make_model([node], _value_infos({"A": (TP.FLOAT, ["M", k])}), _untyped_outputs(["Y"]), inits)
+    a = rng.standard_normal((3, k)).astype(np.float32)
+    expected = ort_run(model, {"A": a})[0]
+    np.testing.assert_allclose(a @ q.dequantize().T, expected, rtol=1e-5, atol=1e-5)
+    assert_parity(model, {"A": a}, device, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+# MultiHeadAttention
+# ------------------------------------------------------------------------------------------------
+
+MHA_INPUTS = ("query", "key", "value", "bias", "key_padding_mask", "attention_bias", "past_key", "past_value")
+
+
+def _mha_case(name: str, dtype: int = TP.FLOAT):
+    """(attributes, feeds) for one MultiHeadAttention configuration; batch 2, 2 heads of 16."""
+    rng = np.random.default_rng(sum(map(ord, name)))
+    npt = NP_OF[dtype]
+    b, s, n, h, past = 2, 3, 2, 16, 4
+
+    def rand(*shape):
+        return rng.standard_normal(shape).astype(npt)
+
+    feeds: dict[str, np.ndarray] = {"query": rand(b, s, n * h)}
+    attrs = {"num_heads": n}
+    if name == "self_past_causal":  # decoder step with a cache, a bias and a padded batch entry
+        attrs["unidirectional"] = 1
+        feeds.update(key=rand(b, s, n * h), value=rand(b, s, n * h), bias=rand(3 * n * h))
+        feeds.update(past_key=rand(b, n, past, h), past_value=rand(b, n, past, h))
+        feeds["key_padding_mask"] = np.array([[1] * 7, [0, 0, 1, 1, 1, 1, 1]], np.int32)
+    elif name == "cross_lengths":  # 5 keys, right padding given as lengths
+        feeds.update(key=rand(b, 5, n * h), value=rand(b, 5, n * h), key_padding_mask=np.array([5, 2], np.int32))
+    elif name == "bias_3d_mask":
+        attrs["scale"] = 0.2
+        feeds.update(key=rand(b, s, n * h), value=rand(b, s, n * h), attention_bias=rand(1, n, s, s))
+        feeds["key_padding_mask"] = (rng.random((b, s, s)) > 0.3).astype(np.int32)
+    elif name == "bnsh_kv":  # a cross-attention cache fed as [B, N, L, H]
+        feeds.update(key=rand(b, n, 6, h), value=rand(b, n, 6, h))
+    elif name == "fully_masked_row":  # every key masked: onnxruntime averages V, no NaN
+        feeds.update(key=rand(b, s, n * h), value=rand(b, s, n * h))
+        feeds["key_padding_mask"] = np.array([[1, 1, 0], [0, 0, 0]], np.int32)
+    return attrs, feeds
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["self_past_causal", "cross_lengths", "bias_3d_mask", "bnsh_kv", "fully_masked_row"])
+def test_multi_head_attention(name: str, device: str) -> None:
+    for dtype in (TP.FLOAT, TP.FLOAT16) if name == "self_past_causal" else (TP.FLOAT,):
+        attrs, feeds = _mha_case(name, dtype)
+        names = [n if n in feeds else "" for n in MHA_INPUTS]
+        while not names[-1]:
+            names.pop()
+        outputs = ["output", "present_key", "present_value"] if "past_key" in feeds else ["output"]
+        node = helper.make_node("MultiHeadAttention", names, outputs, domain="com.microsoft", **attrs)
+        specs = {k: (TP.INT32 if v.dtype == np.int32 else dtype, list(v.shape)) for k, v in feeds.items()}
+        model = make_model([node], _value_infos(specs), _untyped_outputs(outputs))
+        # a fully masked row's logits sit near -10000, where fp32 resolves only ~1e-3 (CUDA's
+        # SDPA adds the mask in another order than onnxruntime: 1.6e-4 apart on an H200)
+        tol = 1e-3 if name == "fully_masked_row" else TOL[dtype]
+        assert_parity(model, feeds, device, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_multi_head_attention_packed_qkv(device: str) -> None:
+    """Packed QKV [B, S, N, 3, H] (onnxruntime CPU lacks it): the oracle is the same Q, K, V unpacked."""
+    rng = np.random.default_rng(51)
+    b, s, n, h = 2, 4, 2, 16
+    packed = rng.standard_normal((b, s, n, 3, h)).astype(np.float32)
+    unpacked = {name: packed[:, :, :, i].reshape(b, s, n * h) for i, name in enumerate(("query", "key", "value"))}
+    node = helper.make_node("MultiHeadAttention", list(unpacked), ["y"], domain="com.microsoft", num_heads=n)
+    specs = {name: (TP.FLOAT, [b, s, n * h]) for name in unpacked}
+    expected = ort_run(make_model([node], _value_infos(specs), _untyped_outputs(["y"])), unpacked)[0]
+    node = helper.make_node("MultiHeadAttention", ["query"], ["y"], domain="com.microsoft", num_heads=n)
+    model = make_model([node], _value_infos({"query": (TP.FLOAT, [b, s, n, 3, h])}), _untyped_outputs(["y"]))
+    _close(onnxgen_run(model, {"query": packed}, device)[0], expected, 1e-5, "packed QKV")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bits,block_size", [(4, 16), (4, 32), (4, 128), (8, 32), (2, 16), (2, 32)])
+@pytest.mark.parametrize("zp_kind", ["none", "packed", "float"])
+def test_matmul_nbits_int8_activations(bits: int, block_size: int, zp_kind: str, device: str) -> None:
+    """With ONNXGEN_INT8_ACTIVATIONS on, accuracy_level 4 rounds A like onnxruntime's CPU kernel:
+    the op then matches it to fp32 rounding (measured <= 4e-7 of the output scale)."""
+    if zp_kind == "float" and bits != 4:
+        pytest.skip("float zero points are tested with 4 bits")
+    model = matmul_nbits_model(256, 24, bits, block_size, TP.FLOAT, zp_kind, 4)
+    with options.override(int8_activations="all"):
+        _nbits_parity(model, TP.FLOAT, device, 1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_matmul_nbits_int8_activations_rounding(device: str) -> None:
+    """Values where a / scale and a * (1 / scale) round to different codes: onnxruntime multiplies."""
+    model = matmul_nbits_model(64, 24, 4, 32, TP.FLOAT, "none", 4)
+    a = np.zeros((2, 64), np.float32)
+    a[:, 0] = 2.9  # the block maximum fixes the scale at 2.9 / 127
+    a[0, 1:3] = [-2.1350393295288086, 1.7468504905700684]
+    a[1, 33] = 1.0
+    expected = ort_run(model, {"A": a})[0]
+    with options.override(int8_activations="all"):
+        _close(onnxgen_run(model, {"A": a}, device)[0], expected, 1e-6, "int8 rounding")
+
+
+# ------------------------------------------------------------------------------------------------
+# The ops together, in a graph written by onnxruntime-genai's own model builder
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def genai_int4_model(tmp_path_factory) -> onnx.ModelProto:
+    """A 2-layer random Llama built by onnxruntime-genai (int4, CPU): packed-QKV GroupQueryAttention
+    with rotary, MatMulNBits, SkipSimplifiedLayerNormalization, GatherBlockQuantized embeddings."""
+    builder = pytest.importorskip("onnxruntime_genai.models.builder")
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    root = tmp_path_factory.mktemp("genai")
+    config = transformers.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(root / "hf")
+    tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(256)}, unk_token="t0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="t1", eos_token="t2", unk_token="t0"
+    ).save_pretrained(root / "hf")
+    command = [sys.executable, "-m", builder.__name__, "-i", root / "hf", "-o", root / "out", "-p", "int4"]
+    subprocess.run([*map(str, command), "-e", "cpu", "-c", str(root / "cache")], check=True, capture_output=True)
+    model = onnx.load(str(root / "out" / "model.onnx"))
+    ops = {n.op_type for n in model.graph.node}
+    assert {"GroupQueryAttention", "MatMulNBits", "SkipSimplifiedLayerNormalization", "GatherBlockQuantized"} <= ops
+    for node in model.graph.node:  # accuracy_level 4 rounds A to int8 in onnxruntime (see contrib_quant)
+        for attr in node.attribute:
+            if node.op_type == "MatMulNBits" and attr.name == "accuracy_level":
+                attr.i = 0
+    return model
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_genai_built_int4_decoder(genai_int4_model: onnx.ModelProto, device: str) -> None:
+    """Prefill (batch 2, one entry right-padded) and three decode steps: logits and KV caches."""
+    ref = _ort_session(genai_int4_model)
+    ours = _session(genai_int4_model, device)
+    rng = np.random.default_rng(61)
+    batch, layers = 2, 2
+    past_ref = past_ours = [np.zeros((batch, 2, 0, 16), np.float32)] * (2 * layers)
+    ids = rng.integers(0, 256, (batch, 6)).astype(np.int64)
+    mask = np.ones((batch, 6), np.int64)
+    mask[1, 4:] = 0
+    past_names = [f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+    present_names = [f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+    out_names = ["logits", *present_names]
+    for step in range(4):
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        expected = ref.run(out_names, {**feeds, **dict(zip(past_names, past_ref))})
+        actual = ours.run(out_names, {**feeds, **dict(zip(past_names, past_ours))})
+        logits_e, logits_a = expected[0], actual[0]
+        if step == 0:  # rows of the padded entry past its length are unspecified
+            logits_e, logits_a = logits_e[:, :4], logits_a[:, :4]
+        _close(logits_a, logits_e, 1e-5, f"step {step} logits")
+        for name, a, e in zip(present_names, actual[1:], expected[1:]):
+            _close(a, e, 1e-5, f"step {step} {name}")
+        past_ref, past_ours = expected[1:], actual[1:]
+        ids = rng.integers(0, 256, (batch, 1)).astype(np.int64)
+        mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], axis=1)
+
+
+def _resident_rows(total: int, capacity: int, window: int) -> int:
+    """The spec's L(T): rows of a window cache that hold positions after T tokens."""
+    reclaim = capacity - window + 1
+    return total if total <= capacity else total - reclaim * -(-(total - capacity) // reclaim)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "steps,rotary,bias",
+    [
+        ([(4, [4]), (1, [5]), (1, [6]), (1, [7]), (2, [9]), (1, [10]), (1, [11])], "half", False),
+        ([(4, [4, 4]), (1, [5, 5]), (1, [6, 6]), (1, [7, 7]), (1, [8, 8])], "interleaved", False),
+        ([(3, [3, 3]), (1, [4, 4]), (1, [5, 5]), (1, [6, 6]), (1, [7, 7])], "none", True),
+    ],
+)
+def test_gqa_sliding_window_cache(steps, rotary: str, bias: bool, device: str) -> None:
+    """sliding_window_cache=1: a cache of capacity C >= window W that evicts C - W + 1 rows at once."""
+    window, capacity = 3, 5
+    case = GqaCase(rotary=rotary, with_bias=bias, attrs={"local_window_size": window, "sliding_window_cache": 1})
+    model = case.model()
+    ref, ours = _ort_session(model), _session(model, device)
+    rng = np.random.default_rng(71)
+    batch = len(steps[0][1])
+    shape = (batch, case.kv_heads, capacity, case.head_size)
+    past_ref = (np.zeros(shape, np.float32), np.zeros(shape, np.float32))
+    past_ours = tuple(torch.zeros(shape, device=device) for _ in range(2))
+    for index, (seq, lengths) in enumerate(steps):
+        feeds = case.feeds(rng, seq, lengths, past_ref)
+        expected = ref.run(None, feeds)
+        torch_feeds = {k: torch.from_numpy(v).to(device) for k, v in feeds.items()}
+        torch_feeds.update(past_key=past_ours[0], past_value=past_ours[1])
+        result = ours.run_torch(torch_feeds)
+        assert result["present_key"].data_ptr() == past_ours[0].data_ptr(), "the window cache is updated in place"
+        _compare_output(result["output"].cpu().numpy(), expected[0], seq, lengths, index == 0, 1e-5)
+        for b, length in enumerate(lengths):
+            kept = _resident_rows(length, capacity, window)
+            for name, ours_t, ref_t in (("key", past_ours[0], expected[1]), ("value", past_ours[1], expected[2])):
+                _close(ours_t[b, :, :kept].cpu().numpy(), ref_t[b, :, :kept], 1e-5, f"step {index} {name} {b}")
+        past_ref = (expected[1], expected[2])
