@@ -68,6 +68,9 @@ def check_workload(prompt_tokens: int, new_tokens: int, repeats: int, seed: int)
         raise InvalidInputError(f"bench's prompt seed must be an int in [0, 2**64), got {seed!r}")
 
 
+PREFILL_WARMUP_RUNS = 3  # the capture runtime's two warm-up runs of a chunk shape, then its recording
+
+
 def run_bench(
     generator: Generator,
     *,
@@ -87,13 +90,24 @@ def run_bench(
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     say = progress or (lambda _: None)
     runs = []
-    for i in range(repeats + 1):
-        say("warm-up run" if i == 0 else f"timed run {i} of {repeats}")
+
+    def generate() -> None:
         made = sum(1 for _ in generator.generate_ids(ids, params))
         if made != new_tokens:
             raise InvalidInputError(f"the generation stopped after {made} of {new_tokens} tokens")
-        if i:
-            runs.append(generator.last_stats)
+
+    # warm-up: one run, or as many as a captured prefill needs to record its chunks (two eager
+    # warm-ups, then the recording), so that every timed run replays like a warm server's
+    for i in range(PREFILL_WARMUP_RUNS):
+        say("warm-up run" if i == 0 else f"warm-up run {i + 1} (the captured prefill records)")
+        generate()
+        prefill = generator.engine.prefill_capture_stats
+        if prefill.steps == 0 or prefill.captures > 0 or prefill.unsupported:
+            break
+    for i in range(1, repeats + 1):
+        say(f"timed run {i} of {repeats}")
+        generate()
+        runs.append(generator.last_stats)
     rates = [r.decode_tok_s for r in runs]
     median = sorted(runs, key=lambda r: r.decode_tok_s)[len(runs) // 2]
     capture = generator.capture

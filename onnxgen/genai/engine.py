@@ -3,9 +3,10 @@
 It owns what a decoder's generation needs below text: the KV state (kv_cache.py: DynamicKV,
 GrowingKV, StaticKV), the captured single-token step (a CaptureRuntime from the session), the
 persistent feeds that step is fed in place, the step tail that samples inside the graph
-(decode_tail.py), chunked prefill on the CPU, and the pipelined loop (step N+1 enqueued before
-token N is read, host_read.py). The Generator (text, chat templates, stop strings, streaming) and
-every bench drive it; none of them keeps a copy of this loop.
+(decode_tail.py), chunked prefill on the CPU, captured prefill in padded power-of-two chunks where
+the decode step is captured with static KV (a capture runtime of its own), and the pipelined loop
+(step N+1 enqueued before token N is read, host_read.py). The Generator (text, chat templates,
+stop strings, streaming) and every bench drive it; none of them keeps a copy of this loop.
 
 Batches: every entry point takes a list of ``Sequence``s, so a scheduler can hand it a running
 batch later. Today only a batch of one sequence is supported; more raise ``BatchNotSupportedError``.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import numbers
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
@@ -50,9 +52,10 @@ class BatchNotSupportedError(InvalidInputError):
 class DecodeEngine:
     """Decodes sequences of token ids with one session.
 
-    ``kv``: "auto" (static where the package shares its KV buffer, else dynamic), "static" or
-    "dynamic". ``capture``: None (on with CUDA, off on the CPU), "on", "off" or "verify"; a CPU
-    ``recorder`` (capture.recorder.ReplayRecorder) stands in for CUDA graphs in tests and smoke runs.
+    ``kv``: "auto" (static where the package shares its KV buffer, on CUDA or where the graph fixes
+    the buffer length; else dynamic), "static" or "dynamic". ``capture``: None (on with CUDA, off on
+    the CPU), "on", "off" or "verify"; a CPU ``recorder`` (capture.recorder.ReplayRecorder) stands
+    in for CUDA graphs in tests and smoke runs.
     ``pipeline``: "auto" (on with CUDA, static KV and capture on/verify), "on" (True) or "off" (False).
     ``sample_in_graph``: plain greedy decoding of a captured static-KV step runs its argmax, next
     position and mask row in the step's tail, inside the graph (False: between the steps).
@@ -65,6 +68,14 @@ class DecodeEngine:
 
     prefill_chunk = 256  # prompt tokens per CPU prefill step (_prefill); 0: one step
     prefill_progress_tokens: int | None = 1024  # prompts this long show prefill progress on stderr
+    # captured prefill (_prefill_captured): prompt chunks of at most this many tokens, each padded to
+    # a power of two of at least captured_prefill_min rows, so that a few recordings serve every length
+    captured_prefill_max = 1024
+    captured_prefill_min = 16
+    # chunk shapes (rows, visible cache rows, capacity) recorded at most: each recording keeps its own
+    # graph memory (a 1,024-row chunk holds its [1,024, vocab] logits); chunks of further shapes run
+    # eagerly, said once
+    captured_prefill_keys = 16
 
     def __init__(
         self,
@@ -91,7 +102,11 @@ class DecodeEngine:
         self._past = inputs[config.past_key_name(0)]
         self.kv_dtype = ONNX_TO_TORCH[self._past.elem_type]
         if kv == "auto":
-            kv = "static" if config.share_buffer else "dynamic"
+            # a shared-buffer package gets the static cache where its decode step is captured (CUDA) or
+            # where the graph fixes the buffer length; on the CPU a growing cache is faster (its
+            # attention reads the valid rows only; docs/benchmarks/2026-12-02-cpu-foreign.md)
+            fixed = self._fixed_buffer_length is not None
+            kv = "static" if config.share_buffer and (self.device.type != "cpu" or fixed) else "dynamic"
         if kv not in ("static", "dynamic"):
             raise InvalidInputError(f"kv must be 'auto', 'static' or 'dynamic', got {kv!r}")
         if kv == "static" and not self.has_mask:
@@ -105,7 +120,7 @@ class DecodeEngine:
                 "its KV grows every step; use kv 'dynamic' (or 'auto')"
             )
         self.kv_kind = kv
-        # CUDA graphs for the single-token decode step (prefill stays eager): on by default on CUDA,
+        # CUDA graphs for the single-token decode step (and, with static KV, the prefill chunks): on by default on CUDA,
         # off on the CPU (a test passes a CPU ReplayRecorder to exercise the logic there)
         self.capture = capture or ("on" if self.device.type == "cuda" else "off")
         self.capture_recorder = recorder
@@ -129,6 +144,9 @@ class DecodeEngine:
         self.host_tokens = bool(host_tokens)
         self.kv_capacity = kv_capacity
         self._capture: CaptureRuntime | None = None
+        self._prefill_capture: CaptureRuntime | None = None
+        self._prefill_keys: set[tuple[int, int, int]] = set()  # see _prefill_key_admitted
+        self._prefill_keys_said = False
         self._in_place: bool | None = None  # see _grows_in_place
         self._static_kv: StaticKV | None = None
         self._decode_feeds: tuple[torch.Tensor, torch.Tensor] | None = None  # see _decode_buffers
@@ -323,13 +341,19 @@ class DecodeEngine:
 
     # -- KV state and the step's feeds ------------------------------------------------------
 
+    @property
+    def _fixed_buffer_length(self) -> int | None:
+        """The KV buffer length the graph declares as a number (None: symbolic)."""
+        shape = self._past.shape
+        return shape[2] if shape and isinstance(shape[2], int) else None
+
     def _static_capacity(self, total: int) -> int:
         """KV rows for a generation of ``total`` tokens: ``kv_capacity`` where fixed, else the next
         power of two (at least 256), at most the context. On CUDA the attention spans the whole
         buffer (fixed shapes for capture), so a buffer sized for the full context would cost every
         step; a few sizes keep recordings reusable."""
-        if self._past.shape and isinstance(self._past.shape[2], int):
-            return self._past.shape[2]  # a graph built for a fixed buffer length
+        if self._fixed_buffer_length is not None:
+            return self._fixed_buffer_length  # a graph built for a fixed buffer length
         if self.kv_capacity is not None:
             return self.kv_capacity
         context = self.config.context_length
@@ -404,13 +428,18 @@ class DecodeEngine:
             tail = self._tail = GreedyTail(self.config.io.logits, self.config.vocab_size, ids, pos, kv.mask, host)
         return tail
 
-    def _forward(self, sequence: Sequence, ids: torch.Tensor, tail: GreedyTail | None = None) -> torch.Tensor:
-        """One step of ``ids.shape[1]`` tokens; returns the last row's logits. With ``tail`` (one-token
-        captured steps only) the step also writes the next token into the decode ids."""
+    def _forward(
+        self, sequence: Sequence, ids: torch.Tensor, tail: GreedyTail | None = None, real: int | None = None
+    ) -> torch.Tensor:
+        """One step of ``ids.shape[1]`` tokens; returns the logits of the last real row. With ``tail``
+        (one-token captured steps only) the step also writes the next token into the decode ids.
+        ``real``: a captured prefill chunk's first ``real`` rows are the prompt, the rest padding
+        (_prefill_captured; static KV only): the KV advances by ``real`` rows."""
         kv = sequence.kv
         assert kv is not None
         io = self.config.io
         n = ids.shape[1]
+        real = n if real is None else real
         feeds: dict[str, torch.Tensor] = {io.input_ids: ids}
         buffers = self._decode_buffers(kv) if n == 1 else None
         if buffers is None:
@@ -426,19 +455,27 @@ class DecodeEngine:
         if self.has_mask:
             # prepared implies a static cache (a tail needs one)
             feeds[io.attention_mask] = kv.attention_mask(n, set_rows=False) if prepared else kv.attention_mask(n)
+            if n > 1 and isinstance(kv, StaticKV) and self.capture != "off":
+                # a captured prefill chunk sees the cache's first length + n rows only: its attention
+                # spans those keys, not the whole buffer (the width is part of its recording's key)
+                feeds[io.attention_mask] = kv.mask[:, : kv.length + n]
         if self.has_positions:
             if buffers is not None:
                 feeds[io.position_ids] = buffers[1]
             else:
                 feeds[io.position_ids] = torch.arange(kv.length, kv.length + n, device=self.device).reshape(1, n)
         feeds.update(kv.feeds())
-        if n == 1 and self.capture != "off":
+        if self.capture != "off" and n == 1:
             outputs = self.capture_runtime().run(self.session.check_feeds_repeated(feeds), tail=tail)
+        elif self.capture != "off" and isinstance(kv, StaticKV) and self._prefill_key_admitted(n, kv):
+            outputs = self.prefill_runtime().run(self.session.check_feeds_repeated(feeds))
         else:
             outputs = self.session.run_torch(feeds)
-        kv.update(outputs, n)
+        kv.update(outputs, real)
+        if real < n:
+            kv.unmask_rows(kv.length, n - real)  # the padding's rows: invisible to later steps
         sequence.prepared_at = kv.length if tail is not None else None
-        return outputs[io.logits][0, -1]
+        return outputs[io.logits][0, real - 1]
 
     def _prefill(self, sequence: Sequence, ids: torch.Tensor) -> torch.Tensor:
         """The prompt's steps; returns the last row's logits.
@@ -451,6 +488,8 @@ class DecodeEngine:
         Progress line on stderr (None: never). Elsewhere (CUDA, graphs that concatenate their own
         KV) the prompt is one step, as before."""
         n = ids.shape[1]
+        if self.capture != "off" and isinstance(sequence.kv, StaticKV) and self._prefill_chunks_apply():
+            return self._prefill_captured(sequence, ids)
         chunk = self.prefill_chunk
         if self.device.type != "cpu" or not chunk or n <= chunk or not self._prefill_chunks_apply():
             return self._forward(sequence, ids)
@@ -463,6 +502,49 @@ class DecodeEngine:
                 bar.update(min(chunk, n - lo))
         return logits
 
+    def _prefill_captured(self, sequence: Sequence, ids: torch.Tensor) -> torch.Tensor:
+        """The prompt as captured steps: chunks of at most ``captured_prefill_max`` tokens, each padded
+        at its end to the next power of two (at least ``captured_prefill_min``) where the cache has
+        the room, so that every prompt length reuses the recordings of a few chunk sizes. Padding is
+        sound because the graph's attention (GroupQueryAttention over the shared cache) is causal
+        within a chunk: a prompt row never sees the padding rows after it, and the padding's KV rows
+        are unmasked again and overwritten by the next step. Each chunk is a binding key of the
+        capture runtime (chunk rows, visible cache rows): warmed, recorded and then replayed like
+        the decode step, and checked against eager in verify mode."""
+        kv = sequence.kv
+        assert isinstance(kv, StaticKV)
+        n = ids.shape[1]
+        logits = None
+        for lo in range(0, n, self.captured_prefill_max):
+            real = min(self.captured_prefill_max, n - lo)
+            size = max(self.captured_prefill_min, 1 << (real - 1).bit_length())
+            if kv.length + size > kv.capacity:
+                size = real  # no room for the padding: this chunk runs at its own length
+            chunk = ids[:, lo : lo + real]
+            if size > real:
+                chunk = torch.cat((chunk, chunk.new_zeros((1, size - real))), dim=1)
+            logits = self._forward(sequence, chunk, real=real)
+        assert logits is not None
+        return logits
+
+    def _prefill_key_admitted(self, rows: int, kv: StaticKV) -> bool:
+        """Whether a prefill chunk of ``rows`` rows over this cache runs captured: its shape is one of
+        the first ``captured_prefill_keys`` seen (see there)."""
+        key = (rows, kv.length + rows, kv.capacity)
+        if key in self._prefill_keys:
+            return True
+        if len(self._prefill_keys) < self.captured_prefill_keys:
+            self._prefill_keys.add(key)
+            return True
+        if not self._prefill_keys_said:
+            self._prefill_keys_said = True
+            warnings.warn(
+                f"captured prefill: {self.captured_prefill_keys} chunk shapes are recorded already (each keeps "
+                "its own graph memory); prompt chunks of other shapes run eagerly",
+                stacklevel=2,
+            )
+        return False
+
     def _prefill_chunks_apply(self) -> bool:
         return self.has_mask and past_feeds_attention_in_place(self.session.model.graph, self.config)
 
@@ -472,14 +554,32 @@ class DecodeEngine:
         """The captured step's runtime (made on first use; static KV pins the KV length and the mask
         width, what a fixed capacity fixes)."""
         if self._capture is None:
-            pin: set[str] = set()
-            if self.kv_kind == "static":
-                pin = StaticKV.pinned_symbols(self.session.graph_inputs, self.config)
-            self._capture = self.session.capture_runtime(
-                mode=self.capture, recorder=self.capture_recorder, pin=pin, verify_steps=self.verify_steps
-            )
+            self._capture = self._new_capture_runtime("decode steps")
         return self._capture
+
+    def prefill_runtime(self) -> CaptureRuntime:
+        """The captured prefill chunks' runtime (_prefill_captured): a capture runtime of its own, so
+        that the decode step's statistics (capture_stats) count decode steps only."""
+        if self._prefill_capture is None:
+            self._prefill_capture = self._new_capture_runtime("prefill chunks")
+        return self._prefill_capture
+
+    def _new_capture_runtime(self, what: str) -> CaptureRuntime:
+        pin: set[str] = set()
+        if self.kv_kind == "static":
+            pin = StaticKV.pinned_symbols(self.session.graph_inputs, self.config)
+        runtime = self.session.capture_runtime(
+            mode=self.capture, recorder=self.capture_recorder, pin=pin, verify_steps=self.verify_steps
+        )
+        runtime.stats.what = what
+        return runtime
 
     @property
     def capture_stats(self) -> CaptureStats:
         return self._capture.stats if self._capture is not None else CaptureStats(mode=self.capture)
+
+    @property
+    def prefill_capture_stats(self) -> CaptureStats:
+        """The captured prefill chunks' statistics (a ``steps`` count of chunks, not of decode steps)."""
+        runtime = self._prefill_capture
+        return runtime.stats if runtime is not None else CaptureStats(mode=self.capture, what="prefill chunks")

@@ -193,6 +193,10 @@ class StaticKV:
             self.mask[:, self.length : end] = 1  # in place: the mask tensor itself never changes identity
         return self.mask
 
+    def unmask_rows(self, start: int, count: int) -> None:
+        """Rows [start, start + count) hold nothing valid (a prefill chunk's padding): mask them out."""
+        self.mask[:, start : start + count] = 0
+
     def feeds(self) -> dict[str, torch.Tensor]:
         return dict(self.buffers)
 

@@ -1,0 +1,118 @@
+"""Prompt prefill: time to first token per prompt length, and where a prefill's time goes.
+
+    python -m bench.prefill --shape qwen2.5-coder-0.5b-instruct --precision fp16 --lengths 16,1024
+    python -m bench.prefill --shape qwen2.5-coder-0.5b-instruct --lengths 1024 --profile --top 15
+    python -m bench.prefill --device cpu --shape smollm2-135m-instruct --precision fp32 --lengths 16,256
+
+Random weights in a real model's shape (or --package). For each length the engine generates one
+token from a seeded prompt of that many tokens, 3 + --repeats times: the median TTFT (prefill +
+first token read back) of the last --repeats runs is printed, and the first three apart (with
+captured prefill, the CUDA default for static KV: two eager warm-up runs, then the recording).
+With --profile, one more prefill per length runs under the torch profiler and cProfile: GPU busy
+time against wall time, kernels launched, host synchronisations, the top GPU kernels and the top
+host functions. A prefill whose wall time is
+far above its GPU busy time is bound by the host (the node loop, host reads), not by the kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import tempfile
+import time
+from collections import Counter
+
+import torch
+
+from bench.random_package import add_package_args, build_random_package, describe, greedy_run, make_engine, open_package
+from onnxgen.genai.engine import DecodeEngine
+
+SYNC_CALLS = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy"}
+LAUNCH_CALLS = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch"}
+
+
+def ttft_ms(engine: DecodeEngine, args: argparse.Namespace, runs: int) -> list[float]:
+    """TTFT of ``runs`` generations of one token from the same prompt, in order: with captured
+    prefill the first two warm the chunk sizes up eagerly, the third records, the rest replay."""
+    return [1000 * greedy_run(engine, args, new_tokens=1).ttft_s for _ in range(runs)]
+
+
+def profile_prefill(engine: DecodeEngine, args: argparse.Namespace, top: int) -> None:
+    cuda = engine.device.type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    python = cProfile.Profile()
+    with torch.profiler.profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        python.enable()
+        run = greedy_run(engine, args, new_tokens=1)
+        python.disable()
+        wall = time.perf_counter() - t0
+    gpu_us: Counter[str] = Counter()
+    kernels: Counter[str] = Counter()
+    calls: Counter[str] = Counter()
+    host_ops: Counter[str] = Counter()
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            kernels[event.name] += 1
+            gpu_us[event.name] += event.device_time
+        elif event.name in SYNC_CALLS or event.name in LAUNCH_CALLS:
+            calls[event.name] += 1
+        elif event.name.startswith("aten::"):
+            host_ops[event.name] += 1
+    print(f"  profiled prefill: wall {1000 * wall:.1f} ms (TTFT {1000 * run.ttft_s:.1f} ms, under the profilers)")
+    if cuda:
+        print(f"  GPU busy {sum(gpu_us.values()) / 1000:.2f} ms in {sum(kernels.values())} GPU activities")
+    print("  host API calls: " + (", ".join(f"{k} {v}" for k, v in calls.most_common()) or "none recorded"))
+    print(f"  aten ops: {sum(host_ops.values())} ({', '.join(f'{k} {v}' for k, v in host_ops.most_common(8))})")
+    if cuda:
+        print(f"  top {top} GPU activities (count, ms):")
+        for name, us in gpu_us.most_common(top):
+            print(f"    {kernels[name]:5d}  {us / 1000:8.3f}  {name[:100]}")
+    text = io.StringIO()
+    pstats.Stats(python, stream=text).sort_stats("tottime").print_stats(top)
+    print(f"  top {top} host functions by own time (cProfile):")
+    for line in text.getvalue().splitlines():
+        if line.strip() and (line.lstrip()[0].isdigit() or "ncalls" in line):
+            print("    " + line.rstrip())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_package_args(parser)
+    parser.add_argument("--lengths", default="16,1024", help="prompt lengths, comma-separated")
+    parser.add_argument("--repeats", type=int, default=5, help="runs after the first three (warm-up, record)")
+    parser.add_argument("--capture", default=None, choices=["on", "off", "verify"], help="default: on for CUDA")
+    parser.add_argument("--profile", action="store_true", help="profile one more prefill per length")
+    parser.add_argument("--top", type=int, default=12)
+    args = parser.parse_args()
+    lengths = [int(x) for x in args.lengths.split(",")]
+    if max(lengths) + 1 > args.context:
+        parser.error(f"--context {args.context} is too small for a {max(lengths)}-token prompt")
+    capture = args.capture or ("on" if args.device == "cuda" else "off")
+    with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
+        build_random_package(args, tmp)
+        session, config = open_package(args)
+        engine = make_engine(session, config, args, capture=capture)
+        print(f"prefill: {describe(args)}, capture {capture}, device {args.device}")
+        for n in lengths:
+            args.prompt_tokens = n
+            times = ttft_ms(engine, args, 3 + args.repeats)
+            first, steady = times[:3], times[3:]
+            print(
+                f"prompt {n:5d} tokens: TTFT median {statistics.median(steady):8.2f} ms "
+                f"(min {min(steady):.2f}, max {max(steady):.2f}, {len(steady)} runs; "
+                f"the first three runs {', '.join(f'{t:.1f}' for t in first)} ms)"
+            )
+            if args.profile:
+                profile_prefill(engine, args, args.top)
+        if capture != "off":
+            print(f"prefill chunks: {engine.prefill_capture_stats.summary()}")
+
+
+if __name__ == "__main__":
+    main()
