@@ -14,12 +14,13 @@
 #   long       1,024 new tokens at --context 2048, fp16, ~1 min
 #   standard   the standard flavour (default-domain attention, dynamic KV), capture on vs off, ~1 min
 #   qwen15     capture_decode --shape qwen2.5-coder-1.5b-instruct, fp16 and int4, ~2.5 min
-#   peers      python -m bench.peers_decode Q, fp16 and int4 (needs the peer wheels), ~5 min
+#   peers      python -m bench.peers_decode Q, fp16 and int4 (needs the peer wheels; also builds the peer's own package), ~9 min: one stage per call
 #   peers15    peers_decode for the 1.5B shape, fp16 (needs the peer wheels), ~4 min
 #   generator  peers_decode --engines onnxgen, fp16 and int4 (the Generator alone; needs only gguf), ~2 min
 #   anatomy    python -m bench.step_anatomy Q --kernels: where the step's time goes, per kernel, ~2 min
 #   profile    python -m bench.profile_decode Q --capture: kernels per token, top kernels, ~1 min
 #   micro      python -m bench.gemv_micro --quick: the one-row GEMVs alone, ~2 min
+#   prefill    python -m bench.prefill Q --lengths 16,1024 --profile, fp16 and int4: TTFT and where it goes, ~2 min
 #
 # The environment passes through (README's table of ONNXGEN_* switches), e.g.
 #     ONNXGEN_TRITON_LINEAR=0 bash bench/h200.sh decode      # the same stage with cuBLAS GEMVs
@@ -36,8 +37,8 @@ Q="--shape qwen2.5-coder-0.5b-instruct"
 Q15="--shape qwen2.5-coder-1.5b-instruct"
 PY=python3
 GPU_TESTS="tests/test_fusion.py tests/test_decode_tail.py tests/test_gpu_capture_models.py tests/test_capture_runtime.py
-  tests/test_pipelined_decode.py tests/test_model_parity.py tests/test_kernels_contrib.py tests/test_kernels_tensor.py
-  tests/test_session_contract.py tests/test_sampling_inputs.py"
+  tests/test_pipelined_decode.py tests/test_model_parity.py tests/test_ops_contrib.py tests/test_ops_tensor.py
+  tests/test_session_contract.py tests/test_sampling_inputs.py tests/test_captured_prefill.py"
 
 # run NAME LIMIT COMMAND...: one command, its log in $out/NAME.log, its exit status and last lines printed
 run() {
@@ -73,8 +74,8 @@ stage_qwen15() {
   for p in fp16 int4; do run "qwen15-$p" 90 $PY -m bench.capture_decode $Q15 --precision $p --context 512 --capture-only; done
 }
 stage_peers() {
-  run peers-fp16 170 $PY -m bench.peers_decode $Q --precision fp16 --workdir /tmp/peers
-  run peers-int4 150 $PY -m bench.peers_decode $Q --precision int4 --workdir /tmp/peers
+  run peers-fp16 290 $PY -m bench.peers_decode $Q --precision fp16 --workdir /tmp/peers
+  run peers-int4 290 $PY -m bench.peers_decode $Q --precision int4 --workdir /tmp/peers
 }
 stage_peers15() {
   run peers15-fp16 250 $PY -m bench.peers_decode $Q15 --precision fp16 --workdir /tmp/peers15
@@ -88,11 +89,14 @@ stage_anatomy() {
 stage_profile() {
   run profile 60 $PY -m bench.profile_decode $Q --precision fp16 --context 512 --capture --steps 16 --top 15
 }
+stage_prefill() {
+  for p in fp16 int4; do run "prefill-$p" 120 $PY -m bench.prefill $Q --precision $p --context 2048 --lengths 16,1024 --profile --top 12; done
+}
 stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
 }
 
-STAGES="tests decode verify long standard qwen15 peers peers15 generator anatomy profile micro"
+STAGES="tests decode verify long standard qwen15 peers peers15 generator anatomy profile micro prefill"
 if [ $# -eq 0 ]; then
   echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
   exit 2

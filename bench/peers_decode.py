@@ -8,6 +8,10 @@ directory into a package (attention gqa) for the target device and precision. En
     onnxgen-eager    the same with capture="off"
     ort-genai-graph  onnxruntime-genai on the same package, cuda provider option enable_cuda_graph "1" (CUDA only)
     ort-genai        the same with enable_cuda_graph "0" (on the CPU: its CPU provider)
+    ort-genai-own-graph, ort-genai-own
+                     onnxruntime-genai on a package its own builder made from the same checkpoint
+                     (python -m onnxruntime_genai.models.builder -p PRECISION -e DEVICE): its best form
+    onnxgen-on-genai onnxgen on that package (what a user of the peer's packages gets from onnxgen)
     hf-eager         transformers' generate from the checkpoint directory (default attention, dynamic cache)
     hf-compile       transformers' generate with a static KV cache and the single-token forward compiled by
                      torch.compile(mode="reduce-overhead") (CUDA only)
@@ -21,7 +25,7 @@ weights on CUDA for both fp16 and int4 (it has no int4 path here: its int4 row i
 fp32 on the CPU. The checkpoint holds fp16 weights unless --precision fp32, so onnxgen, onnxruntime-genai
 and transformers compute from the same rounded values.
 
-Method: warm-up generations per engine (at least one, and for at least --warmup-s seconds), then
+Method: warm-up generations per engine (at least three, and for at least --warmup-s seconds), then
 --repeats timed ones; the table shows medians.
 TTFT is prompt prefill + first token; decode tok/s = (N - 1) / (time after the first token).
 onnxgen and onnxruntime-genai are timed token by token (each reads every token id back to the host).
@@ -90,8 +94,14 @@ from onnxgen.models.random_source import MODEL_SHAPES, TINY_CONFIGS, RandomSourc
 # ../shared/device/README.md: on the H200 "a 4 GiB device-to-device copy moved about 4.2 TB/s".
 H200_COPY_BYTES_PER_S = 4.2e12
 
-ENGINES = ("onnxgen", "onnxgen-eager", "ort-genai-graph", "ort-genai", "hf-eager", "hf-compile")
-CUDA_ONLY = {"ort-genai-graph", "hf-compile"}
+ENGINES = (
+    "onnxgen", "onnxgen-eager", "ort-genai-graph", "ort-genai", "ort-genai-own-graph", "ort-genai-own",
+    "onnxgen-on-genai", "hf-eager", "hf-compile",
+)  # fmt: skip
+CUDA_ONLY = {"ort-genai-graph", "ort-genai-own-graph", "hf-compile"}
+# the peers, for the headline ratio against each one's best form
+PEER_FAMILIES = {"onnxruntime-genai": ("ort-genai-graph", "ort-genai", "ort-genai-own-graph", "ort-genai-own"),
+                 "transformers": ("hf-eager", "hf-compile")}  # fmt: skip
 
 
 def say(message: str) -> None:
@@ -114,7 +124,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
         "--warmup-s", type=float, default=2.0,
-        help="each engine's warm-up generations go on until this many seconds have passed (at least one)",
+        help="each engine's warm-up generations go on until this many seconds have passed (at least three)",
     )  # fmt: skip
     parser.add_argument("--engines", help=f"comma list of {', '.join(ENGINES)} (default: every one that can run)")
     parser.add_argument("--seed", type=int, default=0, help="weights and prompt ids")
@@ -144,6 +154,15 @@ def engine_blocker(engine: str, device: str) -> str | None:
             return f"onnxruntime_genai does not import ({exc}); see the set-up in this script's docstring"
         if device == "cuda" and not og.is_cuda_available():
             return "this onnxruntime-genai has no CUDA (the onnxruntime-genai-cuda wheel: see the docstring)"
+    if engine == "onnxgen-on-genai" or engine.startswith("ort-genai-own"):
+        import importlib.util
+
+        try:
+            found = importlib.util.find_spec("onnxruntime_genai.models.builder") is not None
+        except ImportError:
+            found = False
+        if not found:
+            return "onnxruntime-genai's builder (onnxruntime_genai.models.builder) is not importable"
     if engine.startswith("hf"):
         try:
             import transformers  # noqa: F401
@@ -227,10 +246,13 @@ def write_tokenizer(config: DecoderConfig, directory: Path) -> None:
 def write_checkpoint(config: DecoderConfig, directory: Path, dtype: torch.dtype, seed: int) -> None:
     """config.json (save_pretrained), model.safetensors with RandomSource's seeded weights (the same
     initialization the other random-weight benches use), tokenizer files."""
+    import transformers
     from safetensors.torch import save_file
 
     hf_config = hf_config_for(config)
     check_hf_layout(hf_config, config)
+    # the model class a loader picks (onnxruntime-genai's builder reads it from config.json)
+    hf_config.architectures = [transformers.MODEL_FOR_CAUSAL_LM_MAPPING[type(hf_config)].__name__]
     directory.mkdir(parents=True)
     hf_config.save_pretrained(directory)
     source = RandomSource(config, seed)
@@ -363,15 +385,30 @@ class EngineResult:
         return self.runs[0].tokens if self.runs else []
 
 
-def run_onnxgen_engine(bench: Bench, eager: bool) -> EngineResult:
+def ensure_genai_package(bench: Bench) -> Path:
+    """The package onnxruntime-genai's own builder makes from the bench's checkpoint (kept in the workdir)."""
+    from bench.genai_built import build_with_genai
+
+    args = bench.args
+    package = bench.workdir / f"genai-own-{args.label}-{args.precision}-{args.device}-seed{args.seed}"
+    if is_complete_package(package):
+        return package
+    shutil.rmtree(package, ignore_errors=True)
+    say(f"package: onnxruntime-genai's builder, {args.precision}/{args.device}, into {package}")
+    build_with_genai(bench.hf_dir, package, args.precision, args.device, args.config.vocab_size)
+    return package
+
+
+def run_onnxgen_engine(bench: Bench, eager: bool, genai_package: bool = False) -> EngineResult:
     from onnxgen.genai import Generator
 
     args = bench.args
     # the CPU has no CUDA graphs: there both onnxgen rows run eagerly
     capture = "off" if eager or args.device == "cpu" else "on"
-    generator = Generator(bench.package, device=args.device, capture=capture)
+    package = ensure_genai_package(bench) if genai_package else bench.package
+    generator = Generator(package, device=args.device, capture=capture)
     runs = timed_runs(lambda: run_onnxgen(generator, bench.ids, args.new_tokens), args.repeats, args.warmup_s)
-    note = f"capture {capture}, {generator.kv_kind} KV"
+    note = ("onnxruntime-genai's package, " if genai_package else "") + f"capture {capture}, {generator.kv_kind} KV"
     if capture == "on":
         stats = generator.capture_stats
         say(f"onnxgen {stats.summary()}")
@@ -381,20 +418,22 @@ def run_onnxgen_engine(bench: Bench, eager: bool) -> EngineResult:
     return EngineResult("", note, runs)
 
 
-def run_genai_engine(bench: Bench, graph: bool) -> EngineResult:
+def run_genai_engine(bench: Bench, graph: bool, own: bool = False) -> EngineResult:
     import onnxruntime_genai as og
 
     args = bench.args
-    package, note = bench.package, "CPU provider, the package's genai_config.json"
+    base = ensure_genai_package(bench) if own else bench.package
+    whose = "its own builder's package" if own else "onnxgen's package"
+    package, note = base, f"{whose}, CPU provider, the package's genai_config.json"
     if args.device == "cuda":
         value = "1" if graph else "0"
         # a sibling package sharing the weights (hard links) whose genai_config.json sets the option
-        variant = bench.workdir / f"{bench.package.name}-genai-cuda-graph-{value}"
+        variant = bench.workdir / f"{base.name}-genai-cuda-graph-{value}"
         shutil.rmtree(variant, ignore_errors=True)
         genai_config_variant(
-            bench.package, variant, lambda config: set_provider_option(config, "cuda", "enable_cuda_graph", value)
+            base, variant, lambda config: set_provider_option(config, "cuda", "enable_cuda_graph", value)
         )
-        package, note = variant, f"cuda provider, enable_cuda_graph={value}"
+        package, note = variant, f"{whose}, cuda provider, enable_cuda_graph={value}"
     model = og.Model(str(package))
     runs = timed_runs(lambda: run_genai(model, bench.ids, args.new_tokens), args.repeats, args.warmup_s)
     return EngineResult("", note, runs)
@@ -491,6 +530,9 @@ RUNNERS: dict[str, Callable[[Bench], EngineResult]] = {
     "onnxgen-eager": lambda b: run_onnxgen_engine(b, eager=True),
     "ort-genai-graph": lambda b: run_genai_engine(b, graph=True),
     "ort-genai": lambda b: run_genai_engine(b, graph=False),
+    "ort-genai-own-graph": lambda b: run_genai_engine(b, graph=True, own=True),
+    "ort-genai-own": lambda b: run_genai_engine(b, graph=False, own=True),
+    "onnxgen-on-genai": lambda b: run_onnxgen_engine(b, eager=False, genai_package=True),
     "hf-eager": lambda b: run_hf_engine(b, compiled=False),
     "hf-compile": lambda b: run_hf_engine(b, compiled=True),
 }
@@ -570,6 +612,23 @@ def table(results: list[EngineResult], floor_ms: float | None) -> list[str]:
     return lines
 
 
+def best_forms(results: list[EngineResult]) -> list[str]:
+    """The headline: onnxgen against each peer's fastest row in this run (its best form measured)."""
+    ours = next((r for r in results if r.name == "onnxgen" and r.runs), None)
+    lines = []
+    for peer, names in PEER_FAMILIES.items():
+        rows = [r for r in results if r.name in names and r.runs]
+        if ours is None or not rows:
+            continue
+        best = max(rows, key=lambda r: r.decode_tok_s)
+        lines.append(
+            f"against {peer}'s best form here ({best.name}, {best.decode_tok_s:.1f} tok/s): "
+            f"onnxgen {ours.decode_tok_s / best.decode_tok_s:.2f}x decode; TTFT onnxgen {ours.ttft_ms:.1f} ms, "
+            f"{best.name} {best.ttft_ms:.1f} ms"
+        )
+    return lines
+
+
 def token_agreement(results: list[EngineResult], eos_ids: set[int]) -> list[str]:
     """Each engine's greedy ids against onnxgen's, up to onnxgen's first EOS (the peers suppress EOS
     there, onnxgen takes it). fp16 runs may part at near-ties: reported, never a failure."""
@@ -606,6 +665,7 @@ def report(bench: Bench, results: list[EngineResult]) -> list[str]:
         "",
     ]
     lines.append("onnxgen / engine: ratio of decode tok/s (above 1: onnxgen is faster)")
+    lines += best_forms(results)
     weights = f"decoder weights as stored {stored / 1e6:.1f} MB, {read / 1e6:.1f} MB without Gather-only tables"
     if floor_ms:
         ours = next((r for r in results if r.name == "onnxgen" and r.runs), None)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-ENGINES = ["onnxgen", "onnxgen-eager", "ort-genai", "hf-eager"]
+ENGINES = ["onnxgen", "onnxgen-eager", "ort-genai", "ort-genai-own", "onnxgen-on-genai", "hf-eager"]
 
 
 @pytest.mark.slow
@@ -26,6 +26,7 @@ def test_peers_decode_tiny_cpu(tiny: str, precision: str) -> None:
         cells = [c.strip() for c in rows[engine].split("|")[2:5]]  # tok/s, ms/token, TTFT ms
         assert all(float(c) > 0 for c in cells), rows[engine]
     assert "command: python -m bench.peers_decode --device cpu" in done.stdout and "versions: torch" in done.stdout
+    assert "against onnxruntime-genai's best form here (ort-genai" in done.stdout, done.stdout
     if precision == "fp32":  # the same fp32 weights everywhere: greedy ids agree token for token
         for engine in ENGINES[1:]:
             assert f"tokens: {engine} = onnxgen over all 32 greedy tokens" in done.stdout, done.stdout
