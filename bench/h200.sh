@@ -21,6 +21,8 @@
 #   profile    python -m bench.profile_decode Q --capture: kernels per token, top kernels, ~1 min
 #   micro      python -m bench.gemv_micro --quick: the one-row GEMVs alone, ~2 min
 #   prefill    python -m bench.prefill Q --lengths 16,1024 --profile, fp16 and int4: TTFT and where it goes, ~2 min
+#   sampled    the sampling GPU tests, then python -m bench.sampled_decode Q, fp16 and int4: sampled decode
+#              in the graph vs greedy and vs between the steps, same tokens as eager, ~4 min
 #
 # The environment passes through (README's table of ONNXGEN_* switches), e.g.
 #     ONNXGEN_TRITON_LINEAR=0 bash bench/h200.sh decode      # the same stage with cuBLAS GEMVs
@@ -38,7 +40,7 @@ Q15="--shape qwen2.5-coder-1.5b-instruct"
 PY=python3
 GPU_TESTS="tests/test_fusion.py tests/test_decode_tail.py tests/test_gpu_capture_models.py tests/test_capture_runtime.py
   tests/test_pipelined_decode.py tests/test_model_parity.py tests/test_ops_contrib.py tests/test_ops_tensor.py
-  tests/test_session_contract.py tests/test_sampling_inputs.py tests/test_captured_prefill.py"
+  tests/test_session_contract.py tests/test_sampling_inputs.py tests/test_captured_prefill.py tests/test_sampled_decoding.py"
 
 # run NAME LIMIT COMMAND...: one command, its log in $out/NAME.log, its exit status and last lines printed
 run() {
@@ -92,11 +94,15 @@ stage_profile() {
 stage_prefill() {
   for p in fp16 int4; do run "prefill-$p" 120 $PY -m bench.prefill $Q --precision $p --context 2048 --lengths 16,1024 --profile --top 12; done
 }
+stage_sampled() {
+  run sampled-tests 240 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_sampled_decoding.py tests/test_decode_tail.py tests/test_sampling_inputs.py
+  for p in fp16 int4; do run "sampled-$p" 150 $PY -m bench.sampled_decode $Q --precision $p --context 512; done
+}
 stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
 }
 
-STAGES="tests decode verify long standard qwen15 peers peers15 generator anatomy profile micro prefill"
+STAGES="tests decode verify long standard qwen15 peers peers15 generator anatomy profile micro prefill sampled"
 if [ $# -eq 0 ]; then
   echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
   exit 2

@@ -7,6 +7,7 @@ the token stored in pinned host memory by that tail (--host-tokens copy copies i
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -125,13 +126,15 @@ def greedy_run(
     args: argparse.Namespace,
     new_tokens: int | None = None,
     after_prefill: Callable[[], None] | None = None,
+    params: SamplingParams | None = None,
 ) -> GreedyRun:
-    """Greedy decoding of the seeded --prompt-tokens prompt for exactly ``new_tokens`` (default
-    --new-tokens) tokens, EOS ignored. ``after_prefill()`` is called once the first token is read
-    back (a profiler starts there; its time counts in TTFT, not in decode)."""
+    """Greedy decoding (or ``params``' sampling) of the seeded --prompt-tokens prompt for exactly
+    ``new_tokens`` (default --new-tokens) tokens, EOS ignored. ``after_prefill()`` is called once the
+    first token is read back (a profiler starts there; its time counts in TTFT, not in decode)."""
     ids = prompt_ids(engine.config.vocab_size, args.prompt_tokens)
     n_new = args.new_tokens if new_tokens is None else new_tokens
-    sequence = engine.new_sequence(ids, SamplingParams(max_new_tokens=n_new, ignore_eos=True))
+    params = dataclasses.replace(params or SamplingParams(), max_new_tokens=n_new, ignore_eos=True)
+    sequence = engine.new_sequence(ids, params)
     tokens = list(engine.generate([sequence], after_first_read=after_prefill))
     return GreedyRun(sequence.stats.ttft_s, sequence.stats.decode_s, tokens)
 

@@ -199,8 +199,12 @@ def test_tiny_temperature_is_greedy(package):
     assert greedy.returncode == 0 and tiny.returncode == 0, err(tiny)
     # a penalty of ~0 favours the seen tokens; the draw itself must not fail: tokens come out
     assert tiny.stdout.strip() and "Traceback" not in err(tiny)
-    no_penalty = onnxgen(*args, "--temperature", "1e-39", "--seed", "3")
-    assert no_penalty.stdout == greedy.stdout
+    # the first four tokens of this prompt have one largest logit each (the fifth is a three-way tie
+    # in the int4 model's logits, where a tiny temperature draws among the tied tokens and greedy
+    # takes the first: test_sampling_inputs.py checks that case on fixed logits)
+    short = ("generate", "-m", str(package), "-p", "The capital of France is", "-n", "4")
+    no_penalty = onnxgen(*short, "--temperature", "1e-39", "--seed", "3")
+    assert no_penalty.stdout == onnxgen(*short).stdout
 
 
 @pytest.mark.parametrize(

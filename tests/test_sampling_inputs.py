@@ -87,6 +87,18 @@ def test_tiny_temperature_samples_the_argmax(temperature, top):
     assert {int(sampler.sample(logits)) for _ in range(20)} == {int(logits.argmax())}
 
 
+def test_tiny_temperature_draws_among_tied_maxima():
+    """Exactly tied largest logits (quantized models have them): the limit of softmax as T -> 0 is
+    uniform over the tied tokens, so a tiny temperature draws each of them, never another one."""
+    logits = fixed_logits()
+    tied = [4, 19, 33]
+    logits[tied] = logits.max() + 1.0
+    sampler = LogitsSampler(SamplingParams(temperature=1e-39, seed=5), VOCAB, torch.device("cpu"))
+    draws = [int(sampler.sample(logits)) for _ in range(90)]
+    assert set(draws) == set(tied)
+    assert all(draws.count(t) > 15 for t in tied), draws
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 @pytest.mark.parametrize("penalty", [1e-45, 1e-30, 1e300])
 def test_extreme_repetition_penalty_keeps_the_order(temperature, penalty):

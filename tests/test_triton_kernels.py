@@ -175,6 +175,17 @@ def test_greedy_tail_kernel_through_the_triton_interpreter() -> None:
     assert launches.get("greedy_advance", 0) >= 60, launches
 
 
+@runs(SAMPLED := interpreted("kernel_picks or host_tokens", files=("tests/test_sampled_decoding.py",)))
+def test_sampled_draw_kernel_through_the_triton_interpreter() -> None:
+    """noisy_argmax (penalties, temperature, min-p, Gumbel draw, counts, position, mask, host tokens)
+    picks what the torch path picks, draw after draw, and NaN / inf / all -inf rows give -1
+    (tests/test_sampled_decoding.py). Its top-k / top-p cuts (the slow-marked test there) and whole
+    generations with it in the graph take minutes through the interpreter: run by hand (the
+    commit's message says when), not here."""
+    launches = SAMPLED.launches()
+    assert launches.get("noisy_argmax", 0) >= 36, launches
+
+
 _SMALL_TILES = {"ONNXGEN_TRITON_LINEAR": "1", "ONNXGEN_GEMV_DENSE": "4,32,4"}
 _GROUPS = "prologues or genai_built or matmul_group_matches"
 

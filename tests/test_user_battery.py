@@ -15,21 +15,31 @@ def _case(error=None, success=None) -> ub.Case:
     return ub.Case(9, "t", "test", lambda c: ub.Run(), error, success, "none", 10, False)
 
 
-TRACE = "Traceback (most recent call last):\n  File \"x.py\", line 1\nValueError: boom\n"
+TRACE = 'Traceback (most recent call last):\n  File "x.py", line 1\nValueError: boom\n'
 
 
 @pytest.mark.parametrize(
     "run, error, success, lost, want",
     [
         (ub.Run(rc=2, stderr="onnxgen: error: seed 18446744073709551616 is out of range"), ("seed",), None, [], "ok"),
-        (ub.Run(rc=2, stderr="usage: onnxgen\nonnxgen generate: error: argument --seed: bad"), ("seed",), None, [],
-         "ok"),
+        (
+            ub.Run(rc=2, stderr="usage: onnxgen\nonnxgen generate: error: argument --seed: bad"),
+            ("seed",),
+            None,
+            [],
+            "ok",
+        ),
         (ub.Run(rc=2, stderr="onnxgen: error: something failed"), ("seed",), None, [], "unclear"),
         (ub.Run(rc=1, stderr="onnxgen: error: seed too big"), ("seed",), None, [], "unclear"),
         (ub.Run(rc=2, stderr="killed"), ("seed",), None, [], "unclear"),
         (ub.Run(rc=1, stderr=TRACE), ("seed",), None, [], "traceback"),
-        (ub.Run(rc=0, stderr="Exception ignored in: <_io.TextIOWrapper>\nBrokenPipeError"), None, ub.exit0, [],
-         "traceback"),
+        (
+            ub.Run(rc=0, stderr="Exception ignored in: <_io.TextIOWrapper>\nBrokenPipeError"),
+            None,
+            ub.exit0,
+            [],
+            "traceback",
+        ),
         (ub.Run(rc=0, stdout="text"), ("seed",), None, [], "wrong result"),
         (ub.Run(rc=0, stdout="RESULT wrong aliased"), None, ub.api_ok, [], "wrong result"),
         (ub.Run(rc=0, stdout="RESULT ok"), None, ub.api_ok, [], "ok"),
@@ -39,8 +49,13 @@ TRACE = "Traceback (most recent call last):\n  File \"x.py\", line 1\nValueError
         (ub.Run(rc=None, timed_out=True, stderr=TRACE), None, ub.exit0, [], "hang"),
         (ub.Run(rc=2, stderr="onnxgen: error: prompt too long", chat_kept=False), None, ub.exit0, [], "lost chat"),
         (ub.Run(rc=-9), ("x",), None, [], "unclear"),
-        (ub.Run(rc=2, stderr="pip says:\n" + TRACE + "onnxgen: error: pip download failed (disk full)"), ("disk",),
-         None, [], "ok"),
+        (
+            ub.Run(rc=2, stderr="pip says:\n" + TRACE + "onnxgen: error: pip download failed (disk full)"),
+            ("disk",),
+            None,
+            [],
+            "ok",
+        ),
     ],
 )
 def test_classify(run, error, success, lost, want):
@@ -68,8 +83,10 @@ def test_every_issue_item_has_cases_and_ids_are_unique():
 
 
 def test_api_harness_reports_like_the_cli(capsys):
-    body = "    result(False, 'aliased')\n    result(True)\n    from onnxgen.errors import ModelLoadError\n" \
-           "    raise ModelLoadError('bad model')\n"
+    body = (
+        "    result(False, 'aliased')\n    result(True)\n    from onnxgen.errors import ModelLoadError\n"
+        "    raise ModelLoadError('bad model')\n"
+    )
     with pytest.raises(SystemExit) as exit_info:
         exec(compile(ub.API_HARNESS.format(pkg="", body=body), "snippet.py", "exec"), {"__name__": "__main__"})
     out = capsys.readouterr()

@@ -1,5 +1,6 @@
-"""Greedy decode's step tail (runtime/capture/tail.py): the next token, position and mask row,
-written on the device at the end of the step, so a captured step feeds the next one by itself."""
+"""Decode's step tails (runtime/capture/tail.py): the next token, position and mask row, written
+on the device at the end of the step, so a captured step feeds the next one by itself. GreedyTail
+takes the argmax of the raw logits; SampledTail runs the whole sampling pipeline."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import torch
 
+from onnxgen.genai.sampling import LogitsSampler, SamplerState, SamplingPlan, draw_token
 from onnxgen.runtime import argmax_advance, device_kernels_available
 
 
@@ -67,3 +69,62 @@ class GreedyTail:
         torch.argmax(row, out=ids.view(()))
         pos.add_(1)
         mask.view(-1).index_fill_(0, pos.view(-1).clamp(max=mask.shape[1] - 1), 1)
+
+
+class SampledTail:
+    """After a one-token step, what ``LogitsSampler.sample`` does between the steps, inside the
+    step: penalties, temperature, top-k, top-p, min-p and the seeded Gumbel-max draw
+    (sampling.process and sampling.pick) into ``ids``; the token counted for the penalties; then
+    pos and the mask row as GreedyTail does.
+
+    It is made for one ``SamplingPlan`` (the kernels and their shapes) and holds a SamplerState of
+    its own, persistent, so one recording serves every generation with that plan: ``bind`` copies a
+    generation's state (its parameter values, seed lanes, counts and draw counter) into it and hands
+    the sampler this state, which the tail advances from then on. ``host_tokens``: as GreedyTail's,
+    written where the fused kernel serves the device (``writes_host``)."""
+
+    def __init__(
+        self,
+        logits: str,
+        plan: SamplingPlan,
+        state: SamplerState,
+        vocab_size: int,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        mask: torch.Tensor,
+        host_tokens: torch.Tensor | None = None,
+    ):
+        if ids.numel() != 1 or pos.numel() != 1 or mask.dim() != 2 or mask.shape[0] != 1:
+            raise ValueError(
+                f"SampledTail needs one token id, one position and a [1, capacity] mask; got ids "
+                f"{list(ids.shape)}, pos {list(pos.shape)}, mask {list(mask.shape)}"
+            )
+        self.reads = (logits,)
+        self.logits = logits
+        self.plan = plan
+        self.vocab_size = vocab_size
+        self.sampler_state = state
+        self._state = {"ids": ids, "pos": pos, "mask": mask, **state.tensors()}
+        if host_tokens is not None and (host_tokens.dtype != torch.int64 or host_tokens.numel() != mask.shape[1] + 1):
+            raise ValueError(f"host_tokens must be {mask.shape[1] + 1} int64 values (the capacity + 1)")
+        self.host_tokens = host_tokens
+        self.writes_host = host_tokens is not None and device_kernels_available(mask) and host_tokens.is_pinned()
+
+    def bind(self, sampler: LogitsSampler) -> None:
+        """Continue ``sampler``'s generation: its state is copied into this tail's (in place, so the
+        recordings stay valid), and the sampler works on the tail's state from now on."""
+        if sampler.plan != self.plan:
+            raise ValueError(f"this tail samples with {self.plan}, the sampler with {sampler.plan}")
+        if sampler.state is not self.sampler_state:
+            self.sampler_state.copy_(sampler.state)
+            sampler.adopt(self.sampler_state)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return self._state
+
+    def apply(self, outputs: Mapping[str, Any], state: Mapping[str, torch.Tensor]) -> None:
+        # verify mode's eager reference advances a copy of the state: it leaves the host tokens alone
+        host = self.host_tokens if self.writes_host and state is self._state else None
+        row = outputs[self.logits][0, -1]
+        advance = (state["pos"], state["mask"], host)
+        draw_token(self.plan, state, row, self.vocab_size, state["ids"].view(()), count=True, advance=advance)

@@ -24,12 +24,12 @@ import onnx
 import torch
 
 from onnxgen.errors import InvalidInputError, OnnxgenError
-from onnxgen.genai.decode_tail import GreedyTail
+from onnxgen.genai.decode_tail import GreedyTail, SampledTail
 from onnxgen.genai.host_read import HostRead, host_read
 from onnxgen.genai.kv_cache import DynamicKV, GrowingKV, StaticKV, past_feeds_attention_in_place
 from onnxgen.genai.package import PackageConfig
 from onnxgen.genai.package_checks import growing_kv
-from onnxgen.genai.sampling import LogitsSampler, SamplingParams
+from onnxgen.genai.sampling import LogitsSampler, SamplerState, SamplingParams, SamplingPlan
 from onnxgen.genai.sequence import Sequence
 from onnxgen.runtime.capture.stats import CaptureStats
 from onnxgen.runtime.dtypes import ONNX_TO_TORCH
@@ -57,9 +57,10 @@ class DecodeEngine:
     the CPU), "on", "off" or "verify"; a CPU ``recorder`` (capture.recorder.ReplayRecorder) stands
     in for CUDA graphs in tests and smoke runs.
     ``pipeline``: "auto" (on with CUDA, static KV and capture on/verify), "on" (True) or "off" (False).
-    ``sample_in_graph``: plain greedy decoding of a captured static-KV step runs its argmax, next
-    position and mask row in the step's tail, inside the graph (False: between the steps).
-    ``host_tokens``: that tail also stores each token in pinned host memory, so the host reads it
+    ``sample_in_graph``: a captured static-KV step picks its next token (greedy's argmax, or the
+    whole sampling pipeline and its seeded draw), next position and mask row in the step's tail,
+    inside the graph (False: between the steps).
+    ``host_tokens``: greedy's tail also stores each token in pinned host memory, so the host reads it
     without a copy in the stream (False: the loop copies each token to the host). ``kv_capacity``:
     a fixed static-cache size (the benches), kept from run to run; None sizes it per generation.
     ``package_model``: the graph as the package holds it, before the session's device rewrites (what
@@ -76,6 +77,9 @@ class DecodeEngine:
     # graph memory (a 1,024-row chunk holds its [1,024, vocab] logits); chunks of further shapes run
     # eagerly, said once
     captured_prefill_keys = 16
+    # sampling plans (SamplingPlan) with a step tail of their own at most: each tail's recordings keep
+    # their graph memory; a generation with a further plan samples between the steps, said once
+    sampled_tails_max = 8
 
     def __init__(
         self,
@@ -151,6 +155,8 @@ class DecodeEngine:
         self._static_kv: StaticKV | None = None
         self._decode_feeds: tuple[torch.Tensor, torch.Tensor] | None = None  # see _decode_buffers
         self._tail: GreedyTail | None = None  # of the static cache it was made for (its mask)
+        self._sampled_tails: dict[SamplingPlan, SampledTail] = {}  # the same, per sampling plan
+        self._sampled_tails_said = False
 
     # -- sequences -------------------------------------------------------------------------
 
@@ -215,9 +221,9 @@ class DecodeEngine:
         Raises NonFiniteLogitsError where the model's logits are NaN or infinite. Checked: the first
         token on every path (its logits row's maximum, or the draw's probabilities), and every later
         token the sampler picks between the steps (its row's maximum on the device, folded into the
-        token the host reads anyway; the sampled draw's own check). Not checked: the tokens that a
-        captured greedy step's tail picks (sample_in_graph), where such a row yields the index of a
-        NaN as argmax does. ``after_first_read()``: called once the first token is on the host,
+        token the host reads anyway), and every token a sampled step's tail draws. Not checked: the
+        tokens that a captured greedy step's tail picks (sample_in_graph), where such a row yields
+        the index of a NaN as argmax does. ``after_first_read()``: called once the first token is on the host,
         before it is counted (a profiler starts there; its time is TTFT's, not decode's)."""
         sequence = self._one(sequences)
         self.prefill([sequence])
@@ -269,7 +275,8 @@ class DecodeEngine:
         sequence = self._one(sequences)
         kv, token, tail = sequence.kv, sequence.token, sequence.tail
         assert kv is not None and token is not None, "step() before prefill()"
-        sequence.sampler.observe(token.reshape(1))
+        if tail is None:  # a tail counts the token it draws for the penalties itself
+            sequence.sampler.observe(token.reshape(1))
         logits = self._forward(sequence, token.reshape(1, 1), tail)
         if tail is not None:  # the step's tail wrote it, at the new position
             sequence.token = tail.state()["ids"].view(())
@@ -409,18 +416,16 @@ class DecodeEngine:
         buffers = self._decode_buffers(kv)
         return buffers[0].view(()) if buffers is not None else None
 
-    def _tail_for(self, sequence: Sequence) -> GreedyTail | None:
-        """The step tail of this sequence's one-token steps, or None (the sampler runs between them)."""
+    def _tail_for(self, sequence: Sequence) -> GreedyTail | SampledTail | None:
+        """The step tail of this sequence's one-token steps, or None (the sampler runs between them).
+        Called once its first token is sampled; a sampled tail takes over the sampler's state."""
         kv = sequence.kv
         assert kv is not None
         buffers = self._decode_buffers(kv)
-        if (
-            buffers is None
-            or not self.sample_in_graph
-            or not sequence.sampler.plain_greedy
-            or not isinstance(kv, StaticKV)
-        ):
+        if buffers is None or not self.sample_in_graph or not isinstance(kv, StaticKV):
             return None
+        if not sequence.sampler.plain_greedy:
+            return self._sampled_tail_for(sequence, kv, buffers)
         tail = self._tail
         if tail is None or tail.state()["mask"] is not kv.mask:
             ids, pos = buffers
@@ -428,8 +433,40 @@ class DecodeEngine:
             tail = self._tail = GreedyTail(self.config.io.logits, self.config.vocab_size, ids, pos, kv.mask, host)
         return tail
 
+    def _sampled_tail_for(
+        self, sequence: Sequence, kv: StaticKV, buffers: tuple[torch.Tensor, torch.Tensor]
+    ) -> SampledTail | None:
+        sampler = sequence.sampler
+        tail = self._sampled_tails.get(sampler.plan)
+        if tail is None or tail.state()["mask"] is not kv.mask:
+            if tail is None and len(self._sampled_tails) >= self.sampled_tails_max:
+                if not self._sampled_tails_said:
+                    self._sampled_tails_said = True
+                    warnings.warn(
+                        f"onnxgen: {self.sampled_tails_max} sampling plans already have a captured step tail; "
+                        "generations with other top_k values or other stages switched on sample between "
+                        "the steps (a few more kernels per token)",
+                        stacklevel=4,
+                    )
+                return None
+            ids, pos = buffers
+            state = SamplerState.new(sampler.params, sampler.plan, self.config.vocab_size, 0, self.device)
+            host = GreedyTail.host_tokens_for(kv.capacity, self.device) if self.host_tokens else None
+            tail = SampledTail(
+                self.config.io.logits, sampler.plan, state, self.config.vocab_size, ids, pos, kv.mask, host
+            )
+            self._sampled_tails[sampler.plan] = tail
+        assert sequence.token is not None
+        sampler.observe(sequence.token.reshape(1))  # the first token, drawn between the steps
+        tail.bind(sampler)
+        return tail
+
     def _forward(
-        self, sequence: Sequence, ids: torch.Tensor, tail: GreedyTail | None = None, real: int | None = None
+        self,
+        sequence: Sequence,
+        ids: torch.Tensor,
+        tail: GreedyTail | SampledTail | None = None,
+        real: int | None = None,
     ) -> torch.Tensor:
         """One step of ``ids.shape[1]`` tokens; returns the logits of the last real row. With ``tail``
         (one-token captured steps only) the step also writes the next token into the decode ids.

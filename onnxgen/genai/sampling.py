@@ -1,7 +1,11 @@
 """Sampling parameters and the logits pipeline, all on the model's device.
 
 Order (as in transformers / llama.cpp): penalties → temperature → top-k → top-p → min-p → draw.
-Temperature 0 means greedy (argmax of the penalized logits).
+Temperature 0 means greedy (argmax of the penalized logits). The draw is Gumbel-max: the argmax of
+the processed logits plus Gumbel noise is a draw from their softmax, and the noise comes from a
+counter-based hash of (seed, draw number, token index), not from a generator's hidden state. Every
+stage is device work of shapes fixed by the parameters' ``SamplingPlan``: a step tail records the
+whole pipeline into a CUDA graph, and a replay draws what an eager run draws, bit for bit.
 
 Numerics: the pipeline runs in float32. Where a division can leave float32's range (a temperature or a
 repetition penalty below ``SHIFT_BELOW``), the row is scaled relative to its maximum, so its values
@@ -9,8 +13,8 @@ lie in [-inf, 0] and the best token stays 0: a temperature of 1e-39 draws the ar
 does, instead of inf - inf = NaN. Softmax, top-k, top-p and min-p do not change under such a shift.
 
 Non-finite logits (NaN, +inf, or all -inf: a damaged model) are never turned into a token: the
-greedy paths write ``NON_FINITE`` (-1) instead, on the device, which the host sees when it reads the
-token (no extra read); the sampled path's draw refuses the probabilities. ``check`` raises for it.
+pipeline writes ``NON_FINITE`` (-1) instead, on the device, which the host sees when it reads the
+token (no extra read). ``check`` raises for it.
 """
 
 from __future__ import annotations
@@ -18,12 +22,15 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from onnxgen.errors import OnnxgenError
+from onnxgen.runtime import NOISY_ARGMAX_TOP_K_MAX, device_kernels_available, noisy_argmax
 
 # Below this temperature or repetition penalty, the scaled logits are taken relative to the row's
 # maximum; at and above it the values are transformers' (overflow then needs |logit| > 3e35).
@@ -139,117 +146,322 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+class SamplingPlan(NamedTuple):
+    """What the logits pipeline does, apart from its values: the kernels it runs and their shapes.
+
+    Two parameter sets with one plan run the same kernels on different values (``SamplerState``),
+    so a step tail recorded for one plan serves every generation with that plan."""
+
+    greedy: bool
+    shift_temperature: bool  # temperature below SHIFT_BELOW: scale relative to the row's maximum
+    top_k: int  # 0: off
+    top_p: bool
+    min_p: bool
+    repetition: str  # "off", "scale" or "shift" (a penalty below SHIFT_BELOW)
+    frequency: bool
+    presence: bool
+
+    @property
+    def penalize(self) -> bool:
+        return self.repetition != "off" or self.frequency or self.presence
+
+    @staticmethod
+    def of(params: SamplingParams, vocab_size: int) -> SamplingPlan:
+        p = params
+        return SamplingPlan(
+            greedy=p.greedy,
+            shift_temperature=not p.greedy and p.temperature < SHIFT_BELOW,
+            top_k=p.top_k if not p.greedy and 0 < p.top_k < vocab_size else 0,
+            top_p=not p.greedy and p.top_p < 1.0,
+            min_p=not p.greedy and p.min_p > 0.0,
+            repetition="off"
+            if p.repetition_penalty == 1.0
+            else "shift"
+            if p.repetition_penalty < SHIFT_BELOW
+            else "scale",
+            frequency=p.frequency_penalty != 0.0,
+            presence=p.presence_penalty != 0.0,
+        )
+
+
+# the values of a parameter set, in SamplerState.values
+TEMPERATURE, TOP_P, MIN_P, REPETITION, FREQUENCY, PRESENCE = range(6)
+_MASK32 = 0xFFFFFFFF
+_KEY_MULTIPLIER = 0x9E3779B1  # the draw counter stays far below 2**31: the product fits int64
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A bijective 32-bit integer hash of int64 values in [0, 2**32), in torch ops. Both multipliers
+    are odd and below 2**31, so no product leaves int64's range (no wrap-around to rely on)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * 0x2C1B3C6D) & _MASK32
+    return x ^ (x >> 16)
+
+
+def _mix32_int(x: int) -> int:
+    """_mix32 of one Python int (the seed's part of the lanes)."""
+    x &= _MASK32
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & _MASK32
+    x ^= x >> 15
+    x = (x * 0x2C1B3C6D) & _MASK32
+    return x ^ (x >> 16)
+
+
+@dataclass
+class SamplerState:
+    """A generation's sampling state, all device tensors (a step tail advances them in place):
+    ``counts`` [vocab] float32, how often each token occurred (prompt and generated; the penalties);
+    ``draws`` 0-d int64, how many tokens were drawn so far; ``seed`` [2] int64, the seed's two 32-bit
+    words (the high one hashed); ``lanes`` [vocab] int64, their hash of each token index (the torch
+    path's; the fused kernel hashes the index itself, to the same bits); ``values`` [6] float32, the
+    parameter values (TEMPERATURE ... PRESENCE)."""
+
+    counts: torch.Tensor
+    draws: torch.Tensor
+    seed: torch.Tensor
+    lanes: torch.Tensor
+    values: torch.Tensor
+
+    @staticmethod
+    def new(
+        params: SamplingParams, plan: SamplingPlan, vocab_size: int, seed: int, device: torch.device
+    ) -> SamplerState:
+        p = params
+        temperature = max(p.temperature, _F32.tiny) if plan.shift_temperature else p.temperature
+        penalty = min(max(p.repetition_penalty, _F32.tiny), _F32.max)
+        values = [temperature or 1.0, p.top_p, p.min_p, penalty, p.frequency_penalty, p.presence_penalty]
+        words = (_mix32_int(seed >> 32), seed & _MASK32)
+        index = torch.arange(0 if plan.greedy else vocab_size, dtype=torch.int64, device=device)
+        lanes = _mix32(_mix32((index + words[0]) & _MASK32) ^ words[1])  # greedy: none
+        return SamplerState(
+            counts=torch.zeros(vocab_size, dtype=torch.float32, device=device),
+            draws=torch.zeros((), dtype=torch.int64, device=device),
+            seed=torch.tensor(words, dtype=torch.int64, device=device),
+            lanes=lanes,
+            values=torch.tensor(values, dtype=torch.float32, device=device),
+        )
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {
+            "counts": self.counts,
+            "draws": self.draws,
+            "seed": self.seed,
+            "lanes": self.lanes,
+            "values": self.values,
+        }
+
+    def copy_(self, other: SamplerState) -> None:
+        for mine, theirs in zip(self.tensors().values(), other.tensors().values(), strict=True):
+            mine.copy_(theirs)
+
+
+def observe(plan: SamplingPlan, counts: torch.Tensor, token_ids: torch.Tensor) -> None:
+    """Count tokens into ``counts`` for the penalties (nothing to count without them)."""
+    if plan.penalize:
+        # clamped: a NON_FINITE token (-1) may be observed before the host reads it (the pipelined
+        # loop's lookahead), and an out-of-range index_add_ is a device-side assert on CUDA
+        ids = token_ids.reshape(-1).to(counts.device).clamp(min=0)
+        counts.index_add_(0, ids, torch.ones_like(ids, dtype=torch.float32))
+
+
+def process(
+    plan: SamplingPlan, state: Mapping[str, torch.Tensor], logits: torch.Tensor, vocab_size: int
+) -> torch.Tensor:
+    """Penalized, tempered, truncated logits [vocab] in float32 (-inf where excluded); NaN only
+    where the model's logits are not finite (see the module's note on the numerics). Device work
+    only, of shapes the plan fixes: a step tail records it."""
+    values, counts = state["values"], state["counts"]
+    logits = logits.reshape(-1)[:vocab_size].float()
+    if plan.penalize:
+        seen = counts > 0
+        if plan.repetition != "off":
+            logits = _repetition_penalty(logits, seen, values[REPETITION], plan.repetition == "shift")
+        if plan.frequency:
+            logits = logits - values[FREQUENCY] * counts
+        if plan.presence:
+            logits = logits - values[PRESENCE] * seen.float()
+    if plan.greedy:
+        return logits
+    if plan.shift_temperature:
+        # (x - max) / T lies in [-inf, 0] and is 0 at the max: no overflow, and no 0 / 0 since T
+        # is floored at float32's smallest normal (a float32 zero otherwise)
+        logits = (logits - logits.max()) / values[TEMPERATURE]
+    else:
+        logits = logits / values[TEMPERATURE]
+    if plan.top_k:
+        kth = torch.topk(logits, plan.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if plan.top_p:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        before = torch.cumsum(probs, dim=-1) - probs  # mass strictly above each token
+        drop_sorted = before >= values[TOP_P]
+        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    if plan.min_p:
+        probs = torch.softmax(logits, dim=-1)
+        logits = logits.masked_fill(probs < values[MIN_P] * probs.max(), float("-inf"))
+    return logits
+
+
+def _repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor, shift: bool) -> torch.Tensor:
+    """Seen tokens: positive logits divided by the penalty, the others multiplied (transformers).
+
+    The penalty is clamped into float32's normal range (SamplerState.new: 1e300 would be inf, and
+    0 * inf is NaN for a logit of 0; 1e-45 would be a float32 zero). Below ``SHIFT_BELOW`` (``shift``)
+    the seen positive logits can overflow, so the row is shifted by S / penalty, S the largest seen
+    positive logit: the seen positive ones become (x - S) / penalty, the best of them 0, and every
+    other logit drops by S / penalty (to -inf when that overflows, as the limit has it)."""
+    if not shift:
+        scaled = torch.where(logits > 0, logits / penalty, logits * penalty)
+        return torch.where(seen, scaled, logits)
+    positive = seen & (logits > 0)
+    top = torch.where(positive, logits, 0.0).max()  # 0 when no seen logit is positive
+    offset = top / penalty
+    others = torch.where(seen, logits * penalty, logits) - offset
+    return torch.where(positive, (logits - top) / penalty, others)
+
+
+def gumbel_noise(lanes: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
+    """Gumbel(0, 1) noise [vocab] float32 for draw number ``draws`` (0-d int64): a counter-based
+    hash of (seed, draw, token index), so the same seed repeats exactly on any device and in any
+    recording, and no generator state has to be carried through a CUDA graph. 23 bits of the hash
+    give u in (0, 1) exactly (m + 0.5) / 2**23; the noise is -log(-log u)."""
+    x = _mix32(lanes ^ ((draws * _KEY_MULTIPLIER) & _MASK32))
+    u = ((x >> 9).to(torch.float32) + 0.5) * (2.0**-23)
+    return -torch.log(-torch.log(u))
+
+
+def pick(plan: SamplingPlan, state: Mapping[str, torch.Tensor], processed: torch.Tensor) -> torch.Tensor:
+    """The token (0-d int64) from ``process``'s logits: their argmax (greedy), or the argmax of the
+    logits plus Gumbel noise (a draw from their softmax; the draw counter then advances). NON_FINITE
+    where the row's maximum is NaN or infinite or every token is excluded; decided on the device."""
+    value = processed.max()  # NaN propagates
+    if plan.greedy:
+        token = torch.argmax(processed)
+    else:
+        token = torch.argmax(processed + gumbel_noise(state["lanes"], state["draws"]))
+        state["draws"].add_(1)
+    return torch.where(torch.isfinite(value), token, NON_FINITE)
+
+
+def _one(values: torch.Tensor, index: int) -> torch.Tensor:
+    return values[index : index + 1]
+
+
+def draw_token(
+    plan: SamplingPlan,
+    state: Mapping[str, torch.Tensor],
+    logits: torch.Tensor,
+    vocab_size: int,
+    out: torch.Tensor,
+    *,
+    count: bool = False,
+    advance: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None,
+) -> None:
+    """The next token into ``out`` (0-d int64): ``pick(process(logits))``, as device work only.
+    ``count``: the token is also counted for the penalties; ``advance`` (position [1, 1], mask
+    [1, capacity], pinned host tokens or None): then position += 1 and the mask entry of the new
+    position is set (a step tail's bookkeeping), the host tokens written only by the kernel.
+
+    Where the runtime's fused kernels serve the logits' device, a sampled draw is its noisy_argmax:
+    one kernel for the penalties, the temperature, the draw and the bookkeeping (two with top-k,
+    top-p or min-p) where the plan has no shifted scaling, top-k at most NOISY_ARGMAX_TOP_K_MAX and
+    top-p only with top-k; after ``process``'s torch ops otherwise. The kernel's cuts are the same
+    rules computed otherwise (min-p in log space, top-p by bisection over the kept values): exact
+    ties at a top-p cut are all kept there, where sorting keeps the first of them. Either way the
+    same device always takes the same path, so a draw between the steps and one in a step's tail
+    agree bit for bit."""
+    row = logits.reshape(-1)[:vocab_size]
+    if not plan.greedy and device_kernels_available(row):
+        fused = plan.top_k <= NOISY_ARGMAX_TOP_K_MAX and (plan.top_k or not plan.top_p)
+        fused = fused and not (plan.shift_temperature or plan.repetition == "shift")
+        values = state["values"]
+        source = row.contiguous() if fused else process(plan, state, row, vocab_size)
+        position, mask, host = advance if advance is not None else (None, None, None)
+        noisy_argmax(
+            source,
+            state["seed"],
+            state["draws"],
+            out,
+            state["counts"],
+            scale=_one(values, REPETITION) if fused and plan.repetition == "scale" else None,
+            linear=_one(values, FREQUENCY) if fused and plan.frequency else None,
+            present=_one(values, PRESENCE) if fused and plan.presence else None,
+            temper=_one(values, TEMPERATURE) if fused else None,
+            top_k=plan.top_k if fused else 0,
+            top_p=_one(values, TOP_P) if fused and plan.top_p else None,
+            floor_ratio=_one(values, MIN_P) if fused and plan.min_p else None,
+            count=count and plan.penalize,
+            position=position,
+            flags=mask,
+            host_out=host,
+        )
+        return
+    out.copy_(pick(plan, state, process(plan, state, row, vocab_size)))
+    if count:
+        observe(plan, state["counts"], out)
+    if advance is not None:
+        position, mask, _ = advance
+        position.add_(1)
+        mask.view(-1).index_fill_(0, position.view(-1).clamp(max=mask.shape[1] - 1), 1)
+
+
 class LogitsSampler:
-    """Turns the last position's logits into the next token id, on the logits' device."""
+    """Turns the last position's logits into the next token id, on the logits' device: the plan and
+    the state (SamplingPlan, SamplerState) of one generation, and the functions above run on them.
+
+    A seeded draw depends on the seed, the number of draws before it and the logits only (Gumbel
+    noise from a counter-based hash): the same seed repeats exactly, between the steps or inside a
+    captured step's tail (decode_tail.SampledTail), eagerly or replayed."""
 
     def __init__(self, params: SamplingParams, vocab_size: int, device: torch.device):
         self.params = params.validate()
         self.device = device
         self.vocab_size = vocab_size
-        self.generator: torch.Generator | None = None
-        if not params.greedy:
-            self.generator = torch.Generator(device=device)
-            seed = params.seed if params.seed is not None else int(torch.seed() % (2**63))
-            self.generator.manual_seed(seed)
-        self.counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)
-        self._penalize = (
-            params.repetition_penalty != 1.0 or params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
-        )
+        self.plan = SamplingPlan.of(self.params, vocab_size)
+        seed = self.params.seed if self.params.seed is not None else secrets.randbits(64)
+        self.state = SamplerState.new(self.params, self.plan, vocab_size, seed, device)
+
+    @property
+    def counts(self) -> torch.Tensor:
+        return self.state.counts
 
     @property
     def plain_greedy(self) -> bool:
-        """The token is the argmax of the raw logits (greedy, no penalty): what a step tail can do."""
-        return self.params.greedy and not self._penalize
+        """The token is the argmax of the raw logits (greedy, no penalty): greedy's own tail."""
+        return self.plan.greedy and not self.plan.penalize
+
+    def adopt(self, state: SamplerState) -> None:
+        """Work on ``state`` from now on (a step tail's, which it advanced from this one's copy)."""
+        self.state = state
 
     def observe(self, token_ids: torch.Tensor) -> None:
         """Count tokens (prompt and generated) for the penalties."""
-        if self._penalize:
-            # clamped: a NON_FINITE token (-1) may be observed before the host reads it (the pipelined
-            # loop's lookahead), and an out-of-range index_add_ is a device-side assert on CUDA
-            ids = token_ids.reshape(-1).to(self.device).clamp(min=0)
-            self.counts.index_add_(0, ids, torch.ones_like(ids, dtype=torch.float32))
+        observe(self.plan, self.state.counts, token_ids)
 
     def process(self, logits: torch.Tensor) -> torch.Tensor:
-        """Penalized, tempered, truncated logits [vocab] in float32 (-inf where excluded); NaN only
-        where the model's logits are not finite (see the module's note on the numerics)."""
-        p = self.params
-        logits = logits.reshape(-1)[: self.vocab_size].float()
-        if self._penalize:
-            seen = self.counts > 0
-            if p.repetition_penalty != 1.0:
-                logits = self._repetition_penalty(logits, seen, p.repetition_penalty)
-            if p.frequency_penalty != 0.0:
-                logits = logits - p.frequency_penalty * self.counts
-            if p.presence_penalty != 0.0:
-                logits = logits - p.presence_penalty * seen.float()
-        if p.greedy:
-            return logits
-        if p.temperature < SHIFT_BELOW:
-            # (x - max) / T lies in [-inf, 0] and is 0 at the max: no overflow, and no 0 / 0 since T
-            # is floored at float32's smallest normal (a float32 zero otherwise)
-            logits = (logits - logits.max()) / max(p.temperature, _F32.tiny)
-        else:
-            logits = logits / p.temperature
-        if p.top_k > 0 and p.top_k < logits.numel():
-            kth = torch.topk(logits, p.top_k).values[-1]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        if p.top_p < 1.0:
-            sorted_logits, order = torch.sort(logits, descending=True)
-            probs = torch.softmax(sorted_logits, dim=-1)
-            before = torch.cumsum(probs, dim=-1) - probs  # mass strictly above each token
-            drop_sorted = before >= p.top_p
-            drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
-            logits = logits.masked_fill(drop, float("-inf"))
-        if p.min_p > 0.0:
-            probs = torch.softmax(logits, dim=-1)
-            logits = logits.masked_fill(probs < p.min_p * probs.max(), float("-inf"))
-        return logits
-
-    @staticmethod
-    def _repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
-        """Seen tokens: positive logits divided by the penalty, the others multiplied (transformers).
-
-        The penalty is clamped into float32's normal range first (1e300 would be inf, and 0 * inf is
-        NaN for a logit of 0; 1e-45 would be a float32 zero). Below ``SHIFT_BELOW`` the seen positive
-        logits can overflow, so the row is shifted by S / penalty, S the largest seen positive logit:
-        the seen positive ones become (x - S) / penalty, the best of them 0, and every other logit
-        drops by S / penalty (to -inf when that overflows, as the limit has it)."""
-        penalty = min(max(penalty, _F32.tiny), _F32.max)
-        positive = seen & (logits > 0)
-        if penalty >= SHIFT_BELOW:
-            scaled = torch.where(logits > 0, logits / penalty, logits * penalty)
-            return torch.where(seen, scaled, logits)
-        top = torch.where(positive, logits, 0.0).max()  # 0 when no seen logit is positive
-        offset = top / penalty
-        others = torch.where(seen, logits * penalty, logits) - offset
-        return torch.where(positive, (logits - top) / penalty, others)
+        """Penalized, tempered, truncated logits [vocab] in float32 (-inf where excluded)."""
+        return process(self.plan, self.state.tensors(), logits, self.vocab_size)
 
     def sample(self, logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """The next token as a 0-d int64 tensor on the device (no host read here); written into
-        ``out`` (0-d int64) when given, which is then returned. Greedy: ``NON_FINITE`` where the
-        row's maximum is NaN or infinite (torch.max propagates NaN), decided on the device.
-        Sampled: raises NonFiniteLogitsError where the probabilities are not finite."""
+        ``out`` (0-d int64) when given, which is then returned. ``NON_FINITE`` where the row's
+        maximum is NaN or infinite or nothing is left to draw, decided on the device."""
         if self.plain_greedy:
             # the maximum of the logits as they are: converting to fp32 first changes no value and no
             # order, and costs a kernel per token; max returns the first maximal index, as argmax
             row = logits.reshape(-1)[: self.vocab_size]
             value, token = torch.max(row, dim=0)
-        else:
-            processed = self.process(logits)
-            if self.params.greedy:
-                value, token = torch.max(processed, dim=0)
-            else:
-                probs = torch.softmax(processed, dim=-1)
-                try:
-                    # torch checks the probabilities on the host here (NaN, inf, negative, all zero)
-                    token = torch.multinomial(probs, 1, generator=self.generator).reshape(())
-                except RuntimeError as exc:
-                    raise NonFiniteLogitsError(
-                        f"the model produced non-finite logits (NaN or inf): torch's draw says {exc}"
-                    ) from None
-                return token if out is None else out.copy_(token)
-        token = torch.where(torch.isfinite(value), token, NON_FINITE)
-        return token if out is None else out.copy_(token)
+            token = torch.where(torch.isfinite(value), token, NON_FINITE)
+            return token if out is None else out.copy_(token)
+        if out is None:
+            out = torch.empty((), dtype=torch.int64, device=logits.device)
+        draw_token(self.plan, self.state.tensors(), logits, self.vocab_size, out)
+        return out
 
     @staticmethod
     def check(token: torch.Tensor | int) -> int:

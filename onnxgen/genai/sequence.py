@@ -17,7 +17,7 @@ import torch
 from onnxgen.genai.sampling import LogitsSampler
 
 if TYPE_CHECKING:
-    from onnxgen.genai.decode_tail import GreedyTail
+    from onnxgen.genai.decode_tail import GreedyTail, SampledTail
     from onnxgen.genai.kv_cache import DynamicKV, GrowingKV, StaticKV
 
 
@@ -77,7 +77,7 @@ class Sequence:
     kv: DynamicKV | GrowingKV | StaticKV | None = None
     token: torch.Tensor | None = None
     token_at: int | None = None
-    tail: GreedyTail | None = None
+    tail: GreedyTail | SampledTail | None = None
     prepared_at: int | None = None
     started_at: float = 0.0  # perf_counter when the prompt was handed to the model
 

@@ -38,3 +38,46 @@ def argmax_advance(
     from onnxgen.runtime.gpu.greedy_advance import greedy_advance  # imports Triton: only when used
 
     greedy_advance(row, index, position, flags, host_out)
+
+
+NOISY_ARGMAX_TOP_K_MAX = 64  # runtime/gpu/noisy_argmax.TOP_K_MAX, without importing Triton here
+
+
+def noisy_argmax(
+    row: torch.Tensor,
+    seed: torch.Tensor,
+    counter: torch.Tensor,
+    out: torch.Tensor,
+    counts: torch.Tensor,
+    *,
+    scale: torch.Tensor | None = None,
+    linear: torch.Tensor | None = None,
+    present: torch.Tensor | None = None,
+    temper: torch.Tensor | None = None,
+    top_k: int = 0,
+    top_p: torch.Tensor | None = None,
+    floor_ratio: torch.Tensor | None = None,
+    count: bool = False,
+    position: torch.Tensor | None = None,
+    flags: torch.Tensor | None = None,
+    host_out: torch.Tensor | None = None,
+) -> None:
+    """One fused kernel, in place: ``out`` <- argmax_i(x_i + g_i), a categorical draw from
+    softmax(x) (Gumbel-max), where x is ``row`` rescaled by the per-entry ``counts`` c and the
+    optional one-element factors (``scale`` a: x / a for c > 0 and x > 0, x * a for c > 0 and
+    x <= 0; ``linear`` b: x - b * c; ``present`` d: x - d * [c > 0]; ``temper`` t: x / t, in this
+    order), and g_i Gumbel noise hashed from (``seed`` [2] int64 words, ``counter``, i); only over
+    the ``top_k`` largest x (0: all; at most ``NOISY_ARGMAX_TOP_K_MAX``), of those the smallest set
+    whose softmax mass reaches ``top_p`` (one fp32, only with top_k), and the x_i >= max(x) +
+    log(``floor_ratio``) (one fp32), where given: a second kernel before it finds that floor. -1
+    where x's maximum is NaN or infinite. Then ``counts[out]`` += 1 (``count``; index 0 for -1),
+    ``counter`` += 1 and, given ``position`` and ``flags``, the advance of ``argmax_advance``
+    (``host_out`` included). The exact hash and numerics: runtime/gpu/noisy_argmax.py. Only where
+    ``device_kernels_available(row)``; capture-safe."""
+    from onnxgen.runtime.gpu.noisy_argmax import noisy_argmax as kernel  # imports Triton: only when used
+
+    kernel(
+        row, seed, counter, out, counts, scale=scale, linear=linear, present=present, temper=temper,
+        top_k=top_k, top_p=top_p, floor_ratio=floor_ratio, count=count, position=position, flags=flags,
+        host_out=host_out,
+    )  # fmt: skip
