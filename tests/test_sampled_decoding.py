@@ -35,6 +35,8 @@ SETTINGS = {
     "truncated": SamplingParams(temperature=1.1, top_k=40, top_p=0.9, min_p=0.02, seed=3),
     "top-k-top-p": SamplingParams(temperature=1.5, top_k=50, top_p=0.8, min_p=0.01, repetition_penalty=1.2, seed=8),
     "top-k": SamplingParams(temperature=2.0, top_k=7, seed=1),
+    "top-p": SamplingParams(temperature=2.5, top_p=0.5, frequency_penalty=0.3, seed=12),
+    "top-p-min-p": SamplingParams(temperature=0.9, top_p=0.95, min_p=0.02, seed=13),
     "wide-top-k": SamplingParams(temperature=1.5, top_k=100, top_p=0.9, seed=6),  # past the kernel's: torch's cuts
     "min-p": SamplingParams(temperature=2.0, min_p=0.05, presence_penalty=0.5, seed=9),  # most mass cut
     "greedy-penalized": SamplingParams(repetition_penalty=1.5),
@@ -126,7 +128,7 @@ def _torch_path(plan, state, row, advance):
 
 def _rows(device: str) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(7)
-    rows = [(torch.randn(VOCAB + 8, generator=g) * 3).half() for _ in range(4)]
+    rows = [(torch.randn(VOCAB + 8, generator=g) * 3).half() for _ in range(16)]
     nan, inf, dead = rows[0].clone(), rows[0].clone(), rows[0].clone()
     nan[4000] = float("nan")
     inf[10] = float("inf")
@@ -135,7 +137,7 @@ def _rows(device: str) -> list[torch.Tensor]:
 
 
 # the cuts' floor kernel sorts each block, which Triton's interpreter takes ~20 s per call for
-FLOORLESS = ("temperature", "fused-penalties", "min-p", "tiny-temperature", "wide-top-k")
+FLOORLESS = ("temperature", "fused-penalties", "min-p", "tiny-temperature", "wide-top-k", "top-p", "top-p-min-p")
 CUTS = ("top-k", "top-k-top-p", "truncated")
 
 
@@ -152,12 +154,12 @@ def _kernel_against_torch(device: str, names: tuple[str, ...]) -> None:
             draw_token(plan, fused_state, row, VOCAB, out, count=True, advance=(positions[0], masks[0], None))
             want = _torch_path(plan, torch_state, row, (positions[1], masks[1], None))
             assert int(out) == int(want), (name, draw)
-            if draw >= 4:  # NaN, +inf, every token -inf
+            if draw >= 16:  # NaN, +inf, every token -inf
                 assert int(out) == NON_FINITE, (name, draw)
             for key in ("counts", "draws"):
                 assert torch.equal(fused_state[key], torch_state[key]), (name, draw, key)
             assert torch.equal(positions[0], positions[1]) and torch.equal(masks[0], masks[1]), (name, draw)
-        assert int(fused_state["draws"]) == 7
+        assert int(fused_state["draws"]) == 19
 
 
 @pytest.mark.skipif(not triton_serves(torch.empty(0)), reason="the kernel runs on the CPU through Triton's interpreter")

@@ -368,17 +368,18 @@ def draw_token(
     position is set (a step tail's bookkeeping), the host tokens written only by the kernel.
 
     Where the runtime's fused kernels serve the logits' device, a sampled draw is its noisy_argmax:
-    one kernel for the penalties, the temperature, the draw and the bookkeeping (two with top-k,
-    top-p or min-p) where the plan has no shifted scaling, top-k at most NOISY_ARGMAX_TOP_K_MAX and
-    top-p only with top-k; after ``process``'s torch ops otherwise. The kernel's cuts are the same
-    rules computed otherwise (min-p in log space, top-p by bisection over the kept values): exact
-    ties at a top-p cut are all kept there, where sorting keeps the first of them. Either way the
+    one kernel for the penalties, the temperature, the draw and the bookkeeping (two with top-k or
+    min-p, four with top-p alone) where the plan has no shifted scaling and top-k at most
+    NOISY_ARGMAX_TOP_K_MAX; after ``process``'s torch ops otherwise. The kernels' cuts are the same
+    rules computed otherwise: min-p in log space; top-p within top-k by bisection over the kept
+    values (exact ties at the cut are all kept, where sorting keeps the first of them); top-p alone
+    from two histograms of the softmax mass, which keep every token within one fine bucket
+    (28 / 2048**2 nats) of the cut. Either way the
     same device always takes the same path, so a draw between the steps and one in a step's tail
     agree bit for bit."""
     row = logits.reshape(-1)[:vocab_size]
     if not plan.greedy and device_kernels_available(row):
-        fused = plan.top_k <= NOISY_ARGMAX_TOP_K_MAX and (plan.top_k or not plan.top_p)
-        fused = fused and not (plan.shift_temperature or plan.repetition == "shift")
+        fused = plan.top_k <= NOISY_ARGMAX_TOP_K_MAX and not (plan.shift_temperature or plan.repetition == "shift")
         values = state["values"]
         source = row.contiguous() if fused else process(plan, state, row, vocab_size)
         position, mask, host = advance if advance is not None else (None, None, None)

@@ -68,9 +68,9 @@ def noisy_argmax(
     x <= 0; ``linear`` b: x - b * c; ``present`` d: x - d * [c > 0]; ``temper`` t: x / t, in this
     order), and g_i Gumbel noise hashed from (``seed`` [2] int64 words, ``counter``, i); only over
     the ``top_k`` largest x (0: all; at most ``NOISY_ARGMAX_TOP_K_MAX``), of those the smallest set
-    whose softmax mass reaches ``top_p`` (one fp32, only with top_k), and the x_i >= max(x) +
-    log(``floor_ratio``) (one fp32), where given: a second kernel before it finds that floor. -1
-    where x's maximum is NaN or infinite. Then ``counts[out]`` += 1 (``count``; index 0 for -1),
+    whose softmax mass reaches ``top_p`` (one fp32), and the x_i >= max(x) + log(``floor_ratio``)
+    (one fp32), where given: kernels before it find that floor. -1 where x's maximum is NaN or
+    infinite. Then ``counts[out]`` += 1 (``count``; index 0 for -1),
     ``counter`` += 1 and, given ``position`` and ``flags``, the advance of ``argmax_advance``
     (``host_out`` included). The exact hash and numerics: runtime/gpu/noisy_argmax.py. Only where
     ``device_kernels_available(row)``; capture-safe."""

@@ -149,6 +149,90 @@ def _floor_kernel(
         tl.store(ticket_ptr, 0)
 
 
+# top-p without top-k: the cut over the whole row, from two histograms of softmax mass (below)
+CUT_BUCKETS = 2048
+CUT_RANGE = tl.constexpr(28.0)  # nats below the maximum the first histogram spans: e**-28 * 2**40 < 1, so a token
+# further below weighs nothing in FIXED_ONE units and cannot hold the cut
+FIXED_ONE = tl.constexpr(2.0**40)  # softmax weights exp(x - max) in integer units: sums are exact and order-free
+
+
+@triton.jit
+def _cut_level_kernel(
+    row_ptr, vocab, counts_ptr, scale_ptr, linear_ptr, present_ptr, temper_ptr, top_p_ptr, ratio_ptr,
+    state_ptr,  # [8] fp64: max, lo, hi, mass above (units), target (units), level-1 bucket, floor, -
+    hist_ptr,  # [CUT_BUCKETS] int64, zero between calls
+    part_max_ptr, ticket_ptr, floor_ptr,
+    LEVEL: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, NB: tl.constexpr,
+    SCALE: tl.constexpr, LINEAR: tl.constexpr, PRESENT: tl.constexpr, TEMPER: tl.constexpr,
+    RATIO: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """LEVEL 0: the row's maximum. LEVEL 1: the mass of each of NB buckets of width CUT_RANGE / NB
+    below it; the last program finds the bucket that holds the top-p cut. LEVEL 2: the same over
+    that bucket alone, in NB finer buckets; the last program writes the floor: the lower edge of the
+    fine bucket holding the cut (with RATIO, at least min-p's max + log r)."""
+    pid = tl.program_id(0)
+    wait_for_previous(PDL)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    inside = offs < vocab
+    x = _rescaled(row_ptr, offs, inside, counts_ptr, scale_ptr, linear_ptr, present_ptr, temper_ptr,
+                  SCALE, LINEAR, PRESENT, TEMPER)  # fmt: skip
+    x = tl.where(x != x, float("-inf"), x)
+    if LEVEL == 0:
+        tl.store(part_max_ptr + pid, tl.max(x, axis=0))
+    else:
+        top = tl.load(state_ptr).to(tl.float32)
+        width1 = CUT_RANGE / NB
+        b1 = ((top - x) / width1).to(tl.int32)  # x <= top: b1 >= 0
+        units = (tl.exp(x - top) * FIXED_ONE).to(tl.int64)
+        if LEVEL == 1:
+            take = inside & (b1 < NB) & (units > 0)
+            tl.atomic_add(hist_ptr + tl.minimum(b1, NB - 1), units, mask=take, sem="relaxed")
+        else:
+            chosen = tl.load(state_ptr + 5).to(tl.int32)
+            hi = top - chosen.to(tl.float32) * width1
+            b2 = tl.minimum(((hi - x) / (width1 / NB)).to(tl.int32), NB - 1)
+            take = inside & (b1 == chosen) & (units > 0)
+            tl.atomic_add(hist_ptr + tl.maximum(b2, 0), units, mask=take, sem="relaxed")
+    tl.debug_barrier()
+    programs = tl.num_programs(0)
+    ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
+    if ticket == programs - 1:
+        if LEVEL == 0:
+            p = tl.arange(0, BLOCK_P)
+            maxes = tl.load(part_max_ptr + p, mask=p < programs, other=float("-inf"), cache_modifier=".cg")
+            tl.store(state_ptr, tl.max(maxes, axis=0).to(tl.float64))
+        else:
+            j = tl.arange(0, NB)
+            h = tl.atomic_add(hist_ptr + j, tl.zeros((NB,), tl.int64), sem="acquire")  # read, settled
+            tl.store(hist_ptr + j, tl.zeros((NB,), tl.int64))  # zero for the next call
+            top = tl.load(state_ptr).to(tl.float32)
+            if LEVEL == 1:
+                above = tl.zeros((), tl.int64)
+                target = (tl.load(top_p_ptr).to(tl.float64) * tl.sum(h).to(tl.float64)).to(tl.int64)
+                tl.store(state_ptr + 4, target.to(tl.float64))
+            else:
+                above = tl.load(state_ptr + 3).to(tl.int64)
+                target = tl.load(state_ptr + 4).to(tl.int64)
+            reach = above + tl.cumsum(h, axis=0)
+            cut = tl.min(tl.where(reach >= target, j, NB), axis=0)  # the first bucket reaching p
+            before = tl.sum(tl.where(j < cut, h, 0))
+            width1 = CUT_RANGE / NB
+            if LEVEL == 1:
+                tl.store(state_ptr + 3, (above + before).to(tl.float64))
+                tl.store(state_ptr + 5, tl.minimum(cut, NB - 1).to(tl.float64))
+                # never reached (p near 1 and the mass in FIXED_ONE units rounded down): keep it all
+                tl.store(state_ptr + 6, tl.where(cut < NB, 0.0, float("-inf")).to(tl.float64))
+            else:
+                chosen = tl.load(state_ptr + 5).to(tl.int32)
+                hi = top - chosen.to(tl.float32) * width1
+                floor = hi - (tl.minimum(cut, NB - 1) + 1).to(tl.float32) * (width1 / NB)
+                floor = tl.where(tl.load(state_ptr + 6) < 0.0, float("-inf"), floor)
+                if RATIO:
+                    floor = tl.maximum(floor, top + tl.log(tl.load(ratio_ptr)))
+                tl.store(floor_ptr, floor)
+        tl.store(ticket_ptr, 0)
+
+
 @triton.jit
 def _noisy_argmax_kernel(
     row_ptr,
@@ -265,16 +349,26 @@ def noisy_argmax(
     LAUNCHES["noisy_argmax"] += 1
     vocab = row.numel()
     programs = triton.cdiv(vocab, BLOCK)
-    if not 0 <= top_k <= TOP_K_MAX or (top_p is not None and not top_k):
-        raise ValueError(f"top_k must be in [0, {TOP_K_MAX}] and top_p needs it; got {top_k}, {top_p is not None}")
+    if not 0 <= top_k <= TOP_K_MAX:
+        raise ValueError(f"top_k must be in [0, {TOP_K_MAX}], got {top_k}")
     part_val, part_idx, part_max, part_nan, ticket, floor = _scratch(programs, row.device)
     one = counter  # a placeholder pointer for the stages left out (never read)
     advance = position is not None and flags is not None
     stages = {"SCALE": scale is not None, "LINEAR": linear is not None, "PRESENT": present is not None,
               "TEMPER": temper is not None}  # fmt: skip
     factors = [t if t is not None else one for t in (scale, linear, present, temper)]
-    cut = top_k > 0 or floor_ratio is not None
-    if cut:
+    cut = top_k > 0 or top_p is not None or floor_ratio is not None
+    if top_p is not None and not top_k:
+        LAUNCHES["noisy_argmax_cut"] += 1
+        state, hist = _cut_scratch(row.device)
+        for level in (0, 1, 2):
+            _cut_level_kernel[(programs,)](
+                row, vocab, counts, *factors, top_p, floor_ratio if floor_ratio is not None else one,
+                state, hist, part_max, ticket, floor,
+                LEVEL=level, BLOCK=BLOCK, BLOCK_P=triton.next_power_of_2(programs), NB=CUT_BUCKETS, **stages,
+                RATIO=floor_ratio is not None, num_warps=8, **pdl_launch(row, state, hist, part_max, ticket, floor),
+            )  # fmt: skip
+    elif cut:
         LAUNCHES["noisy_argmax_floor"] += 1
         k_width = triton.next_power_of_2(max(top_k, 1))
         candidates = _candidates(programs * k_width, row.device)
@@ -325,6 +419,17 @@ def noisy_argmax(
             flags if advance else None,
         ),  # fmt: skip
     )
+
+
+def _cut_scratch(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    key = (0, device)
+    found = _SCRATCH.get(key)
+    if found is None:
+        found = _SCRATCH[key] = (
+            torch.zeros(8, dtype=torch.float64, device=device),
+            torch.zeros(CUT_BUCKETS, dtype=torch.int64, device=device),
+        )
+    return found[0], found[1]
 
 
 def _candidates(size: int, device: torch.device) -> torch.Tensor:
