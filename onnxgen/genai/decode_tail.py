@@ -13,16 +13,10 @@ from onnxgen.genai.sampling import LogitsSampler, SamplerState, SamplingPlan, dr
 from onnxgen.runtime import argmax_advance, device_kernels_available
 
 
-class GreedyTail:
-    """After a one-token step: ``ids`` <- argmax of the logits row (its first ``vocab_size``
-    entries), ``pos`` <- pos + 1, ``mask[0, pos]`` <- 1 for the new pos (the last entry once the
-    cache is full). ids and pos are the step's [1, 1] int64 feeds, mask its [1, capacity] one; the
-    host sets them before the first decode step of a generation, the tail from then on.
-
-    ``host_tokens`` (see ``host_tokens_for``): pinned [capacity + 1] int64 host memory where the
-    Triton kernel also stores each token at its new position, for the host to read after the step
-    without a copy in the stream. Only the kernel does that, so ``writes_host`` says whether it is
-    used; the host must otherwise copy the token (``ids``) as before."""
+class _AdvancingTail:
+    """What both tails share: the step's token-id and position feeds and its mask, which they
+    advance, and optional pinned host tokens (see GreedyTail). ``extra``: further state tensors the
+    tail advances (verify mode compares them all with an eager run's)."""
 
     def __init__(
         self,
@@ -32,16 +26,18 @@ class GreedyTail:
         pos: torch.Tensor,
         mask: torch.Tensor,
         host_tokens: torch.Tensor | None = None,
+        extra: Mapping[str, torch.Tensor] | None = None,
     ):
+        name = type(self).__name__
         if ids.numel() != 1 or pos.numel() != 1 or mask.dim() != 2 or mask.shape[0] != 1:
             raise ValueError(
-                f"GreedyTail needs one token id, one position and a [1, capacity] mask; got ids "
+                f"{name} needs one token id, one position and a [1, capacity] mask; got ids "
                 f"{list(ids.shape)}, pos {list(pos.shape)}, mask {list(mask.shape)}"
             )
         self.reads = (logits,)
         self.logits = logits
         self.vocab_size = vocab_size
-        self._state = {"ids": ids, "pos": pos, "mask": mask}
+        self._state = {"ids": ids, "pos": pos, "mask": mask, **(extra or {})}
         if host_tokens is not None and (host_tokens.dtype != torch.int64 or host_tokens.numel() != mask.shape[1] + 1):
             raise ValueError(f"host_tokens must be {mask.shape[1] + 1} int64 values (the capacity + 1)")
         self.host_tokens = host_tokens
@@ -58,6 +54,18 @@ class GreedyTail:
     def state(self) -> dict[str, torch.Tensor]:
         return self._state
 
+
+class GreedyTail(_AdvancingTail):
+    """After a one-token step: ``ids`` <- argmax of the logits row (its first ``vocab_size``
+    entries), ``pos`` <- pos + 1, ``mask[0, pos]`` <- 1 for the new pos (the last entry once the
+    cache is full). ids and pos are the step's [1, 1] int64 feeds, mask its [1, capacity] one; the
+    host sets them before the first decode step of a generation, the tail from then on.
+
+    ``host_tokens`` (see ``host_tokens_for``): pinned [capacity + 1] int64 host memory where the
+    Triton kernel also stores each token at its new position, for the host to read after the step
+    without a copy in the stream. Only the kernel does that, so ``writes_host`` says whether it is
+    used; the host must otherwise copy the token (``ids``) as before."""
+
     def apply(self, outputs: Mapping[str, Any], state: Mapping[str, torch.Tensor]) -> None:
         row = outputs[self.logits][0, -1][: self.vocab_size]
         ids, pos, mask = state["ids"], state["pos"], state["mask"]
@@ -71,7 +79,7 @@ class GreedyTail:
         mask.view(-1).index_fill_(0, pos.view(-1).clamp(max=mask.shape[1] - 1), 1)
 
 
-class SampledTail:
+class SampledTail(_AdvancingTail):
     """After a one-token step, what ``LogitsSampler.sample`` does between the steps, inside the
     step: penalties, temperature, top-k, top-p, min-p and the seeded Gumbel-max draw
     (sampling.process and sampling.pick) into ``ids``; the token counted for the penalties; then
@@ -94,21 +102,9 @@ class SampledTail:
         mask: torch.Tensor,
         host_tokens: torch.Tensor | None = None,
     ):
-        if ids.numel() != 1 or pos.numel() != 1 or mask.dim() != 2 or mask.shape[0] != 1:
-            raise ValueError(
-                f"SampledTail needs one token id, one position and a [1, capacity] mask; got ids "
-                f"{list(ids.shape)}, pos {list(pos.shape)}, mask {list(mask.shape)}"
-            )
-        self.reads = (logits,)
-        self.logits = logits
+        super().__init__(logits, vocab_size, ids, pos, mask, host_tokens, extra=state.tensors())
         self.plan = plan
-        self.vocab_size = vocab_size
         self.sampler_state = state
-        self._state = {"ids": ids, "pos": pos, "mask": mask, **state.tensors()}
-        if host_tokens is not None and (host_tokens.dtype != torch.int64 or host_tokens.numel() != mask.shape[1] + 1):
-            raise ValueError(f"host_tokens must be {mask.shape[1] + 1} int64 values (the capacity + 1)")
-        self.host_tokens = host_tokens
-        self.writes_host = host_tokens is not None and device_kernels_available(mask) and host_tokens.is_pinned()
 
     def bind(self, sampler: LogitsSampler) -> None:
         """Continue ``sampler``'s generation: its state is copied into this tail's (in place, so the
@@ -118,9 +114,6 @@ class SampledTail:
         if sampler.state is not self.sampler_state:
             self.sampler_state.copy_(sampler.state)
             sampler.adopt(self.sampler_state)
-
-    def state(self) -> dict[str, torch.Tensor]:
-        return self._state
 
     def apply(self, outputs: Mapping[str, Any], state: Mapping[str, torch.Tensor]) -> None:
         # verify mode's eager reference advances a copy of the state: it leaves the host tokens alone

@@ -35,7 +35,7 @@ from onnxgen.runtime.gpu.pdl import wait_for_previous
 
 BLOCK = 2048
 TOP_K_MAX = 64  # the floor kernel's last program holds K (next power of two) candidates per block
-_SCRATCH: dict[tuple[int, torch.device], tuple[torch.Tensor, ...]] = {}
+_SCRATCH: dict[tuple[tuple[str, int], torch.device], list[torch.Tensor]] = {}
 
 
 @triton.jit
@@ -421,36 +421,29 @@ def noisy_argmax(
     )
 
 
-def _cut_scratch(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    key = (0, device)
-    found = _SCRATCH.get(key)
+def _buffers(key: tuple[str, int], device: torch.device, specs: list[tuple[int, torch.dtype]]) -> list[torch.Tensor]:
+    """Zeroed device buffers of ``specs`` ((numel, dtype); numel 0: a 0-d tensor), made once per
+    ``key`` and device. Zeroed once: the ticket and the cut histogram are left at zero by the last
+    program of every call; the other buffers are written before they are read."""
+    found = _SCRATCH.get((key, device))
     if found is None:
-        found = _SCRATCH[key] = (
-            torch.zeros(8, dtype=torch.float64, device=device),
-            torch.zeros(CUT_BUCKETS, dtype=torch.int64, device=device),
-        )
-    return found[0], found[1]
+        found = _SCRATCH[(key, device)] = [
+            torch.zeros(n if n else (), dtype=dtype, device=device) for n, dtype in specs
+        ]
+    return found
+
+
+def _cut_scratch(device: torch.device) -> list[torch.Tensor]:
+    """The cut kernel's state ([8] fp64) and histogram."""
+    return _buffers(("cut", 0), device, [(8, torch.float64), (CUT_BUCKETS, torch.int64)])
 
 
 def _candidates(size: int, device: torch.device) -> torch.Tensor:
-    key = (-size, device)  # apart from _scratch's keys
-    found = _SCRATCH.get(key)
-    if found is None:
-        found = _SCRATCH[key] = (torch.empty(size, dtype=torch.float32, device=device),)
-    return found[0]
+    return _buffers(("candidates", size), device, [(size, torch.float32)])[0]
 
 
-def _scratch(programs: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """Partials and the ticket, allocated (and the ticket zeroed) once per size and device."""
-    key = (programs, device)
-    found = _SCRATCH.get(key)
-    if found is None:
-        found = _SCRATCH[key] = (
-            torch.empty(programs, dtype=torch.float32, device=device),
-            torch.empty(programs, dtype=torch.int32, device=device),
-            torch.empty(programs, dtype=torch.float32, device=device),
-            torch.empty(programs, dtype=torch.int32, device=device),
-            torch.zeros(1, dtype=torch.int32, device=device),
-            torch.empty((), dtype=torch.float32, device=device),
-        )
-    return found
+def _scratch(programs: int, device: torch.device) -> list[torch.Tensor]:
+    """Partials (value, index, maximum, NaN flag), the ticket and the floor."""
+    f32, i32 = torch.float32, torch.int32
+    return _buffers(("partials", programs), device, [(programs, f32), (programs, i32), (programs, f32),
+                                                     (programs, i32), (1, i32), (0, f32)])  # fmt: skip
