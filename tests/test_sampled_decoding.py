@@ -17,7 +17,7 @@ import dataclasses
 import pytest
 import torch
 
-from onnxgen.genai.decode_tail import SampledTail
+from onnxgen.genai.decode_tail import SampledTail, advance_position
 from onnxgen.genai.generator import Generator
 from onnxgen.genai.sampling import NON_FINITE, SamplerState, SamplingParams, SamplingPlan, draw_token
 from onnxgen.models.builder import build_package
@@ -113,14 +113,15 @@ def _state(params: SamplingParams, device: str) -> tuple[SamplingPlan, dict[str,
 
 
 def _torch_path(plan, state, row, advance):
-    """draw_token with the fused kernels hidden: process + pick + torch bookkeeping (the CPU path)."""
+    """draw_token with the fused kernels hidden, then the tail's torch bookkeeping (the CPU path)."""
     import onnxgen.genai.sampling as sampling
 
     out = torch.zeros((), dtype=torch.int64, device=row.device)
     real = sampling.device_kernels_available
     sampling.device_kernels_available = lambda t: False
     try:
-        draw_token(plan, state, row, VOCAB, out, count=True, advance=advance)
+        assert not draw_token(plan, state, row, VOCAB, out, count=True, advance=advance)
+        advance_position(advance[0], advance[1])
     finally:
         sampling.device_kernels_available = real
     return out
@@ -151,7 +152,8 @@ def _kernel_against_torch(device: str, names: tuple[str, ...]) -> None:
             for p in positions:
                 p.fill_(5)
             out = torch.zeros((), dtype=torch.int64, device=device)
-            draw_token(plan, fused_state, row, VOCAB, out, count=True, advance=(positions[0], masks[0], None))
+            # the kernel does the bookkeeping along with the draw
+            assert draw_token(plan, fused_state, row, VOCAB, out, count=True, advance=(positions[0], masks[0], None))
             want = _torch_path(plan, torch_state, row, (positions[1], masks[1], None))
             assert int(out) == int(want), (name, draw)
             if draw >= 16:  # NaN, +inf, every token -inf

@@ -13,6 +13,13 @@ from onnxgen.genai.sampling import LogitsSampler, SamplerState, SamplingPlan, dr
 from onnxgen.runtime import argmax_advance, device_kernels_available
 
 
+def advance_position(pos: torch.Tensor, mask: torch.Tensor) -> None:
+    """pos += 1 and mask[0, pos] <- 1 for the new pos (the last entry once the cache is full): the
+    torch form of what the tails' kernels do after the token."""
+    pos.add_(1)
+    mask.view(-1).index_fill_(0, pos.view(-1).clamp(max=mask.shape[1] - 1), 1)
+
+
 class _AdvancingTail:
     """What both tails share: the step's token-id and position feeds and its mask, which they
     advance, and optional pinned host tokens (see GreedyTail). ``extra``: further state tensors the
@@ -75,8 +82,7 @@ class GreedyTail(_AdvancingTail):
             argmax_advance(row, ids, pos, mask, host)
             return
         torch.argmax(row, out=ids.view(()))
-        pos.add_(1)
-        mask.view(-1).index_fill_(0, pos.view(-1).clamp(max=mask.shape[1] - 1), 1)
+        advance_position(pos, mask)
 
 
 class SampledTail(_AdvancingTail):
@@ -119,5 +125,7 @@ class SampledTail(_AdvancingTail):
         # verify mode's eager reference advances a copy of the state: it leaves the host tokens alone
         host = self.host_tokens if self.writes_host and state is self._state else None
         row = outputs[self.logits][0, -1]
-        advance = (state["pos"], state["mask"], host)
-        draw_token(self.plan, state, row, self.vocab_size, state["ids"].view(()), count=True, advance=advance)
+        pos, mask = state["pos"], state["mask"]
+        if not draw_token(self.plan, state, row, self.vocab_size, state["ids"].view(()), count=True,
+                          advance=(pos, mask, host)):  # fmt: skip
+            advance_position(pos, mask)

@@ -29,7 +29,7 @@ from onnxgen.genai.host_read import HostRead, host_read
 from onnxgen.genai.kv_cache import DynamicKV, GrowingKV, StaticKV, past_feeds_attention_in_place
 from onnxgen.genai.package import PackageConfig
 from onnxgen.genai.package_checks import growing_kv
-from onnxgen.genai.sampling import LogitsSampler, SamplerState, SamplingParams, SamplingPlan
+from onnxgen.genai.sampling import LogitsSampler, SamplingParams, SamplingPlan
 from onnxgen.genai.sequence import Sequence
 from onnxgen.runtime.capture.stats import CaptureStats
 from onnxgen.runtime.dtypes import ONNX_TO_TORCH
@@ -450,7 +450,7 @@ class DecodeEngine:
                     )
                 return None
             ids, pos = buffers
-            state = SamplerState.new(sampler.params, sampler.plan, self.config.vocab_size, 0, self.device)
+            state = sampler.state.clone()  # the tail's own storage; bind() fills it for each generation
             host = GreedyTail.host_tokens_for(kv.capacity, self.device) if self.host_tokens else None
             tail = SampledTail(
                 self.config.io.logits, sampler.plan, state, self.config.vocab_size, ids, pos, kv.mask, host

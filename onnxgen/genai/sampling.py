@@ -24,8 +24,8 @@ import numbers
 import operator
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from dataclasses import dataclass, field, fields
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 
@@ -187,25 +187,17 @@ class SamplingPlan(NamedTuple):
 # the values of a parameter set, in SamplerState.values
 TEMPERATURE, TOP_P, MIN_P, REPETITION, FREQUENCY, PRESENCE = range(6)
 _MASK32 = 0xFFFFFFFF
+IntOrTensor = TypeVar("IntOrTensor", int, torch.Tensor)
 _KEY_MULTIPLIER = 0x9E3779B1  # the draw counter stays far below 2**31: the product fits int64
 
 
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A bijective 32-bit integer hash of int64 values in [0, 2**32), in torch ops. Both multipliers
-    are odd and below 2**31, so no product leaves int64's range (no wrap-around to rely on)."""
+def _mix32(x: IntOrTensor) -> IntOrTensor:
+    """A bijective 32-bit integer hash of values in [0, 2**32): int64 tensors or Python ints (the
+    same operators). Both multipliers are odd and below 2**31, so no product leaves int64's range
+    (no wrap-around to rely on)."""
     x = x ^ (x >> 16)
     x = (x * 0x7FEB352D) & _MASK32
     x = x ^ (x >> 15)
-    x = (x * 0x2C1B3C6D) & _MASK32
-    return x ^ (x >> 16)
-
-
-def _mix32_int(x: int) -> int:
-    """_mix32 of one Python int (the seed's part of the lanes)."""
-    x &= _MASK32
-    x ^= x >> 16
-    x = (x * 0x7FEB352D) & _MASK32
-    x ^= x >> 15
     x = (x * 0x2C1B3C6D) & _MASK32
     return x ^ (x >> 16)
 
@@ -233,7 +225,7 @@ class SamplerState:
         temperature = max(p.temperature, _F32.tiny) if plan.shift_temperature else p.temperature
         penalty = min(max(p.repetition_penalty, _F32.tiny), _F32.max)
         values = [temperature or 1.0, p.top_p, p.min_p, penalty, p.frequency_penalty, p.presence_penalty]
-        words = (_mix32_int(seed >> 32), seed & _MASK32)
+        words = (_mix32((seed >> 32) & _MASK32), seed & _MASK32)
         index = torch.arange(0 if plan.greedy else vocab_size, dtype=torch.int64, device=device)
         lanes = _mix32(_mix32((index + words[0]) & _MASK32) ^ words[1])  # greedy: none
         return SamplerState(
@@ -245,13 +237,10 @@ class SamplerState:
         )
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {
-            "counts": self.counts,
-            "draws": self.draws,
-            "seed": self.seed,
-            "lanes": self.lanes,
-            "values": self.values,
-        }
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def clone(self) -> SamplerState:
+        return SamplerState(**{name: t.clone() for name, t in self.tensors().items()})
 
     def copy_(self, other: SamplerState) -> None:
         for mine, theirs in zip(self.tensors().values(), other.tensors().values(), strict=True):
@@ -361,11 +350,12 @@ def draw_token(
     *,
     count: bool = False,
     advance: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None,
-) -> None:
+) -> bool:
     """The next token into ``out`` (0-d int64): ``pick(process(logits))``, as device work only.
-    ``count``: the token is also counted for the penalties; ``advance`` (position [1, 1], mask
-    [1, capacity], pinned host tokens or None): then position += 1 and the mask entry of the new
-    position is set (a step tail's bookkeeping), the host tokens written only by the kernel.
+    ``count``: the token is also counted for the penalties. ``advance`` (position [1, 1], mask
+    [1, capacity], pinned host tokens or None): a step tail's bookkeeping, which the fused kernel
+    does along with the draw (position += 1, the new position's mask entry, the host token);
+    returns whether it did (else the caller does it).
 
     Where the runtime's fused kernels serve the logits' device, a sampled draw is its noisy_argmax:
     one kernel for the penalties, the temperature, the draw and the bookkeeping (two with top-k or
@@ -401,14 +391,11 @@ def draw_token(
             flags=mask,
             host_out=host,
         )
-        return
+        return advance is not None
     out.copy_(pick(plan, state, process(plan, state, row, vocab_size)))
     if count:
         observe(plan, state["counts"], out)
-    if advance is not None:
-        position, mask, _ = advance
-        position.add_(1)
-        mask.view(-1).index_fill_(0, position.view(-1).clamp(max=mask.shape[1] - 1), 1)
+    return False
 
 
 class LogitsSampler:
@@ -426,10 +413,6 @@ class LogitsSampler:
         self.plan = SamplingPlan.of(self.params, vocab_size)
         seed = self.params.seed if self.params.seed is not None else secrets.randbits(64)
         self.state = SamplerState.new(self.params, self.plan, vocab_size, seed, device)
-
-    @property
-    def counts(self) -> torch.Tensor:
-        return self.state.counts
 
     @property
     def plain_greedy(self) -> bool:

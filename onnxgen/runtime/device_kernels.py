@@ -40,7 +40,7 @@ def argmax_advance(
     greedy_advance(row, index, position, flags, host_out)
 
 
-NOISY_ARGMAX_TOP_K_MAX = 64  # runtime/gpu/noisy_argmax.TOP_K_MAX, without importing Triton here
+NOISY_ARGMAX_TOP_K_MAX = 64  # noisy_argmax's floor kernel holds this many candidates per block at most
 
 
 def noisy_argmax(

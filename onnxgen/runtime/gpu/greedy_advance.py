@@ -21,11 +21,10 @@ import torch
 import triton
 import triton.language as tl
 
-from onnxgen.runtime.gpu.launch import LAUNCHES, pdl_launch
+from onnxgen.runtime.gpu.launch import LAUNCHES, cached_buffers, pdl_launch
 from onnxgen.runtime.gpu.pdl import wait_for_previous
 
 BLOCK = 2048  # 75 programs for a 151,936-entry vocabulary
-_SCRATCH: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
 
 @triton.jit
@@ -119,15 +118,7 @@ def greedy_advance(
     )
 
 
-def _scratch(programs: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Partials and the ticket, allocated (and the ticket zeroed) once per size and device."""
-    key = (programs, device)
-    found = _SCRATCH.get(key)
-    if found is None:
-        found = _SCRATCH[key] = (
-            torch.empty(programs, dtype=torch.float32, device=device),
-            torch.empty(programs, dtype=torch.int32, device=device),
-            torch.empty(programs, dtype=torch.int32, device=device),
-            torch.zeros(1, dtype=torch.int32, device=device),
-        )
-    return found
+def _scratch(programs: int, device: torch.device) -> list[torch.Tensor]:
+    """Partials (value, index, first NaN) and the ticket, once per size and device."""
+    specs = [(programs, torch.float32), (programs, torch.int32), (programs, torch.int32), (1, torch.int32)]
+    return cached_buffers("greedy_advance", programs, device, specs)

@@ -23,6 +23,20 @@ from onnxgen import options
 
 # how often each fused kernel ran in this process (tests check that the fused path was taken)
 LAUNCHES: Counter[str] = Counter()
+_BUFFERS: dict[tuple[str, int, torch.device], list[torch.Tensor]] = {}
+
+
+def cached_buffers(
+    kernel: str, size: int, device: torch.device, specs: list[tuple[int, torch.dtype]]
+) -> list[torch.Tensor]:
+    """Zeroed device buffers of ``specs`` ((numel, dtype); numel 0: a 0-d tensor), made once per
+    (``kernel``, ``size``, device): a kernel's partials and tickets, which it leaves at zero (the
+    tickets) or writes before reading (the rest), so a captured graph keeps their addresses."""
+    key = (kernel, size, device)
+    found = _BUFFERS.get(key)
+    if found is None:
+        found = _BUFFERS[key] = [torch.zeros(n if n else (), dtype=dtype, device=device) for n, dtype in specs]
+    return found
 
 
 def triton_importable() -> bool:

@@ -1,4 +1,4 @@
-"""The argmax of a row plus counter-keyed Gumbel noise, in one Triton kernel: a categorical draw
+"""The argmax of a row plus counter-keyed Gumbel noise, in a Triton kernel: a categorical draw
 from softmax(row) (Gumbel-max), optionally after an elementwise rescaling of the row by per-entry
 counts and a temperature, with the bookkeeping a decode step's tail needs.
 
@@ -12,10 +12,12 @@ Per entry i of the row (x_i, float of any width, read as float32) and its count 
     h_i  = mix(mix(mix((i + s0) mod 2**32) ^ s1) ^ (n * 0x9E3779B1 mod 2**32))
 
 where mix is a bijective 32-bit hash (xor-shift and odd multipliers), (s0, s1) the seed words and n
-the counter. With FLOOR, entries below a floor are left out of the draw; a first kernel finds
-the floor as the largest of: the k-th largest x (top-k, k <= TOP_K_MAX), the top-p cut among
-those k (the smallest x whose softmax mass strictly above, within the k, is below p: sorting's
-rule, ties aside), and max(x) + log(r) (min-p: softmax(x)_i >= r * max softmax(x)).
+the counter. With FLOOR, entries below a floor are left out of the draw; kernels before it find
+the floor as the largest of: the k-th largest x (top-k, k <= TOP_K_MAX), the top-p cut (the
+smallest x whose softmax mass strictly above is below p: sorting's rule, ties aside; within the k
+with top-k, by bisection in the floor kernel; over the whole row without it, from the cut
+kernel's two mass histograms, to within one fine bucket), and max(x) + log(r) (min-p:
+softmax(x)_i >= r * max softmax(x)).
 The result is argmax_i (x_i + g_i) over the rest, the first index of the maximum; -1 where the
 maximum of x is NaN or infinite or every x_i is -inf. Then c[max(result, 0)] += 1 (COUNT), n += 1,
 and with ADVANCE: pos += 1, flags[min(pos, width - 1)] = 1 and host[pos] = result (HOST).
@@ -30,12 +32,11 @@ import torch
 import triton
 import triton.language as tl
 
-from onnxgen.runtime.gpu.launch import LAUNCHES, pdl_launch
+from onnxgen.runtime.device_kernels import NOISY_ARGMAX_TOP_K_MAX as TOP_K_MAX
+from onnxgen.runtime.gpu.launch import LAUNCHES, cached_buffers, pdl_launch
 from onnxgen.runtime.gpu.pdl import wait_for_previous
 
 BLOCK = 2048
-TOP_K_MAX = 64  # the floor kernel's last program holds K (next power of two) candidates per block
-_SCRATCH: dict[tuple[tuple[str, int], torch.device], list[torch.Tensor]] = {}
 
 
 @triton.jit
@@ -340,12 +341,12 @@ def noisy_argmax(
     flags: torch.Tensor | None = None,
     host_out: torch.Tensor | None = None,
 ) -> None:
-    """See the module's note; ``top_k`` (0: off, else at most TOP_K_MAX), ``top_p`` (one fp32; only
-    with top_k) and ``floor_ratio`` (min-p's r, one fp32): FLOOR's cuts, or left out. ``row``: [vocab]
-    contiguous; ``seed``: [2] int64; ``counter``,
-    ``out``: one int64 each; ``counts``: [vocab] fp32; ``scale``, ``linear``, ``present``,
-    ``temper``: one fp32 each, or None for a stage left out; ``position`` with ``flags``
-    ([1, width] int64) and ``host_out`` ([width + 1] int64, pinned): the advance, or None."""
+    """See the module's note; ``top_k`` (0: off, else at most TOP_K_MAX), ``top_p`` (one fp32) and
+    ``floor_ratio`` (min-p's r, one fp32): FLOOR's cuts, or left out. ``row``: [vocab] contiguous;
+    ``seed``: [2] int64; ``counter``, ``out``: one int64 each; ``counts``: [vocab] fp32;
+    ``scale``, ``linear``, ``present``, ``temper``: one fp32 each, or None for a stage left out;
+    ``position`` with ``flags`` ([1, width] int64) and ``host_out`` ([width + 1] int64, pinned):
+    the advance, or None."""
     LAUNCHES["noisy_argmax"] += 1
     vocab = row.numel()
     programs = triton.cdiv(vocab, BLOCK)
@@ -421,29 +422,17 @@ def noisy_argmax(
     )
 
 
-def _buffers(key: tuple[str, int], device: torch.device, specs: list[tuple[int, torch.dtype]]) -> list[torch.Tensor]:
-    """Zeroed device buffers of ``specs`` ((numel, dtype); numel 0: a 0-d tensor), made once per
-    ``key`` and device. Zeroed once: the ticket and the cut histogram are left at zero by the last
-    program of every call; the other buffers are written before they are read."""
-    found = _SCRATCH.get((key, device))
-    if found is None:
-        found = _SCRATCH[(key, device)] = [
-            torch.zeros(n if n else (), dtype=dtype, device=device) for n, dtype in specs
-        ]
-    return found
-
-
 def _cut_scratch(device: torch.device) -> list[torch.Tensor]:
     """The cut kernel's state ([8] fp64) and histogram."""
-    return _buffers(("cut", 0), device, [(8, torch.float64), (CUT_BUCKETS, torch.int64)])
+    return cached_buffers("noisy_argmax_cut", 0, device, [(8, torch.float64), (CUT_BUCKETS, torch.int64)])
 
 
 def _candidates(size: int, device: torch.device) -> torch.Tensor:
-    return _buffers(("candidates", size), device, [(size, torch.float32)])[0]
+    return cached_buffers("noisy_argmax_candidates", size, device, [(size, torch.float32)])[0]
 
 
 def _scratch(programs: int, device: torch.device) -> list[torch.Tensor]:
     """Partials (value, index, maximum, NaN flag), the ticket and the floor."""
     f32, i32 = torch.float32, torch.int32
-    return _buffers(("partials", programs), device, [(programs, f32), (programs, i32), (programs, f32),
-                                                     (programs, i32), (1, i32), (0, f32)])  # fmt: skip
+    specs = [(programs, f32), (programs, i32), (programs, f32), (programs, i32), (1, i32), (0, f32)]
+    return cached_buffers("noisy_argmax", programs, device, specs)
