@@ -291,6 +291,27 @@ def test_gqa_shared_decode_combine_in_chunks(device: str, monkeypatch: pytest.Mo
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [TP.FLOAT, TP.FLOAT16])
+@pytest.mark.parametrize("window", [-1, 40])
+def test_gqa_shared_prompt_chunks_model_heads(window: int, dtype: int, device: str) -> None:
+    """Prompt chunks of real-model head counts over a shared buffer: a first prompt and a later
+    chunk that each span several 64-row query and key blocks of the fused CUDA prefill kernel
+    (gpu/gqa_prefill.py), with a window that starts the key walk past the first block."""
+    case = GqaCase(num_heads=14, kv_heads=2, head_size=64, dtype=dtype, rotary="half", max_pos=320,
+                   attrs={"local_window_size": window})  # fmt: skip
+    run_gqa_shared(case, [(100, [100]), (70, [170]), (1, [171])], device, capacity=300)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gqa_shared_position_ids(device: str) -> None:
+    """position_ids over a shared buffer: the first prompt reads position_ids[0] only, a later
+    chunk and a decode step one position per row."""
+    steps = [(5, [5]), (3, [8]), (1, [9])]
+    run_gqa_shared(GqaCase(rotary="half", with_position_ids=True), steps, device)
+    run_gqa_shared(GqaCase(rotary="interleaved", with_position_ids=True), STEPS_B2, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shared", [False, True])
 def test_gqa_fp16(shared: bool, device: str) -> None:
     case = GqaCase(dtype=TP.FLOAT16, rotary="half", attrs={"local_window_size": 4})

@@ -110,6 +110,8 @@ def test_parity_tests_pass_through_the_triton_interpreter() -> None:
     launches = PARITY.launches()
     assert launches.get("gqa_decode", 0) >= 20 and launches.get("rms_norm", 0) >= 20, launches
     assert launches.get("silu_mul", 0) >= 10, launches
+    # prompts and prompt chunks over a shared buffer (gpu/gqa_prefill.py)
+    assert launches.get("gqa_prefill", 0) >= 20, launches
     # the step's prelude: the mask's row sums (RowSumCast) and the embedding rows
     assert launches.get("row_sum_cast", 0) >= 7 and launches.get("gather_rows", 0) >= 15, launches
     # the one-row GEMVs with their prologues (fused whole-model decode, fp32 and fp16)

@@ -20,7 +20,9 @@ to spot a plain append step and take a shorter path (_cpu_appending). total_sequ
 host input) sets the present length and tells a first prompt (S == total, S > 1) from a later
 chunk; for S == 1 the result does not depend on its value, so a captured decode step stays right
 as the sequence grows. On CUDA the attention spans the whole shared buffer (masked), so its shapes
-do not change from step to step. (The one departure from onnxruntime this costs: a one-token
+do not change from step to step; over a shared buffer, Triton kernels take a decode step
+(gpu/gqa_decode.py) and a prompt chunk (gpu/gqa_prefill.py), reading T on the device and never
+touching the key blocks past what a row may see. (The one departure from onnxruntime this costs: a one-token
 first prompt with position_ids, where onnxruntime would use position_ids[0] for every batch entry,
 uses each entry's own.)
 
@@ -116,8 +118,8 @@ def group_query_attention(
         raise ctx.fail(f"query must be 3D [batch, seq, hidden], got shape {list(query.shape)}")
     batch, seq, hidden = query.shape
     device = query.device
-    if seq == 1 and triton_serves(query):
-        fast = _triton_decode(
+    if triton_serves(query):
+        fast = _triton_step(
             ctx, num_heads, kv_heads, query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
             cos_cache, sin_cache, position_ids, attention_bias, head_sink, q_norm_weight, query_seqlens,
         )  # fmt: skip
@@ -206,7 +208,7 @@ def group_query_attention(
     return out, present_key, present_value
 
 
-def _triton_decode(
+def _triton_step(
     ctx: NodeContext,
     num_heads: int,
     kv_heads: int,
@@ -225,9 +227,10 @@ def _triton_decode(
     q_norm_weight: torch.Tensor | None,
     query_seqlens: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """The decode step over a shared KV buffer in three Triton kernels (gpu/gqa_decode.py), or None when
-    the node or its inputs need the general path (extras such as bias, sinks, softcap, a growing
-    KV, unusual layouts)."""
+    """The step over a shared KV buffer in Triton kernels: a one-token decode step in one
+    (gpu/gqa_decode.py), a prompt or prompt chunk in two (gpu/gqa_prefill.py). None when the node
+    or its inputs need the general path (extras such as bias, sinks, softcap, a non-causal or
+    growing KV, unusual layouts)."""
     if past_key is None or past_value is None or query_seqlens is not None:
         return None
     if attention_bias is not None or head_sink is not None or q_norm_weight is not None:
@@ -236,11 +239,11 @@ def _triton_decode(
         return None
     if int(ctx.attr("sliding_window_cache", 0)):
         return None
-    batch = query.shape[0]
+    batch, seq = query.shape[0], query.shape[1]
     head_size = past_key.shape[3] if past_key.dim() == 4 else 0
     total = ints(total_sequence_length)[0]
     if past_key.shape[2] < total or past_key.shape[0] != batch or past_key.shape[1] != kv_heads:
-        return None  # not a shared buffer that already holds the new row's slot
+        return None  # not a shared buffer that already holds the new rows' slots
     if not (16 <= head_size <= 256) or past_value.shape != past_key.shape or seqlens_k.numel() != batch:
         return None
     if not (past_key.is_contiguous() and past_value.is_contiguous()) or past_key.dtype != query.dtype:
@@ -249,15 +252,27 @@ def _triton_decode(
     if query.shape[2] != expected or query.stride(-1) != 1:
         return None
     for t in (key, value):
-        if t is not None and (t.shape != (batch, 1, kv_heads * head_size) or t.stride(-1) != 1):
+        if t is not None and (t.shape != (batch, seq, kv_heads * head_size) or t.stride(-1) != 1):
             return None
     do_rotary = bool(int(ctx.attr("do_rotary", 0)))
     if do_rotary:
         if cos_cache is None or sin_cache is None or cos_cache.shape[-1] * 2 > head_size:
             return None
         cos_cache, sin_cache = cos_cache.contiguous(), sin_cache.contiguous()
-        if position_ids is not None and position_ids.numel() != batch:
+        first_prompt = seq > 1 and seq == total  # reads position_ids[0] only
+        if position_ids is not None and position_ids.numel() != batch * seq and not first_prompt:
             return None
+    scale = float(ctx.attr("scale", 0.0)) or 1.0 / math.sqrt(head_size)
+    interleaved = bool(ctx.attr("rotary_interleaved", 0))
+    window = int(ctx.attr("local_window_size", -1))
+    if seq > 1:
+        if not int(ctx.attr("causal", 1)):
+            return None
+        return _triton_prefill(
+            num_heads, kv_heads, query, key, value, past_key, past_value, seqlens_k, total, scale,
+            cos_cache if do_rotary else None, sin_cache if do_rotary else None,
+            position_ids if do_rotary else None, interleaved, window,
+        )  # fmt: skip
     from onnxgen.runtime.gpu.gqa_decode import decode_attention
 
     out = decode_attention(
@@ -269,13 +284,51 @@ def _triton_decode(
         seqlens_k,
         num_heads=num_heads,
         kv_heads=kv_heads,
-        scale=float(ctx.attr("scale", 0.0)) or 1.0 / math.sqrt(head_size),
+        scale=scale,
         cos_cache=cos_cache if do_rotary else None,
         sin_cache=sin_cache if do_rotary else None,
         position_ids=position_ids if do_rotary else None,
-        interleaved=bool(ctx.attr("rotary_interleaved", 0)),
-        window=int(ctx.attr("local_window_size", -1)),
+        interleaved=interleaved,
+        window=window,
     )
+    return out, past_key, past_value
+
+
+def _triton_prefill(
+    num_heads: int,
+    kv_heads: int,
+    query: torch.Tensor,
+    key: torch.Tensor | None,
+    value: torch.Tensor | None,
+    past_key: torch.Tensor,
+    past_value: torch.Tensor,
+    seqlens_k: torch.Tensor,
+    total: int,
+    scale: float,
+    cos_cache: torch.Tensor | None,
+    sin_cache: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    interleaved: bool,
+    window: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A prompt (chunk) of S > 1 rows: where the rows sit and which rotary positions they take, by
+    the general path's rules (first prompt: S == total, rows from 0)."""
+    from onnxgen.runtime.gpu.gqa_prefill import prefill_attention
+
+    batch, seq = query.shape[0], query.shape[1]
+    first_prompt = seq == total
+    positions = None
+    if position_ids is not None:
+        if first_prompt:  # onnxruntime reads only position_ids[0] on the first prompt
+            steps = torch.arange(seq, device=query.device)
+            positions = (position_ids.reshape(-1)[:1].to(torch.long) + steps).expand(batch, seq)
+        else:
+            positions = position_ids.to(torch.long).reshape(batch, seq)
+    out = prefill_attention(
+        query, key, value, past_key, past_value, seqlens_k, num_heads=num_heads, kv_heads=kv_heads,
+        scale=scale, first_prompt=first_prompt, cos_cache=cos_cache, sin_cache=sin_cache,
+        positions=positions, interleaved=interleaved, window=window,
+    )  # fmt: skip
     return out, past_key, past_value
 
 
