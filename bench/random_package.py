@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from onnxgen.genai.benchmark import prompt_ids
-from onnxgen.genai.engine import DecodeEngine
+from onnxgen.genai.engine import DecodeEngine, engine_model
 from onnxgen.genai.package import PackageConfig, load_package_config
 from onnxgen.genai.sampling import SamplingParams
 from onnxgen.models.builder import build_package
 from onnxgen.models.random_source import MODEL_SHAPES, RandomSource
 from onnxgen.runtime import InferenceSession
+from onnxgen.runtime.model_io import load_model
 
 # variant settings (step_sweep.py, step_anatomy.py: --variant NAME:ONNXGEN_HOST_TOKENS=0) that are the
 # engine's arguments, not environment the runtime reads: the name, the engine argument it sets
@@ -141,8 +142,8 @@ def greedy_run(
 
 def open_package(args: argparse.Namespace) -> tuple[InferenceSession, PackageConfig]:
     config = load_package_config(args.package_dir)
-    device = args.device
-    return InferenceSession(config.model_file, device=device), config
+    model, directory = load_model(config.model_file)
+    return InferenceSession(engine_model(model, config), device=args.device, base_dir=directory), config
 
 
 def describe(args: argparse.Namespace) -> str:

@@ -179,7 +179,7 @@ def test_chunked_prefill_matches_onnxruntime(smollm2_packages, capsys):
 
     def spy(feeds, output_names=None):
         out = run(feeds, output_names)
-        rows.append(out["logits"].shape[1])
+        rows.append((feeds["input_ids"].shape[1], out["logits"].shape[1]))
         return out
 
     generator.session.run_torch = spy
@@ -187,7 +187,8 @@ def test_chunked_prefill_matches_onnxruntime(smollm2_packages, capsys):
     sequence.kv = generator.engine._new_kv(len(ids) + 1)
     with torch.inference_mode():
         ours = generator.engine._prefill(sequence, torch.tensor([ids])).float().numpy()
-    assert rows == [128, 128, 44]  # never more than a chunk of logits rows at once
+    # never more than a chunk of rows at once, and the logits of one row each (engine_model)
+    assert rows == [(128, 1), (128, 1), (44, 1)]
     err = capsys.readouterr().err
     assert "prefill" in err and "300 tok" in err
 

@@ -57,6 +57,17 @@ def test_the_builder_writes_the_tied_embedding_as_a_transposed_gather(genai_pack
     assert [producers[g.input[0]].op_type for g in gathers] == ["Transpose"]
 
 
+def test_the_logits_are_computed_for_the_last_prompt_row_only(genai_package) -> None:
+    """engine_model's rewrite applies to this builder's lm_head (no warning, one RowSelect)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        generator = Generator(genai_package)
+    assert generator.engine.logits_row is not None
+    assert sum(n.op_type == "RowSelect" for n in generator.session.model.graph.node) >= 1
+
+
 @pytest.mark.parametrize("kv", ["auto", "dynamic"])
 def test_greedy_tokens_match_onnxruntime_genai(genai_package, kv: str) -> None:
     generator = Generator(genai_package, kv=kv)

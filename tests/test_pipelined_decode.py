@@ -286,7 +286,10 @@ def test_pipeline_argument(package) -> None:
 def decode_feeds(generator: Generator) -> dict[str, torch.Tensor]:
     kv = generator.engine._new_kv(16)
     io = generator.config.io
-    return {io.input_ids: torch.tensor([[5]]), io.attention_mask: kv.attention_mask(1), **kv.feeds()}
+    feeds = {io.input_ids: torch.tensor([[5]]), io.attention_mask: kv.attention_mask(1), **kv.feeds()}
+    if generator.engine.logits_row is not None:  # engine_model's row input
+        feeds[generator.engine.logits_row] = generator.engine._row_feed(0, 1)
+    return feeds
 
 
 def test_feed_check_memo_never_skips_a_different_layout(package) -> None:

@@ -33,12 +33,32 @@ from onnxgen.genai.sampling import LogitsSampler, SamplingParams, SamplingPlan
 from onnxgen.genai.sequence import Sequence
 from onnxgen.runtime.capture.stats import CaptureStats
 from onnxgen.runtime.dtypes import ONNX_TO_TORCH
+from onnxgen.runtime.row_select import select_row
 from onnxgen.runtime.session import InferenceSession
 
 if TYPE_CHECKING:
     from onnxgen.runtime.capture.runtime import CaptureRuntime
 
 KV = DynamicKV | GrowingKV | StaticKV
+
+# the graph input that engine_model adds: which row of the step the logits are computed for
+LOGITS_ROW_INPUT = "onnxgen_logits_row"
+
+
+def engine_model(model: onnx.ModelProto, config: PackageConfig) -> onnx.ModelProto:
+    """The package's graph as the engine runs it: the logits computed for one row of a step only
+    (runtime/row_select.py; the engine feeds the prompt's last real row), since generation reads no
+    other. A prompt of S rows then skips S - 1 rows of the lm_head and holds [1, vocab] logits, not
+    [S, vocab]; a one-token decode step runs the same kernels as before. A graph whose last layer
+    does not fit the rewrite runs as it is, and says why once."""
+    rewritten, why_not = select_row(model, config.io.logits, LOGITS_ROW_INPUT)
+    if why_not is not None:
+        warnings.warn(
+            f"onnxgen: the prompt's logits are computed for every prompt row, not only the last ({why_not}); "
+            "prefill does the lm_head's work once per prompt token",
+            stacklevel=2,
+        )
+    return rewritten
 
 
 class PromptTooLongError(OnnxgenError):
@@ -103,6 +123,10 @@ class DecodeEngine:
         io = config.io
         self.has_mask = bool(io.attention_mask) and io.attention_mask in inputs
         self.has_positions = bool(io.position_ids) and io.position_ids in inputs
+        # engine_model's row input: the logits come for the one row fed there
+        self.logits_row = LOGITS_ROW_INPUT if LOGITS_ROW_INPUT in inputs else None
+        self._rows: torch.Tensor | None = None  # see _row_feed
+        self._row_zero: torch.Tensor | None = None
         self._past = inputs[config.past_key_name(0)]
         self.kv_dtype = ONNX_TO_TORCH[self._past.elem_type]
         if kv == "auto":
@@ -501,6 +525,8 @@ class DecodeEngine:
                 feeds[io.position_ids] = buffers[1]
             else:
                 feeds[io.position_ids] = torch.arange(kv.length, kv.length + n, device=self.device).reshape(1, n)
+        if self.logits_row is not None:
+            feeds[self.logits_row] = self._row_feed(real - 1, n)
         feeds.update(kv.feeds())
         if self.capture != "off" and n == 1:
             outputs = self.capture_runtime().run(self.session.check_feeds_repeated(feeds), tail=tail)
@@ -512,7 +538,21 @@ class DecodeEngine:
         if real < n:
             kv.unmask_rows(kv.length, n - real)  # the padding's rows: invisible to later steps
         sequence.prepared_at = kv.length if tail is not None else None
-        return outputs[io.logits][0, real - 1]
+        return outputs[io.logits][0, 0 if self.logits_row is not None else real - 1]
+
+    def _row_feed(self, row: int, n: int) -> torch.Tensor:
+        """A [1] int64 device tensor holding ``row``, fed without a copy from the host. A one-row
+        step gets the same tensor every time (the captured decode step adopts it: no copy per step);
+        a prompt chunk a new view into one arange kept on the device (a recorded chunk copies its
+        value in, since the last real row differs from prompt to prompt)."""
+        if n == 1:
+            if self._row_zero is None:
+                self._row_zero = torch.zeros(1, dtype=torch.int64, device=self.device)
+            return self._row_zero
+        if self._rows is None or row >= self._rows.numel():
+            size = max(1024, 1 << row.bit_length())
+            self._rows = torch.arange(size, dtype=torch.int64, device=self.device)
+        return self._rows[row : row + 1]
 
     def _prefill(self, sequence: Sequence, ids: torch.Tensor) -> torch.Tensor:
         """The prompt's steps; returns the last row's logits.

@@ -9,7 +9,7 @@ from typing import Any
 
 from onnxgen.errors import InvalidInputError
 from onnxgen.genai.chat import render_chat
-from onnxgen.genai.engine import DecodeEngine, PromptTooLongError
+from onnxgen.genai.engine import DecodeEngine, PromptTooLongError, engine_model
 from onnxgen.genai.package import PackageConfig, load_package_config
 from onnxgen.genai.package_checks import check_package
 from onnxgen.genai.sampling import NonFiniteLogitsError, SamplingParams, checked_params
@@ -67,7 +67,9 @@ class Generator:
         proto, model_dir = (session.model, None) if session is not None else load_model(self.config.model_file)
         check_package(self.config, proto)
         self.tokenizer = Tokenizer(self.config.directory)
-        self.session = session or InferenceSession(proto, device=device, base_dir=model_dir)
+        if session is None:
+            session = InferenceSession(engine_model(proto, self.config), device=device, base_dir=model_dir)
+        self.session = session
         self.engine = DecodeEngine(
             self.session,
             self.config,

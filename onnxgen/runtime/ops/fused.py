@@ -323,3 +323,17 @@ def _packed_group(ctx: NodeContext, triples: list, biases: tuple, widths: list[i
     refs = [weakref.ref(t) if t is not None else None for t in sources]
     ctx.__dict__["_packed_group"] = (refs, (b, s, z, bias))
     return b, s, z, bias
+
+
+@implements("RowSelect", domain=FUSED_DOMAIN)
+def row_select(ctx: NodeContext, x: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
+    """Row ``row[0]`` of axis 1 of x, kept as an axis of length 1 (runtime/row_select.py writes it).
+    x itself when that axis already has one row: a one-token decode step runs no kernel for it.
+    The row is read on the device (capture-safe), so it must lie in [0, x.shape[1])."""
+    if x.dim() < 2:
+        raise ctx.fail(f"RowSelect takes a tensor with a row axis (axis 1), got shape {list(x.shape)}")
+    if row.numel() != 1 or row.dtype not in (torch.int64, torch.int32):
+        raise ctx.fail(f"RowSelect's row must be one int64 or int32, got {row.dtype} of shape {list(row.shape)}")
+    if x.shape[1] == 1:
+        return x
+    return x.index_select(1, row.reshape(1))

@@ -37,3 +37,9 @@ def row_sum_cast(ctx: RuleContext) -> list[TensorInfo | None]:
     x = ctx.shape(0)
     keep = int(ctx.attr("keepdims", 1))
     return [ctx.out([x[0], 1] if keep else [x[0]], int(ctx.attr("to")))]
+
+
+@rule("RowSelect", domain=FUSED)
+def row_select(ctx: RuleContext) -> list[TensorInfo | None]:
+    x = ctx.shape(0)
+    return [ctx.out([x[0], 1, *x[2:]], ctx.dtype(0))]
