@@ -76,11 +76,11 @@ stage_qwen15() {
   for p in fp16 int4; do run "qwen15-$p" 90 $PY -m bench.capture_decode $Q15 --precision $p --context 512 --capture-only; done
 }
 stage_peers() {
-  run peers-fp16 290 $PY -m bench.peers_decode $Q --precision fp16 --workdir /tmp/peers
-  run peers-int4 290 $PY -m bench.peers_decode $Q --precision int4 --workdir /tmp/peers
+  run peers-fp16 290 $PY -m bench.peers_decode $Q --precision fp16 --workdir /tmp/peers --long-prompt-tokens 1024
+  run peers-int4 290 $PY -m bench.peers_decode $Q --precision int4 --workdir /tmp/peers --long-prompt-tokens 1024
 }
 stage_peers15() {
-  run peers15-fp16 250 $PY -m bench.peers_decode $Q15 --precision fp16 --workdir /tmp/peers15
+  run peers15-fp16 250 $PY -m bench.peers_decode $Q15 --precision fp16 --workdir /tmp/peers15 --long-prompt-tokens 1024
 }
 stage_generator() {
   for p in fp16 int4; do run "generator-$p" 120 $PY -m bench.peers_decode $Q --precision $p --workdir /tmp/peers --engines onnxgen; done

@@ -121,6 +121,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--prompt-tokens", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument(
+        "--long-prompt-tokens", type=int, default=0,
+        help="also time the TTFT of a prompt this long (onnxgen and onnxruntime-genai rows; 0: not)",
+    )  # fmt: skip
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
         "--warmup-s", type=float, default=2.0,
@@ -133,8 +137,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.precision = args.precision or default_precision(args.device)
     args.config = TINY_CONFIGS[args.tiny] if args.tiny else MODEL_SHAPES[args.shape]
     args.label = args.tiny or args.shape
-    if args.new_tokens < 2 or args.prompt_tokens < 1 or args.repeats < 1:
-        parser.error("need --new-tokens >= 2, --prompt-tokens >= 1 and --repeats >= 1")
+    if args.new_tokens < 2 or args.prompt_tokens < 1 or args.repeats < 1 or args.long_prompt_tokens < 0:
+        parser.error("need --new-tokens >= 2, --prompt-tokens >= 1, --repeats >= 1 and --long-prompt-tokens >= 0")
+    if args.long_prompt_tokens + 2 > args.config.max_position_embeddings:
+        parser.error(f"--long-prompt-tokens exceeds {args.config.max_position_embeddings - 2} (the context)")
     if args.prompt_tokens + args.new_tokens > args.config.max_position_embeddings:
         parser.error(f"prompt + new tokens exceed {args.label}'s context ({args.config.max_position_embeddings})")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -359,6 +365,8 @@ class Bench:
     hf_dir: Path
     package: Path
     ids: list[int]
+    long_ids: list[int] = field(default_factory=list)  # --long-prompt-tokens ids (empty: not timed)
+    free_before: int = 0  # free device bytes before the current engine loaded (run_engine)
 
 
 @dataclass
@@ -367,6 +375,8 @@ class EngineResult:
     note: str = ""
     runs: list[Run] = field(default_factory=list)
     error: str = ""
+    long_ttft_ms: float | None = None  # TTFT of the long prompt (long_prompt_ttft)
+    memory_mb: float | None = None  # device memory the engine holds after its runs (device_memory_mb)
 
     @property
     def decode_tok_s(self) -> float:
@@ -383,6 +393,26 @@ class EngineResult:
     @property
     def tokens(self) -> list[int]:
         return self.runs[0].tokens if self.runs else []
+
+
+def long_prompt_ttft(bench: Bench, generate: Callable[[list[int], int], Run]) -> float | None:
+    """The median TTFT of the long prompt (--long-prompt-tokens) over --repeats timed 2-token
+    generations after the usual warm-up (the long prompt's own buffers and recordings are made
+    there), or None when not asked for."""
+    if not bench.long_ids:
+        return None
+    runs = timed_runs(lambda: generate(bench.long_ids, 2), bench.args.repeats)
+    return 1000.0 * statistics.median(r.ttft_s for r in runs)
+
+
+def device_memory_mb(bench: Bench) -> float | None:
+    """Device memory taken since the engine started loading (free bytes then minus free bytes now,
+    the same measure for every engine in this process: weights, caches, workspaces, recorded graphs
+    and the allocators' pools), in MB; None on the CPU."""
+    if bench.args.device != "cuda":
+        return None
+    torch.cuda.synchronize()
+    return (bench.free_before - torch.cuda.mem_get_info()[0]) / 1e6
 
 
 def ensure_genai_package(bench: Bench) -> Path:
@@ -408,6 +438,8 @@ def run_onnxgen_engine(bench: Bench, eager: bool, genai_package: bool = False) -
     package = ensure_genai_package(bench) if genai_package else bench.package
     generator = Generator(package, device=args.device, capture=capture)
     runs = timed_runs(lambda: run_onnxgen(generator, bench.ids, args.new_tokens), args.repeats, args.warmup_s)
+    memory = device_memory_mb(bench)  # before the long prompt: its longer cache is not the decode run's
+    long_ttft = long_prompt_ttft(bench, lambda ids, n: run_onnxgen(generator, ids, n))
     note = ("onnxruntime-genai's package, " if genai_package else "") + f"capture {capture}, {generator.kv_kind} KV"
     if capture == "on":
         stats = generator.capture_stats
@@ -415,7 +447,7 @@ def run_onnxgen_engine(bench: Bench, eager: bool, genai_package: bool = False) -
         note += f", {stats.segments_per_step} segment(s) + {stats.seams_per_step} seam(s)/step"
     elif args.device == "cpu":
         note += " (CPU: no CUDA graphs)"
-    return EngineResult("", note, runs)
+    return EngineResult("", note, runs, long_ttft_ms=long_ttft, memory_mb=memory)
 
 
 def run_genai_engine(bench: Bench, graph: bool, own: bool = False) -> EngineResult:
@@ -436,7 +468,9 @@ def run_genai_engine(bench: Bench, graph: bool, own: bool = False) -> EngineResu
         package, note = variant, f"{whose}, cuda provider, enable_cuda_graph={value}"
     model = og.Model(str(package))
     runs = timed_runs(lambda: run_genai(model, bench.ids, args.new_tokens), args.repeats, args.warmup_s)
-    return EngineResult("", note, runs)
+    memory = device_memory_mb(bench)
+    long_ttft = long_prompt_ttft(bench, lambda ids, n: run_genai(model, ids, n))
+    return EngineResult("", note, runs, long_ttft_ms=long_ttft, memory_mb=memory)
 
 
 class HFRunner:
@@ -517,12 +551,13 @@ def static_cache(model: Any, length: int) -> Any:
 def run_hf_engine(bench: Bench, compiled: bool) -> EngineResult:
     runner = HFRunner(bench, compiled)
     runs = timed_runs(lambda: runner.run(bench.args.new_tokens), bench.args.repeats, bench.args.warmup_s)
+    memory = device_memory_mb(bench)
     note = runner.how
     if compiled and "compile_config" in runner.base and not hasattr(runner.model, "_compiled_call"):
         note += " (generate did not compile: eager steps)"
     if bench.args.precision == "int4":
         note += f"; int4 row: HF runs the unquantized weights in {runner.dtype}".replace("torch.", "")
-    return EngineResult("", note, runs)
+    return EngineResult("", note, runs, memory_mb=memory)
 
 
 RUNNERS: dict[str, Callable[[Bench], EngineResult]] = {
@@ -542,6 +577,8 @@ def run_engine(name: str, bench: Bench) -> EngineResult:
     """One engine, its failure caught and named (a peer that cannot run is a result, not a crash)."""
     say(f"{name}: warm-up + {bench.args.repeats} timed generation(s)")
     start = time.perf_counter()
+    if bench.args.device == "cuda":
+        bench.free_before = torch.cuda.mem_get_info()[0]
     try:
         result = RUNNERS[name](bench)
     except Exception as exc:  # any failure of a peer becomes its table row
@@ -593,21 +630,24 @@ def cell(text: str) -> str:
     return text.replace("|", "/").replace("\n", " ")
 
 
-def table(results: list[EngineResult], floor_ms: float | None) -> list[str]:
+def table(results: list[EngineResult], floor_ms: float | None, long_tokens: int = 0) -> list[str]:
     reference = next((r for r in results if r.name == "onnxgen" and r.runs), None)
     lines = [
-        "| engine | decode tok/s | ms/token | TTFT ms | onnxgen / engine | x floor | notes |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        f"| engine | decode tok/s | ms/token | TTFT ms | TTFT ms, {long_tokens} tokens | device MB "
+        "| onnxgen / engine | x floor | notes |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in results:
         if not r.runs:
-            lines.append(f"| {r.name} | - | - | - | - | - | failed: {cell(r.error)} |")
+            lines.append(f"| {r.name} | - | - | - | - | - | - | - | failed: {cell(r.error)} |")
             continue
         ratio = f"{reference.decode_tok_s / r.decode_tok_s:.2f}" if reference else "-"
         over = f"{r.ms_per_token / floor_ms:.1f}" if floor_ms else "-"
+        long_ttft = f"{r.long_ttft_ms:.1f}" if r.long_ttft_ms is not None else "-"
+        memory = f"{r.memory_mb:.0f}" if r.memory_mb is not None else "-"
         lines.append(
-            f"| {r.name} | {r.decode_tok_s:.1f} | {r.ms_per_token:.3f} | {r.ttft_ms:.1f} | {ratio} | {over} | "
-            f"{cell(r.note)} |"
+            f"| {r.name} | {r.decode_tok_s:.1f} | {r.ms_per_token:.3f} | {r.ttft_ms:.1f} | {long_ttft} | {memory} "
+            f"| {ratio} | {over} | {cell(r.note)} |"
         )
     return lines
 
@@ -626,6 +666,13 @@ def best_forms(results: list[EngineResult]) -> list[str]:
             f"onnxgen {ours.decode_tok_s / best.decode_tok_s:.2f}x decode; TTFT onnxgen {ours.ttft_ms:.1f} ms, "
             f"{best.name} {best.ttft_ms:.1f} ms"
         )
+        quickest = min(rows, key=lambda r: r.ttft_ms)
+        line = f"  {peer}'s lowest TTFT here: {quickest.name} {quickest.ttft_ms:.1f} ms (onnxgen {ours.ttft_ms:.1f} ms)"
+        longs = [r for r in rows if r.long_ttft_ms is not None]
+        if longs and ours.long_ttft_ms is not None:
+            quick_long = min(longs, key=lambda r: r.long_ttft_ms or 0.0)
+            line += f"; long prompt: {quick_long.name} {quick_long.long_ttft_ms:.1f} ms (onnxgen {ours.long_ttft_ms:.1f} ms)"
+        lines.append(line)
     return lines
 
 
@@ -661,7 +708,7 @@ def report(bench: Bench, results: list[EngineResult]) -> list[str]:
         f"random weights; prompt {len(bench.ids)} tokens, {args.new_tokens} new, greedy, "
         f"median of {args.repeats} after a warm-up of at least {args.warmup_s:g} s",
         "",
-        *table(results, floor_ms),
+        *table(results, floor_ms, args.long_prompt_tokens),
         "",
     ]
     lines.append("onnxgen / engine: ratio of decode tok/s (above 1: onnxgen is faster)")
@@ -703,7 +750,8 @@ def main(argv: list[str] | None = None) -> int:
         package = ensure_package(args, hf_dir, workdir)
         rng = np.random.default_rng(args.seed)
         ids = [int(i) for i in rng.integers(0, args.config.vocab_size, args.prompt_tokens)]
-        bench = Bench(args, workdir, hf_dir, package, ids)
+        long_ids = [int(i) for i in rng.integers(0, args.config.vocab_size, args.long_prompt_tokens)]
+        bench = Bench(args, workdir, hf_dir, package, ids, long_ids)
         results = [run_engine(name, bench) for name in args.engines]
         print("\n".join(report(bench, results)), flush=True)
     failed = [r.name for r in results if r.name.startswith("onnxgen") and not r.runs]
