@@ -671,7 +671,8 @@ def best_forms(results: list[EngineResult]) -> list[str]:
         longs = [r for r in rows if r.long_ttft_ms is not None]
         if longs and ours.long_ttft_ms is not None:
             quick_long = min(longs, key=lambda r: r.long_ttft_ms or 0.0)
-            line += f"; long prompt: {quick_long.name} {quick_long.long_ttft_ms:.1f} ms (onnxgen {ours.long_ttft_ms:.1f} ms)"
+            line += f"; long prompt: {quick_long.name} {quick_long.long_ttft_ms:.1f} ms"
+            line += f" (onnxgen {ours.long_ttft_ms:.1f} ms)"
         lines.append(line)
     return lines
 
