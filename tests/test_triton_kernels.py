@@ -96,7 +96,7 @@ def _prefetch(request):
 # test_full_parity_through_the_triton_interpreter below.
 _SINGLE_OPS = (
     "gqa_shared or gqa_fp16 or layer_norm or genai_built or silu_mul or prologues or matmul_group_matches"
-    " or row_sum_cast or embedding_gather"
+    " or row_sum_cast or embedding_gather or gather_block_quantized"
 )
 PARITY = interpreted(
     f"{_SINGLE_OPS} or (growing_kv and gqa and fused and not int4)",
@@ -112,6 +112,8 @@ def test_parity_tests_pass_through_the_triton_interpreter() -> None:
     assert launches.get("silu_mul", 0) >= 10, launches
     # prompts and prompt chunks over a shared buffer (gpu/gqa_prefill.py)
     assert launches.get("gqa_prefill", 0) >= 20, launches
+    # GatherBlockQuantized's 4-bit rows (onnxruntime-genai's int4 embedding)
+    assert launches.get("gather_q4_rows", 0) >= 10, launches
     # the step's prelude: the mask's row sums (RowSumCast) and the embedding rows
     assert launches.get("row_sum_cast", 0) >= 7 and launches.get("gather_rows", 0) >= 15, launches
     # the one-row GEMVs with their prologues (fused whole-model decode, fp32 and fp16)

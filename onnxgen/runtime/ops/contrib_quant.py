@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from onnxgen import options
-from onnxgen.runtime.gpu.launch import linear_row_serves, q4_row_enabled
+from onnxgen.runtime.gpu.launch import linear_row_serves, q4_row_enabled, triton_serves
 from onnxgen.runtime.node_contract import NodeContext
 from onnxgen.runtime.ops.common import normalize_axis
 from onnxgen.runtime.ops.contrib_attention import compute_dtype
@@ -380,6 +380,34 @@ def matmul_nbits(
     return out.to(out_dtype)
 
 
+def _q4_rows_kernel_serves(
+    data: torch.Tensor,
+    indices: torch.Tensor,
+    scales: torch.Tensor,
+    zero_points: torch.Tensor | None,
+    bits: int,
+    gather_axis: int,
+    quant_axis: int,
+    block_size: int,
+) -> bool:
+    """The one-kernel path (gpu/prelude.py gather_q4_rows) takes 4-bit rows of a 2-D table packed
+    along its last axis, with per-row scales (and packed zero points) of whole blocks."""
+    if bits != 4 or data.dim() != 2 or gather_axis != 0 or quant_axis != 1 or not triton_serves(data):
+        return False
+    n_blocks = -(-data.shape[1] * 2 // block_size) if block_size > 0 else 0
+    if not n_blocks or scales.shape != (data.shape[0], n_blocks) or not scales.is_floating_point():
+        return False
+    if indices.dtype not in (torch.int32, torch.int64) or not (data.is_contiguous() and scales.is_contiguous()):
+        return False
+    if zero_points is None:
+        return True
+    return (
+        zero_points.dtype == torch.uint8
+        and zero_points.shape == (data.shape[0], -(-n_blocks // 2))
+        and zero_points.is_contiguous()
+    )
+
+
 @implements("GatherBlockQuantized", domain=MS_DOMAIN)
 def gather_block_quantized(
     ctx: NodeContext,
@@ -407,6 +435,11 @@ def gather_block_quantized(
     # cannot read them (a CUDA graph recording) they still give zero rows, never a stray read.
     size = data.shape[gather_axis]
     checked_indices(ctx, indices, size, gather_axis)
+    if _q4_rows_kernel_serves(data, indices, scales, zero_points, bits, gather_axis, quant_axis, block_size):
+        from onnxgen.runtime.gpu.prelude import gather_q4_rows
+
+        out = gather_q4_rows(data, indices, scales, zero_points, block_size)
+        return out.reshape(*indices.shape, out.shape[-1])
     idx = indices.to(torch.long).reshape(-1)
     idx = torch.where(idx < 0, idx + size, idx)
     valid = (idx >= 0) & (idx < size)
