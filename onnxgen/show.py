@@ -134,16 +134,33 @@ def _check_bind_names(onnx_path: Path, bind: str) -> None:
         )
 
 
+def _logits_rows_line(package: Path, onnx_path: Path) -> str:
+    """Whether a generation over this package computes the prompt's logits for its last row only
+    (genai.engine_model's rewrite), or why not."""
+    from onnxgen.genai.package import load_package_config
+    from onnxgen.runtime.row_select import select_row
+
+    config = load_package_config(package)
+    model, _ = load_model(onnx_path)
+    _, why_not = select_row(model, config.io.logits, "onnxgen_logits_row")
+    if why_not is None:
+        return "prompt logits: computed for the last prompt row only (a RowSelect before the lm_head)"
+    return f"prompt logits: computed for every prompt row ({why_not})"
+
+
 def show_model(
     target: str, *, capture: bool = False, as_json: bool = False, bind: str | None = None, device: str = "cpu"
 ) -> str:
     if capture:
         from onnxgen.runtime.capture.report import capture_report
 
-        onnx_path, _ = _model_path(target)
+        onnx_path, package = _model_path(target)
         if bind:
             _check_bind_names(onnx_path, bind)
-        return capture_report(onnx_path, bind=bind, as_json=as_json, device=device)
+        report = capture_report(onnx_path, bind=bind, as_json=as_json, device=device)
+        if package is None or as_json or not (package / "genai_config.json").is_file():
+            return report
+        return f"{report.rstrip()}\n{_logits_rows_line(package, onnx_path)}\n"
     if bind:
         raise OnnxgenError("--bind sets symbols of the capture plan; it needs --capture")
     summary = model_summary(target)

@@ -132,6 +132,8 @@ def test_show_package_and_capture_plan(smollm2_packages):
         "attention": 30, "matmul_groups": 0, "matmul_nbits_groups": 0, "silu_mul": 0, "singles": 0, "prologues": 0,
         "row_sums": 0, "tied_gathers": 0,  # onnxgen's builder stores the embedding table as it is read
     }  # fmt: skip
+    text = onnxgen("show", package, "--capture")
+    assert "prompt logits: computed for the last prompt row only" in text.stdout, text.stdout[-500:]
     fused = json.loads(onnxgen("show", package, "--capture", "--json", "--device", "cuda").stdout)
     # o_proj and down_proj as groups of one; SiLU-mul moves into down_proj (this graph spells its
     # RMSNorms out op by op, which the prologue rewrite does not match)
