@@ -56,6 +56,22 @@ def _rotary_rows(cos_ptr, sin_ptr, pos_ptr, b, rows, row_ok, start, seq, d, d_ok
 
 
 @triton.jit
+def _rotated_rows(x_ptr, batch_stride, row_stride, head, seqlens_ptr, pos_ptr, cos_ptr, sin_ptr, b, rows, seq, d,
+                  head_size, HAS_POSITIONS: tl.constexpr, DO_ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr,
+                  HALF_ROT: tl.constexpr, FIRST_PROMPT: tl.constexpr):  # fmt: skip
+    """The step's rows ``rows`` of head ``head`` in x, rotated, in fp32 [ROWS, D]; with which
+    (row, channel) exist, P and T (_step_start)."""
+    d_ok = d < head_size
+    row_ok = rows < seq
+    start, total = _step_start(seqlens_ptr, b, seq, FIRST_PROMPT)
+    cos, sin = _rotary_rows(cos_ptr, sin_ptr, pos_ptr, b, rows, row_ok, start, seq, d, d_ok,
+                            HAS_POSITIONS, DO_ROTARY, INTERLEAVED, HALF_ROT)  # fmt: skip
+    ok = row_ok[:, None] & d_ok[None, :]
+    src = x_ptr + b * batch_stride + rows[:, None].to(tl.int64) * row_stride + head * head_size
+    return _rope(src, d[None, :], ok, cos, sin, DO_ROTARY, INTERLEAVED, HALF_ROT), ok, start, total
+
+
+@triton.jit
 def _store_rows(
     k_ptr,  # [B, S, ...] rows: KV heads x D channels at k_ptr + b * batch_stride + s * row_stride
     v_ptr,
@@ -86,15 +102,10 @@ def _store_rows(
     rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     kv = tl.program_id(2)
     d = tl.arange(0, BLOCK_D)
-    d_ok = d < head_size
-    row_ok = rows < seq
     wait_for_previous(PDL)
-    start, _ = _step_start(seqlens_ptr, b, seq, FIRST_PROMPT)
-    cos, sin = _rotary_rows(cos_ptr, sin_ptr, pos_ptr, b, rows, row_ok, start, seq, d, d_ok,
-                            HAS_POSITIONS, DO_ROTARY, INTERLEAVED, HALF_ROT)  # fmt: skip
-    ok = row_ok[:, None] & d_ok[None, :]
-    k_src = k_ptr + b * k_batch_stride + rows[:, None].to(tl.int64) * k_row_stride + kv * head_size
-    k = _rope(k_src, d[None, :], ok, cos, sin, DO_ROTARY, INTERLEAVED, HALF_ROT)
+    k, ok, start, _ = _rotated_rows(k_ptr, k_batch_stride, k_row_stride, kv, seqlens_ptr, pos_ptr, cos_ptr, sin_ptr,
+                                    b, rows, seq, d, head_size, HAS_POSITIONS, DO_ROTARY, INTERLEAVED, HALF_ROT,
+                                    FIRST_PROMPT)  # fmt: skip
     v_src = v_ptr + b * v_batch_stride + rows[:, None].to(tl.int64) * v_row_stride + kv * head_size
     v = tl.load(v_src + d[None, :], mask=ok, other=0.0)
     at = b * cache_batch_stride + kv * cache_head_stride + (start + rows)[:, None].to(tl.int64) * head_size + d[None, :]
@@ -141,12 +152,9 @@ def _flash_attend(
     d_ok = d < head_size
     row_ok = rows < seq
     wait_for_previous(PDL)
-    start, total = _step_start(seqlens_ptr, b, seq, FIRST_PROMPT)
-    cos, sin = _rotary_rows(cos_ptr, sin_ptr, pos_ptr, b, rows, row_ok, start, seq, d, d_ok,
-                            HAS_POSITIONS, DO_ROTARY, INTERLEAVED, HALF_ROT)  # fmt: skip
-    q_ok = row_ok[:, None] & d_ok[None, :]
-    q_src = q_ptr + b * q_batch_stride + rows[:, None].to(tl.int64) * q_row_stride + h * head_size
-    q = _rope(q_src, d[None, :], q_ok, cos, sin, DO_ROTARY, INTERLEAVED, HALF_ROT)
+    q, q_ok, start, total = _rotated_rows(q_ptr, q_batch_stride, q_row_stride, h, seqlens_ptr, pos_ptr, cos_ptr,
+                                          sin_ptr, b, rows, seq, d, head_size, HAS_POSITIONS, DO_ROTARY,
+                                          INTERLEAVED, HALF_ROT, FIRST_PROMPT)  # fmt: skip
     q = q.to(key_cache_ptr.dtype.element_ty)  # rounded as the general path rounds the rotated query
 
     end = tl.minimum(start + rows + 1, total)  # [M] exclusive: the keys row s may see
