@@ -633,7 +633,7 @@ def cell(text: str) -> str:
 def table(results: list[EngineResult], floor_ms: float | None, long_tokens: int = 0) -> list[str]:
     reference = next((r for r in results if r.name == "onnxgen" and r.runs), None)
     lines = [
-        f"| engine | decode tok/s | ms/token | TTFT ms | TTFT ms, {long_tokens} tokens | device MB "
+        f"| engine | decode tok/s | ms/token | TTFT ms | TTFT ms, {long_tokens or 'long'} tokens | device MB "
         "| onnxgen / engine | x floor | notes |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
