@@ -14,6 +14,9 @@
 #   long       1,024 new tokens at --context 2048, fp16, ~1 min
 #   standard   the standard flavour (default-domain attention, dynamic KV), capture on vs off, ~1 min
 #   qwen15     capture_decode --shape qwen2.5-coder-1.5b-instruct, fp16 and int4, ~2.5 min
+#   llamacpp   builds llama.cpp (carry .lcpp from ../shared/device/pack-llamacpp.sh) into /tmp/lc, ~5 min: its own
+#              call, first; later peers stages then add the llama-cpp row (needs .gpu/qwen-tok carried too:
+#              python -m bench.llamacpp_peer qwen2.5-coder-0.5b-instruct .gpu/qwen-tok)
 #   peers      python -m bench.peers_decode Q, fp16 and int4 (needs the peer wheels; also builds the peer's own package), ~9 min: one stage per call
 #   peers15    peers_decode for the 1.5B shape, fp16 (needs the peer wheels), ~4 min
 #   generator  peers_decode --engines onnxgen, fp16 and int4 (the Generator alone; needs only gguf), ~2 min
@@ -75,12 +78,19 @@ stage_standard() {
 stage_qwen15() {
   for p in fp16 int4; do run "qwen15-$p" 90 $PY -m bench.capture_decode $Q15 --precision $p --context 512 --capture-only; done
 }
+# the llama-cpp row where the llamacpp stage has built it and a real tokenizer was carried
+LLAMACPP=()
+[ -x /tmp/lc/build/bin/llama-bench ] && [ -f .gpu/qwen-tok/tokenizer.json ] && LLAMACPP=(--llamacpp /tmp/lc --tokenizer-from .gpu/qwen-tok)
+stage_llamacpp() {
+  run llamacpp-build 420 bash .lcpp/llamacpp-build.sh llama-bench llama-quantize
+}
 stage_peers() {
-  run peers-fp16 290 $PY -m bench.peers_decode $Q --precision fp16 --workdir /tmp/peers --long-prompt-tokens 1024
-  run peers-int4 290 $PY -m bench.peers_decode $Q --precision int4 --workdir /tmp/peers --long-prompt-tokens 1024
+  run peers-fp16 290 $PY -m bench.peers_decode $Q --precision fp16 --workdir /tmp/peers --long-prompt-tokens 1024 "${LLAMACPP[@]}"
+  run peers-int4 290 $PY -m bench.peers_decode $Q --precision int4 --workdir /tmp/peers --long-prompt-tokens 1024 "${LLAMACPP[@]}"
 }
 stage_peers15() {
-  run peers15-fp16 250 $PY -m bench.peers_decode $Q15 --precision fp16 --workdir /tmp/peers15 --long-prompt-tokens 1024
+  run peers15-fp16 250 $PY -m bench.peers_decode $Q15 --precision fp16 --workdir /tmp/peers15 --long-prompt-tokens 1024 \
+    "${LLAMACPP[@]}"
 }
 stage_generator() {
   for p in fp16 int4; do run "generator-$p" 120 $PY -m bench.peers_decode $Q --precision $p --workdir /tmp/peers --engines onnxgen; done
@@ -102,7 +112,7 @@ stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
 }
 
-STAGES="tests decode verify long standard qwen15 peers peers15 generator anatomy profile micro prefill sampled"
+STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 generator anatomy profile micro prefill sampled"
 if [ $# -eq 0 ]; then
   echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
   exit 2

@@ -13,6 +13,8 @@ directory into a package (attention gqa) for the target device and precision. En
                      (python -m onnxruntime_genai.models.builder -p PRECISION -e DEVICE): its best form
     onnxgen-on-genai onnxgen on that package (what a user of the peer's packages gets from onnxgen)
     hf-eager         transformers' generate from the checkpoint directory (default attention, dynamic cache)
+    llama-cpp        llama.cpp's llama-bench on a GGUF its own converter made from the checkpoint (F16; Q4_0 for
+                     int4), needs --llamacpp and --tokenizer-from (bench/llamacpp_peer.py says why and how)
     hf-compile       transformers' generate with a static KV cache and the single-token forward compiled by
                      torch.compile(mode="reduce-overhead") (CUDA only)
 
@@ -96,12 +98,12 @@ H200_COPY_BYTES_PER_S = 4.2e12
 
 ENGINES = (
     "onnxgen", "onnxgen-eager", "ort-genai-graph", "ort-genai", "ort-genai-own-graph", "ort-genai-own",
-    "onnxgen-on-genai", "hf-eager", "hf-compile",
+    "onnxgen-on-genai", "hf-eager", "hf-compile", "llama-cpp",
 )  # fmt: skip
 CUDA_ONLY = {"ort-genai-graph", "ort-genai-own-graph", "hf-compile"}
 # the peers, for the headline ratio against each one's best form
 PEER_FAMILIES = {"onnxruntime-genai": ("ort-genai-graph", "ort-genai", "ort-genai-own-graph", "ort-genai-own"),
-                 "transformers": ("hf-eager", "hf-compile")}  # fmt: skip
+                 "transformers": ("hf-eager", "hf-compile"), "llama.cpp": ("llama-cpp",)}  # fmt: skip
 
 
 def say(message: str) -> None:
@@ -132,6 +134,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument("--engines", help=f"comma list of {', '.join(ENGINES)} (default: every one that can run)")
     parser.add_argument("--seed", type=int, default=0, help="weights and prompt ids")
+    parser.add_argument(
+        "--llamacpp", type=Path, help="a built llama.cpp tree (bench/llamacpp_peer.py): the llama-cpp row"
+    )
+    parser.add_argument(
+        "--tokenizer-from", type=Path, help="a directory with a real tokenizer.json (for llama.cpp's converter)"
+    )  # fmt: skip
     parser.add_argument("--workdir", type=Path, help="keep (and reuse) the checkpoint and packages here")
     args = parser.parse_args(argv)
     args.precision = args.precision or default_precision(args.device)
@@ -149,10 +157,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def engine_blocker(engine: str, device: str) -> str | None:
+def engine_blocker(engine: str, device: str, args: argparse.Namespace | None = None) -> str | None:
     """Why `engine` cannot run here, or None."""
     if engine in CUDA_ONLY and device != "cuda":
         return "CUDA only"
+    if engine == "llama-cpp":
+        from bench.llamacpp_peer import tree_problem
+
+        tree = getattr(args, "llamacpp", None)
+        if tree is None or getattr(args, "tokenizer_from", None) is None:
+            return "needs --llamacpp (a built llama.cpp tree) and --tokenizer-from (a real tokenizer.json)"
+        return tree_problem(tree)
     if engine.startswith("ort-genai"):
         try:
             import onnxruntime_genai as og
@@ -184,13 +199,13 @@ def choose_engines(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         if unknown:
             parser.error(f"unknown engine(s) {', '.join(unknown)}; choose from {', '.join(ENGINES)}")
         for engine in wanted:
-            blocker = engine_blocker(engine, args.device)
+            blocker = engine_blocker(engine, args.device, args)
             if blocker:
                 parser.error(f"engine {engine} cannot run here: {blocker}")
         return wanted
     chosen = []
     for engine in ENGINES:
-        blocker = engine_blocker(engine, args.device)
+        blocker = engine_blocker(engine, args.device, args)
         if blocker:
             say(f"skipping {engine}: {blocker}")
         else:
@@ -377,9 +392,18 @@ class EngineResult:
     error: str = ""
     long_ttft_ms: float | None = None  # TTFT of the long prompt (long_prompt_ttft)
     memory_mb: float | None = None  # device memory the engine holds after its runs (device_memory_mb)
+    # an engine timed by its own tool (llama-bench): its rates and TTFTs, no Runs and no token ids
+    rates: list[float] = field(default_factory=list)
+    ttfts_s: list[float] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.runs or self.rates)
 
     @property
     def decode_tok_s(self) -> float:
+        if self.rates:
+            return statistics.median(self.rates)
         return statistics.median(r.decode_tok_s for r in self.runs)
 
     @property
@@ -388,7 +412,7 @@ class EngineResult:
 
     @property
     def ttft_ms(self) -> float:
-        return 1000.0 * statistics.median(r.ttft_s for r in self.runs)
+        return 1000.0 * statistics.median(self.ttfts_s or [r.ttft_s for r in self.runs])
 
     @property
     def tokens(self) -> list[int]:
@@ -560,6 +584,23 @@ def run_hf_engine(bench: Bench, compiled: bool) -> EngineResult:
     return EngineResult("", note, runs, memory_mb=memory)
 
 
+def run_llamacpp_engine(bench: Bench) -> EngineResult:
+    from bench.llamacpp_peer import ensure_gguf, median_ms, run_llama_bench
+
+    args = bench.args
+    gguf = ensure_gguf(args.llamacpp, bench.hf_dir, args.tokenizer_from, bench.workdir, args.precision)
+    threads = torch.get_num_threads()
+    numbers = run_llama_bench(
+        args.llamacpp, gguf, args.device, len(bench.ids), args.long_prompt_tokens, args.new_tokens,
+        args.repeats, threads,
+    )  # fmt: skip
+    long_ttft = median_ms(numbers.prompt_s[args.long_prompt_tokens]) if args.long_prompt_tokens else None
+    note = f"{numbers.how}; TTFT: prompt processing alone; decode after a {len(bench.ids)}-token context"
+    return EngineResult(
+        "", note, rates=numbers.decode_tok_s, ttfts_s=numbers.prompt_s[len(bench.ids)], long_ttft_ms=long_ttft
+    )
+
+
 RUNNERS: dict[str, Callable[[Bench], EngineResult]] = {
     "onnxgen": lambda b: run_onnxgen_engine(b, eager=False),
     "onnxgen-eager": lambda b: run_onnxgen_engine(b, eager=True),
@@ -570,6 +611,7 @@ RUNNERS: dict[str, Callable[[Bench], EngineResult]] = {
     "onnxgen-on-genai": lambda b: run_onnxgen_engine(b, eager=False, genai_package=True),
     "hf-eager": lambda b: run_hf_engine(b, compiled=False),
     "hf-compile": lambda b: run_hf_engine(b, compiled=True),
+    "llama-cpp": run_llamacpp_engine,
 }
 
 
@@ -592,7 +634,7 @@ def run_engine(name: str, bench: Bench) -> EngineResult:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     result.name = name
-    if result.runs:
+    if result.ok:
         took = time.perf_counter() - start
         say(f"{name}: {result.decode_tok_s:.1f} tok/s, TTFT {result.ttft_ms:.1f} ms (engine total {took:.1f} s)")
     return result
@@ -631,14 +673,14 @@ def cell(text: str) -> str:
 
 
 def table(results: list[EngineResult], floor_ms: float | None, long_tokens: int = 0) -> list[str]:
-    reference = next((r for r in results if r.name == "onnxgen" and r.runs), None)
+    reference = next((r for r in results if r.name == "onnxgen" and r.ok), None)
     lines = [
         f"| engine | decode tok/s | ms/token | TTFT ms | TTFT ms, {long_tokens or 'long'} tokens | device MB "
         "| onnxgen / engine | x floor | notes |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in results:
-        if not r.runs:
+        if not r.ok:
             lines.append(f"| {r.name} | - | - | - | - | - | - | - | failed: {cell(r.error)} |")
             continue
         ratio = f"{reference.decode_tok_s / r.decode_tok_s:.2f}" if reference else "-"
@@ -654,10 +696,10 @@ def table(results: list[EngineResult], floor_ms: float | None, long_tokens: int 
 
 def best_forms(results: list[EngineResult]) -> list[str]:
     """The headline: onnxgen against each peer's fastest row in this run (its best form measured)."""
-    ours = next((r for r in results if r.name == "onnxgen" and r.runs), None)
+    ours = next((r for r in results if r.name == "onnxgen" and r.ok), None)
     lines = []
     for peer, names in PEER_FAMILIES.items():
-        rows = [r for r in results if r.name in names and r.runs]
+        rows = [r for r in results if r.name in names and r.ok]
         if ours is None or not rows:
             continue
         best = max(rows, key=lambda r: r.decode_tok_s)
@@ -680,14 +722,17 @@ def best_forms(results: list[EngineResult]) -> list[str]:
 def token_agreement(results: list[EngineResult], eos_ids: set[int]) -> list[str]:
     """Each engine's greedy ids against onnxgen's, up to onnxgen's first EOS (the peers suppress EOS
     there, onnxgen takes it). fp16 runs may part at near-ties: reported, never a failure."""
-    reference = next((r for r in results if r.name in ("onnxgen", "onnxgen-eager") and r.runs), None)
+    reference = next((r for r in results if r.name in ("onnxgen", "onnxgen-eager") and r.ok), None)
     if reference is None:
         return ["tokens: no onnxgen run to compare against"]
     ours = reference.tokens
     end = next((i for i, t in enumerate(ours) if t in eos_ids), len(ours))
     lines = [] if end == len(ours) else [f"tokens: {reference.name} chose EOS at position {end}; compared before it"]
     for r in results:
-        if r is reference or not r.runs:
+        if r is reference or not r.ok:
+            continue
+        if not r.runs:
+            lines.append(f"tokens: {r.name} not compared (its benchmark tool reports no token ids)")
             continue
         theirs = r.tokens[:end]
         differ = next((i for i, (a, b) in enumerate(zip(ours[:end], theirs)) if a != b), None)
@@ -716,7 +761,7 @@ def report(bench: Bench, results: list[EngineResult]) -> list[str]:
     lines += best_forms(results)
     weights = f"decoder weights as stored {stored / 1e6:.1f} MB, {read / 1e6:.1f} MB without Gather-only tables"
     if floor_ms:
-        ours = next((r for r in results if r.name == "onnxgen" and r.runs), None)
+        ours = next((r for r in results if r.name == "onnxgen" and r.ok), None)
         lines.append(
             f"bandwidth floor: {weights} / 4.2 TB/s (H200 device copy) = {floor_ms:.3f} ms/token"
             + (f"; onnxgen at {ours.ms_per_token / floor_ms:.1f}x the floor" if ours else "")
@@ -755,7 +800,7 @@ def main(argv: list[str] | None = None) -> int:
         bench = Bench(args, workdir, hf_dir, package, ids, long_ids)
         results = [run_engine(name, bench) for name in args.engines]
         print("\n".join(report(bench, results)), flush=True)
-    failed = [r.name for r in results if r.name.startswith("onnxgen") and not r.runs]
+    failed = [r.name for r in results if r.name.startswith("onnxgen") and not r.ok]
     return 1 if failed else 0
 
 

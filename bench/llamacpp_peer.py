@@ -1,0 +1,168 @@
+"""llama.cpp as a peer of bench.peers_decode: its own converter's GGUF of the bench's checkpoint, timed
+by its own llama-bench.
+
+A llama.cpp tree built with ``../shared/device/pack-llamacpp.sh`` (``bash .lcpp/llamacpp-build.sh``
+on the GPU machine; a CPU build the same way without ``-DGGML_CUDA=ON``) holds what is used here:
+``convert_hf_to_gguf.py`` with its ``gguf-py`` beside it, and ``build/bin/llama-quantize`` and
+``build/bin/llama-bench``. The converter reads the checkpoint's tokenizer and accepts only the
+tokenizers it knows (it checks how a real one splits a test text), so the bench's stand-in
+word-level tokenizer is replaced by a real one of the same family (``--tokenizer-from``: a directory
+with tokenizer.json, e.g. ``python -m bench.llamacpp_peer qwen2.5-coder-0.5b-instruct .gpu/qwen-tok``,
+which writes it from the pulled GGUF; the converter accepts it); speed does not depend on which
+token ids the weights map.
+
+The GGUF is F16 for fp16 and fp32 runs and Q4_0 (llama-quantize from the F16 file) for int4, the
+forms issue 17 names. llama-bench runs twice: ``-p 0 -n N -d P`` (N tokens decoded after a context
+of P tokens, the bench's prompt length) and ``-p P[,L] -n 0`` (prompt processing of P and L tokens).
+Its TTFT is the prompt's processing time alone (it has no first-token read-back); it reports no
+token ids (nothing to compare) and runs in its own process (no device-memory figure here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+@dataclass(frozen=True)
+class LlamaBenchNumbers:
+    decode_tok_s: list[float]  # one per repetition
+    prompt_s: dict[int, list[float]]  # prompt length -> seconds to process it, per repetition
+    gguf: Path
+    how: str
+
+
+def tree_problem(tree: Path) -> str | None:
+    """What the llama.cpp tree lacks for this bench, or None."""
+    wanted = [tree / "convert_hf_to_gguf.py", tree / "gguf-py", tree / "build/bin/llama-bench"]
+    wanted.append(tree / "build/bin/llama-quantize")
+    missing = [str(p) for p in wanted if not p.exists()]
+    return (
+        f"the llama.cpp tree lacks {', '.join(missing)} (build it: ../shared/device/pack-llamacpp.sh)"
+        if missing
+        else None
+    )
+
+
+def converter_checkpoint(hf_dir: Path, tokenizer_from: Path, out: Path) -> Path:
+    """A view of the checkpoint for the converter: its files linked, the tokenizer files replaced."""
+    missing = [name for name in TOKENIZER_FILES[:1] if not (tokenizer_from / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"--tokenizer-from {tokenizer_from} has no {', '.join(missing)}")
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    for item in hf_dir.iterdir():
+        if item.name not in TOKENIZER_FILES and item.name != "tokenizer.model":
+            (out / item.name).symlink_to(item.resolve())
+    for name in TOKENIZER_FILES:
+        if (tokenizer_from / name).is_file():
+            shutil.copyfile(tokenizer_from / name, out / name)
+    return out
+
+
+def _run(command: list[str], what: str, env: dict[str, str] | None = None) -> str:
+    print(f"llama.cpp: {what}: {' '.join(command)}", file=sys.stderr, flush=True)
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise RuntimeError(f"{what} failed (exit {done.returncode}): {' / '.join(tail)}")
+    return done.stdout
+
+
+def ensure_gguf(tree: Path, hf_dir: Path, tokenizer_from: Path, workdir: Path, precision: str) -> Path:
+    """The GGUF of the checkpoint in the form for ``precision`` (kept in ``workdir``)."""
+    f16 = workdir / f"llamacpp-{hf_dir.name}-F16.gguf"
+    if not f16.is_file():
+        view = converter_checkpoint(hf_dir, tokenizer_from, workdir / f"llamacpp-{hf_dir.name}-hf")
+        env = {**os.environ, "PYTHONPATH": str(tree / "gguf-py")}
+        script = str(tree / "convert_hf_to_gguf.py")
+        partial = f16.with_suffix(".partial")
+        _run([sys.executable, script, str(view), "--outtype", "f16", "--outfile", str(partial)], "convert", env)
+        partial.rename(f16)
+    if precision != "int4":
+        return f16
+    q4 = workdir / f"llamacpp-{hf_dir.name}-Q4_0.gguf"
+    if not q4.is_file():
+        partial = q4.with_suffix(".partial")
+        _run([str(tree / "build/bin/llama-quantize"), str(f16), str(partial), "Q4_0"], "quantize")
+        partial.rename(q4)
+    return q4
+
+
+def parse_bench_json(text: str) -> list[dict]:
+    """llama-bench -o json: a list of test records (n_prompt, n_gen, samples_ns, samples_ts, ...)."""
+    records = json.loads(text)
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise ValueError("llama-bench -o json gave no list of test records")
+    return records
+
+
+def run_llama_bench(
+    tree: Path, gguf: Path, device: str, prompt: int, long_prompt: int, new_tokens: int, repeats: int, threads: int
+) -> LlamaBenchNumbers:
+    bench = str(tree / "build/bin/llama-bench")
+    common = ["-m", str(gguf), "-r", str(repeats), "-o", "json"]
+    if device == "cuda":
+        common += ["-ngl", "99", "-fa", "1"]
+        how = "-ngl 99 -fa 1"
+    else:
+        common += ["-ngl", "0", "-t", str(threads)]
+        how = f"-ngl 0 -t {threads}"
+    decode = parse_bench_json(
+        _run([bench, *common, "-p", "0", "-n", str(new_tokens), "-d", str(prompt)], "llama-bench decode")
+    )
+    lengths = [prompt] + ([long_prompt] if long_prompt else [])
+    prefill = parse_bench_json(
+        _run([bench, *common, "-p", ",".join(map(str, lengths)), "-n", "0"], "llama-bench prompt")
+    )
+    rates, prompt_s = measured(decode, prefill, new_tokens, lengths)
+    built = decode[0].get("build_commit", "?") if decode else "?"
+    return LlamaBenchNumbers(rates, prompt_s, gguf, f"llama-bench {how} (build {built}), {gguf.name}")
+
+
+def measured(
+    decode: list[dict], prefill: list[dict], new_tokens: int, lengths: list[int]
+) -> tuple[list[float], dict[int, list[float]]]:
+    """(decode tok/s per repetition, prompt length -> seconds per repetition) from llama-bench's
+    records: the decode test is the one with n_gen = ``new_tokens``, a prompt test one with n_gen 0."""
+    rates = [float(x) for r in decode if int(r["n_gen"]) == new_tokens for x in r["samples_ts"]]
+    prompt_s = {
+        n: [
+            float(x) / 1e9 for r in prefill if int(r["n_prompt"]) == n and int(r["n_gen"]) == 0 for x in r["samples_ns"]
+        ]
+        for n in lengths
+    }
+    if not rates or not all(prompt_s.values()):
+        raise ValueError("llama-bench's output lacks the decode or prompt tests asked for")
+    return rates, prompt_s
+
+
+def median_ms(samples: list[float]) -> float:
+    return 1000.0 * statistics.median(samples)
+
+
+def write_real_tokenizer(model: str, out: Path) -> list[Path]:
+    """tokenizer.json and tokenizer_config.json of a known model, made from its pulled GGUF (onnxgen's
+    own tokenizer builder): what --tokenizer-from needs, small enough to carry to the GPU machine."""
+    from onnxgen.models.fetch import pull
+    from onnxgen.models.tokenizer_build import write_tokenizer_files
+
+    return write_tokenizer_files(pull(model, progress=True), out)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="write a real tokenizer for --tokenizer-from")
+    parser.add_argument("model", help="a registry name, e.g. qwen2.5-coder-0.5b-instruct")
+    parser.add_argument("out", type=Path)
+    for path in write_real_tokenizer(parser.parse_args().model, parser.parse_args().out):
+        print(path)
