@@ -21,9 +21,9 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
+from onnxgen.runtime.fusion import FUSED_DOMAIN
 from onnxgen.runtime.shapes.infer import infer_shapes
 
-FUSED_DOMAIN = "onnxgen"
 _ROW_WISE_NORMS = {
     ("com.microsoft", "SimplifiedLayerNormalization"): 1,  # data inputs (the rest are constants)
     ("", "SimplifiedLayerNormalization"): 1,

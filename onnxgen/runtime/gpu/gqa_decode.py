@@ -282,6 +282,14 @@ def _merge_group(
     tl.store(out_ptr + out_at, out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
 
 
+def packed_qkv_views(
+    qkv: torch.Tensor, num_heads: int, kv_heads: int, head_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The query, key and value parts of packed QKV rows [..., (H + 2 KV) * D], as views."""
+    width, kv_width = num_heads * head_size, kv_heads * head_size
+    return qkv[..., :width], qkv[..., width : width + kv_width], qkv[..., width + kv_width :]
+
+
 def decode_attention(
     q: torch.Tensor,  # [B, 1, H*D] (or the packed [B, 1, (H + 2 KV) * D] with k = v = None)
     k: torch.Tensor | None,
@@ -302,9 +310,8 @@ def decode_attention(
     LAUNCHES["gqa_decode"] += 1
     batch = q.shape[0]
     capacity, head_size = key_cache.shape[2], key_cache.shape[3]
-    if k is None:  # packed QKV: views into the one row
-        width = num_heads * head_size
-        q, k, v = q[..., :width], q[..., width : width + kv_heads * head_size], q[..., width + kv_heads * head_size :]
+    if k is None:
+        q, k, v = packed_qkv_views(q, num_heads, kv_heads, head_size)
     seqlens = seqlens_k.reshape(-1)
     do_rotary = cos_cache is not None
     half_rot = cos_cache.shape[-1] if do_rotary else 1

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from onnxgen.runtime.gpu.gqa_decode import _rope, _rotary_tables
+from onnxgen.runtime.gpu.gqa_decode import _rope, _rotary_tables, packed_qkv_views
 from onnxgen.runtime.gpu.launch import LAUNCHES, pdl_launch
 from onnxgen.runtime.gpu.pdl import wait_for_previous
 
@@ -223,9 +223,8 @@ def prefill_attention(
     LAUNCHES["gqa_prefill"] += 1
     batch, seq = q.shape[0], q.shape[1]
     head_size = key_cache.shape[3]
-    if k is None:  # packed QKV: views into the rows
-        width = num_heads * head_size
-        q, k, v = q[..., :width], q[..., width : width + kv_heads * head_size], q[..., width + kv_heads * head_size :]
+    if k is None:
+        q, k, v = packed_qkv_views(q, num_heads, kv_heads, head_size)
     assert v is not None
     seqlens = seqlens_k.reshape(-1)
     do_rotary = cos_cache is not None

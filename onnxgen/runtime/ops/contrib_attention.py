@@ -254,12 +254,12 @@ def _triton_step(
     for t in (key, value):
         if t is not None and (t.shape != (batch, seq, kv_heads * head_size) or t.stride(-1) != 1):
             return None
+    first_prompt = seq > 1 and seq == total  # rows from 0; rotary reads position_ids[0] only
     do_rotary = bool(int(ctx.attr("do_rotary", 0)))
     if do_rotary:
         if cos_cache is None or sin_cache is None or cos_cache.shape[-1] * 2 > head_size:
             return None
         cos_cache, sin_cache = cos_cache.contiguous(), sin_cache.contiguous()
-        first_prompt = seq > 1 and seq == total  # reads position_ids[0] only
         if position_ids is not None and position_ids.numel() != batch * seq and not first_prompt:
             return None
     scale = float(ctx.attr("scale", 0.0)) or 1.0 / math.sqrt(head_size)
@@ -269,7 +269,7 @@ def _triton_step(
         if not int(ctx.attr("causal", 1)):
             return None
         return _triton_prefill(
-            num_heads, kv_heads, query, key, value, past_key, past_value, seqlens_k, total, scale,
+            num_heads, kv_heads, query, key, value, past_key, past_value, seqlens_k, first_prompt, scale,
             cos_cache if do_rotary else None, sin_cache if do_rotary else None,
             position_ids if do_rotary else None, interleaved, window,
         )  # fmt: skip
@@ -303,7 +303,7 @@ def _triton_prefill(
     past_key: torch.Tensor,
     past_value: torch.Tensor,
     seqlens_k: torch.Tensor,
-    total: int,
+    first_prompt: bool,
     scale: float,
     cos_cache: torch.Tensor | None,
     sin_cache: torch.Tensor | None,
@@ -311,12 +311,11 @@ def _triton_prefill(
     interleaved: bool,
     window: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A prompt (chunk) of S > 1 rows: where the rows sit and which rotary positions they take, by
-    the general path's rules (first prompt: S == total, rows from 0)."""
+    """A prompt (chunk) of S > 1 rows: which rotary positions they take, by the general path's
+    rules (``first_prompt``: S == total, rows from 0)."""
     from onnxgen.runtime.gpu.gqa_prefill import prefill_attention
 
     batch, seq = query.shape[0], query.shape[1]
-    first_prompt = seq == total
     positions = None
     if position_ids is not None:
         if first_prompt:  # onnxruntime reads only position_ids[0] on the first prompt
