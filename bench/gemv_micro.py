@@ -8,8 +8,8 @@ not from L2):
     cublas-linear   F.linear(x, W[N, K])      (what MatMulGroup runs)
     cublas-matmul   x @ W[K, N]               (what a plain MatMul runs)
     triton BN/BK/W  gpu/linear_row.py's dense kernel, swept over launch configurations
-    q4-dequant      F.linear over the dequantized fp16 copy (the int4 package's default path before)
-    q4 BN/BPI/W     gpu/linear_row.py's 4-bit kernel, swept
+    q4-dequant      F.linear over a dequantized fp16 copy (what ONNXGEN_TRITON_Q4=0 runs)
+    q4 BN/BK/W      gpu/linear_q4.py's one-row 4-bit kernel on the packed codes, swept (BK < K: split along K)
 and the same kernel with its norm prologue fused (skip_rms) at the chosen configuration. Each row
 gives us/call and the bandwidth it reached (weight bytes / time). The chosen configurations of
 dense_config/q4_config are marked with '*'.
@@ -26,7 +26,9 @@ import torch.nn.functional as F
 
 from onnxgen import options
 from onnxgen.models.random_source import MODEL_SHAPES
+from onnxgen.runtime.gpu import linear_q4 as Q4
 from onnxgen.runtime.gpu import linear_row as TL
+from onnxgen.runtime.ops.contrib_quant import dequantize_nbits
 
 
 def layer_shapes(shape: str) -> list[tuple[str, int, int]]:
@@ -85,7 +87,7 @@ def main() -> int:
     bn_list = [2, 4, 8, 16] if args.quick else [1, 2, 4, 8]
     bk_list = [128, 256] if args.quick else [128, 256, 512, 1024]
     w_list = [4] if args.quick else [4, 8]
-    bpi_list = [4, 8] if args.quick else [2, 4, 8, 16]
+    bpi_list = [2, 4, 8, 16] if args.quick else [2, 4, 8, 16, 32]  # 4-bit: rows per program
     summary = []
     for name, k, n in layer_shapes(args.shape):
         if args.layers and name not in args.layers.split(","):
@@ -145,15 +147,23 @@ def bench_shape(name: str, k: int, n: int, args, dev, sweeps) -> list[tuple[str,
     qs = [torch.rand(n, nb, device=dev, dtype=torch.float16) * 0.01 for _ in range(qcopies)]
     add("q4-dequant (fp16 copy)", time_in_graph(lambda i: F.linear(x, ws[i]), copies), wbytes)
 
-    qchosen = TL.q4_config(n, k, bs, dev)
+    qchosen = Q4.q4_config(n, k, bs, dev)
+    qref = F.linear(
+        x, dequantize_nbits(qb[0], qs[0], None, None, k=k, n=n, bits=4, block_size=bs, dtype=torch.float32).half()
+    ).float()
 
     def q4(i: int) -> torch.Tensor:
-        return TL.linear_row_q4(x, qb[i], qs[i], None, n=n, k=k, block_size=bs)
+        return Q4.linear_row_q4(x, qb[i], qs[i], None, n=n, k=k, block_size=bs)
 
-    for bn, bpi, warps in itertools.product(bn_list, bpi_list, w_list):
-        mark = "*" if (bn, bpi, warps) == qchosen else ""
-        with options.override(gemv_q4=(bn, bpi, warps)):  # ONNXGEN_GEMV_Q4=bn,bpi,warps
-            add(f"q4 {bn}/{bpi}/{warps}{mark}", time_in_graph(q4, qcopies), qbytes)
+    q4_bk = sorted({min(triton_pow2(nb * bs), b) for b in (512, 1024, 2048, 4096)})
+    for bn, bk, warps in itertools.product(bpi_list, q4_bk, w_list):
+        mark = "*" if (bn, bk, warps) == qchosen else ""
+        with options.override(gemv_q4=(bn, bk, warps)):  # ONNXGEN_GEMV_Q4=bn,bk,warps
+            err = ((q4(0).float() - qref).norm() / qref.norm()).item()
+            if not err < 1e-2:
+                print(f"  {name} q4 {bn}/{bk}/{warps}: WRONG (rel err {err:.3g})")
+                continue
+            add(f"q4 {bn}/{bk}/{warps}{mark}", time_in_graph(q4, qcopies), qbytes)
     print(f"\n{name}: K={k} N={n}  fp16 weight {wbytes / 1e6:.2f} MB, int4 {qbytes / 1e6:.2f} MB", flush=True)
     for label, us, gbs in rows:
         print(f"  {label:36s} {us:8.2f} us  {gbs:7.0f} GB/s")

@@ -75,6 +75,7 @@ class Options:
     gemv_tile: bool = True
     gemv_dense: ShapeOverrides = NO_OVERRIDES
     gemv_q4: ShapeOverrides = NO_OVERRIDES
+    gemm_q4: ShapeOverrides = NO_OVERRIDES
     gemv_split: ShapeOverrides = NO_OVERRIDES
     gqa_decode: tuple[int, int] | None = None
     gqa_early: bool = True
@@ -160,7 +161,11 @@ def _dense(raw: str) -> Config:
 
 
 def _q4(raw: str) -> Config:
-    return _ints(raw, 3, "BLOCK_N,BLOCKS_PER_ITER,WARPS")
+    return _ints(raw, 3, "BLOCK_N,BLOCK_K,WARPS")
+
+
+def _gemm_q4(raw: str) -> Config:
+    return _ints(raw, 5, "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES")
 
 
 def _split(raw: str) -> Config:
@@ -209,7 +214,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("triton_linear", "ONNXGEN_TRITON_LINEAR", _triton_linear, "unset (auto) / `1` / `0`",
          "one-row Triton GEMVs (norm or SiLU-mul fused in) always / never (cuBLAS); auto: where PDL is"),
     Knob("triton_q4", "ONNXGEN_TRITON_Q4", _flag(), "`0` / `1`",
-         "`1`: one-row int4 GEMVs read the packed 4-bit weights instead of the cached fp16 copy (slower on the H200)"),
+         "`1`: 4-bit MatMulNBits on a Triton device multiply the packed codes instead of a cached fp16 copy "
+         "(4x the packed size): less device memory, slower decode and prefill on the H200",
+         audience="user"),
     Knob("pdl", "ONNXGEN_PDL", _flag(), "`1` / `0`",
          "`0`: no programmatic dependent launch between the step's Triton kernels (Hopper+)"),
     Knob("gemv_persist", "ONNXGEN_GEMV_PERSIST", _persist, "`P` (programs per SM; `0`: off)",
@@ -219,9 +226,12 @@ KNOBS: tuple[Knob, ...] = (
     Knob("gemv_dense", "ONNXGEN_GEMV_DENSE", _dense, "`BLOCK_N,BLOCK_K,WARPS`",
          "forces the dense GEMV's launch configuration (all shapes, or `_<N>x<K>` one weight shape)", per_shape=True,
          default_text="unset: the kernel's table"),
-    Knob("gemv_q4", "ONNXGEN_GEMV_Q4", _q4, "`BLOCK_N,BLOCKS_PER_ITER,WARPS`",
-         "forces the 4-bit GEMV's launch configuration (all shapes, or `_<N>x<K>`)", per_shape=True,
-         default_text="unset: the kernel's table"),
+    Knob("gemv_q4", "ONNXGEN_GEMV_Q4", _q4, "`BLOCK_N,BLOCK_K,WARPS`",
+         "forces the one-row 4-bit GEMV's launch configuration (BLOCK_K < K: split along K; all shapes, or "
+         "`_<N>x<K>`)", per_shape=True, default_text="unset: the kernel's table"),
+    Knob("gemm_q4", "ONNXGEN_GEMM_Q4", _gemm_q4, "`BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES`",
+         "forces the several-row 4-bit GEMM's launch configuration (prompts; all shapes, or `_<N>x<K>`)",
+         per_shape=True, default_text="unset: the kernel's table"),
     Knob("gemv_split", "ONNXGEN_GEMV_SPLIT", _split, "`off` / `BLOCK_N,BLOCK_K,WARPS`",
          "`off`: long rows run the loop kernel; a configuration: the split-K kernel wherever it applies "
          "(all shapes, or `_<N>x<K>`)", per_shape=True,

@@ -339,3 +339,94 @@ def test_tied_embedding_gather_matches_onnxruntime(device: str, perm, second_rea
     ours = session.run(None, {"ids": ids})
     for a, b in zip(ours, expected):
         np.testing.assert_array_equal(a, b)  # a gather and a transpose: exact
+
+
+def _nbits_weight(name: str, k: int, n: int, zp_kind: str, np_type, block_size: int = 32) -> tuple[list, list[str]]:
+    """MatMulNBits initializers for a random [K, N] weight: (initializers, the node's B/scales/zp inputs)."""
+    from tests.test_ops_contrib import pack_rows, quantize_blocks
+
+    codes, scales, zp = quantize_blocks(RNG.standard_normal((n, k)).astype(np.float32) * 0.3, 4, block_size,
+                                        zp_kind == "none")  # fmt: skip
+    n_blocks = scales.shape[1]
+    inits = [
+        numpy_helper.from_array(pack_rows(codes, 4).reshape(n, n_blocks, block_size // 2), f"{name}_b"),
+        numpy_helper.from_array(scales.reshape(-1).astype(np_type), f"{name}_s"),
+    ]
+    names = [f"{name}_b", f"{name}_s"]
+    if zp_kind == "packed":
+        inits.append(numpy_helper.from_array(pack_rows(zp, 4).reshape(-1), f"{name}_z"))
+        names.append(f"{name}_z")
+    elif zp_kind == "float":
+        inits.append(numpy_helper.from_array((zp + 0.25).astype(np_type), f"{name}_z"))
+        names.append(f"{name}_z")
+    return inits, names
+
+
+def int4_norm_mlp_model(dtype: int, zp_kind: str, inner: int, bias: bool):
+    """norm_mlp_model with MatMulNBits projections (block 32; K = 48 and ``inner``): the 4-bit group
+    of gate and up behind the norm, the down projection behind SiLU-mul."""
+    np_type = np.float16 if dtype == TensorProto.FLOAT16 else np.float32
+    hidden = 48
+    inits = [numpy_helper.from_array((RNG.random(hidden) + 0.5).astype(np_type), "gamma")]
+    nodes = [
+        helper.make_node(
+            "SkipSimplifiedLayerNormalization", ["x", "skip", "gamma"], ["normed", "", "", "total"],
+            domain="com.microsoft", epsilon=1e-6, name="norm",
+        ),
+    ]  # fmt: skip
+    for name, src, dst, k, n in (("gate", "normed", "g", hidden, inner), ("up", "normed", "u", hidden, inner),
+                                 ("down", "h", "y", inner, hidden)):  # fmt: skip
+        more, ins = _nbits_weight(name, k, n, zp_kind, np_type)
+        inits += more
+        with_bias = bias and name == "up"  # as a following Add, which the group takes in
+        nodes.append(helper.make_node("MatMulNBits", [src, *ins], [f"{dst}0" if with_bias else dst],
+                                      domain="com.microsoft", name=name, K=k, N=n, bits=4, block_size=32,
+                                      accuracy_level=0))  # fmt: skip
+        if with_bias:
+            inits.append(numpy_helper.from_array(RNG.standard_normal(n).astype(np_type), "up_bias"))
+            nodes.append(helper.make_node("Add", [f"{dst}0", "up_bias"], [dst], name="up_add"))
+    nodes += [
+        helper.make_node("Sigmoid", ["g"], ["sg"], name="sig"),
+        helper.make_node("Mul", ["g", "sg"], ["act"], name="act"),
+        helper.make_node("Mul", ["act", "u"], ["h"], name="mul"),
+    ]
+    outs = [helper.make_tensor_value_info(n, dtype, None) for n in ("y", "total")]
+    ins = [helper.make_tensor_value_info(n, dtype, ["b", "s", hidden]) for n in ("x", "skip")]
+    return make_model(nodes, ins, outs, inits)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("dtype", [TensorProto.FLOAT, TensorProto.FLOAT16])
+@pytest.mark.parametrize(
+    ("zp_kind", "inner", "bias"), [("none", 40, True), ("packed", 2100, False), ("float", 72, True)]
+)
+@pytest.mark.parametrize("packed_kernels", [False, True])
+def test_int4_group_prologues_match_onnxruntime(
+    rows: int, dtype: int, zp_kind: str, inner: int, bias: bool, packed_kernels: bool, device: str
+) -> None:
+    """A 4-bit gate/up group behind the norm and a 4-bit down projection behind SiLU-mul, joined
+    once into one copy of the codes. With ONNXGEN_TRITON_Q4=1 where Triton serves: one row in the
+    one-row 4-bit kernels with the prologues fused (inner=2,100: down split along K), several rows
+    in the 4-bit GEMM; by default the dense kernels and cuBLAS over the dequantized copy."""
+    with options.override(triton_q4=packed_kernels):
+        _int4_group_case(rows, dtype, zp_kind, inner, bias, device)
+
+
+def _int4_group_case(rows: int, dtype: int, zp_kind: str, inner: int, bias: bool, device: str) -> None:
+    from onnxgen.runtime.fusion import pack_nbits_groups
+
+    model = int4_norm_mlp_model(dtype, zp_kind, inner, bias)
+    fused, report = fuse_graph(model)
+    assert (report.matmul_nbits_groups, report.singles, report.prologues, report.silu_mul) == (1, 1, 2, 1), report
+    np_type = np.float16 if dtype == TensorProto.FLOAT16 else np.float32
+    feeds = {n: RNG.standard_normal((1, rows, 48)).astype(np_type) for n in ("x", "skip")}
+    want = ort_run(model, feeds)
+    session = InferenceSession(fused, device=device)
+    assert pack_nbits_groups(session.program) == 1  # a session packs only the groups its own fusion made
+    assert not {"gate_b", "up_b", "gate_s", "up_s"} & set(session.program.initializers)  # one copy of the codes
+    got = session.run(None, feeds)
+    tol = 2e-3 if dtype == TensorProto.FLOAT16 else 1e-5  # of the output's largest magnitude
+    for g, w in zip(got, want):
+        scale = float(np.abs(w.astype(np.float32)).max())
+        np.testing.assert_allclose(g.astype(np.float32), w.astype(np.float32), rtol=0, atol=tol * scale)

@@ -626,7 +626,15 @@ def test_matmul_nbits_g_idx(device: str) -> None:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_matmul_nbits_dequant_cache(device: str) -> None:
-    """A cached weight is reused, and a packed tensor changed in place is not served stale."""
+    """A cached weight is reused, and a packed tensor changed in place is not served stale (the
+    cache serves where the 4-bit kernels do not: here, with them turned off)."""
+    from onnxgen import options
+
+    with options.override(triton_q4=False):
+        _dequant_cache_case(device)
+
+
+def _dequant_cache_case(device: str) -> None:
     from onnxgen.runtime.ops.contrib_quant import DEQUANT_CACHE
 
     model = matmul_nbits_model(64, 16, 4, 32, TP.FLOAT, "packed", 0)
@@ -642,6 +650,23 @@ def test_matmul_nbits_dequant_cache(device: str) -> None:
     model.graph.initializer[0].CopyFrom(onnx.numpy_helper.from_array(packed.cpu().numpy(), "B"))
     expected = ort_run(model, {"A": a.cpu().numpy()})[0]
     _close(session.run_torch({"A": a})["Y"].cpu().numpy(), expected, 1e-5, "after in-place change")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_matmul_nbits_on_triton_keeps_no_dequantized_copy(device: str) -> None:
+    """With ONNXGEN_TRITON_Q4=1, where the 4-bit kernels serve (CUDA, Triton's interpreter), MatMulNBits multiplies the
+    packed codes: one row and several, no weight enters the dequantized-weight cache."""
+    from onnxgen import options
+    from onnxgen.runtime.gpu.launch import q4_kernels_serve
+    from onnxgen.runtime.ops.contrib_quant import DEQUANT_CACHE
+
+    with options.override(triton_q4=True):
+        if not q4_kernels_serve(torch.zeros(1, device=device)):
+            pytest.skip("the 4-bit Triton kernels do not serve this device")
+        DEQUANT_CACHE.clear()
+        model = matmul_nbits_model(200, 24, 4, 32, TP.FLOAT16, "packed", 0)
+        _nbits_parity(model, TP.FLOAT16, device, NBITS_TOL[(TP.FLOAT16, 0)], m_values=(1, 7))
+        assert DEQUANT_CACHE.used == 0
 
 
 def gather_block_quantized_model(bits, block_size, zp_kind, scale_dtype, vocab=11, hidden=96, index_dtype=TP.INT64):

@@ -132,16 +132,20 @@ def test_overrides_reach_the_kernels_launch_tables() -> None:
         assert linear_row._row_plan(896, 4864, True, cpu).split is None
         small = linear_row._row_plan(896, 896, True, cpu)
         assert (small.block_n, small.tile, small.resident) == (2, True, 3)
+    linear_q4 = pytest.importorskip("onnxgen.runtime.gpu.linear_q4")
+    row = torch.zeros(8, dtype=torch.float16)
+    assert not options.current().triton_q4 and not launch.q4_kernels_serve(row)
     with options.override(gemv_tile=False, gqa_decode=(16, 2), gqa_early=False, triton_q4=True):
         assert not linear_row._row_plan(896, 896, True, cpu).tile
         assert gqa_decode.decode_config() == (16, 2) and not gqa_decode.early_reads_enabled()
-        assert launch.q4_row_enabled()
-    with options.override(gemv_q4="8,4,2"):
-        assert linear_row._q4_plan(896, 896, 32, cpu) == (8, 4, 2)
+        assert launch.q4_kernels_serve(row) == launch.triton_serves(row)
+    with options.override(gemv_q4="8,512,2", gemm_q4="32,64,64,4,2"):
+        assert linear_q4._q4_plan(896, 896, 32, cpu) == (8, 512, 2)
+        assert linear_q4.gemm_q4_config(100, 896, 896) == (32, 64, 64, 4, 2)
     with options.override(triton=False):
         assert not launch.triton_importable()
     assert linear_row._row_plan(896, 4864, True, cpu) == default_plan
-    assert linear_row._q4_plan(896, 896, 32, cpu) == linear_row.q4_config(896, 896, 32, cpu)
+    assert linear_q4._q4_plan(896, 896, 32, cpu) == linear_q4.q4_config(896, 896, 32, cpu)
 
 
 def test_overrides_reach_the_quantized_kernels_and_the_dequant_cap() -> None:
@@ -196,7 +200,8 @@ def test_bench_variants_apply_in_process(monkeypatch: pytest.MonkeyPatch) -> Non
         ("gqa_decode", (100, 8), "BLOCK_N must be a power of two"),
         ("dequant_cache_mb", "big", "expected MB"),
         ("gemv_dense", (4, 32), "expected BLOCK_N,BLOCK_K,WARPS"),
-        ("gemv_q4", {"9728x896": "1,2"}, "expected BLOCK_N,BLOCKS_PER_ITER,WARPS"),
+        ("gemv_q4", {"9728x896": "1,2"}, "expected BLOCK_N,BLOCK_K,WARPS"),
+        ("gemm_q4", (16, 64, 128), "expected BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES"),
         ("gemv_split", {"9728-896": "off"}, "is not N x K"),
     ],
 )

@@ -109,17 +109,37 @@ def test_linear_tile_compiles(prologue: int, pdl: bool, persistent: bool) -> Non
 @pytest.mark.parametrize("zero_kind", [0, 1, 2])
 @pytest.mark.parametrize("prologue", [0, 2, 3])
 @pytest.mark.parametrize("pdl", [False, True])
-def test_linear_row_q4_compiles(zero_kind: int, prologue: int, pdl: bool) -> None:
-    from onnxgen.runtime.gpu import linear_row
+@pytest.mark.parametrize("split", [False, True])
+def test_linear_row_q4_compiles(zero_kind: int, prologue: int, pdl: bool, split: bool) -> None:
+    from onnxgen.runtime.gpu import linear_q4
 
+    if split and prologue == 2:
+        pytest.skip("a norm prologue is never split")
     sig = dict.fromkeys(["x_ptr", "x2_ptr", "gamma_ptr", "sum_ptr", "scale_ptr", "bias_ptr", "out_ptr"], "*fp16")
-    sig.update(b_ptr="*u8", zero_ptr="*fp16" if zero_kind == 2 else "*u8", eps="fp32")
-    sig.update(dict.fromkeys(["n", "k", "n_blocks", "row_bytes", "zp_row_bytes"], "i32"))
-    const = dict(PROLOGUE=prologue, ZERO_KIND=zero_kind, HAS_BIAS=prologue == 0, QBLOCK=32)
-    const.update(BLOCK_N=8, BLOCKS_PER_ITER=8, PDL=pdl)
-    ptx = compile_for_sm90(linear_row._linear_row_q4_kernel, sig, const)
-    if pdl:
-        assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait")
+    sig.update(b_ptr="*u8", zero_ptr="*fp16" if zero_kind == 2 else "*u8", eps="fp32", part_ptr="*fp32")
+    sig.update(ticket_ptr="*i32", **dict.fromkeys(["n", "k", "n_blocks", "row_bytes", "zp_row_bytes"], "i32"))
+    const = dict(PROLOGUE=prologue, ZERO_KIND=zero_kind, HAS_BIAS=prologue == 0, QBLOCK=32, BLOCK_N=4, NB=32, PDL=pdl)
+    kernel = linear_q4._q4_split_kernel if split else linear_q4._q4_tile_kernel
+    if split:
+        const["BLOCK_S"] = 4
+    ptx = compile_for_sm90(kernel, sig, const)
+    if pdl:  # the codes, scales and zero points stream before the wait; activations come after it
+        wait = ptx.index("griddepcontrol.wait")
+        assert ptx.index("ld.global") < wait and "ld.global" in ptx[wait:]
+
+
+@pytest.mark.parametrize("zero_kind", [0, 1, 2])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+def test_matmul_q4_compiles(zero_kind: int, dtype: str) -> None:
+    from onnxgen.runtime.gpu import linear_q4
+
+    sig = dict.fromkeys(["a_ptr", "scale_ptr", "bias_ptr", "c_ptr"], f"*{dtype}")
+    sig.update(b_ptr="*u8", zero_ptr=f"*{dtype}" if zero_kind == 2 else "*u8")
+    sig.update(dict.fromkeys(["m", "n", "k", "a_stride", "c_stride", "n_blocks", "row_bytes", "zp_row_bytes"], "i32"))
+    const = dict(ZERO_KIND=zero_kind, HAS_BIAS=True, QBLOCK=32, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64,
+                 IEEE=dtype == "fp32")  # fmt: skip
+    ptx = compile_for_sm90(linear_q4._q4_matmul_kernel, sig, const)
+    assert ("mma" in ptx) == (dtype != "fp32")  # half types on tensor cores; fp32 in IEEE fp32, not TF32
 
 
 def test_one_row_kernel_policy() -> None:

@@ -123,25 +123,26 @@ def test_parity_tests_pass_through_the_triton_interpreter() -> None:
 @pytest.mark.slow
 @runs(PARITY_FULL)
 def test_full_parity_through_the_triton_interpreter() -> None:
-    """Every whole-model parity case (both attention forms, unfused graphs, int4 through the opt-in
-    4-bit kernel) through the interpreter: minutes more than the CI selection."""
+    """Every whole-model parity case (both attention forms, unfused graphs, int4 through the 4-bit
+    kernels on the packed codes) through the interpreter: minutes more than the CI selection."""
     launches = PARITY_FULL.launches()
     assert launches.get("gqa_decode", 0) >= 20 and launches.get("linear_row", 0) >= 100, launches
     assert launches.get("linear_row_q4", 0) >= 20, launches
 
 
-@runs(INT4_ROW := interpreted("matmul_nbits", ONNXGEN_TRITON_LINEAR="1", ONNXGEN_TRITON_Q4="1"))
-def test_int4_row_kernel_parity_through_the_triton_interpreter() -> None:
-    """linear_row's opt-in 4-bit kernel on the plain MatMulNBits op: single-op cases (zero point
-    kinds, block sizes, bias) against onnxruntime."""
+@runs(INT4_ROW := interpreted("matmul_nbits or int4_group", ONNXGEN_TRITON_LINEAR="1", ONNXGEN_TRITON_Q4="1"))
+def test_int4_kernels_parity_through_the_triton_interpreter() -> None:
+    """gpu/linear_q4.py (ONNXGEN_TRITON_Q4=1) on the plain MatMulNBits op and on 4-bit groups (zero point kinds, block
+    sizes, bias, prologues; one row and several) against onnxruntime, with no dequantized copy made."""
     launches = INT4_ROW.launches()
-    assert launches.get("linear_row_q4", 0) >= 10, launches
+    assert launches.get("linear_row_q4", 0) >= 10 and launches.get("matmul_q4", 0) >= 10, launches
+    assert launches.get("linear_row_q4_split", 0) >= 1, launches
 
 
 @runs(INT4_DENSE := interpreted("growing_kv and int4 and fused", ONNXGEN_TRITON_LINEAR="1"))
 def test_int4_groups_take_the_dense_row_kernel_over_the_dequantized_copy() -> None:
-    """Without the opt-in 4-bit kernel, a one-row MatMulNBits group runs the dense kernel (prologue
-    fused) over its dequantized weights: the whole-model int4 parity against onnxruntime."""
+    """By default (ONNXGEN_TRITON_Q4 unset), a one-row MatMulNBits group runs the dense kernel (prologue fused)
+    over its dequantized weights: the whole-model int4 parity against onnxruntime."""
     launches = INT4_DENSE.launches()
     assert launches.get("linear_row", 0) >= 20 and launches.get("linear_row_q4", 0) == 0, launches
 

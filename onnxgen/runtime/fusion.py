@@ -497,17 +497,29 @@ class _Rewriter:
         self.graph.node.extend(nodes)
 
 
+def _readers(program: Any) -> Counter[str]:
+    readers: Counter[str] = Counter()
+    for node in program.nodes:
+        readers.update(name for name in node.inputs if name)
+        for sub in node.ctx.subgraphs.values():
+            readers.update(sub.outer_references())
+    return readers
+
+
+def _drop_unread(program: Any, readers: Counter[str], names: list[str]) -> None:
+    for old in names:
+        readers[old] -= 1
+        if readers[old] == 0:
+            del program.initializers[old]
+
+
 def pack_matmul_groups(program: Any) -> int:
     """Concatenate each MatMulGroup's weights once, as the GEMM wants them ([sum N, K]), and drop
     the separate weights the program no longer reads: the group then holds one copy of its weights
     instead of two. Returns the number of groups packed."""
     import torch
 
-    readers: Counter[str] = Counter()
-    for node in program.nodes:
-        readers.update(name for name in node.inputs if name)
-        for sub in node.ctx.subgraphs.values():
-            readers.update(sub.outer_references())
+    readers = _readers(program)
     graph_inputs = {vi.name for vi in program.inputs} | {vi.name for vi in program.outputs}
     packed = 0
     for node in program.nodes:
@@ -522,9 +534,65 @@ def pack_matmul_groups(program: Any) -> int:
         program.initializers[name] = torch.cat([w.t() for w in weights]).contiguous()
         node.inputs[1 : 1 + n] = [name] + [""] * (n - 1)
         node.ctx.attrs["packed_weight"] = 1
-        for old in names:
-            readers[old] -= 1
-            if readers[old] == 0:
-                del program.initializers[old]
+        _drop_unread(program, readers, names)
+        packed += 1
+    return packed
+
+
+def pack_nbits_groups(program: Any) -> int:
+    """The same for MatMulNBitsGroup: each group's codes, scales, zero points and biases joined
+    along N once ([sum N, row bytes], [sum N, blocks], ...), the members' own tensors dropped where
+    nothing else reads them, so a group holds its 4-bit weights once. Members whose zero points are
+    of different kinds (absent, packed, float) stay apart. Returns the number of groups packed."""
+    import torch
+
+    readers = _readers(program)
+    graph_inputs = {vi.name for vi in program.inputs} | {vi.name for vi in program.outputs}
+    packed = 0
+    for node in program.nodes:
+        ctx = node.ctx
+        if ctx.op_type != "MatMulNBitsGroup" or ctx.domain != FUSED_DOMAIN or ctx.attrs.get("packed_weight"):
+            continue
+        widths = [int(w) for w in ctx.attrs["widths"]]
+        n = len(widths)
+        if n < 2:
+            continue
+        names = node.inputs[1 : 1 + 4 * n] + [""] * (4 * n - len(node.inputs[1 : 1 + 4 * n]))
+        tensors = [program.initializers.get(name) if name else None for name in names]
+        if any((name and (t is None or name in graph_inputs)) for name, t in zip(names, tensors)):
+            continue  # a member computed or fed at run time: leave the group as it is
+        triples = [tensors[3 * i : 3 * i + 3] for i in range(n)]
+        biases = tensors[3 * n :]
+        if any(b is None or s is None for b, s, _ in triples):
+            continue
+        kinds = {None if z is None else z.dtype for _, _, z in triples}
+        if len(kinds) != 1 or len({s.dtype for _, s, _ in triples}) != 1:
+            continue
+        n_blocks = -(-int(ctx.attrs["K"]) // int(ctx.attrs["block_size"]))
+        joined = [
+            torch.cat([b.reshape(w, -1) for (b, _, _), w in zip(triples, widths)]),
+            torch.cat([s.reshape(w, n_blocks) for (_, s, _), w in zip(triples, widths)]),
+        ]
+        zero = None if kinds == {None} else torch.cat([z.reshape(w, -1) for (_, _, z), w in zip(triples, widths)])
+        bias = None
+        if any(b is not None for b in biases):
+            like = joined[1]
+            parts = [b.to(like.dtype) if b is not None else like.new_zeros(w) for b, w in zip(biases, widths)]
+            bias = torch.cat(parts)
+        label = ",".join(names[0 : 3 * n : 3])
+        new_names = []
+        for role, tensor in zip(("codes", "scales", "zeros", "bias"), (*joined, zero, bias)):
+            if tensor is None:
+                new_names.append("")
+                continue
+            name = f"onnxgen.packed_{role}[{label}]"
+            program.initializers[name] = tensor.contiguous()
+            new_names.append(name)
+        slots = [""] * (4 * n)
+        slots[0:3] = new_names[0:3]
+        slots[3 * n] = new_names[3]
+        node.inputs[1 : 1 + 4 * n] = slots
+        ctx.attrs["packed_weight"] = 1
+        _drop_unread(program, readers, [name for name in names if name])
         packed += 1
     return packed

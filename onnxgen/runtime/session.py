@@ -17,7 +17,7 @@ from onnxgen.errors import InvalidInputError, ModelLoadError
 from onnxgen.options import Options
 from onnxgen.runtime.dtypes import NUMPY_TO_TORCH, ONNX_TO_TORCH, numpy_to_torch, onnx_type_name, torch_to_numpy
 from onnxgen.runtime.executor import GraphProgram, ValueInfo, compile_model
-from onnxgen.runtime.fusion import fuse_for_device, pack_matmul_groups
+from onnxgen.runtime.fusion import fuse_for_device, pack_matmul_groups, pack_nbits_groups
 from onnxgen.runtime.model_io import load_model, parse_model_bytes
 
 if TYPE_CHECKING:
@@ -107,6 +107,8 @@ class InferenceSession:
         self.program: GraphProgram = compile_model(model, self.device, directory)
         if self.fusions.matmul_groups:
             pack_matmul_groups(self.program)  # one copy of the grouped weights, not two
+        if self.fusions.matmul_nbits_groups:
+            pack_nbits_groups(self.program)  # the same for 4-bit codes
         inits = set(self.program.initializers)
         self._inputs = [vi for vi in self.program.inputs if vi.name not in inits]
         self._optional_inputs = {vi.name for vi in self.program.inputs if vi.name in inits}

@@ -95,10 +95,14 @@ def linear_row_mode() -> str:
     return options.current().triton_linear
 
 
-def q4_row_enabled() -> bool:
-    """linear_row's 4-bit kernel, opt-in (``ONNXGEN_TRITON_Q4=1``): on the H200 it lost to the
-    dense kernel over the dequantized fp16 copy (docs/benchmarks/2026-12-01-h200-pdl.md)."""
-    return options.current().triton_q4
+def q4_kernels_serve(a: torch.Tensor) -> bool:
+    """MatMulNBits over ``a`` may run gpu/linear_q4.py's kernels on the packed 4-bit codes (option
+    ``triton_q4``, ``ONNXGEN_TRITON_Q4=1``). Off by default: on the H200 they saved the fp16 copy's
+    memory but decoded and prefilled slower than the dense kernels and cuBLAS over that copy
+    (docs/benchmarks/2026-12-02-h200-int4.md)."""
+    return (
+        options.current().triton_q4 and a.dtype in (torch.float16, torch.bfloat16, torch.float32) and triton_serves(a)
+    )
 
 
 def pdl_unavailable(capability: tuple[int, int], launcher_options: set[str] | None) -> str | None:

@@ -18,8 +18,8 @@ p(x) is computed in fp32. SiLU-mul is rounded to the activation dtype before the
 unfused kernel stores it; the norms are not: 1/rms multiplies the finished dot product (one pass
 over K), so the fused kernel differs from the unfused pair by the activation's fp16 rounding and the
 summation order (~1e-3 relative in fp16, ~1e-7 in fp32; tested against onnxruntime).
-Weights: a dense [N, K] matrix (fp16/bf16/fp32), or MatMulNBits' 4-bit codes ([N, K/2] bytes, low
-nibble first) with per-block scales and zero points.
+Weights: a dense [N, K] matrix (fp16/bf16/fp32); MatMulNBits' 4-bit codes take gpu/linear_q4.py's
+kernels, which share these prologues.
 Products accumulate in fp32 in a fixed order: the result is run-to-run deterministic, so captured
 and eager steps agree bit for bit.
 """
@@ -283,76 +283,6 @@ def _linear_tile_persistent_kernel(
         tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=row_ok)
 
 
-@triton.jit
-def _linear_row_q4_kernel(
-    x_ptr,
-    x2_ptr,
-    gamma_ptr,
-    sum_ptr,
-    b_ptr,  # uint8 [N, row_bytes]: two 4-bit codes per byte, low nibble first
-    scale_ptr,  # [N, n_blocks]
-    zero_ptr,  # uint8 [N, zp_row_bytes] (packed), or [N, n_blocks] in the scales' dtype, or unused
-    bias_ptr,
-    out_ptr,
-    n,
-    k,
-    n_blocks,
-    row_bytes,
-    zp_row_bytes,
-    eps,
-    PROLOGUE: tl.constexpr,
-    ZERO_KIND: tl.constexpr,  # 0: none (8), 1: packed uint8, 2: the scales' dtype
-    HAS_BIAS: tl.constexpr,
-    QBLOCK: tl.constexpr,  # the quantization block along K (even)
-    BLOCK_N: tl.constexpr,
-    BLOCKS_PER_ITER: tl.constexpr,  # quantization blocks per iteration
-    PDL: tl.constexpr,
-):
-    # each iteration: BLOCKS_PER_ITER whole quantization blocks, loaded as contiguous bytes per row
-    # and unpacked in memory order (low nibble = even element), so the activations load contiguously
-    # too; per block sum_j q*a and sum_j a, then one multiply by the scale: w*a = s*(q*a - z*a)
-    ELEMS: tl.constexpr = QBLOCK * BLOCKS_PER_ITER
-    BYTES: tl.constexpr = ELEMS // 2
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < n
-    acc = tl.zeros((BLOCK_N, BLOCKS_PER_ITER), dtype=tl.float32)
-    squares = tl.zeros((ELEMS,), dtype=tl.float32)
-    # codes one iteration ahead, the first before the wait (constant weights, as in _linear_row_kernel)
-    b_rows = b_ptr + rows[:, None] * row_bytes
-    byte = tl.arange(0, BYTES)
-    packed_next = tl.load(b_rows + byte[None, :], mask=row_ok[:, None] & (byte < row_bytes)[None, :], other=0)
-    wait_for_previous(PDL)
-    for first_block in range(0, n_blocks, BLOCKS_PER_ITER):
-        cols = first_block * QBLOCK + tl.arange(0, ELEMS)
-        packed = packed_next
-        ahead = (first_block + BLOCKS_PER_ITER) * (QBLOCK // 2) + tl.arange(0, BYTES)
-        packed_next = tl.load(b_rows + ahead[None, :], mask=row_ok[:, None] & (ahead < row_bytes)[None, :], other=0)
-        x, x2, gamma = _activation_inputs(x_ptr, x2_ptr, gamma_ptr, cols, cols < k, PROLOGUE)
-        a, sq = _activation(x, x2, gamma, sum_ptr, cols, cols < k, PROLOGUE)
-        squares += sq
-        codes = tl.join((packed & 0xF).to(tl.float32), (packed >> 4).to(tl.float32))  # [N, BYTES, 2]
-        codes = tl.reshape(codes, (BLOCK_N, BLOCKS_PER_ITER, QBLOCK))
-        a3 = tl.reshape(a, (1, BLOCKS_PER_ITER, QBLOCK))
-        qa = tl.sum(codes * a3, axis=2)  # [N, B]
-        a_sum = tl.sum(a3, axis=2)  # [1, B]
-        blocks = first_block + tl.arange(0, BLOCKS_PER_ITER)
-        sm = row_ok[:, None] & (blocks < n_blocks)[None, :]
-        scale = tl.load(scale_ptr + rows[:, None] * n_blocks + blocks[None, :], mask=sm, other=0.0).to(tl.float32)
-        if ZERO_KIND == 0:
-            acc += scale * (qa - 8.0 * a_sum)
-        elif ZERO_KIND == 1:
-            zbyte = tl.load(zero_ptr + rows[:, None] * zp_row_bytes + (blocks // 2)[None, :], mask=sm, other=0)
-            zero = tl.where((blocks % 2)[None, :] == 0, zbyte & 0xF, zbyte >> 4).to(tl.float32)
-            acc += scale * (qa - zero * a_sum)
-        else:
-            zero = tl.load(zero_ptr + rows[:, None] * n_blocks + blocks[None, :], mask=sm, other=0.0).to(tl.float32)
-            acc += scale * (qa - zero * a_sum)
-    y = _finish(tl.sum(acc, axis=1), squares, k, eps, PROLOGUE)
-    if HAS_BIAS:
-        y += tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=row_ok)
-
-
 # -- launch configurations ---------------------------------------------------------------------
 
 
@@ -429,23 +359,6 @@ def dense_config(n: int, k: int, opts: options.Options | None = None) -> tuple[i
     return 4, 1024, 8
 
 
-def q4_config(
-    n: int, k: int, block_size: int, device: torch.device, opts: options.Options | None = None
-) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCKS_PER_ITER, num_warps) for 4-bit weights: 256 elements per iteration, rows
-    per program from 16 down to 2 until there are 4 programs per SM of ``device``. Whole-row tiles
-    were slower here (docs/benchmarks/2026-12-01-h200-pdl.md). ``ONNXGEN_GEMV_Q4[_<N>x<K>]``
-    (option ``gemv_q4``) forces a configuration."""
-    forced = (opts or options.current()).gemv_q4.lookup(n, k)
-    if forced:
-        return forced  # type: ignore[return-value]
-    per_iter = max(1, 256 // block_size)
-    block_n = 16
-    while block_n > 2 and triton.cdiv(n, block_n) < 4 * _sms(device):
-        block_n //= 2
-    return block_n, per_iter, 4
-
-
 @dataclass(frozen=True)
 class _RowPlan:
     """How linear_row launches for one (N, K, split allowed, device) under one options object."""
@@ -482,15 +395,6 @@ def _row_plan(n: int, k: int, splittable: bool, device: torch.device) -> _RowPla
         tile = block_k >= k and single_tile_enabled(opts)
         resident = persistent_programs(device, opts) if tile else 0
         plan = plans[key] = _RowPlan(block_n, block_k, warps, split, tile, resident)
-    return plan  # type: ignore[return-value]
-
-
-def _q4_plan(n: int, k: int, block_size: int, device: torch.device) -> tuple[int, int, int]:
-    plans, opts = _plans()
-    key = ("q4", n, k, block_size, device)
-    plan = plans.get(key)
-    if plan is None:
-        plan = plans[key] = q4_config(n, k, block_size, device, opts)
     return plan  # type: ignore[return-value]
 
 
@@ -552,7 +456,7 @@ def _launch_split(x, x2, gamma, sum_out, weight, bias, out, code: int, config: t
     n, k = weight.shape
     block_n, block_k, warps = config
     blocks, splits = triton.cdiv(n, block_n), triton.cdiv(k, block_k)
-    parts, tickets = _split_scratch(n, splits, blocks, x.device)
+    parts, tickets = split_scratch(n, splits, blocks, x.device)
     LAUNCHES["linear_row_split"] += 1
     _linear_split_kernel[(blocks, splits)](
         x, x2, gamma, sum_out, weight, bias if bias is not None else out, out, parts, tickets,
@@ -567,7 +471,7 @@ def _launch_split(x, x2, gamma, sum_out, weight, bias, out, code: int, config: t
 _SPLIT_SCRATCH: dict[tuple[int, int, int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def _split_scratch(n: int, splits: int, blocks: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def split_scratch(n: int, splits: int, blocks: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     key = (n, splits, blocks, device)
     found = _SPLIT_SCRATCH.get(key)
     if found is None:
@@ -576,41 +480,3 @@ def _split_scratch(n: int, splits: int, blocks: int, device: torch.device) -> tu
             torch.zeros(blocks, dtype=torch.int32, device=device),  # the kernel leaves them zero
         )
     return found
-
-
-def linear_row_q4(
-    x: torch.Tensor,
-    b: torch.Tensor,
-    scales: torch.Tensor,
-    zero_points: torch.Tensor | None,
-    bias: torch.Tensor | None = None,
-    *,
-    n: int,
-    k: int,
-    block_size: int,
-    prologue: str = "none",
-    x2: torch.Tensor | None = None,
-    gamma: torch.Tensor | None = None,
-    eps: float = 0.0,
-    sum_out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The same over MatMulNBits' 4-bit weights (B, scales, zero points as the op takes them)."""
-    if block_size % 2 or block_size < 16 or block_size & (block_size - 1):
-        raise ValueError(f"block_size {block_size} is not a power of two >= 16")
-    x = x.reshape(k).contiguous()
-    code, x2, gamma, sum_out = _prologue_args(x, prologue, x2, gamma, sum_out)
-    n_blocks = -(-k // block_size)
-    packed = b.reshape(n, -1)
-    zero_kind = 0 if zero_points is None else (1 if zero_points.dtype == torch.uint8 else 2)
-    zeros = zero_points.reshape(n, -1) if zero_points is not None else packed
-    out = torch.empty(n, dtype=x.dtype, device=x.device)
-    block_n, per_iter, warps = _q4_plan(n, k, block_size, x.device)
-    LAUNCHES["linear_row_q4"] += 1
-    _linear_row_q4_kernel[(triton.cdiv(n, block_n),)](
-        x, x2, gamma, sum_out, packed, scales.reshape(n, n_blocks), zeros,
-        bias if bias is not None else out, out,
-        n, k, n_blocks, packed.shape[1], zeros.shape[1], float(eps),
-        PROLOGUE=code, ZERO_KIND=zero_kind, HAS_BIAS=bias is not None, QBLOCK=block_size,
-        BLOCK_N=block_n, BLOCKS_PER_ITER=per_iter, num_warps=warps, **pdl_launch(x, out, sum_out),
-    )  # fmt: skip
-    return out

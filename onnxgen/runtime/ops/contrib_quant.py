@@ -3,7 +3,10 @@
 Codes are packed low bits first (for 4 bits: element 2i in the low nibble of byte i), blocks run
 along K, and a weight is (code - zero_point) * scale with the default zero point 2^(bits - 1).
 
-MatMulNBits dequantizes its weight to [N, K] and runs one GEMM. Caching (a conscious choice):
+With option ``triton_q4`` (ONNXGEN_TRITON_Q4=1) on a Triton device, 4-bit weights in power-of-two
+blocks are multiplied as packed codes by gpu/linear_q4.py (one row: the GEMV kernels; several: a
+tiled GEMM), and nothing below is cached. Otherwise MatMulNBits dequantizes its weight to [N, K] and
+runs one GEMM. Caching (a conscious choice):
 the dequantized weight is kept per (B, scales, zero_points, g_idx) tensor identity, so a weight
 that is an initializer is dequantized once and each later call is a single GEMM (few kernels per
 decode step, which is what decode speed on the GPU hinges on). The price is memory: a 4-bit
@@ -43,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from onnxgen import options
-from onnxgen.runtime.gpu.launch import linear_row_serves, q4_row_enabled, triton_serves
+from onnxgen.runtime.gpu.launch import q4_kernels_serve, triton_serves
 from onnxgen.runtime.node_contract import NodeContext
 from onnxgen.runtime.ops.common import normalize_axis
 from onnxgen.runtime.ops.contrib_attention import compute_dtype
@@ -191,11 +194,40 @@ def _int8_activations(
     return not float_zero_points and not (bits == 2 and block < 32)
 
 
-def q4_row_serves(a: torch.Tensor, k: int, bits: int, block_size: int) -> bool:
-    """One row of A over 4-bit weights in blocks gpu/linear_row.py's kernel takes (opt-in, ONNXGEN_TRITON_Q4=1:
-    on the H200 it was slower than the dense kernel on the dequantized copy, docs/benchmarks/2026-12-01-h200-pdl.md)."""
+def q4_kernel_applies(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scales: torch.Tensor,
+    zero_points: torch.Tensor | None,
+    g_idx: torch.Tensor | None,
+    *,
+    k: int,
+    bits: int,
+    block_size: int,
+) -> bool:
+    """gpu/linear_q4.py's kernels take this MatMulNBits on the packed codes: 4 bits in power-of-two
+    blocks of at least 16, blocks in order (no g_idx), B as whole blocks per row, scales (and float
+    zero points) in A's dtype, on a Triton device with option ``triton_q4`` on."""
     pow2 = block_size >= 16 and not block_size & (block_size - 1)
-    return bits == 4 and pow2 and a.numel() == k and q4_row_enabled() and linear_row_serves(a)
+    if bits != 4 or not pow2 or g_idx is not None or b.dtype != torch.uint8 or scales.dtype != a.dtype:
+        return False
+    if zero_points is not None and zero_points.dtype not in (torch.uint8, a.dtype):
+        return False
+    n_blocks = -(-k // block_size)
+    return b.numel() == scales.numel() * (block_size // 2) and scales.numel() % n_blocks == 0 and q4_kernels_serve(a)
+
+
+def q4_linear(a, b, scales, zero_points, bias, *, n: int, k: int, block_size: int, **prologue) -> torch.Tensor:
+    """A @ W^T (+ bias) through gpu/linear_q4.py: the one-row kernel (``prologue`` fused) for one
+    row, the tiled GEMM (no prologue) for several; [..., N] in A's dtype."""
+    from onnxgen.runtime.gpu.linear_q4 import linear_row_q4, matmul_q4
+
+    if a.numel() == k:
+        out = linear_row_q4(a, b, scales, zero_points, bias, n=n, k=k, block_size=block_size, **prologue)
+        return out.reshape(*a.shape[:-1], n)
+    if prologue:
+        raise ValueError("a prologue is fused for one row only")
+    return matmul_q4(a, b, scales, zero_points, bias, n=n, k=k, block_size=block_size)
 
 
 def fake_quantize_int8_blocks(a: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -360,11 +392,8 @@ def matmul_nbits(
         return dequantize_nbits(b, scales, zero_points, g_idx, k=k, n=n, bits=bits, block_size=block_size, dtype=dtype)
 
     int8_a = _int8_activations(ctx, a, zero_points, bits, block_size)
-    if g_idx is None and not int8_a and q4_row_serves(a, k, bits, block_size) and scales.dtype == a.dtype:
-        from onnxgen.runtime.gpu.linear_row import linear_row_q4
-
-        out = linear_row_q4(a, b, scales, zero_points, bias, n=n, k=k, block_size=block_size)
-        return out.reshape(*a.shape[:-1], n)
+    if not int8_a and q4_kernel_applies(a, b, scales, zero_points, g_idx, k=k, bits=bits, block_size=block_size):
+        return q4_linear(a, b, scales, zero_points, bias, n=n, k=k, block_size=block_size)
     if _int4pack_applies(ctx, a, b, g_idx, k=k, n=n, bits=bits, block_size=block_size):
         plan = _Int4Plan(b, scales, zero_points, k=k, n=n, block_size=block_size)
         ctx.__dict__["_int4pack"] = plan

@@ -4,7 +4,9 @@
   weights concatenated along N (made once per weight set and cached), bias in the GEMM's
   epilogue, split into the n outputs (views).
 - ``MatMulNBitsGroup(A, (B, scales, zero_points)_1..n, bias_1..n)``: each MatMulNBits weight
-  dequantized as MatMulNBits would, concatenated, then the same GEMM.
+  dequantized as MatMulNBits would, concatenated, then the same GEMM; with option ``triton_q4`` the
+  packed codes end to end through gpu/linear_q4.py instead. A CUDA session joins the members' codes
+  once (fusion.pack_nbits_groups, attribute ``packed_weight``): one member of width sum(widths).
 - ``SiluMul(g, u)``: silu(g) * u.
 Either group may carry a ``prologue`` (attribute; inputs x2 and gamma after the biases, see
 fusion.py): rms, skip_rms (residual sum as the last output) or silu_mul, applied to A first. At one
@@ -34,7 +36,8 @@ from onnxgen.runtime.ops.contrib_quant import (
     _int8_activations,
     dequantize_nbits,
     fake_quantize_int8_blocks,
-    q4_row_serves,
+    q4_kernel_applies,
+    q4_linear,
 )
 from onnxgen.runtime.ops.registry import implements
 
@@ -179,27 +182,45 @@ def matmul_nbits_group(ctx: NodeContext, a: torch.Tensor, *rest: torch.Tensor | 
     own, x2, gamma = _split_prologue(ctx, rest, 4 * n)
     triples = [tuple(own[3 * i : 3 * i + 3]) for i in range(n)]
     biases = tuple(own[3 * n : 4 * n])
+    if ctx.attrs.get("packed_weight"):  # the session joined the members (pack_nbits_groups): one of sum(widths)
+        triples, biases, member_widths = triples[:1], biases[:1], [sum(widths)]
+    else:
+        member_widths = widths
     int8_a = any(_int8_activations(ctx, a, z, bits, block_size) for _, _, z in triples)
-    if not int8_a and q4_row_serves(a, k, bits, block_size) and _row_prologue_ok(ctx, a, k, x2, gamma):
-        packed = _packed_group(ctx, triples, biases, widths, k, block_size)
-        if packed is not None and packed[1].dtype == a.dtype:
-            from onnxgen.runtime.gpu.linear_row import linear_row_q4
-
-            b, s, z, bias = packed
-            kwargs, total = _row_kwargs(ctx, a, x2, gamma)
-            out = linear_row_q4(a, b, s, z, bias, n=sum(widths), k=k, block_size=block_size, **kwargs)
-            outs = tuple(torch.split(out.reshape(*a.shape[:-1], -1), widths, dim=-1))
-            return _with_sum(ctx, outs, total)
+    b0, s0, z0 = triples[0]
+    if not int8_a and q4_kernel_applies(a, b0, s0, z0, None, k=k, bits=bits, block_size=block_size):
+        packed = (
+            triples[0] + biases[:1] if len(triples) == 1 else _packed_group(ctx, triples, biases, widths, k, block_size)
+        )
+        if packed is not None:
+            return _q4_group(ctx, a, packed, widths, k, block_size, x2, gamma)
     dtype = compute_dtype(a.dtype, a.device)
     if not int8_a and dtype == a.dtype and linear_row_serves(a) and _row_prologue_ok(ctx, a, k, x2, gamma):
-        # one row over the dequantized copy: the dense kernel, prologue fused (measured faster than
-        # the 4-bit kernel and than cuBLAS on the same copy, docs/benchmarks/2026-12-01-h200-pdl.md)
-        weight = _dequantized_group(triples, widths, k, bits, block_size, dtype, a.device)
-        return _dense_row(ctx, a, weight, _cached_bias(biases, widths, a), widths, x2, gamma)
+        # one row over the dequantized copy (option triton_q4 off): the dense kernel, prologue fused
+        weight = _dequantized_group(triples, member_widths, k, bits, block_size, dtype, a.device)
+        return _dense_row(ctx, a, weight, _cached_bias(biases, member_widths, a), widths, x2, gamma)
     total = None
     if _prologue(ctx):
         a, total = apply_prologue(ctx, a, x2, gamma)
-    return _with_sum(ctx, _nbits_group_gemm(ctx, a, triples, biases, widths, k, bits, block_size, int8_a), total)
+    outs = _nbits_group_gemm(ctx, a, triples, biases, member_widths, k, bits, block_size, int8_a)
+    if len(member_widths) != len(widths):
+        outs = torch.split(outs[0], widths, dim=-1)
+    return _with_sum(ctx, tuple(outs), total)
+
+
+def _q4_group(ctx: NodeContext, a, packed, widths: list[int], k: int, block_size: int, x2, gamma) -> tuple:
+    """The group through gpu/linear_q4.py over its members' codes end to end: one row in one kernel,
+    prologue fused; several rows after the prologue, in one GEMM."""
+    b, s, z, bias = packed
+    total = None
+    if _row_prologue_ok(ctx, a, k, x2, gamma):
+        kwargs, total = _row_kwargs(ctx, a, x2, gamma)
+        out = q4_linear(a, b, s, z, bias, n=sum(widths), k=k, block_size=block_size, **kwargs)
+    else:
+        if _prologue(ctx):
+            a, total = apply_prologue(ctx, a, x2, gamma)
+        out = q4_linear(a, b, s, z, bias, n=sum(widths), k=k, block_size=block_size)
+    return _with_sum(ctx, tuple(torch.split(out, widths, dim=-1)), total)
 
 
 def _dequantized_group(triples, widths, k: int, bits: int, block_size: int, dtype, device) -> torch.Tensor:
