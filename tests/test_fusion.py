@@ -401,8 +401,8 @@ def int4_norm_mlp_model(dtype: int, zp_kind: str, inner: int, bias: bool):
 @pytest.mark.parametrize(
     ("zp_kind", "inner", "bias"), [("none", 40, True), ("packed", 2100, False), ("float", 72, True)]
 )
-@pytest.mark.parametrize("packed_kernels", [False, True])
-def test_int4_group_prologues_match_onnxruntime(
+@pytest.mark.parametrize("packed_kernels", [False, True], ids=["copy", "packed"])
+def test_int4_group_norm_silu_match_onnxruntime(
     rows: int, dtype: int, zp_kind: str, inner: int, bias: bool, packed_kernels: bool, device: str
 ) -> None:
     """A 4-bit gate/up group behind the norm and a 4-bit down projection behind SiLU-mul, joined

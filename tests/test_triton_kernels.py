@@ -130,7 +130,9 @@ def test_full_parity_through_the_triton_interpreter() -> None:
     assert launches.get("linear_row_q4", 0) >= 20, launches
 
 
-@runs(INT4_ROW := interpreted("matmul_nbits or int4_group", ONNXGEN_TRITON_LINEAR="1", ONNXGEN_TRITON_Q4="1"))
+@runs(
+    INT4_ROW := interpreted("matmul_nbits or (int4_group and packed)", ONNXGEN_TRITON_LINEAR="1", ONNXGEN_TRITON_Q4="1")
+)
 def test_int4_kernels_parity_through_the_triton_interpreter() -> None:
     """gpu/linear_q4.py (ONNXGEN_TRITON_Q4=1) on the plain MatMulNBits op and on 4-bit groups (zero point kinds, block
     sizes, bias, prologues; one row and several) against onnxruntime, with no dequantized copy made."""
