@@ -544,7 +544,7 @@ def pack_nbits_groups(program: Any) -> int:
     along N once ([sum N, row bytes], [sum N, blocks], ...), the members' own tensors dropped where
     nothing else reads them, so a group holds its 4-bit weights once. Members whose zero points are
     of different kinds (absent, packed, float) stay apart. Returns the number of groups packed."""
-    import torch
+    from onnxgen.runtime.ops.fused import join_nbits_members
 
     readers = _readers(program)
     graph_inputs = {vi.name for vi in program.inputs} | {vi.name for vi in program.outputs}
@@ -565,23 +565,13 @@ def pack_nbits_groups(program: Any) -> int:
         biases = tensors[3 * n :]
         if any(b is None or s is None for b, s, _ in triples):
             continue
-        kinds = {None if z is None else z.dtype for _, _, z in triples}
-        if len(kinds) != 1 or len({s.dtype for _, s, _ in triples}) != 1:
-            continue
         n_blocks = -(-int(ctx.attrs["K"]) // int(ctx.attrs["block_size"]))
-        joined = [
-            torch.cat([b.reshape(w, -1) for (b, _, _), w in zip(triples, widths)]),
-            torch.cat([s.reshape(w, n_blocks) for (_, s, _), w in zip(triples, widths)]),
-        ]
-        zero = None if kinds == {None} else torch.cat([z.reshape(w, -1) for (_, _, z), w in zip(triples, widths)])
-        bias = None
-        if any(b is not None for b in biases):
-            like = joined[1]
-            parts = [b.to(like.dtype) if b is not None else like.new_zeros(w) for b, w in zip(biases, widths)]
-            bias = torch.cat(parts)
+        joined = join_nbits_members(triples, biases, widths, n_blocks)
+        if joined is None:
+            continue
         label = ",".join(names[0 : 3 * n : 3])
         new_names = []
-        for role, tensor in zip(("codes", "scales", "zeros", "bias"), (*joined, zero, bias)):
+        for role, tensor in zip(("codes", "scales", "zeros", "bias"), joined):
             if tensor is None:
                 new_names.append("")
                 continue

@@ -322,28 +322,35 @@ def silu_mul(ctx: NodeContext, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor
     return F.silu(g) * u
 
 
-def _packed_group(ctx: NodeContext, triples: list, biases: tuple, widths: list[int], k: int, block_size: int):
-    """The members' packed weights, scales, zero points and biases end to end along N (made once per
-    node; None when the members' zero points are of different kinds)."""
-    sources = [t for triple in triples for t in triple] + list(biases)
-    cached = ctx.__dict__.get("_packed_group")
-    if cached is not None and all(r() is t for r, t in zip(cached[0], sources) if r is not None):
-        return cached[1]
-    kinds = {None if z is None else z.dtype == torch.uint8 for _, _, z in triples}
-    if len(kinds) != 1:
+def join_nbits_members(triples, biases, widths: list[int], n_blocks: int):
+    """MatMulNBits members' codes [sum N, row bytes], scales [sum N, n_blocks], zero points and biases
+    end to end along N (a member of one keeps its tensors, as views); None when the members' zero
+    points are of different kinds or dtypes, or their scales of different dtypes."""
+    if len({None if z is None else z.dtype for _, _, z in triples}) != 1 or len({s.dtype for _, s, _ in triples}) != 1:
         return None
-    n_blocks = -(-k // block_size)
 
-    def join(parts: list[torch.Tensor]) -> torch.Tensor:  # a group of one keeps its tensors (views)
+    def join(parts: list[torch.Tensor]) -> torch.Tensor:
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     b = join([bb.reshape(w, -1) for (bb, _, _), w in zip(triples, widths)])
     s = join([ss.reshape(w, n_blocks) for (_, ss, _), w in zip(triples, widths)])
-    z = None if kinds == {None} else join([zz.reshape(w, -1) for (_, _, zz), w in zip(triples, widths)])
+    z = None if triples[0][2] is None else join([zz.reshape(w, -1) for (_, _, zz), w in zip(triples, widths)])
     bias = _group_bias(biases, widths, s) if any(x is not None for x in biases) else None
-    refs = [weakref.ref(t) if t is not None else None for t in sources]
-    ctx.__dict__["_packed_group"] = (refs, (b, s, z, bias))
     return b, s, z, bias
+
+
+def _packed_group(ctx: NodeContext, triples: list, biases: tuple, widths: list[int], k: int, block_size: int):
+    """join_nbits_members for a group the session did not join, made once per node."""
+    sources = [t for triple in triples for t in triple] + list(biases)
+    cached = ctx.__dict__.get("_packed_group")
+    if cached is not None and all(r() is t for r, t in zip(cached[0], sources) if r is not None):
+        return cached[1]
+    joined = join_nbits_members(triples, biases, widths, -(-k // block_size))
+    if joined is None:
+        return None
+    refs = [weakref.ref(t) if t is not None else None for t in sources]
+    ctx.__dict__["_packed_group"] = (refs, joined)
+    return joined
 
 
 @implements("RowSelect", domain=FUSED_DOMAIN)
