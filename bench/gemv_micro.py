@@ -76,6 +76,12 @@ def main() -> int:
     parser.add_argument("--shape", default="qwen2.5-coder-0.5b-instruct", choices=sorted(MODEL_SHAPES))
     parser.add_argument("--quick", action="store_true", help="a smaller sweep")
     parser.add_argument("--block-size", type=int, default=32, help="MatMulNBits block size")
+    parser.add_argument(
+        "--prompt-rows",
+        type=lambda v: [int(x) for x in v.split(",") if x],
+        default=[],
+        help="also time prompts of these many rows (comma list): cuBLAS fp16, q4 dequant, q4 gemm",
+    )
     parser.add_argument("--layers", help="comma list of qkv, o_proj, gate_up, down, lm_head (default: all)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -87,14 +93,14 @@ def main() -> int:
     bn_list = [2, 4, 8, 16] if args.quick else [1, 2, 4, 8]
     bk_list = [128, 256] if args.quick else [128, 256, 512, 1024]
     w_list = [4] if args.quick else [4, 8]
-    bpi_list = [2, 4, 8, 16] if args.quick else [2, 4, 8, 16, 32]  # 4-bit: rows per program
+    bpi_list = [8, 16, 32] if args.quick else [2, 4, 8, 16, 32, 64]  # 4-bit: rows per program
     summary = []
     for name, k, n in layer_shapes(args.shape):
         if args.layers and name not in args.layers.split(","):
             continue
         rows = bench_shape(name, k, n, args, dev, (bn_list, bk_list, w_list, bpi_list))
         dense = [r for r in rows if r[0].startswith("triton ") and "prologue" not in r[0]]
-        q4 = [r for r in rows if r[0].startswith("q4 ")]
+        q4 = [r for r in rows if r[0].startswith("q4 ") and "prologue" not in r[0]]
         summary.append((name, rows[0][1], rows[1][1], min(dense, key=lambda r: r[1]), min(q4, key=lambda r: r[1])))
         torch.cuda.empty_cache()
     print("\nshape summary (us/call): cublas-linear, cublas-matmul, best triton dense, best q4")
@@ -155,8 +161,9 @@ def bench_shape(name: str, k: int, n: int, args, dev, sweeps) -> list[tuple[str,
     def q4(i: int) -> torch.Tensor:
         return Q4.linear_row_q4(x, qb[i], qs[i], None, n=n, k=k, block_size=bs)
 
-    q4_bk = sorted({min(triton_pow2(nb * bs), b) for b in (512, 1024, 2048, 4096)})
-    for bn, bk, warps in itertools.product(bpi_list, q4_bk, w_list):
+    tile = triton_pow2(nb * bs)  # BLOCK_K >= K: the whole row in one program
+    q4_bk = [tile] + ([b for b in (256, 512, 1024) if b < nb * bs] if nb * bs > 1024 else [])
+    for bn, bk, warps in itertools.product(bpi_list, q4_bk, [4, 8]):
         mark = "*" if (bn, bk, warps) == qchosen else ""
         with options.override(gemv_q4=(bn, bk, warps)):  # ONNXGEN_GEMV_Q4=bn,bk,warps
             err = ((q4(0).float() - qref).norm() / qref.norm()).item()
@@ -164,10 +171,43 @@ def bench_shape(name: str, k: int, n: int, args, dev, sweeps) -> list[tuple[str,
                 print(f"  {name} q4 {bn}/{bk}/{warps}: WRONG (rel err {err:.3g})")
                 continue
             add(f"q4 {bn}/{bk}/{warps}{mark}", time_in_graph(q4, qcopies), qbytes)
+
+    def q4_fused(i: int) -> torch.Tensor:
+        return Q4.linear_row_q4(x, qb[i], qs[i], None, n=n, k=k, block_size=bs, prologue="skip_rms", x2=skip,
+                                gamma=gamma, eps=1e-6, sum_out=total)  # fmt: skip
+
+    add("q4 chosen + skip_rms prologue", time_in_graph(q4_fused, qcopies), qbytes)
+    if nb * bs <= 2048:  # rows a norm prologue can precede (the whole row in one tile): their sweep
+        for bn, warps in itertools.product([16, 32, 64], [4, 8]):
+            with options.override(gemv_q4=(bn, tile, warps)):
+                add(f"q4 {bn}/{tile}/{warps} + skip_rms prologue", time_in_graph(q4_fused, qcopies), qbytes)
+    # several rows (a prompt; the lm_head reads one row): cuBLAS on fp16 against both 4-bit prompt paths
+    for m in args.prompt_rows if name != "lm_head" else []:
+        a = torch.randn(m, k, device=dev, dtype=torch.float16)
+        add(f"prompt {m} rows: cublas fp16", time_in_graph(lambda i, a=a: F.linear(a, ws[i]), copies), wbytes)
+        want = F.linear(a, dequantize_nbits(qb[0], qs[0], None, None, k=k, n=n, bits=4, block_size=bs,
+                                            dtype=torch.float16)).float()  # fmt: skip
+        gemms = GEMM_SWEEP_SMALL if m <= 64 else GEMM_SWEEP_LARGE
+        for mode, config in [("dequant", None), ("gemm", None)] + [("gemm", c) for c in gemms]:
+            changes = {"q4_prompt": mode} | ({"gemm_q4": config} if config else {})
+            with options.override(**changes):
+                got = Q4.matmul_q4(a, qb[0], qs[0], None, n=n, k=k, block_size=bs).float()
+                err = ((got - want).norm() / want.norm()).item()
+                us = time_in_graph(lambda i, a=a: Q4.matmul_q4(a, qb[i], qs[i], None, n=n, k=k, block_size=bs), qcopies)
+                label = f"{mode} {','.join(map(str, config))}" if config else f"{mode} (default table)"
+                if mode == "dequant":
+                    label = "default policy (dequant, or gemm for short prompts of short rows)"
+                add(f"prompt {m} rows: q4 {label} (err {err:.1e})", us, qbytes)
     print(f"\n{name}: K={k} N={n}  fp16 weight {wbytes / 1e6:.2f} MB, int4 {qbytes / 1e6:.2f} MB", flush=True)
     for label, us, gbs in rows:
         print(f"  {label:36s} {us:8.2f} us  {gbs:7.0f} GB/s")
     return rows
+
+
+# BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES of the 4-bit prompt GEMM tried per shape
+GEMM_SWEEP_SMALL = [(16, 32, 128, 4, 3), (16, 64, 128, 4, 3), (16, 64, 256, 4, 3), (16, 128, 128, 4, 3)]
+GEMM_SWEEP_LARGE = [(64, 128, 64, 4, 3), (128, 128, 64, 8, 3), (128, 64, 128, 4, 3), (64, 128, 128, 8, 3),
+                    (128, 128, 128, 8, 3)]  # fmt: skip
 
 
 def triton_pow2(k: int) -> int:

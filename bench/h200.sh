@@ -23,6 +23,8 @@
 #   anatomy    python -m bench.step_anatomy Q --kernels: where the step's time goes, per kernel, ~2 min
 #   profile    python -m bench.profile_decode Q --capture: kernels per token, top kernels, ~1 min
 #   micro      python -m bench.gemv_micro --quick: the one-row GEMVs alone, ~2 min
+#   int4       the 4-bit kernels on the packed codes against the fp16 copy: gemv_micro with prompt rows, the step
+#              (step_sweep, and the fp16 package's), prefill per prompt path, the step's kernels (anatomy), ~9 min
 #   prefill    python -m bench.prefill Q --lengths 16,1024 --profile, fp16 and int4: TTFT and where it goes, ~2 min
 #   sampled    the sampling GPU tests, then python -m bench.sampled_decode Q, fp16 and int4: sampled decode
 #              in the graph vs greedy and vs between the steps, same tokens as eager, ~4 min
@@ -108,11 +110,25 @@ stage_sampled() {
   run sampled-tests 240 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_sampled_decoding.py tests/test_decode_tail.py tests/test_sampling_inputs.py
   for p in fp16 int4; do run "sampled-$p" 150 $PY -m bench.sampled_decode $Q --precision $p --context 512; done
 }
+stage_int4() {
+  # the 4-bit kernels on the packed codes (ONNXGEN_TRITON_Q4=1) against the fp16 copy and the fp16 package
+  run int4-micro 300 $PY -m bench.gemv_micro --quick --prompt-rows 16,1024
+  run int4-step 150 $PY -m bench.step_sweep $Q --precision int4 --context 512 --repeats 2 \
+    --variant "packed:ONNXGEN_TRITON_Q4=1" --variant "copy:ONNXGEN_TRITON_Q4=0"
+  run fp16-step 90 $PY -m bench.step_sweep $Q --precision fp16 --context 512 --repeats 2 --variant "fp16:"
+  for v in "1 dequant" "1 gemm" "0 dequant"; do
+    # shellcheck disable=SC2086
+    set -- $v
+    run "int4-prefill-q4$1-$2" 100 env ONNXGEN_TRITON_Q4="$1" ONNXGEN_Q4_PROMPT="$2" $PY -m bench.prefill $Q --precision int4 \
+      --context 2048 --lengths 16,1024 --repeats 3
+  done
+  run int4-anatomy 150 $PY -m bench.step_anatomy $Q --precision int4 --context 512 --kernels --variant "packed:ONNXGEN_TRITON_Q4=1"
+}
 stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
 }
 
-STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 generator anatomy profile micro prefill sampled"
+STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 generator anatomy profile micro int4 prefill sampled"
 if [ $# -eq 0 ]; then
   echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
   exit 2

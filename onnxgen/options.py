@@ -69,13 +69,15 @@ class Options:
     triton: bool = True
     triton_interpret: bool = False
     triton_linear: Literal["auto", "on", "off"] = "auto"
-    triton_q4: bool = False
+    triton_q4: bool = True
     pdl: bool = True
     gemv_persist: int = 0
     gemv_tile: bool = True
     gemv_dense: ShapeOverrides = NO_OVERRIDES
     gemv_q4: ShapeOverrides = NO_OVERRIDES
     gemm_q4: ShapeOverrides = NO_OVERRIDES
+    q4_prompt: Literal["auto", "dequant", "gemm"] = "auto"
+    q4_norm_apart: int = 4096
     gemv_split: ShapeOverrides = NO_OVERRIDES
     gqa_decode: tuple[int, int] | None = None
     gqa_early: bool = True
@@ -129,6 +131,12 @@ def _persist(raw: str) -> int:
     return int(raw)
 
 
+def _programs(raw: str) -> int:
+    if not raw.isdigit():
+        raise ValueError("expected a number of programs (0: never)")
+    return int(raw)
+
+
 def _gqa_decode(raw: str) -> tuple[int, int]:
     try:
         block_n, warps = (int(v) for v in raw.split(","))
@@ -166,6 +174,12 @@ def _q4(raw: str) -> Config:
 
 def _gemm_q4(raw: str) -> Config:
     return _ints(raw, 5, "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES")
+
+
+def _q4_prompt(raw: str) -> str:
+    if raw not in ("auto", "dequant", "gemm"):
+        raise ValueError("expected auto, dequant or gemm")
+    return raw
 
 
 def _split(raw: str) -> Config:
@@ -213,9 +227,9 @@ KNOBS: tuple[Knob, ...] = (
          "are defined", lifetime="process"),
     Knob("triton_linear", "ONNXGEN_TRITON_LINEAR", _triton_linear, "unset (auto) / `1` / `0`",
          "one-row Triton GEMVs (norm or SiLU-mul fused in) always / never (cuBLAS); auto: where PDL is"),
-    Knob("triton_q4", "ONNXGEN_TRITON_Q4", _flag(), "`0` / `1`",
-         "`1`: 4-bit MatMulNBits on a Triton device multiply the packed codes instead of a cached fp16 copy "
-         "(4x the packed size): less device memory, slower decode and prefill on the H200",
+    Knob("triton_q4", "ONNXGEN_TRITON_Q4", _flag(), "`1` / `0`",
+         "`0`: 4-bit MatMulNBits on a Triton device multiply a cached fp16 copy of each weight (4x the packed "
+         "size) instead of the packed codes: more device memory, a faster decode step on the H200",
          audience="user"),
     Knob("pdl", "ONNXGEN_PDL", _flag(), "`1` / `0`",
          "`0`: no programmatic dependent launch between the step's Triton kernels (Hopper+)"),
@@ -232,6 +246,13 @@ KNOBS: tuple[Knob, ...] = (
     Knob("gemm_q4", "ONNXGEN_GEMM_Q4", _gemm_q4, "`BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES`",
          "forces the several-row 4-bit GEMM's launch configuration (prompts; all shapes, or `_<N>x<K>`)",
          per_shape=True, default_text="unset: the kernel's table"),
+    Knob("q4_prompt", "ONNXGEN_Q4_PROMPT", _q4_prompt, "`auto` / `dequant` / `gemm`",
+         "4-bit weights times several rows (a prompt): dequantize each layer's weight into a transient "
+         "buffer and run cuBLAS, or the Triton GEMM that dequantizes tiles in registers (no buffer); auto: "
+         "the GEMM for prompts of at most 16 rows over rows of at most 2,048 elements, else dequant"),
+    Knob("q4_norm_apart", "ONNXGEN_Q4_NORM_APART", _programs, "`P` (programs; `0`: never)",
+         "a 4-bit one-row product of more than P programs (the lm_head) runs its norm prologue as a kernel of "
+         "its own instead of once per program"),
     Knob("gemv_split", "ONNXGEN_GEMV_SPLIT", _split, "`off` / `BLOCK_N,BLOCK_K,WARPS`",
          "`off`: long rows run the loop kernel; a configuration: the split-K kernel wherever it applies "
          "(all shapes, or `_<N>x<K>`)", per_shape=True,
@@ -318,8 +339,16 @@ def _env_text(value: Any) -> str:
     return str(value)
 
 
-_SCALAR_TYPES: dict[str, tuple[type, ...]] = {"gemv_persist": (int,), "dequant_cache_mb": (int, float)}
-_NAMED_VALUES = {"triton_linear": ("auto", "on", "off"), "int8_activations": ("none", "cpu", "all")}
+_SCALAR_TYPES: dict[str, tuple[type, ...]] = {
+    "gemv_persist": (int,),
+    "q4_norm_apart": (int,),
+    "dequant_cache_mb": (int, float),
+}
+_NAMED_VALUES = {
+    "triton_linear": ("auto", "on", "off"),
+    "int8_activations": ("none", "cpu", "all"),
+    "q4_prompt": ("auto", "dequant", "gemm"),
+}
 
 
 def _checked(knob: Knob, value: Any) -> Any:

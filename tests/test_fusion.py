@@ -401,15 +401,16 @@ def int4_norm_mlp_model(dtype: int, zp_kind: str, inner: int, bias: bool):
 @pytest.mark.parametrize(
     ("zp_kind", "inner", "bias"), [("none", 40, True), ("packed", 2100, False), ("float", 72, True)]
 )
-@pytest.mark.parametrize("packed_kernels", [False, True], ids=["copy", "packed"])
+@pytest.mark.parametrize("kernels", ["copy", "packed", "apart"])
 def test_int4_group_norm_silu_match_onnxruntime(
-    rows: int, dtype: int, zp_kind: str, inner: int, bias: bool, packed_kernels: bool, device: str
+    rows: int, dtype: int, zp_kind: str, inner: int, bias: bool, kernels: str, device: str
 ) -> None:
     """A 4-bit gate/up group behind the norm and a 4-bit down projection behind SiLU-mul, joined
-    once into one copy of the codes. With ONNXGEN_TRITON_Q4=1 where Triton serves: one row in the
-    one-row 4-bit kernels with the prologues fused (inner=2,100: down split along K), several rows
-    in the 4-bit GEMM; by default the dense kernels and cuBLAS over the dequantized copy."""
-    with options.override(triton_q4=packed_kernels):
+    once into one copy of the codes. With the packed 4-bit kernels where Triton serves: one row in
+    the one-row 4-bit kernels with the prologues fused (inner=2,100: down split along K; "apart":
+    the norm as a kernel of its own first, as wide rows such as the lm_head run it), several rows
+    through the prompt paths; "copy": the dense kernels and cuBLAS over a dequantized copy."""
+    with options.override(triton_q4=kernels != "copy", q4_norm_apart=1 if kernels == "apart" else 0):
         _int4_group_case(rows, dtype, zp_kind, inner, bias, device)
 
 

@@ -32,7 +32,9 @@ def test_environment_values_parse_to_fields() -> None:
         "ONNXGEN_FUSE": "0",
         "ONNXGEN_TRITON": "0",
         "ONNXGEN_TRITON_LINEAR": "1",
-        "ONNXGEN_TRITON_Q4": "1",
+        "ONNXGEN_TRITON_Q4": "0",
+        "ONNXGEN_Q4_PROMPT": "gemm",
+        "ONNXGEN_Q4_NORM_APART": "0",
         "ONNXGEN_PDL": "0",
         "ONNXGEN_GEMV_PERSIST": "2",
         "ONNXGEN_GEMV_TILE": "0",
@@ -44,7 +46,8 @@ def test_environment_values_parse_to_fields() -> None:
         "ONNXGEN_HOME": "/elsewhere",  # not a knob here (models/fetch.py reads it): ignored
     }
     opts = from_env(env)
-    assert (opts.fuse, opts.triton, opts.triton_linear, opts.triton_q4, opts.pdl) == (False, False, "on", True, False)
+    assert (opts.fuse, opts.triton, opts.triton_linear, opts.triton_q4, opts.pdl) == (False, False, "on", False, False)
+    assert (opts.q4_prompt, opts.q4_norm_apart) == ("gemm", 0)
     assert (opts.gemv_persist, opts.gemv_tile, opts.gqa_decode, opts.gqa_early) == (2, False, (16, 2), False)
     assert (opts.dequant_cache_mb, opts.dequant_cache_bytes) == (1.5, int(1.5 * 2**20))
     assert (opts.int8_activations, opts.cpu_int4_gemm) == ("cpu", False)
@@ -134,7 +137,9 @@ def test_overrides_reach_the_kernels_launch_tables() -> None:
         assert (small.block_n, small.tile, small.resident) == (2, True, 3)
     linear_q4 = pytest.importorskip("onnxgen.runtime.gpu.linear_q4")
     row = torch.zeros(8, dtype=torch.float16)
-    assert not options.current().triton_q4 and not launch.q4_kernels_serve(row)
+    assert options.current().triton_q4 and launch.q4_kernels_serve(row) == launch.triton_serves(row)
+    with options.override(triton_q4=False):
+        assert not launch.q4_kernels_serve(row)
     with options.override(gemv_tile=False, gqa_decode=(16, 2), gqa_early=False, triton_q4=True):
         assert not linear_row._row_plan(896, 896, True, cpu).tile
         assert gqa_decode.decode_config() == (16, 2) and not gqa_decode.early_reads_enabled()

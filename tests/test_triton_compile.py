@@ -7,6 +7,8 @@ target needs no device, so a kernel that would fail on the GPU fails here first.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from onnxgen.runtime.gpu.launch import triton_importable
@@ -118,14 +120,32 @@ def test_linear_row_q4_compiles(zero_kind: int, prologue: int, pdl: bool, split:
     sig = dict.fromkeys(["x_ptr", "x2_ptr", "gamma_ptr", "sum_ptr", "scale_ptr", "bias_ptr", "out_ptr"], "*fp16")
     sig.update(b_ptr="*u8", zero_ptr="*fp16" if zero_kind == 2 else "*u8", eps="fp32", part_ptr="*fp32")
     sig.update(ticket_ptr="*i32", **dict.fromkeys(["n", "k", "n_blocks", "row_bytes", "zp_row_bytes"], "i32"))
-    const = dict(PROLOGUE=prologue, ZERO_KIND=zero_kind, HAS_BIAS=prologue == 0, QBLOCK=32, BLOCK_N=4, NB=32, PDL=pdl)
+    const = dict(PROLOGUE=prologue, ZERO_KIND=zero_kind, HAS_BIAS=prologue == 0, QBLOCK=32, BLOCK_N=16, PDL=pdl)
     kernel = linear_q4._q4_split_kernel if split else linear_q4._q4_tile_kernel
     if split:
-        const["BLOCK_S"] = 4
+        const.update(NB=16, BLOCK_S=4)
+    else:
+        const.update(B0=16, B1=8, B2=4)  # 896 elements
     ptx = compile_for_sm90(kernel, sig, const)
     if pdl:  # the codes, scales and zero points stream before the wait; activations come after it
         wait = ptx.index("griddepcontrol.wait")
         assert ptx.index("ld.global") < wait and "ld.global" in ptx[wait:]
+    if zero_kind == 0:  # codes become floats by the exponent trick: no integer-to-float conversion
+        conversions = re.findall(r"cvt\.rn\.f32\.[su]\d+", ptx)  # (one is the norm's k, a scalar)
+        assert len(conversions) <= 1, conversions
+
+
+@pytest.mark.parametrize("zero_kind", [0, 1, 2])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+def test_dequant_q4_compiles(zero_kind: int, dtype: str) -> None:
+    from onnxgen.runtime.gpu import linear_q4
+
+    sig = dict.fromkeys(["scale_ptr", "w_ptr"], f"*{dtype}")
+    sig.update(b_ptr="*u8", zero_ptr=f"*{dtype}" if zero_kind == 2 else "*u8")
+    sig.update(dict.fromkeys(["n", "k", "row_bytes", "n_blocks", "zp_row_bytes"], "i32"))
+    const = dict(ZERO_KIND=zero_kind, QBLOCK=32, BLOCK_N=16, BYTES=128)
+    ptx = compile_for_sm90(linear_q4._q4_dequant_kernel, sig, const)
+    assert "st.global" in ptx
 
 
 @pytest.mark.parametrize("zero_kind", [0, 1, 2])

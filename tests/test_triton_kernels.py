@@ -131,20 +131,24 @@ def test_full_parity_through_the_triton_interpreter() -> None:
 
 
 @runs(
-    INT4_ROW := interpreted("matmul_nbits or (int4_group and packed)", ONNXGEN_TRITON_LINEAR="1", ONNXGEN_TRITON_Q4="1")
+    INT4_ROW := interpreted(
+        "matmul_nbits or (int4_group and (packed or apart))", ONNXGEN_TRITON_LINEAR="1", ONNXGEN_TRITON_Q4="1"
+    )
 )
 def test_int4_kernels_parity_through_the_triton_interpreter() -> None:
     """gpu/linear_q4.py (ONNXGEN_TRITON_Q4=1) on the plain MatMulNBits op and on 4-bit groups (zero point kinds, block
-    sizes, bias, prologues; one row and several) against onnxruntime, with no dequantized copy made."""
+    sizes, bias, prologues; one row and several: the tiled GEMM of short prompts, the transient
+    dequantization of longer ones) against onnxruntime, with no dequantized copy kept."""
     launches = INT4_ROW.launches()
-    assert launches.get("linear_row_q4", 0) >= 10 and launches.get("matmul_q4", 0) >= 10, launches
+    assert launches.get("linear_row_q4", 0) >= 10 and launches.get("dequant_q4", 0) >= 10, launches
+    assert launches.get("matmul_q4", 0) >= 10, launches
     assert launches.get("linear_row_q4_split", 0) >= 1, launches
 
 
-@runs(INT4_DENSE := interpreted("growing_kv and int4 and fused", ONNXGEN_TRITON_LINEAR="1"))
+@runs(INT4_DENSE := interpreted("growing_kv and int4 and fused", ONNXGEN_TRITON_LINEAR="1", ONNXGEN_TRITON_Q4="0"))
 def test_int4_groups_take_the_dense_row_kernel_over_the_dequantized_copy() -> None:
-    """By default (ONNXGEN_TRITON_Q4 unset), a one-row MatMulNBits group runs the dense kernel (prologue fused)
-    over its dequantized weights: the whole-model int4 parity against onnxruntime."""
+    """With ONNXGEN_TRITON_Q4=0, a one-row MatMulNBits group runs the dense kernel (prologue fused) over
+    its dequantized weights: the whole-model int4 parity against onnxruntime."""
     launches = INT4_DENSE.launches()
     assert launches.get("linear_row", 0) >= 20 and launches.get("linear_row_q4", 0) == 0, launches
 

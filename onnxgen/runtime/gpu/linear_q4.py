@@ -30,8 +30,16 @@ import triton.language as tl
 
 from onnxgen import options
 from onnxgen.runtime.gpu.launch import LAUNCHES, pdl_launch
-from onnxgen.runtime.gpu.linear_row import _activation, _activation_inputs, _plans, _prologue_args, split_scratch
+from onnxgen.runtime.gpu.linear_row import (
+    _activation,
+    _activation_inputs,
+    _plans,
+    _prologue_args,
+    merge_splits,
+    split_scratch,
+)
 from onnxgen.runtime.gpu.pdl import wait_for_previous
+from onnxgen.runtime.gpu.rms_norm import fused_rms_norm
 
 NORM_PROLOGUES = (1, 2)  # rms, skip_rms: statistics over the whole row, so never split along K
 
@@ -48,56 +56,93 @@ def _block_zeros(zero_ptr, rows, blk, mask, n_blocks, zp_row_bytes, ZERO_KIND: t
         return (rows * 0 + blk * 0 + 8).to(tl.float32)
 
 
+# fp32 bits of 2^23: a code c < 2^23 OR-ed into the mantissa reads as exactly 2^23 + c, so a nibble
+# becomes a float in two integer ops and one add, without the slow integer-to-float conversion
+MAGIC_BITS = tl.constexpr(0x4B000000)
+MAGIC = tl.constexpr(8388608.0)
+
+
 @triton.jit
-def _q4_products(
-    x_ptr, x2_ptr, gamma_ptr, sum_ptr, b_ptr, scale_ptr, zero_ptr, rows, row_ok, first_block, k, n_blocks,
-    row_bytes, zp_row_bytes, PROLOGUE: tl.constexpr, ZERO_KIND: tl.constexpr, QBLOCK: tl.constexpr,
-    NB: tl.constexpr, PDL: tl.constexpr,
+def _block_loads(
+    b_ptr, scale_ptr, zero_ptr, rows, row_ok, first_block, n_blocks, row_bytes, zp_row_bytes, NB: tl.constexpr,
+    QBLOCK: tl.constexpr, ZERO_KIND: tl.constexpr,
 ):  # fmt: skip
-    """(w[rows, blocks] . p(x), the prologue's sum of squares) in fp32 over the NB quantization
-    blocks from ``first_block``: codes, scales and zeros loaded before the wait, activations after."""
+    """The constant inputs of NB quantization blocks from ``first_block`` of each row: the codes
+    [BLOCK_N, NB, QBLOCK / 2] bytes, the block scales [BLOCK_N, NB] and the offset a code's magic
+    float loses to become code - zero (2^23 + zero; for float zero points the zero alone)."""
     HALF: tl.constexpr = QBLOCK // 2
     blk = first_block + tl.arange(0, NB)
-    blk_ok = blk < n_blocks
-    byte = blk[:, None] * HALF + tl.arange(0, HALF)[None, :]  # [NB, HALF]: byte c // 2 of element c
-    packed = tl.load(
-        b_ptr + rows[:, None, None] * row_bytes + byte[None, :, :],
-        mask=row_ok[:, None, None] & blk_ok[None, :, None], other=0,
-    )  # fmt: skip
-    block_mask = row_ok[:, None] & blk_ok[None, :]
-    scale = tl.load(scale_ptr + rows[:, None] * n_blocks + blk[None, :], mask=block_mask, other=0.0).to(tl.float32)
-    zero = _block_zeros(zero_ptr, rows[:, None], blk[None, :], block_mask, n_blocks, zp_row_bytes, ZERO_KIND)
-    wait_for_previous(PDL)
-    even = byte * 2
-    odd = even + 1
-    xe, x2e, ge = _activation_inputs(x_ptr, x2_ptr, gamma_ptr, even, even < k, PROLOGUE)
-    xo, x2o, go = _activation_inputs(x_ptr, x2_ptr, gamma_ptr, odd, odd < k, PROLOGUE)
-    ae, sqe = _activation(xe, x2e, ge, sum_ptr, even, even < k, PROLOGUE)
-    ao, sqo = _activation(xo, x2o, go, sum_ptr, odd, odd < k, PROLOGUE)
-    lo = (packed & 0xF).to(tl.float32)
-    hi = (packed >> 4).to(tl.float32)
-    qa = tl.sum(lo * ae[None, :, :] + hi * ao[None, :, :], axis=2)  # [BLOCK_N, NB]
-    a_sum = tl.sum(ae + ao, axis=1)  # [NB]
-    dot = tl.sum(scale * (qa - zero * a_sum[None, :]), axis=1)
-    squares = tl.sum(tl.sum(sqe + sqo, axis=1), axis=0)
-    return dot, squares
+    block_ok = row_ok[:, None] & (blk < n_blocks)[None, :]
+    byte = blk[:, None] * HALF + tl.arange(0, HALF)[None, :]
+    codes = tl.load(b_ptr + rows[:, None, None] * row_bytes + byte[None, :, :], mask=block_ok[:, :, None], other=0)
+    scale = tl.load(scale_ptr + rows[:, None] * n_blocks + blk[None, :], mask=block_ok, other=0.0).to(tl.float32)
+    zero = _block_zeros(zero_ptr, rows[:, None], blk[None, :], block_ok, n_blocks, zp_row_bytes, ZERO_KIND)
+    if ZERO_KIND != 2:
+        zero += MAGIC
+    return codes, scale, zero
+
+
+@triton.jit
+def _block_products(
+    codes, scale, offset, x_ptr, x2_ptr, gamma_ptr, sum_ptr, first_block, k, PROLOGUE: tl.constexpr,
+    ZERO_KIND: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr,
+):  # fmt: skip
+    """(w . p(x) per row, the prologue's sum of squares) in fp32 over NB blocks from ``first_block``.
+    The two nibbles of each byte are joined into element order (2i low, 2i + 1 high), so the
+    activations load as contiguous rows of the tile; a block's sum of (code - zero) * a is
+    multiplied once by its scale."""
+    blk = first_block + tl.arange(0, NB)
+    cols = blk[:, None] * QBLOCK + tl.arange(0, QBLOCK)[None, :]  # [NB, QBLOCK]
+    inside = cols < k
+    x, x2, gamma = _activation_inputs(x_ptr, x2_ptr, gamma_ptr, cols, inside, PROLOGUE)
+    a, sq = _activation(x, x2, gamma, sum_ptr, cols, inside, PROLOGUE)
+    wide = codes.to(tl.int32)
+    lo = ((wide & 0xF) | MAGIC_BITS).to(tl.float32, bitcast=True)
+    hi = ((wide >> 4) | MAGIC_BITS).to(tl.float32, bitcast=True)
+    q = tl.reshape(tl.join(lo, hi), (codes.shape[0], NB, QBLOCK))  # [BLOCK_N, NB, QBLOCK], element order
+    if ZERO_KIND == 2:
+        q -= MAGIC
+    if PROLOGUE == 0 or PROLOGUE == 3:  # exact in the input dtype: half the bytes to share out
+        a = a.to(x.dtype)
+    per_block = tl.sum((q - offset[:, :, None]) * a[None, :, :].to(tl.float32), axis=2)
+    return tl.sum(per_block * scale, axis=1), tl.sum(tl.sum(sq, axis=1), axis=0)
 
 
 @triton.jit
 def _q4_tile_kernel(
     x_ptr, x2_ptr, gamma_ptr, sum_ptr, b_ptr, scale_ptr, zero_ptr, bias_ptr, out_ptr, n, k, n_blocks, row_bytes,
     zp_row_bytes, eps, PROLOGUE: tl.constexpr, ZERO_KIND: tl.constexpr, HAS_BIAS: tl.constexpr,
-    QBLOCK: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr, PDL: tl.constexpr,
+    QBLOCK: tl.constexpr, BLOCK_N: tl.constexpr, B0: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
-    """y[rows] for BLOCK_N rows whose NB * QBLOCK >= K elements fit one tile."""
+    """y[rows] for BLOCK_N whole rows per program, a row's blocks in up to three power-of-two parts
+    (B0 + B1 + B2 >= n_blocks; a part of 0 is absent): every code, scale and zero of the program is
+    loaded before the wait for the kernel before, the activations after it."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < n
     if HAS_BIAS:
         bias = tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
-    dot, squares = _q4_products(
-        x_ptr, x2_ptr, gamma_ptr, sum_ptr, b_ptr, scale_ptr, zero_ptr, rows, row_ok, 0, k, n_blocks, row_bytes,
-        zp_row_bytes, PROLOGUE, ZERO_KIND, QBLOCK, NB, PDL,
-    )  # fmt: skip
+    c0, s0, z0 = _block_loads(b_ptr, scale_ptr, zero_ptr, rows, row_ok, 0, n_blocks, row_bytes, zp_row_bytes, B0,
+                              QBLOCK, ZERO_KIND)  # fmt: skip
+    if B1 > 0:
+        c1, s1, z1 = _block_loads(b_ptr, scale_ptr, zero_ptr, rows, row_ok, B0, n_blocks, row_bytes, zp_row_bytes,
+                                  B1, QBLOCK, ZERO_KIND)  # fmt: skip
+    if B2 > 0:
+        c2, s2, z2 = _block_loads(b_ptr, scale_ptr, zero_ptr, rows, row_ok, B0 + B1, n_blocks, row_bytes,
+                                  zp_row_bytes, B2, QBLOCK, ZERO_KIND)  # fmt: skip
+    wait_for_previous(PDL)
+    dot, squares = _block_products(c0, s0, z0, x_ptr, x2_ptr, gamma_ptr, sum_ptr, 0, k, PROLOGUE, ZERO_KIND, B0,
+                                   QBLOCK)  # fmt: skip
+    if B1 > 0:
+        d1, q1 = _block_products(c1, s1, z1, x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0, k, PROLOGUE, ZERO_KIND, B1,
+                                 QBLOCK)  # fmt: skip
+        dot += d1
+        squares += q1
+    if B2 > 0:
+        d2, q2 = _block_products(c2, s2, z2, x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0 + B1, k, PROLOGUE, ZERO_KIND,
+                                 B2, QBLOCK)  # fmt: skip
+        dot += d2
+        squares += q2
     if PROLOGUE == 1 or PROLOGUE == 2:
         dot = dot / tl.sqrt(squares / k + eps)
     if HAS_BIAS:
@@ -111,33 +156,21 @@ def _q4_split_kernel(
     n_blocks, row_bytes, zp_row_bytes, PROLOGUE: tl.constexpr, ZERO_KIND: tl.constexpr, HAS_BIAS: tl.constexpr,
     QBLOCK: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """Program (i, j): row block i over quantization blocks j * NB .. j * NB + NB - 1; the partial
-    sums meet as in linear_row's _linear_split_kernel (PROLOGUE 0 or 3 only)."""
-    block = tl.program_id(0)
-    split = tl.program_id(1)
-    rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
+    """Program (i, j): row block i over blocks j * NB .. j * NB + NB - 1; the partial sums meet in
+    linear_row.merge_splits (PROLOGUE 0 or 3 only)."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < n
+    first = tl.program_id(1) * NB
     if HAS_BIAS:
         bias = tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
-    dot, _ = _q4_products(
-        x_ptr, x2_ptr, gamma_ptr, sum_ptr, b_ptr, scale_ptr, zero_ptr, rows, row_ok, split * NB, k, n_blocks,
-        row_bytes, zp_row_bytes, PROLOGUE, ZERO_KIND, QBLOCK, NB, PDL,
-    )  # fmt: skip
-    tl.store(part_ptr + split * n + rows, dot, mask=row_ok)
-    tl.debug_barrier()  # every thread's partials are stored before the ticket (release)
-    splits = tl.num_programs(1)
-    ticket = tl.atomic_add(ticket_ptr + block, 1, sem="acq_rel")
-    if ticket == splits - 1:
-        s = tl.arange(0, BLOCK_S)
-        parts = tl.load(
-            part_ptr + s[:, None] * n + rows[None, :], mask=(s < splits)[:, None] & row_ok[None, :], other=0.0,
-            cache_modifier=".cg",
-        )  # fmt: skip
-        y = tl.sum(parts, axis=0)
-        if HAS_BIAS:
-            y += bias
-        tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=row_ok)
-        tl.store(ticket_ptr + block, 0)
+    else:
+        bias = 0.0
+    codes, scale, zero = _block_loads(b_ptr, scale_ptr, zero_ptr, rows, row_ok, first, n_blocks, row_bytes,
+                                      zp_row_bytes, NB, QBLOCK, ZERO_KIND)  # fmt: skip
+    wait_for_previous(PDL)
+    dot, _ = _block_products(codes, scale, zero, x_ptr, x2_ptr, gamma_ptr, sum_ptr, first, k, PROLOGUE, ZERO_KIND,
+                             NB, QBLOCK)  # fmt: skip
+    merge_splits(dot, bias, part_ptr, ticket_ptr, out_ptr, rows, row_ok, n, BLOCK_S)
 
 
 @triton.jit
@@ -146,37 +179,66 @@ def _q4_matmul_kernel(
     zp_row_bytes, ZERO_KIND: tl.constexpr, HAS_BIAS: tl.constexpr, QBLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
-    """C[BLOCK_M, BLOCK_N] tile = A @ W^T (+ bias), W dequantized BLOCK_K columns at a time."""
-    HALF: tl.constexpr = BLOCK_K // 2
+    """C[BLOCK_M, BLOCK_N] tile = A @ W^T (+ bias), W dequantized BLOCK_K columns (whole quantization
+    blocks, BLOCK_K >= QBLOCK) at a time: each block's codes, scale and zero load once per tile, the
+    nibbles are joined into element order and rounded to A's dtype as dequantize_nbits rounds them."""
+    HALF: tl.constexpr = QBLOCK // 2
+    NBT: tl.constexpr = BLOCK_K // QBLOCK
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < m
     col_ok = cols < n
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    half = tl.arange(0, HALF)
-    for start in range(0, k, BLOCK_K):
-        even = start + 2 * half  # [HALF]: the even columns of this tile; their bytes are start/2 + half
-        ok = even < k
-        a_rows = a_ptr + rows[:, None] * a_stride
-        a_even = tl.load(a_rows + even[None, :], mask=row_ok[:, None] & ok[None, :], other=0.0)
-        a_odd = tl.load(a_rows + even[None, :] + 1, mask=row_ok[:, None] & (even + 1 < k)[None, :], other=0.0)
-        wmask = col_ok[:, None] & ok[None, :]
-        packed = tl.load(b_ptr + cols[:, None] * row_bytes + (start // 2 + half)[None, :], mask=wmask, other=0)
-        blk = even // QBLOCK
-        scale = tl.load(scale_ptr + cols[:, None] * n_blocks + blk[None, :], mask=wmask, other=0.0).to(tl.float32)
-        zero = _block_zeros(zero_ptr, cols[:, None], blk[None, :], wmask, n_blocks, zp_row_bytes, ZERO_KIND)
-        w_lo = (((packed & 0xF).to(tl.float32) - zero) * scale).to(a_ptr.dtype.element_ty)
-        w_hi = (((packed >> 4).to(tl.float32) - zero) * scale).to(a_ptr.dtype.element_ty)
+    for first in range(0, n_blocks, NBT):
+        blk = first + tl.arange(0, NBT)
+        block_ok = col_ok[:, None] & (blk < n_blocks)[None, :]
+        byte = blk[:, None] * HALF + tl.arange(0, HALF)[None, :]
+        codes = tl.load(b_ptr + cols[:, None, None] * row_bytes + byte[None, :, :], mask=block_ok[:, :, None],
+                        other=0).to(tl.int32)  # fmt: skip
+        scale = tl.load(scale_ptr + cols[:, None] * n_blocks + blk[None, :], mask=block_ok, other=0.0).to(tl.float32)
+        zero = _block_zeros(zero_ptr, cols[:, None], blk[None, :], block_ok, n_blocks, zp_row_bytes, ZERO_KIND)
+        if ZERO_KIND != 2:
+            zero += MAGIC
+        lo = ((codes & 0xF) | MAGIC_BITS).to(tl.float32, bitcast=True)
+        hi = ((codes >> 4) | MAGIC_BITS).to(tl.float32, bitcast=True)
+        q = tl.reshape(tl.join(lo, hi), (BLOCK_N, NBT, QBLOCK))
+        if ZERO_KIND == 2:
+            q -= MAGIC
+        w = tl.reshape((q - zero[:, :, None]) * scale[:, :, None], (BLOCK_N, BLOCK_K)).to(a_ptr.dtype.element_ty)
+        kcols = first * QBLOCK + tl.arange(0, BLOCK_K)
+        a = tl.load(a_ptr + rows[:, None] * a_stride + kcols[None, :], mask=row_ok[:, None] & (kcols < k)[None, :],
+                    other=0.0)  # fmt: skip
         if IEEE:
-            acc += tl.dot(a_even, tl.trans(w_lo), input_precision="ieee")
-            acc += tl.dot(a_odd, tl.trans(w_hi), input_precision="ieee")
+            acc += tl.dot(a, tl.trans(w), input_precision="ieee")
         else:
-            acc += tl.dot(a_even, tl.trans(w_lo))
-            acc += tl.dot(a_odd, tl.trans(w_hi))
+            acc += tl.dot(a, tl.trans(w))
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     out = c_ptr + rows[:, None] * c_stride + cols[None, :]
     tl.store(out, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _q4_dequant_kernel(
+    b_ptr, scale_ptr, zero_ptr, w_ptr, n, k, row_bytes, n_blocks, zp_row_bytes, ZERO_KIND: tl.constexpr,
+    QBLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BYTES: tl.constexpr,
+):  # fmt: skip
+    """W[rows, 2 * bytes] = (code - zero) * scale in fp32, rounded once to W's dtype (as
+    contrib_quant.dequantize_nbits computes it, so the GEMM after it sees the very same weight)."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    byte = tl.program_id(1) * BYTES + tl.arange(0, BYTES)
+    row_ok = rows < n
+    ok = row_ok[:, None] & (byte < row_bytes)[None, :]
+    packed = tl.load(b_ptr + rows[:, None] * row_bytes + byte[None, :], mask=ok, other=0)
+    blk = (byte * 2) // QBLOCK
+    scale = tl.load(scale_ptr + rows[:, None] * n_blocks + blk[None, :], mask=ok, other=0.0).to(tl.float32)
+    zero = _block_zeros(zero_ptr, rows[:, None], blk[None, :], ok, n_blocks, zp_row_bytes, ZERO_KIND)
+    lo = ((packed & 0xF).to(tl.float32) - zero) * scale
+    hi = ((packed >> 4).to(tl.float32) - zero) * scale
+    w = tl.reshape(tl.join(lo, hi), (BLOCK_N, 2 * BYTES))  # element 2i (low nibble), then 2i + 1
+    cols = tl.program_id(1) * 2 * BYTES + tl.arange(0, 2 * BYTES)
+    tl.store(w_ptr + rows[:, None] * k + cols[None, :], w.to(w_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & (cols < k)[None, :])  # fmt: skip
 
 
 # -- launch configurations ---------------------------------------------------------------------
@@ -204,16 +266,17 @@ def q4_config(
 
 def gemm_q4_config(m: int, n: int, k: int, opts: options.Options | None = None) -> tuple[int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of the several-row kernel: short prompts in
-    16-row tiles (memory-bound: the weight bytes dominate), long ones in 64 x 128 tiles.
+    16 x 32 tiles (memory-bound: the weight bytes dominate, and narrow tiles make more programs),
+    long ones in 128 x 128 tiles (the best of a small sweep on the H200's 0.5B-shape layers).
     ``ONNXGEN_GEMM_Q4[_<N>x<K>]`` (option ``gemm_q4``) forces a configuration."""
     forced = (opts or options.current()).gemm_q4.lookup(n, k)
     if forced:
         return forced  # type: ignore[return-value]
     if m <= 16:
-        return 16, 64, 128, 4, 3
+        return 16, 32, 128, 4, 3
     if m <= 64:
         return 64, 64, 64, 4, 3
-    return 64, 128, 64, 8, 3
+    return 128, 128, 64, 8, 3
 
 
 def _q4_plan(n: int, k: int, block_size: int, device: torch.device) -> tuple[int, int, int]:
@@ -269,29 +332,49 @@ def linear_row_q4(
     n_blocks = scale.shape[1]
     out = torch.empty(n, dtype=x.dtype, device=x.device)
     block_n, block_k, warps = _q4_plan(n, k, block_size, x.device)
-    block_k = max(block_k, block_size)
-    splits = triton.cdiv(n_blocks * block_size, block_k)
-    if code in NORM_PROLOGUES and splits > 1:  # statistics span the row: one tile of the whole row
-        block_k, splits = triton.next_power_of_2(n_blocks * block_size), 1
+    split_blocks = max(block_k, block_size) // block_size
+    splits = triton.cdiv(n_blocks, split_blocks)
     common = dict(PROLOGUE=code, ZERO_KIND=zero_kind, HAS_BIAS=bias is not None, QBLOCK=block_size,
-                  BLOCK_N=block_n, NB=block_k // block_size, num_warps=warps)  # fmt: skip
+                  BLOCK_N=block_n, num_warps=warps)  # fmt: skip
     bias_arg = bias if bias is not None else out
+    apart = options.current().q4_norm_apart
+    if code in NORM_PROLOGUES and apart and triton.cdiv(n, block_n) > apart:
+        # many programs would each recompute the row's statistics: normalize once, then multiply
+        x, _, _ = fused_rms_norm(x, gamma, eps, skip=x2 if code == 2 else None, sum_out=sum_out if code == 2 else None)
+        code = 0
+        common["PROLOGUE"] = 0
     LAUNCHES["linear_row_q4"] += 1
-    if splits == 1:
+    if splits == 1 or code in NORM_PROLOGUES:  # a norm's statistics span the row: one tile of the whole row
+        b0, b1, b2 = power_parts(n_blocks)
         _q4_tile_kernel[(triton.cdiv(n, block_n),)](
             x, x2, gamma, sum_out, packed, scale, zeros, bias_arg, out, n, k, n_blocks, packed.shape[1],
-            zeros.shape[1], float(eps), **common, **pdl_launch(x, out, sum_out),
+            zeros.shape[1], float(eps), **common, B0=b0, B1=b1, B2=b2, **pdl_launch(x, out, sum_out),
         )  # fmt: skip
         return out
     blocks = triton.cdiv(n, block_n)
     parts, tickets = split_scratch(n, splits, blocks, x.device)
     LAUNCHES["linear_row_q4_split"] += 1
     _q4_split_kernel[(blocks, splits)](
-        x, x2, gamma, sum_out, packed, scale, zeros, bias_arg, out, parts, tickets, n, k, n_blocks,
-        packed.shape[1], zeros.shape[1], **common, BLOCK_S=triton.next_power_of_2(splits),
+        x, x2, gamma, sum_out, packed, scale, zeros, bias_arg, out, parts, tickets, n, k, n_blocks, packed.shape[1],
+        zeros.shape[1], **common, NB=split_blocks, BLOCK_S=triton.next_power_of_2(splits),
         **pdl_launch(x, out, parts, tickets),
     )  # fmt: skip
     return out
+
+
+def power_parts(count: int) -> tuple[int, int, int]:
+    """``count`` (a row's quantization blocks) as up to three power-of-two parts, largest first,
+    that cover it with the least padding: the two highest bits, then the rest rounded up to a power
+    of two (896 elements in blocks of 32 = 28 blocks = 16 + 8 + 4, exactly)."""
+    parts: list[int] = []
+    rest = count
+    while rest and len(parts) < 2:
+        part = 1 << (rest.bit_length() - 1)
+        parts.append(part)
+        rest -= part
+    if rest:
+        parts.append(triton.next_power_of_2(rest))
+    return tuple(parts + [0] * (3 - len(parts)))  # type: ignore[return-value]
 
 
 def matmul_q4(
@@ -305,7 +388,12 @@ def matmul_q4(
     k: int,
     block_size: int,
 ) -> torch.Tensor:
-    """A @ W^T (+ bias) for A [..., K] over MatMulNBits' 4-bit W; returns [..., N] in A's dtype."""
+    """A @ W^T (+ bias) for A [..., K] over MatMulNBits' 4-bit W; returns [..., N] in A's dtype.
+
+    Option ``q4_prompt``: ``dequant`` (the default) dequantizes the weight, at most DEQUANT_ROWS_ELEMENTS
+    at a time, into a buffer that lives for this call only, and multiplies it with cuBLAS: the same
+    weight and GEMM as a cached fp16 copy, without keeping the copy; ``gemm`` runs the Triton GEMM
+    that dequantizes tiles in registers."""
     _check_block(block_size)
     lead = a.shape[:-1]
     a2 = a.reshape(-1, k)
@@ -313,10 +401,16 @@ def matmul_q4(
         a2 = a2.contiguous()
     m = a2.shape[0]
     packed, scale, zeros, zero_kind = _layout(b, scales, zero_points, n, k, block_size)
+    mode = options.current().q4_prompt
+    if m and (mode == "dequant" or (mode == "auto" and not _gemm_serves_short_prompt(m, k))):
+        return _dequant_matmul(a2, packed, scale, zeros, zero_kind, bias, n=n, k=k, block_size=block_size).reshape(
+            *lead, n
+        )
     out = torch.empty((m, n), dtype=a.dtype, device=a.device)
     if m == 0:
         return out.reshape(*lead, n)
     block_m, block_n, block_k, warps, stages = gemm_q4_config(m, n, k)
+    block_k = max(block_k, block_size)  # whole quantization blocks per tile
     LAUNCHES["matmul_q4"] += 1
     _q4_matmul_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m))](
         a2, packed, scale, zeros, bias if bias is not None else out, out, m, n, k, a2.stride(0), out.stride(0),
@@ -325,3 +419,52 @@ def matmul_q4(
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out.reshape(*lead, n)
+
+
+def _gemm_serves_short_prompt(m: int, k: int) -> bool:
+    """Under ``q4_prompt=auto``, short prompts over short rows take the tiled GEMM, which needs no
+    buffer: on the H200 it matched dequantize-then-cuBLAS there (16 rows, K = 896) and lost on
+    long rows (K = 4,864), where its few programs each loop over the whole row
+    (docs/benchmarks/2026-12-02-h200-int4-packed.md)."""
+    return m <= 16 and k <= 2048
+
+
+DEQUANT_ROWS_ELEMENTS = 1 << 25  # weight elements dequantized at once (64 MiB in fp16): bounds the buffer
+
+
+def dequantize_q4(
+    packed: torch.Tensor, scale: torch.Tensor, zeros: torch.Tensor, zero_kind: int, *, rows: slice, k: int,
+    block_size: int, dtype: torch.dtype,
+) -> torch.Tensor:  # fmt: skip
+    """Rows ``rows`` of the 4-bit weight as a new dense [rows, K] tensor of ``dtype``."""
+    lo, hi = rows.start, rows.stop
+    out = torch.empty((hi - lo, k), dtype=dtype, device=packed.device)
+    row_bytes = packed.shape[1]
+    block_n, nbytes = 16, 128
+    LAUNCHES["dequant_q4"] += 1
+    _q4_dequant_kernel[(triton.cdiv(hi - lo, block_n), triton.cdiv(row_bytes, nbytes))](
+        packed[lo:hi], scale[lo:hi], zeros[lo:hi] if zero_kind else zeros, out, hi - lo, k, row_bytes,
+        scale.shape[1], zeros.shape[1], ZERO_KIND=zero_kind, QBLOCK=block_size, BLOCK_N=block_n, BYTES=nbytes,
+        num_warps=4,
+    )  # fmt: skip
+    return out
+
+
+def _dequant_matmul(a2, packed, scale, zeros, zero_kind, bias, *, n: int, k: int, block_size: int) -> torch.Tensor:
+    step = max(16, DEQUANT_ROWS_ELEMENTS // k // 16 * 16)
+    if step >= n:
+        weight = dequantize_q4(packed, scale, zeros, zero_kind, rows=slice(0, n), k=k, block_size=block_size,
+                               dtype=a2.dtype)  # fmt: skip
+        return _linear(a2, weight, bias)
+    out = torch.empty((a2.shape[0], n), dtype=a2.dtype, device=a2.device)
+    for lo in range(0, n, step):
+        hi = min(n, lo + step)
+        weight = dequantize_q4(packed, scale, zeros, zero_kind, rows=slice(lo, hi), k=k, block_size=block_size,
+                               dtype=a2.dtype)  # fmt: skip
+        out[:, lo:hi] = _linear(a2, weight, bias[lo:hi] if bias is not None else None)
+    return out
+
+
+def _linear(a2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The GEMM the cached-copy path runs (contrib_quant.matmul_nbits: F.linear in A's dtype)."""
+    return torch.nn.functional.linear(a2, weight, bias.to(a2.dtype) if bias is not None else None)

@@ -215,8 +215,21 @@ def _linear_split_kernel(
     cols = split * BLOCK_K + tl.arange(0, BLOCK_K)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+    else:
+        bias = 0.0
     dot, _ = _tile_products(x_ptr, x2_ptr, gamma_ptr, sum_ptr, w_ptr, rows, row_ok, cols, cols < k, w_stride,
                             PROLOGUE, PDL)  # fmt: skip
+    merge_splits(dot, bias, part_ptr, ticket_ptr, out_ptr, rows, row_ok, n, BLOCK_S)
+
+
+@triton.jit
+def merge_splits(dot, bias, part_ptr, ticket_ptr, out_ptr, rows, row_ok, n, BLOCK_S: tl.constexpr):
+    """Program (block, split) of a split-K launch stores its partial sums ``dot`` of ``rows``; the
+    program of that row block that draws the last ticket adds every split's partials in split
+    order (a fixed order: the result does not depend on which program finishes last), adds
+    ``bias``, writes the rows and resets the ticket to zero for the next launch."""
+    block = tl.program_id(0)
+    split = tl.program_id(1)
     tl.store(part_ptr + split * n + rows, dot, mask=row_ok)
     tl.debug_barrier()  # every thread's partials are stored before the ticket (release)
     splits = tl.num_programs(1)
@@ -227,9 +240,7 @@ def _linear_split_kernel(
             part_ptr + s[:, None] * n + rows[None, :], mask=(s < splits)[:, None] & row_ok[None, :], other=0.0,
             cache_modifier=".cg",
         )  # fmt: skip
-        y = tl.sum(parts, axis=0)
-        if HAS_BIAS:
-            y += bias
+        y = tl.sum(parts, axis=0) + bias
         tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=row_ok)
         tl.store(ticket_ptr + block, 0)
 

@@ -64,13 +64,15 @@ def fused_rms_norm(
     out_dtype: torch.dtype | None = None,
     want_sum: bool = False,
     want_inv: bool = False,
+    sum_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """(y, x + skip + bias in x's dtype or None, 1/rms per row [..., 1] in fp32 or None)."""
+    """(y, x + skip + bias in x's dtype or None, 1/rms per row [..., 1] in fp32 or None); the sum
+    goes into ``sum_out`` when given (x's shape and dtype, contiguous)."""
     hidden = x.shape[-1]
     x = x.contiguous()
     rows = x.numel() // hidden if hidden else 0
     y = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
-    total = torch.empty_like(x) if want_sum else None
+    total = sum_out if sum_out is not None else (torch.empty_like(x) if want_sum else None)
     inv = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device) if want_inv else None
     LAUNCHES["rms_norm"] += 1
     if rows:
@@ -87,7 +89,7 @@ def fused_rms_norm(
             float(eps),
             HAS_SKIP=skip is not None,
             HAS_BIAS=bias is not None,
-            WRITE_SUM=want_sum,
+            WRITE_SUM=total is not None,
             WRITE_INV=want_inv,
             BLOCK=triton.next_power_of_2(hidden),
             **pdl_launch(x, y, total, inv),
