@@ -13,6 +13,7 @@ import onnx
 from onnxgen.errors import ModelLoadError, OnnxgenError
 from onnxgen.runtime.executor import value_info_of
 from onnxgen.runtime.model_io import load_model
+from onnxgen.runtime.ops.quant_forms import quantized_weight_paths
 
 
 def _tensor_bytes(t: onnx.TensorProto) -> tuple[int, int]:
@@ -48,7 +49,7 @@ def _model_path(target: str) -> tuple[Path, Path | None]:
     return cached / "model.onnx", cached
 
 
-def model_summary(target: str) -> dict[str, Any]:
+def model_summary(target: str, device: str = "cpu") -> dict[str, Any]:
     onnx_path, package = _model_path(target)
     model, _ = load_model(onnx_path)
     graph = model.graph
@@ -72,6 +73,9 @@ def model_summary(target: str) -> dict[str, Any]:
         "initializer_bytes": nbytes,
         "bytes_by_dtype": dict(by_dtype),
     }
+    quantized = quantized_weight_paths(model, device)
+    if quantized:
+        summary["quantized_weights"] = {"device": device, "forms": quantized}
     if package is not None and (package / "genai_config.json").is_file():
         config = json.loads((package / "genai_config.json").read_text())
         model_cfg = config.get("model", {})
@@ -105,6 +109,10 @@ def _format(summary: dict[str, Any]) -> str:
         f"parameters: {summary['initializer_elements']:,} elements, {summary['initializer_bytes'] / 2**20:.1f} MiB"
     )
     lines += [f"  {dtype}: {n / 2**20:.1f} MiB" for dtype, n in summary["bytes_by_dtype"].items()]
+    if "quantized_weights" in summary:
+        quantized = summary["quantized_weights"]
+        lines.append(f"quantized weights on {quantized['device']} (kernel per form):")
+        lines += [f"  {f['op']} {f['form']}: {f['nodes']} node(s) -> {f['path']}" for f in quantized["forms"]]
     return "\n".join(lines)
 
 
@@ -163,5 +171,5 @@ def show_model(
         return f"{report.rstrip()}\n{_logits_rows_line(package, onnx_path)}\n"
     if bind:
         raise OnnxgenError("--bind sets symbols of the capture plan; it needs --capture")
-    summary = model_summary(target)
+    summary = model_summary(target, device)
     return json.dumps(summary, indent=2) if as_json else _format(summary)

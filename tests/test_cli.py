@@ -169,3 +169,20 @@ def test_bench_refuses_a_seed_outside_torch_range_before_loading(seed):
     done = onnxgen("bench", "-m", "/nonexistent-package-dir", f"--seed={seed}", "-n", "4")
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == f"onnxgen: error: bench's prompt seed must be an int in [0, 2**64), got {seed}"
+
+
+def test_show_names_the_kernel_of_each_quantized_form(smollm2_packages):
+    """`onnxgen show` lists each MatMulNBits / GatherBlockQuantized form with the kernel that serves
+    it on the device asked about, and names the fallback where none does (here: accuracy_level 0
+    on the CPU keeps an fp32 copy)."""
+    int4 = str(smollm2_packages["int4-gqa"])
+    cpu = onnxgen("show", int4)
+    assert cpu.returncode == 0, cpu.stderr
+    assert "quantized weights on cpu (kernel per form):" in cpu.stdout
+    assert "accuracy_level=4: " in cpu.stdout and "-> torch int4 GEMM (bf16 activations)" in cpu.stdout
+    cuda = json.loads(onnxgen("show", int4, "--json", "--device", "cuda").stdout)["quantized_weights"]
+    assert {f["path"] for f in cuda["forms"] if f["op"] == "MatMulNBits"} == {
+        "packed 4-bit kernels (gpu/linear_q4.py), no dequantized copy"
+    }
+    level0 = onnxgen("show", str(smollm2_packages["int4-gqa-level0"]))
+    assert "-> reference: dequantized fp32 copy kept (accuracy_level=0 asks for fp32 compute" in level0.stdout

@@ -546,11 +546,13 @@ NBITS_TOL = {(TP.FLOAT, 0): 1e-5, (TP.FLOAT, 4): 2e-2, (TP.FLOAT16, 0): 1e-3, (T
 @pytest.mark.parametrize("accuracy_level", [0, 4])
 @pytest.mark.parametrize("dtype", [TP.FLOAT, TP.FLOAT16])
 @pytest.mark.parametrize("zp_kind", ["none", "packed", "float"])
-@pytest.mark.parametrize("block_size", [16, 32, 64, 128])
+@pytest.mark.parametrize("block_size", [16, 32, 64, 128, 256])
 def test_matmul_nbits_4bit(block_size: int, zp_kind: str, dtype: int, accuracy_level: int, device: str) -> None:
     # K = 200 is not a whole number of blocks for any of these sizes; 16 gives 13 blocks (odd)
     model = matmul_nbits_model(200, 24, 4, block_size, dtype, zp_kind, accuracy_level)
-    _nbits_parity(model, dtype, device, NBITS_TOL[(dtype, accuracy_level)])
+    # on a Triton device (the interpreter too) M=1 takes the one-row 4-bit kernel, M=5 the tiled
+    # GEMM of short prompts, M=20 the prompt path that dequantizes into a transient buffer
+    _nbits_parity(model, dtype, device, NBITS_TOL[(dtype, accuracy_level)], m_values=(1, 5, 20))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -562,11 +564,72 @@ def test_matmul_nbits_4bit_long_rows(zp_kind: str, device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("block_size", "zp_kind"), [(16, "packed"), (32, "none"), (128, "float")])
+def test_matmul_nbits_prompt_gemm(block_size: int, zp_kind: str, device: str) -> None:
+    """Option q4_prompt=gemm: several rows through the Triton GEMM that dequantizes tiles in
+    registers (where the 4-bit kernels serve; elsewhere the same as the default)."""
+    from onnxgen import options
+
+    model = matmul_nbits_model(200, 24, 4, block_size, TP.FLOAT16, zp_kind, 0)
+    with options.override(q4_prompt="gemm"):
+        _nbits_parity(model, TP.FLOAT16, device, NBITS_TOL[(TP.FLOAT16, 0)], m_values=(5,))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bits", [2, 8])
 @pytest.mark.parametrize("zp_kind", ["none", "packed"])
 def test_matmul_nbits_other_widths(bits: int, zp_kind: str, device: str) -> None:
     model = matmul_nbits_model(96, 20, bits, 32, TP.FLOAT, zp_kind, 0)
     _nbits_parity(model, TP.FLOAT, device, 1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_matmul_nbits_8bit_fallback_is_said(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the packed 4-bit kernels serve, a form they cannot take (8 bits) says so once, with the
+    reason, and still matches onnxruntime over its dequantized copy."""
+    from onnxgen.runtime.gpu.launch import q4_kernels_serve
+    from onnxgen.runtime.ops import contrib_quant
+
+    if not q4_kernels_serve(torch.zeros(1, device=device)):
+        pytest.skip("the packed 4-bit kernels serve on a Triton device (or under Triton's interpreter) only")
+    monkeypatch.setattr(contrib_quant, "_SAID", set())
+    model = matmul_nbits_model(96, 20, 8, 32, TP.FLOAT, "none", 0)
+    with pytest.warns(RuntimeWarning, match=r"bits=8 \(the packed kernels are 4-bit\): no packed 4-bit kernel"):
+        _nbits_parity(model, TP.FLOAT, device, 1e-5)
+
+
+def test_quantized_weight_paths_name_each_form() -> None:
+    """``onnxgen show``'s per-form kernel lines, from the graph alone (quant_forms), for forms with
+    and without a fast kernel on each device."""
+    from onnxgen.runtime.ops.quant_forms import quantized_weight_paths
+
+    def paths(model, device: str) -> list[str]:
+        return [f"{f['form']} -> {f['path']}" for f in quantized_weight_paths(model, device)]
+
+    level4 = matmul_nbits_model(256, 32, 4, 32, TP.FLOAT16, "packed", 4)
+    assert paths(level4, "cuda") == [
+        "bits=4 block_size=32 zero_points=packed accuracy_level=4 -> packed 4-bit kernels (gpu/linear_q4.py), "
+        "no dequantized copy"
+    ]
+    assert paths(level4, "cpu") == [
+        "bits=4 block_size=32 zero_points=packed accuracy_level=4 -> torch int4 GEMM (bf16 activations), "
+        "packed codes only"
+    ]
+    with options.override(triton_q4=False):
+        assert paths(level4, "cuda")[0].endswith("-> dequantized fp16/bf16 copy (ONNXGEN_TRITON_Q4=0)")
+    level0 = matmul_nbits_model(200, 24, 4, 16, TP.FLOAT, "float", 0)
+    assert paths(level0, "cpu") == [
+        "bits=4 block_size=16 zero_points=float accuracy_level=0 -> reference: dequantized fp32 copy kept "
+        "(accuracy_level=0 asks for fp32 compute (the int4 GEMM is bf16: levels >= 3))"
+    ]
+    eight = matmul_nbits_model(96, 20, 8, 32, TP.FLOAT, "none", 4)
+    assert paths(eight, "cuda") == [
+        "bits=8 block_size=32 zero_points=none accuracy_level=4 -> reference: dequantized fp16/bf16 copy kept "
+        "(bits=8 (the packed kernels are 4-bit))"
+    ]
+    model, _ = _gidx_model("none", np.arange(64, dtype=np.int32) // 16)
+    g_idx_path = paths(model, "cuda")[0]
+    assert g_idx_path.endswith("g_idx -> reference: dequantized fp16/bf16 copy kept (g_idx (blocks out of order))")
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -38,6 +38,7 @@ GatherBlockQuantized dequantizes only the gathered rows (no cache needed).
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +53,7 @@ from onnxgen.runtime.ops.common import normalize_axis
 from onnxgen.runtime.ops.contrib_attention import compute_dtype
 from onnxgen.runtime.ops.cpu_gemv import split_gemv
 from onnxgen.runtime.ops.indexing import checked_indices
+from onnxgen.runtime.ops.quant_forms import int4pack_form_unserved, q4_form_unserved
 from onnxgen.runtime.ops.registry import MS_DOMAIN, implements
 
 _CHUNK_ELEMENTS = 1 << 24  # fp32 elements per dequantization chunk (64 MiB)
@@ -205,16 +207,49 @@ def q4_kernel_applies(
     bits: int,
     block_size: int,
 ) -> bool:
-    """gpu/linear_q4.py's kernels take this MatMulNBits on the packed codes: 4 bits in power-of-two
-    blocks of at least 16, blocks in order (no g_idx), B as whole blocks per row, scales (and float
-    zero points) in A's dtype, on a Triton device with option ``triton_q4`` on."""
-    pow2 = block_size >= 16 and not block_size & (block_size - 1)
-    if bits != 4 or not pow2 or g_idx is not None or b.dtype != torch.uint8 or scales.dtype != a.dtype:
+    """gpu/linear_q4.py's kernels take this MatMulNBits on the packed codes: a form that
+    quant_forms.q4_form_unserved accepts, B as whole blocks per row, scales (and float zero
+    points) in A's dtype, on a Triton device with option ``triton_q4`` on. A form they cannot take
+    on such a device is said once (``_say_fallback``) and runs over a dequantized copy."""
+    if not q4_kernels_serve(a):
         return False
-    if zero_points is not None and zero_points.dtype not in (torch.uint8, a.dtype):
+    why = q4_form_unserved(
+        bits=bits, block_size=block_size, has_g_idx=g_idx is not None, codes_uint8=b.dtype == torch.uint8,
+        scales_float=scales.is_floating_point(), zero=_zero_kind(zero_points, scales),
+    )  # fmt: skip
+    if why is None and scales.dtype != a.dtype:
+        why = f"scales of dtype {scales.dtype} beside activations of {a.dtype}"
+    n_blocks = -(-k // block_size) if block_size > 0 else 0
+    if why is None and not (b.numel() == scales.numel() * (block_size // 2) and scales.numel() % n_blocks == 0):
+        why = "B or scales do not hold whole blocks per row"
+    if why is not None:
+        _say_fallback(why)
         return False
-    n_blocks = -(-k // block_size)
-    return b.numel() == scales.numel() * (block_size // 2) and scales.numel() % n_blocks == 0 and q4_kernels_serve(a)
+    return True
+
+
+def _zero_kind(zero_points: torch.Tensor | None, scales: torch.Tensor) -> str:
+    if zero_points is None:
+        return "none"
+    if zero_points.dtype == torch.uint8:
+        return "packed"
+    return "float" if zero_points.dtype == scales.dtype else "other"
+
+
+_SAID: set[str] = set()
+
+
+def _say_fallback(why: str) -> None:
+    """Once per reason and process: a MatMulNBits form the packed kernels cannot take keeps a
+    dequantized copy (the memory the packed path exists to save)."""
+    if why not in _SAID:
+        _SAID.add(why)
+        warnings.warn(
+            f"MatMulNBits with {why}: no packed 4-bit kernel; it runs over a dequantized copy of its weight "
+            "(`onnxgen show PKG --device cuda` lists each form's path)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
 
 def q4_linear(a, b, scales, zero_points, bias, *, n: int, k: int, block_size: int, **prologue) -> torch.Tensor:
@@ -253,7 +288,6 @@ def fake_quantize_int8_blocks(a: torch.Tensor, block_size: int) -> torch.Tensor:
 # per block at level 4). At levels 0-2 the exact fp32 path below stays. It is faster than the fp32
 # GEMM at every M we measured (1..512), so prefill uses it too and no fp32 copy is cached.
 # ONNXGEN_CPU_INT4_GEMM=0 (option cpu_int4_gemm) turns it off.
-_INT4PACK_GROUPS = (32, 64, 128, 256)  # the group sizes the kernel accepts
 _INT4PACK_OP = getattr(getattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", None), "default", None)
 
 
@@ -271,15 +305,14 @@ def _int4pack_applies(
     if _INT4PACK_OP is None or a.device.type != "cpu":
         return False
     opts = options.current()
+    why = int4pack_form_unserved(
+        accuracy_level=int(ctx.attr("accuracy_level", 0)), bits=bits, has_g_idx=g_idx is not None,
+        block_size=block_size, k=k, n=n,
+    )  # fmt: skip
     return (
-        opts.cpu_int4_gemm
-        and int(ctx.attr("accuracy_level", 0)) >= 3
+        why is None
+        and opts.cpu_int4_gemm
         and opts.int8_activations == "none"  # int8 emulation asked for: keep the path that does it
-        and bits == 4
-        and g_idx is None
-        and block_size in _INT4PACK_GROUPS
-        and k % block_size == 0
-        and n % 16 == 0  # the packing works in tiles of 16 output rows
         and b.dtype == torch.uint8
         and a.is_floating_point()
     )
