@@ -3,10 +3,11 @@
 Codes are packed low bits first (for 4 bits: element 2i in the low nibble of byte i), blocks run
 along K, and a weight is (code - zero_point) * scale with the default zero point 2^(bits - 1).
 
-With option ``triton_q4`` (ONNXGEN_TRITON_Q4=1) on a Triton device, 4-bit weights in power-of-two
-blocks are multiplied as packed codes by gpu/linear_q4.py (one row: the GEMV kernels; several: a
-tiled GEMM), and nothing below is cached. Otherwise MatMulNBits dequantizes its weight to [N, K] and
-runs one GEMM. Caching (a conscious choice):
+On a Triton device (option ``triton_q4``, on by default) 4-bit weights in power-of-two blocks are
+multiplied as packed codes by gpu/linear_q4.py (one row: the GEMV kernels; a prompt: a tiled GEMM,
+or each weight dequantized into a buffer that lives for the call), and nothing below is cached;
+a form those kernels cannot take (quant_forms.py says which) is said once. Otherwise MatMulNBits
+dequantizes its weight to [N, K] and runs one GEMM. Caching (a conscious choice):
 the dequantized weight is kept per (B, scales, zero_points, g_idx) tensor identity, so a weight
 that is an initializer is dequantized once and each later call is a single GEMM (few kernels per
 decode step, which is what decode speed on the GPU hinges on). The price is memory: a 4-bit

@@ -4,8 +4,8 @@
   weights concatenated along N (made once per weight set and cached), bias in the GEMM's
   epilogue, split into the n outputs (views).
 - ``MatMulNBitsGroup(A, (B, scales, zero_points)_1..n, bias_1..n)``: each MatMulNBits weight
-  dequantized as MatMulNBits would, concatenated, then the same GEMM; with option ``triton_q4`` the
-  packed codes end to end through gpu/linear_q4.py instead. A CUDA session joins the members' codes
+  dequantized as MatMulNBits would, concatenated, then the same GEMM; with option ``triton_q4`` (on
+  by default) the packed codes end to end through gpu/linear_q4.py instead. A CUDA session joins the members' codes
   once (fusion.pack_nbits_groups, attribute ``packed_weight``): one member of width sum(widths).
 - ``SiluMul(g, u)``: silu(g) * u.
 Either group may carry a ``prologue`` (attribute; inputs x2 and gamma after the biases, see
