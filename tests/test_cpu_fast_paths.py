@@ -298,3 +298,23 @@ def test_split_gemv_matches_onnxruntime(op: str, a_shape, two_threads, monkeypat
     np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-4)
     single_row = int(np.prod(a_shape[:-1])) == 1
     assert bool(used) == single_row, "the split path ran where it should not, or did not run"
+
+
+def test_int4_weights_are_packed_once_at_load(int4_calls) -> None:
+    """A CPU session puts the int4 GEMM's layout in place of the codes, scales and zero points
+    (prepack_int4): the originals are gone, so the weight is held once, and the path runs."""
+    from onnxgen.runtime import InferenceSession
+
+    model = matmul_nbits_model(256, 48, 4, 32, TP.FLOAT, "packed", accuracy_level=4, with_bias=True)
+    session = InferenceSession(model, device="cpu")
+    names = set(session.program.initializers)
+    assert not {"B", "scales", "zp"} & names, names
+    assert {"onnxgen.int4pack[B]", "onnxgen.int4pack_sz[B]", "bias"} <= names
+    held = sum(t.numel() * t.element_size() for t in session.program.initializers.values())
+    assert held == 48 * 256 // 2 + (256 // 32) * 48 * 2 * 2 + 48 * 4  # codes, bf16 scale/zero pairs, bias
+    a = np.random.default_rng(8).standard_normal((2, 256)).astype(np.float32)
+    expected = ort_run(_with_level(model, 0), {"A": a})[0]
+    assert _max_rel_error(session.run(None, {"A": a})[0], expected) < INT4_TOL
+    assert int4_calls == [2]
+    level0 = InferenceSession(_with_level(model, 0), device="cpu")  # exact fp32 asked: left as it is
+    assert {"B", "scales", "zp"} <= set(level0.program.initializers)

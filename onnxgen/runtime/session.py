@@ -19,6 +19,7 @@ from onnxgen.runtime.dtypes import NUMPY_TO_TORCH, ONNX_TO_TORCH, numpy_to_torch
 from onnxgen.runtime.executor import GraphProgram, ValueInfo, compile_model
 from onnxgen.runtime.fusion import fuse_for_device, pack_matmul_groups, pack_nbits_groups
 from onnxgen.runtime.model_io import load_model, parse_model_bytes
+from onnxgen.runtime.ops.contrib_quant import prepack_int4
 
 if TYPE_CHECKING:
     from onnxgen.runtime.capture.runtime import CaptureRuntime
@@ -109,6 +110,8 @@ class InferenceSession:
             pack_matmul_groups(self.program)  # one copy of the grouped weights, not two
         if self.fusions.matmul_nbits_groups:
             pack_nbits_groups(self.program)  # the same for 4-bit codes
+        if self.device.type == "cpu":
+            prepack_int4(self.program)  # the CPU int4 GEMM's layout in place of the codes, not beside
         inits = set(self.program.initializers)
         self._inputs = [vi for vi in self.program.inputs if vi.name not in inits]
         self._optional_inputs = {vi.name for vi in self.program.inputs if vi.name in inits}

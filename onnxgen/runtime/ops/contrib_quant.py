@@ -31,8 +31,10 @@ than without the rounding (1.8e-3). So it is off by default and useful for singl
 
 On the CPU at accuracy_level >= 3, 4-bit weights skip all of the above and go through torch's
 int4 weight-only GEMM with bf16 activations (see "CPU fast path" below): the level permits bf16
-compute, and decode reads the packed weight instead of an 8x larger fp32 copy. At levels 0-2 the
-exact path stays (fp32 one-row products split across cores, see cpu_gemv).
+compute, and decode reads the packed weight instead of an 8x larger fp32 copy. A CPU session puts
+that layout in place of the node's codes, scales and zero points at load (prepack_int4), so the
+weight is held once. At levels 0-2 the exact path stays (fp32 one-row products split across
+cores, see cpu_gemv) over a cached fp32 copy.
 
 GatherBlockQuantized dequantizes only the gathered rows (no cache needed).
 """
@@ -366,11 +368,17 @@ class _Int4Plan:
 
     __slots__ = ("refs", "versions", "packed", "sz", "k", "n", "block_size")
 
-    def __init__(self, b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, *, k, n, block_size):
+    def __init__(
+        self, b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, *, k, n, block_size,
+        packed: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ):  # fmt: skip
         self.refs = (weakref.ref(b), weakref.ref(scales), _weak(zero_points))
         self.versions = (_version_of(b), _version_of(scales), _version_of(zero_points))
-        self.packed = _int4pack_weight(b, k=k, n=n)
-        self.sz = _int4pack_scales_zeros(scales, zero_points, k=k, n=n, block_size=block_size)
+        if packed is not None:  # made at load (prepack_int4): b and scales are these very tensors
+            self.packed, self.sz = packed
+        else:
+            self.packed = _int4pack_weight(b, k=k, n=n)
+            self.sz = _int4pack_scales_zeros(scales, zero_points, k=k, n=n, block_size=block_size)
         self.k, self.n, self.block_size = k, n, block_size
 
     def serves(self, b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None) -> bool:
@@ -393,6 +401,53 @@ class _Int4Plan:
         return out if a.dtype == torch.float32 else out.to(a.dtype)
 
 
+PREPACKED_ATTR = "onnxgen_int4pack"  # set by prepack_int4: B and scales are the int4 GEMM's layout
+
+
+def prepack_int4(program: Any) -> int:
+    """On the CPU, every MatMulNBits that torch's int4 GEMM will serve (quant_forms, the options in
+    force) gets its packed weight at load, in place of its codes, scales and zero points, which are
+    dropped where nothing else reads them: the session then holds the 4-bit weight once (the
+    lazily made plan kept a second copy beside the originals). Returns the nodes prepacked."""
+    from onnxgen.runtime.fusion import _drop_unread, _readers
+
+    opts = options.current()
+    if _INT4PACK_OP is None or not opts.cpu_int4_gemm or opts.int8_activations != "none":
+        return 0
+    readers = _readers(program)
+    fed = {vi.name for vi in program.inputs} | {vi.name for vi in program.outputs}
+    done = 0
+    for node in program.nodes:
+        ctx = node.ctx
+        if ctx.op_type != "MatMulNBits" or ctx.domain != MS_DOMAIN or ctx.attrs.get(PREPACKED_ATTR):
+            continue
+        names = list(node.inputs[1:4]) + [""] * (3 - len(node.inputs[1:4]))
+        g_idx = node.inputs[4] if len(node.inputs) > 4 else ""
+        b, scales, zero = (program.initializers.get(name) if name else None for name in names)
+        if g_idx or b is None or scales is None or (names[2] and zero is None) or fed & set(filter(None, names)):
+            continue
+        if not isinstance(b, torch.Tensor) or b.dtype != torch.uint8 or not scales.is_floating_point():
+            continue
+        k, n, block = int(ctx.attrs.get("K", 0)), int(ctx.attrs.get("N", 0)), int(ctx.attrs.get("block_size", 0))
+        why = int4pack_form_unserved(
+            accuracy_level=int(ctx.attrs.get("accuracy_level", 0)), bits=int(ctx.attrs.get("bits", 4)),
+            has_g_idx=False, block_size=block, k=k, n=n,
+        )  # fmt: skip
+        if why is not None or b.numel() != n * k // 2:
+            continue
+        packed = _int4pack_weight(b, k=k, n=n)
+        sz = _int4pack_scales_zeros(scales, zero, k=k, n=n, block_size=block)
+        label = names[0]
+        program.initializers[f"onnxgen.int4pack[{label}]"] = packed
+        program.initializers[f"onnxgen.int4pack_sz[{label}]"] = sz
+        node.inputs[1:4] = [f"onnxgen.int4pack[{label}]", f"onnxgen.int4pack_sz[{label}]", ""]
+        ctx.attrs[PREPACKED_ATTR] = 1
+        ctx.__dict__["_int4pack"] = _Int4Plan(packed, sz, None, k=k, n=n, block_size=block, packed=(packed, sz))
+        _drop_unread(program, readers, [name for name in names if name])
+        done += 1
+    return done
+
+
 @implements("MatMulNBits", domain=MS_DOMAIN)
 def matmul_nbits(
     ctx: NodeContext,
@@ -406,6 +461,8 @@ def matmul_nbits(
     plan = ctx.__dict__.get("_int4pack")
     if plan is not None and a.is_cpu and g_idx is None and plan.serves(b, scales, zero_points):
         return plan.run(a, bias)  # the decode fast path: checked once when the plan was made
+    if ctx.attrs.get(PREPACKED_ATTR):
+        raise ctx.fail("its weight was packed for the CPU int4 GEMM at load and is no longer that tensor")
     k = int(ctx.require("K"))
     n = int(ctx.require("N"))
     bits = int(ctx.attr("bits", 4))
