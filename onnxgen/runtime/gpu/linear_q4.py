@@ -1,5 +1,5 @@
-"""Linear layers over MatMulNBits' packed 4-bit weights, dequantized in registers: no fp16 copy of
-the weight exists anywhere, and each product reads a quarter of the bytes a dense fp16 weight has.
+"""Linear layers over MatMulNBits' packed 4-bit weights: no dequantized copy of a weight is kept,
+and a decode step's product reads a quarter of the bytes a dense fp16 weight has.
 
 Layout, as MatMulNBits stores it: B is [N, n_blocks * QBLOCK / 2] bytes (K padded to whole blocks),
 element c of a row in byte c // 2, the low nibble for even c; scales [N, n_blocks]; zero points
@@ -7,19 +7,24 @@ absent (8 for every block), packed uint8 [N, ceil(n_blocks / 2)] (block b in byt
 nibble for even b), or [N, n_blocks] in the scales' dtype. A weight is (code - zero) * scale.
 
 One row (the decode step), with gpu/linear_row.py's prologues (rms, skip_rms, silu_mul):
-- ``_q4_tile_kernel``: BLOCK_N whole rows per program in one tile, every code, scale and zero
-  point load issued before the wait for the kernel before (PDL: they are constant);
+- ``_q4_tile_kernel``: BLOCK_N whole rows per program, a row's blocks in up to three power-of-two
+  parts; every code, scale and zero point load issued before the wait for the kernel before
+  (PDL: they are constant), the activations after it;
 - ``_q4_split_kernel``: rows longer than one tile (down_proj) split along K over a second grid
   axis, the partial sums added in split order by the program that draws the last ticket.
-Per quantization block a row's product is scale * (sum q*a - zero * sum a): one multiply per block,
-the sums in fp32. The weights are never rounded to the activation dtype here, so results differ
-from a GEMM over the dequantized fp16 weight by that rounding (~1e-3 relative in fp16); the order
-of every sum is fixed, so a run repeats bit for bit and a captured step equals the eager one.
+Codes load as [rows, blocks, bytes]; the two nibbles of a byte are joined into element order, so
+the activations load as contiguous block rows, and a code becomes a float by the exponent trick
+(MAGIC_BITS). Per block a row's product is scale * sum((code - zero) * a), in fp32. The weights are
+never rounded to the activation dtype here, so results differ from a GEMM over the dequantized
+fp16 weight by that rounding (~1e-3 relative in fp16); the order of every sum is fixed, so a run
+repeats bit for bit and a captured step equals the eager one. Where a norm prologue would be
+recomputed by very many programs (the lm_head), it runs first as its own kernel (option
+``q4_norm_apart``).
 
-Several rows (a prompt): ``_q4_matmul_kernel``, tiles of A times tiles of W dequantized in
-registers ((q - zero) * scale in fp32, rounded once to the activation dtype, as dequantize_nbits
-rounds it) on tensor cores (tl.dot; fp32 activations multiply in IEEE fp32, not TF32). Even and
-odd columns of a tile are two products, so the codes need no interleaving.
+Several rows (a prompt), option ``q4_prompt``: ``_q4_matmul_kernel``, tiles of A times tiles of W
+dequantized in registers ((code - zero) * scale in fp32, rounded once to the activation dtype, as
+dequantize_nbits rounds it) on tensor cores (tl.dot; fp32 activations in IEEE fp32, not TF32); or
+``_q4_dequant_kernel`` into a buffer that lives for the call, then cuBLAS.
 """
 
 from __future__ import annotations
