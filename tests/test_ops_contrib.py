@@ -630,6 +630,17 @@ def test_quantized_weight_paths_name_each_form() -> None:
     model, _ = _gidx_model("none", np.arange(64, dtype=np.int32) // 16)
     g_idx_path = paths(model, "cuda")[0]
     assert g_idx_path.endswith("g_idx -> reference: dequantized fp16/bf16 copy kept (g_idx (blocks out of order))")
+    gather4 = gather_block_quantized_model(4, 32, "packed", TP.FLOAT16)
+    assert paths(gather4, "cuda") == [
+        "bits=4 block_size=32 zero_points=packed -> one-kernel 4-bit row gather (gpu/prelude.py)"
+    ]
+    assert paths(gather4, "cpu") == [
+        "bits=4 block_size=32 zero_points=packed -> reference: dequantizes the gathered rows only"
+    ]
+    gather8 = gather_block_quantized_model(8, 32, "none", TP.FLOAT)
+    assert paths(gather8, "cuda") == [
+        "bits=8 block_size=32 zero_points=none -> reference: dequantizes the gathered rows only"
+    ]
 
 
 @pytest.mark.parametrize("device", DEVICES)
