@@ -339,15 +339,14 @@ def linear_row_q4(
     block_n, block_k, warps = _q4_plan(n, k, block_size, x.device)
     split_blocks = max(block_k, block_size) // block_size
     splits = triton.cdiv(n_blocks, split_blocks)
-    common = dict(PROLOGUE=code, ZERO_KIND=zero_kind, HAS_BIAS=bias is not None, QBLOCK=block_size,
-                  BLOCK_N=block_n, num_warps=warps)  # fmt: skip
-    bias_arg = bias if bias is not None else out
     apart = options.current().q4_norm_apart
     if code in NORM_PROLOGUES and apart and triton.cdiv(n, block_n) > apart:
         # many programs would each recompute the row's statistics: normalize once, then multiply
         x, _, _ = fused_rms_norm(x, gamma, eps, skip=x2 if code == 2 else None, sum_out=sum_out if code == 2 else None)
         code = 0
-        common["PROLOGUE"] = 0
+    common = dict(PROLOGUE=code, ZERO_KIND=zero_kind, HAS_BIAS=bias is not None, QBLOCK=block_size,
+                  BLOCK_N=block_n, num_warps=warps)  # fmt: skip
+    bias_arg = bias if bias is not None else out
     LAUNCHES["linear_row_q4"] += 1
     if splits == 1 or code in NORM_PROLOGUES:  # a norm's statistics span the row: one tile of the whole row
         b0, b1, b2 = power_parts(n_blocks)
@@ -395,10 +394,11 @@ def matmul_q4(
 ) -> torch.Tensor:
     """A @ W^T (+ bias) for A [..., K] over MatMulNBits' 4-bit W; returns [..., N] in A's dtype.
 
-    Option ``q4_prompt``: ``dequant`` (the default) dequantizes the weight, at most DEQUANT_ROWS_ELEMENTS
-    at a time, into a buffer that lives for this call only, and multiplies it with cuBLAS: the same
+    Option ``q4_prompt``: ``dequant`` dequantizes the weight, at most DEQUANT_ROWS_ELEMENTS at a
+    time, into a buffer that lives for this call only, and multiplies it with cuBLAS: the same
     weight and GEMM as a cached fp16 copy, without keeping the copy; ``gemm`` runs the Triton GEMM
-    that dequantizes tiles in registers."""
+    that dequantizes tiles in registers; ``auto`` (the default) takes the GEMM where
+    _gemm_serves_short_prompt says, dequant elsewhere."""
     _check_block(block_size)
     lead = a.shape[:-1]
     a2 = a.reshape(-1, k)

@@ -56,7 +56,7 @@ from onnxgen.runtime.ops.common import normalize_axis
 from onnxgen.runtime.ops.contrib_attention import compute_dtype
 from onnxgen.runtime.ops.cpu_gemv import split_gemv
 from onnxgen.runtime.ops.indexing import checked_indices
-from onnxgen.runtime.ops.quant_forms import int4pack_form_unserved, q4_form_unserved
+from onnxgen.runtime.ops.quant_forms import int4pack_enabled, int4pack_form_unserved, q4_form_unserved, zero_kind
 from onnxgen.runtime.ops.registry import MS_DOMAIN, implements
 
 _CHUNK_ELEMENTS = 1 << 24  # fp32 elements per dequantization chunk (64 MiB)
@@ -218,7 +218,9 @@ def q4_kernel_applies(
         return False
     why = q4_form_unserved(
         bits=bits, block_size=block_size, has_g_idx=g_idx is not None, codes_uint8=b.dtype == torch.uint8,
-        scales_float=scales.is_floating_point(), zero=_zero_kind(zero_points, scales),
+        scales_float=scales.is_floating_point(),
+        zero=zero_kind(zero_points is not None, zero_points is not None and zero_points.dtype == torch.uint8,
+                       zero_points is not None and zero_points.dtype == scales.dtype),
     )  # fmt: skip
     if why is None and scales.dtype != a.dtype:
         why = f"scales of dtype {scales.dtype} beside activations of {a.dtype}"
@@ -229,14 +231,6 @@ def q4_kernel_applies(
         _say_fallback(why)
         return False
     return True
-
-
-def _zero_kind(zero_points: torch.Tensor | None, scales: torch.Tensor) -> str:
-    if zero_points is None:
-        return "none"
-    if zero_points.dtype == torch.uint8:
-        return "packed"
-    return "float" if zero_points.dtype == scales.dtype else "other"
 
 
 _SAID: set[str] = set()
@@ -305,20 +299,13 @@ def _int4pack_applies(
     bits: int,
     block_size: int,
 ) -> bool:
-    if _INT4PACK_OP is None or a.device.type != "cpu":
+    if _INT4PACK_OP is None or a.device.type != "cpu" or not int4pack_enabled(options.current()):
         return False
-    opts = options.current()
     why = int4pack_form_unserved(
         accuracy_level=int(ctx.attr("accuracy_level", 0)), bits=bits, has_g_idx=g_idx is not None,
         block_size=block_size, k=k, n=n,
     )  # fmt: skip
-    return (
-        why is None
-        and opts.cpu_int4_gemm
-        and opts.int8_activations == "none"  # int8 emulation asked for: keep the path that does it
-        and b.dtype == torch.uint8
-        and a.is_floating_point()
-    )
+    return why is None and b.dtype == torch.uint8 and a.is_floating_point()
 
 
 _PACK_ROWS = 4096  # output rows packed at a time: a multiple of the packing's row tiles (64 with AVX-512)
@@ -411,8 +398,7 @@ def prepack_int4(program: Any) -> int:
     lazily made plan kept a second copy beside the originals). Returns the nodes prepacked."""
     from onnxgen.runtime.fusion import _drop_unread, _readers
 
-    opts = options.current()
-    if _INT4PACK_OP is None or not opts.cpu_int4_gemm or opts.int8_activations != "none":
+    if _INT4PACK_OP is None or not int4pack_enabled(options.current()):
         return 0
     readers = _readers(program)
     fed = {vi.name for vi in program.inputs} | {vi.name for vi in program.outputs}

@@ -73,15 +73,28 @@ def _input(node: onnx.NodeProto, index: int) -> str:
     return node.input[index] if len(node.input) > index else ""
 
 
-def _zero_kind(name: str, inits: dict[str, onnx.TensorProto], scales_type: int | None) -> str:
-    if not name:
+def zero_kind(present: bool, uint8: bool, scales_dtype: bool) -> str:
+    """The zero points' form as q4_form_unserved names it: "none", "packed" (uint8 codes), "float"
+    (of the scales' dtype) or "other"."""
+    if not present:
         return "none"
-    t = inits.get(name)
-    if t is None:
-        return "other"
-    if t.data_type == onnx.TensorProto.UINT8:
+    if uint8:
         return "packed"
-    return "float" if t.data_type == scales_type else "other"
+    return "float" if scales_dtype else "other"
+
+
+def int4pack_enabled(opts: options.Options) -> bool:
+    """The options let torch's CPU int4 GEMM serve (it is not turned off, and no int8 emulation of
+    the activations is asked for, which only the exact path does)."""
+    return opts.cpu_int4_gemm and opts.int8_activations == "none"
+
+
+def _zero_kind(name: str, inits: dict[str, onnx.TensorProto], scales_type: int | None) -> str:
+    t = inits.get(name) if name else None
+    if name and t is None:
+        return "other"  # computed at run time
+    return zero_kind(bool(name), t is not None and t.data_type == onnx.TensorProto.UINT8,
+                     t is not None and t.data_type == scales_type)  # fmt: skip
 
 
 _FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
@@ -109,8 +122,8 @@ def _matmul_nbits_form(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto],
             return _Form("MatMulNBits", text, "packed 4-bit kernels (gpu/linear_q4.py), no dequantized copy")
     else:
         why = int4pack_form_unserved(accuracy_level=level, bits=bits, has_g_idx=has_g_idx, block_size=block, k=k, n=n)
-        if why is None and not options.current().cpu_int4_gemm:
-            why = "ONNXGEN_CPU_INT4_GEMM=0"
+        if why is None and not int4pack_enabled(options.current()):
+            why = "ONNXGEN_CPU_INT4_GEMM=0 or ONNXGEN_INT8_ACTIVATIONS set"
         if why is None:
             return _Form("MatMulNBits", text, "torch int4 GEMM (bf16 activations), packed codes only")
     return _Form("MatMulNBits", text, f"reference: dequantized {copy} copy kept ({why})")
