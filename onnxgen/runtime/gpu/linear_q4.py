@@ -101,16 +101,24 @@ def _block_products(
     inside = cols < k
     x, x2, gamma = _activation_inputs(x_ptr, x2_ptr, gamma_ptr, cols, inside, PROLOGUE)
     a, sq = _activation(x, x2, gamma, sum_ptr, cols, inside, PROLOGUE)
+    if PROLOGUE == 0 or PROLOGUE == 3:  # exact in the input dtype: half the bytes to share out
+        a = a.to(x.dtype)
+    per_block = tl.sum(_codes_less_zero(codes, offset, ZERO_KIND, NB, QBLOCK) * a[None, :, :].to(tl.float32), axis=2)
+    return tl.sum(per_block * scale, axis=1), tl.sum(tl.sum(sq, axis=1), axis=0)
+
+
+@triton.jit
+def _codes_less_zero(codes, offset, ZERO_KIND: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr):
+    """code - zero in fp32, [BLOCK_N, NB, QBLOCK] in element order, from _block_loads' codes and
+    offset: the two nibbles of each byte joined (2i low, 2i + 1 high), each made a float by the
+    exponent trick."""
     wide = codes.to(tl.int32)
     lo = ((wide & 0xF) | MAGIC_BITS).to(tl.float32, bitcast=True)
     hi = ((wide >> 4) | MAGIC_BITS).to(tl.float32, bitcast=True)
-    q = tl.reshape(tl.join(lo, hi), (codes.shape[0], NB, QBLOCK))  # [BLOCK_N, NB, QBLOCK], element order
+    q = tl.reshape(tl.join(lo, hi), (codes.shape[0], NB, QBLOCK))
     if ZERO_KIND == 2:
         q -= MAGIC
-    if PROLOGUE == 0 or PROLOGUE == 3:  # exact in the input dtype: half the bytes to share out
-        a = a.to(x.dtype)
-    per_block = tl.sum((q - offset[:, :, None]) * a[None, :, :].to(tl.float32), axis=2)
-    return tl.sum(per_block * scale, axis=1), tl.sum(tl.sum(sq, axis=1), axis=0)
+    return q - offset[:, :, None]
 
 
 @triton.jit
@@ -187,7 +195,6 @@ def _q4_matmul_kernel(
     """C[BLOCK_M, BLOCK_N] tile = A @ W^T (+ bias), W dequantized BLOCK_K columns (whole quantization
     blocks, BLOCK_K >= QBLOCK) at a time: each block's codes, scale and zero load once per tile, the
     nibbles are joined into element order and rounded to A's dtype as dequantize_nbits rounds them."""
-    HALF: tl.constexpr = QBLOCK // 2
     NBT: tl.constexpr = BLOCK_K // QBLOCK
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -195,21 +202,10 @@ def _q4_matmul_kernel(
     col_ok = cols < n
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for first in range(0, n_blocks, NBT):
-        blk = first + tl.arange(0, NBT)
-        block_ok = col_ok[:, None] & (blk < n_blocks)[None, :]
-        byte = blk[:, None] * HALF + tl.arange(0, HALF)[None, :]
-        codes = tl.load(b_ptr + cols[:, None, None] * row_bytes + byte[None, :, :], mask=block_ok[:, :, None],
-                        other=0).to(tl.int32)  # fmt: skip
-        scale = tl.load(scale_ptr + cols[:, None] * n_blocks + blk[None, :], mask=block_ok, other=0.0).to(tl.float32)
-        zero = _block_zeros(zero_ptr, cols[:, None], blk[None, :], block_ok, n_blocks, zp_row_bytes, ZERO_KIND)
-        if ZERO_KIND != 2:
-            zero += MAGIC
-        lo = ((codes & 0xF) | MAGIC_BITS).to(tl.float32, bitcast=True)
-        hi = ((codes >> 4) | MAGIC_BITS).to(tl.float32, bitcast=True)
-        q = tl.reshape(tl.join(lo, hi), (BLOCK_N, NBT, QBLOCK))
-        if ZERO_KIND == 2:
-            q -= MAGIC
-        w = tl.reshape((q - zero[:, :, None]) * scale[:, :, None], (BLOCK_N, BLOCK_K)).to(a_ptr.dtype.element_ty)
+        codes, scale, zero = _block_loads(b_ptr, scale_ptr, zero_ptr, cols, col_ok, first, n_blocks, row_bytes,
+                                          zp_row_bytes, NBT, QBLOCK, ZERO_KIND)  # fmt: skip
+        q = _codes_less_zero(codes, zero, ZERO_KIND, NBT, QBLOCK)
+        w = tl.reshape(q * scale[:, :, None], (BLOCK_N, BLOCK_K)).to(a_ptr.dtype.element_ty)
         kcols = first * QBLOCK + tl.arange(0, BLOCK_K)
         a = tl.load(a_ptr + rows[:, None] * a_stride + kcols[None, :], mask=row_ok[:, None] & (kcols < k)[None, :],
                     other=0.0)  # fmt: skip
