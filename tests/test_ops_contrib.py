@@ -743,6 +743,57 @@ def test_matmul_nbits_on_triton_keeps_no_dequantized_copy(device: str) -> None:
         assert DEQUANT_CACHE.used == 0
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_matmul_nbits_prompt_chunks_go_to_the_session_scratch(device: str) -> None:
+    """A prompt that dequantizes (q4_prompt=dequant) writes its weight chunks into the session's one
+    DequantScratch: one of five rows cuts the 24-row weight into chunks of 5, 5, 5, 5 and 4 rows.
+    The product is onnxruntime's, and the scratch holds what the last two chunks left: rows 20-23
+    of the weight, then row 19 (the reference dequantization, contrib_quant.dequantize_nbits)."""
+    from onnxgen.runtime import InferenceSession
+    from onnxgen.runtime.gpu.launch import q4_kernels_serve
+    from onnxgen.runtime.gpu.linear_q4 import DequantScratch
+    from onnxgen.runtime.ops.contrib_quant import SCRATCH_ATTR, dequantize_nbits
+
+    with options.override(triton_q4=True, q4_prompt="dequant"):
+        if not q4_kernels_serve(torch.zeros(1, device=device)):
+            pytest.skip("the 4-bit Triton kernels do not serve this device")
+        k, n = 200, 24
+        model = matmul_nbits_model(k, n, 4, 32, TP.FLOAT16, "packed", 0)
+        session = InferenceSession(model, device=device)
+        scratch = DequantScratch(5 * k, torch.float16, torch.device(device))
+        scratch.buffer.fill_(float("nan"))
+        (node,) = [node for node in session.program.nodes if node.ctx.op_type == "MatMulNBits"]
+        node.ctx.__dict__[SCRATCH_ATTR] = scratch
+        a = np.random.default_rng(3).standard_normal((20, k)).astype(np.float16)
+        expected = ort_run(model, {"A": a})[0]
+        actual = session.run(None, {"A": a})[0]
+        _close(actual, expected, NBITS_TOL[(TP.FLOAT16, 0)] * float(np.abs(expected).max()), "M=20", rtol=0.0)
+        inits = {i.name: torch.from_numpy(onnx.numpy_helper.to_array(i).copy()) for i in model.graph.initializer}
+        weight = dequantize_nbits(
+            inits["B"], inits["scales"], inits["zp"], None, k=k, n=n, bits=4, block_size=32, dtype=torch.float32
+        )
+        left = scratch.buffer.view(5, k).float().cpu()
+        torch.testing.assert_close(left, weight[[20, 21, 22, 23, 19]], rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_session_holds_one_dequant_scratch() -> None:
+    """On CUDA a session's MatMulNBits get one DequantScratch at load, sized for the largest 4-bit
+    weight (capped); under q4_prompt=gemm, which never dequantizes, none."""
+    from onnxgen.runtime import InferenceSession
+    from onnxgen.runtime.gpu.linear_q4 import SCRATCH_ELEMENTS
+    from onnxgen.runtime.ops.contrib_quant import SCRATCH_ATTR
+
+    model = matmul_nbits_model(200, 24, 4, 32, TP.FLOAT16, "packed", 0)
+    for mode, elements in (("auto", min(SCRATCH_ELEMENTS, 200 * 24)), ("gemm", None)):
+        with options.override(triton_q4=True, q4_prompt=mode):
+            session = InferenceSession(model, device="cuda")
+        (node,) = [node for node in session.program.nodes if node.ctx.op_type == "MatMulNBits"]
+        scratch = node.ctx.__dict__.get(SCRATCH_ATTR)
+        assert (scratch.buffer.numel() if scratch is not None else None) == elements, mode
+
+
 def gather_block_quantized_model(bits, block_size, zp_kind, scale_dtype, vocab=11, hidden=96, index_dtype=TP.INT64):
     rng = np.random.default_rng(bits * 1000 + block_size)
     codes, scales, zp = quantize_blocks(

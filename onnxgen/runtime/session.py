@@ -19,7 +19,7 @@ from onnxgen.runtime.dtypes import NUMPY_TO_TORCH, ONNX_TO_TORCH, numpy_to_torch
 from onnxgen.runtime.executor import GraphProgram, ValueInfo, compile_model
 from onnxgen.runtime.fusion import fuse_for_device, pack_matmul_groups, pack_nbits_groups
 from onnxgen.runtime.model_io import load_model, parse_model_bytes
-from onnxgen.runtime.ops.contrib_quant import prepack_int4
+from onnxgen.runtime.ops.contrib_quant import attach_q4_scratch, prepack_int4
 
 if TYPE_CHECKING:
     from onnxgen.runtime.capture.runtime import CaptureRuntime
@@ -112,6 +112,11 @@ class InferenceSession:
             pack_nbits_groups(self.program)  # the same for 4-bit codes
         if self.device.type == "cpu":
             prepack_int4(self.program)  # the CPU int4 GEMM's layout in place of the codes, not beside
+        if self.device.type == "cuda":
+            attach_q4_scratch(self.program)  # one buffer for the prompts' dequantized 4-bit chunks
+            # packing freed the members' device tensors into torch's cache; hand them back to the
+            # device, so that the load holds what the session keeps and no more
+            torch.cuda.empty_cache()
         inits = set(self.program.initializers)
         self._inputs = [vi for vi in self.program.inputs if vi.name not in inits]
         self._optional_inputs = {vi.name for vi in self.program.inputs if vi.name in inits}

@@ -24,7 +24,8 @@ recomputed by very many programs (the lm_head), it runs first as its own kernel 
 Several rows (a prompt), option ``q4_prompt``: ``_q4_matmul_kernel``, tiles of A times tiles of W
 dequantized in registers ((code - zero) * scale in fp32, rounded once to the activation dtype, as
 dequantize_nbits rounds it) on tensor cores (tl.dot; fp32 activations in IEEE fp32, not TF32); or
-``_q4_dequant_kernel`` into a buffer that lives for the call, then cuBLAS.
+``_q4_dequant_kernel`` into the session's one DequantScratch (or, without one, a buffer that lives
+for the call), then cuBLAS.
 """
 
 from __future__ import annotations
@@ -387,14 +388,16 @@ def matmul_q4(
     n: int,
     k: int,
     block_size: int,
+    scratch: DequantScratch | None = None,
 ) -> torch.Tensor:
     """A @ W^T (+ bias) for A [..., K] over MatMulNBits' 4-bit W; returns [..., N] in A's dtype.
 
-    Option ``q4_prompt``: ``dequant`` dequantizes the weight, at most DEQUANT_ROWS_ELEMENTS at a
-    time, into a buffer that lives for this call only, and multiplies it with cuBLAS: the same
-    weight and GEMM as a cached fp16 copy, without keeping the copy; ``gemm`` runs the Triton GEMM
-    that dequantizes tiles in registers; ``auto`` (the default) takes the GEMM where
-    _gemm_serves_short_prompt says, dequant elsewhere."""
+    Option ``q4_prompt``: ``dequant`` dequantizes the weight in chunks of rows into ``scratch``
+    (the session's one buffer; without it, a buffer of at most DEQUANT_ROWS_ELEMENTS that lives
+    for this call) and multiplies each chunk with cuBLAS: the same weight and GEMM as a cached
+    fp16 copy, without keeping the copy; ``gemm`` runs the Triton GEMM that dequantizes tiles in
+    registers; ``auto`` (the default) takes the GEMM where _gemm_serves_short_prompt says,
+    dequant elsewhere."""
     _check_block(block_size)
     lead = a.shape[:-1]
     a2 = a.reshape(-1, k)
@@ -404,9 +407,9 @@ def matmul_q4(
     packed, scale, zeros, zero_kind = _layout(b, scales, zero_points, n, k, block_size)
     mode = options.current().q4_prompt
     if m and (mode == "dequant" or (mode == "auto" and not _gemm_serves_short_prompt(m, k))):
-        return _dequant_matmul(a2, packed, scale, zeros, zero_kind, bias, n=n, k=k, block_size=block_size).reshape(
-            *lead, n
-        )
+        out = _dequant_matmul(a2, packed, scale, zeros, zero_kind, bias, n=n, k=k, block_size=block_size,
+                              scratch=scratch)  # fmt: skip
+        return out.reshape(*lead, n)
     out = torch.empty((m, n), dtype=a.dtype, device=a.device)
     if m == 0:
         return out.reshape(*lead, n)
@@ -431,15 +434,41 @@ def _gemm_serves_short_prompt(m: int, k: int) -> bool:
 
 
 DEQUANT_ROWS_ELEMENTS = 1 << 25  # weight elements dequantized at once (64 MiB in fp16): bounds the buffer
+SCRATCH_ELEMENTS = 1 << 24  # the most a session's DequantScratch holds (32 MiB in fp16)
+
+
+class DequantScratch:
+    """The one buffer that every 4-bit GEMM of a session dequantizes its weight chunks into.
+
+    Invariants: it is allocated at load, outside any CUDA-graph capture, and neither freed nor
+    regrown while the session lives, so a recorded prompt step keeps a valid address; each use
+    writes it and reads it back within one op on the current stream, and a session's ops run in
+    stream order, so no two uses overlap. (Two runs of one session on different streams at once
+    would overlap here, as they would on the session's KV buffers.) A transient buffer per call
+    instead is kept by every recording's memory pool: one per layer and recorded shape."""
+
+    def __init__(self, elements: int, dtype: torch.dtype, device: torch.device):
+        self.buffer = torch.empty(elements, dtype=dtype, device=device)
+
+    def rows_view(self, rows: int, k: int) -> torch.Tensor:
+        return self.buffer[: rows * k].view(rows, k)
+
+    def rows_for(self, k: int, dtype: torch.dtype, device: torch.device) -> int:
+        """Weight rows of K elements that fit at once (0: this scratch does not serve the call)."""
+        if dtype != self.buffer.dtype or device != self.buffer.device:
+            return 0
+        return self.buffer.numel() // k
 
 
 def dequantize_q4(
     packed: torch.Tensor, scale: torch.Tensor, zeros: torch.Tensor, zero_kind: int, *, rows: slice, k: int,
-    block_size: int, dtype: torch.dtype,
+    block_size: int, dtype: torch.dtype, out: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """Rows ``rows`` of the 4-bit weight as a new dense [rows, K] tensor of ``dtype``."""
+    """Rows ``rows`` of the 4-bit weight as a dense [rows, K] tensor of ``dtype``: ``out`` (contiguous,
+    that shape and dtype) or a new one."""
     lo, hi = rows.start, rows.stop
-    out = torch.empty((hi - lo, k), dtype=dtype, device=packed.device)
+    if out is None:
+        out = torch.empty((hi - lo, k), dtype=dtype, device=packed.device)
     row_bytes = packed.shape[1]
     block_n, nbytes = 16, 128
     LAUNCHES["dequant_q4"] += 1
@@ -451,18 +480,24 @@ def dequantize_q4(
     return out
 
 
-def _dequant_matmul(a2, packed, scale, zeros, zero_kind, bias, *, n: int, k: int, block_size: int) -> torch.Tensor:
-    step = max(16, DEQUANT_ROWS_ELEMENTS // k // 16 * 16)
+def _dequant_matmul(
+    a2, packed, scale, zeros, zero_kind, bias, *, n: int, k: int, block_size: int, scratch: DequantScratch | None
+) -> torch.Tensor:
+    """A @ W^T with W dequantized a chunk of rows at a time, into ``scratch`` where it serves."""
+    fit = scratch.rows_for(k, a2.dtype, a2.device) if scratch is not None else 0
+    step = min(n, fit) if fit else max(16, DEQUANT_ROWS_ELEMENTS // k // 16 * 16)
+
+    def chunk(lo: int, hi: int) -> torch.Tensor:
+        into = scratch.rows_view(hi - lo, k) if fit else None
+        return dequantize_q4(packed, scale, zeros, zero_kind, rows=slice(lo, hi), k=k, block_size=block_size,
+                             dtype=a2.dtype, out=into)  # fmt: skip
+
     if step >= n:
-        weight = dequantize_q4(packed, scale, zeros, zero_kind, rows=slice(0, n), k=k, block_size=block_size,
-                               dtype=a2.dtype)  # fmt: skip
-        return _linear(a2, weight, bias)
+        return _linear(a2, chunk(0, n), bias)
     out = torch.empty((a2.shape[0], n), dtype=a2.dtype, device=a2.device)
     for lo in range(0, n, step):
         hi = min(n, lo + step)
-        weight = dequantize_q4(packed, scale, zeros, zero_kind, rows=slice(lo, hi), k=k, block_size=block_size,
-                               dtype=a2.dtype)  # fmt: skip
-        out[:, lo:hi] = _linear(a2, weight, bias[lo:hi] if bias is not None else None)
+        out[:, lo:hi] = _linear(a2, chunk(lo, hi), bias[lo:hi] if bias is not None else None)
     return out
 
 

@@ -249,9 +249,12 @@ def _say_fallback(why: str) -> None:
         )
 
 
-def q4_linear(a, b, scales, zero_points, bias, *, n: int, k: int, block_size: int, **prologue) -> torch.Tensor:
+def q4_linear(
+    a, b, scales, zero_points, bias, *, n: int, k: int, block_size: int, scratch: Any = None, **prologue
+) -> torch.Tensor:
     """A @ W^T (+ bias) through gpu/linear_q4.py: the one-row kernel (``prologue`` fused) for one
-    row, the tiled GEMM (no prologue) for several; [..., N] in A's dtype."""
+    row, the prompt GEMM (no prologue; ``scratch``: the session's DequantScratch) for several;
+    [..., N] in A's dtype."""
     from onnxgen.runtime.gpu.linear_q4 import linear_row_q4, matmul_q4
 
     if a.numel() == k:
@@ -259,7 +262,44 @@ def q4_linear(a, b, scales, zero_points, bias, *, n: int, k: int, block_size: in
         return out.reshape(*a.shape[:-1], n)
     if prologue:
         raise ValueError("a prologue is fused for one row only")
-    return matmul_q4(a, b, scales, zero_points, bias, n=n, k=k, block_size=block_size)
+    return matmul_q4(a, b, scales, zero_points, bias, n=n, k=k, block_size=block_size, scratch=scratch)
+
+
+SCRATCH_ATTR = "_q4_scratch"  # NodeContext.__dict__ key of the session's DequantScratch
+
+
+def attach_q4_scratch(program: Any) -> int:
+    """On CUDA, where prompts may dequantize 4-bit weights (option ``q4_prompt`` not ``gemm``, the
+    packed kernels on): one DequantScratch for the whole session, sized for its largest 4-bit
+    weight (at most linear_q4.SCRATCH_ELEMENTS), allocated now, outside any capture, and handed to
+    every MatMulNBits and MatMulNBitsGroup node. Returns its size in elements (0: none)."""
+    opts = options.current()
+    device = getattr(program, "device", None)
+    if device is None or device.type != "cuda" or not opts.triton_q4 or opts.q4_prompt == "gemm":
+        return 0
+    from onnxgen.runtime.gpu.linear_q4 import SCRATCH_ELEMENTS, DequantScratch
+
+    nodes, largest, dtype = [], 0, None
+    for node in program.nodes:
+        ctx = node.ctx
+        if (ctx.op_type, ctx.domain) not in (("MatMulNBits", MS_DOMAIN), ("MatMulNBitsGroup", "onnxgen")):
+            continue
+        if int(ctx.attrs.get("bits", 4)) != 4:
+            continue
+        widths = ctx.attrs.get("widths")
+        n = sum(int(w) for w in widths) if widths else int(ctx.attrs.get("N", 0))
+        scales = program.initializers.get(node.inputs[2]) if len(node.inputs) > 2 else None
+        if not isinstance(scales, torch.Tensor) or not scales.is_floating_point():
+            continue
+        nodes.append(ctx)
+        largest = max(largest, n * int(ctx.attrs.get("K", 0)))
+        dtype = dtype or scales.dtype
+    if not nodes or not largest:
+        return 0
+    scratch = DequantScratch(min(largest, SCRATCH_ELEMENTS), dtype, device)
+    for ctx in nodes:
+        ctx.__dict__[SCRATCH_ATTR] = scratch
+    return scratch.buffer.numel()
 
 
 def fake_quantize_int8_blocks(a: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -470,7 +510,8 @@ def matmul_nbits(
 
     int8_a = _int8_activations(ctx, a, zero_points, bits, block_size)
     if not int8_a and q4_kernel_applies(a, b, scales, zero_points, g_idx, k=k, bits=bits, block_size=block_size):
-        return q4_linear(a, b, scales, zero_points, bias, n=n, k=k, block_size=block_size)
+        scratch = ctx.__dict__.get(SCRATCH_ATTR)
+        return q4_linear(a, b, scales, zero_points, bias, n=n, k=k, block_size=block_size, scratch=scratch)
     if _int4pack_applies(ctx, a, b, g_idx, k=k, n=n, bits=bits, block_size=block_size):
         plan = _Int4Plan(b, scales, zero_points, k=k, n=n, block_size=block_size)
         ctx.__dict__["_int4pack"] = plan

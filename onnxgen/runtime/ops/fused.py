@@ -33,6 +33,7 @@ from onnxgen.runtime.ops.contrib_attention import compute_dtype
 from onnxgen.runtime.ops.contrib_norm import simplified_layer_norm, skip_simplified_layer_norm
 from onnxgen.runtime.ops.contrib_quant import (
     DEQUANT_CACHE,
+    SCRATCH_ATTR,
     _int8_activations,
     dequantize_nbits,
     fake_quantize_int8_blocks,
@@ -219,7 +220,8 @@ def _q4_group(ctx: NodeContext, a, packed, widths: list[int], k: int, block_size
     else:
         if _prologue(ctx):
             a, total = apply_prologue(ctx, a, x2, gamma)
-        out = q4_linear(a, b, s, z, bias, n=sum(widths), k=k, block_size=block_size)
+        scratch = ctx.__dict__.get(SCRATCH_ATTR)
+        out = q4_linear(a, b, s, z, bias, n=sum(widths), k=k, block_size=block_size, scratch=scratch)
     return _with_sum(ctx, tuple(torch.split(out, widths, dim=-1)), total)
 
 
