@@ -18,6 +18,7 @@ from onnxgen.options import Options
 from onnxgen.runtime.dtypes import NUMPY_TO_TORCH, ONNX_TO_TORCH, numpy_to_torch, onnx_type_name, torch_to_numpy
 from onnxgen.runtime.executor import GraphProgram, ValueInfo, compile_model
 from onnxgen.runtime.fusion import fuse_for_device, pack_matmul_groups, pack_nbits_groups
+from onnxgen.runtime.host_memory import release_freed_host_memory
 from onnxgen.runtime.model_io import load_model, parse_model_bytes
 from onnxgen.runtime.ops.contrib_quant import attach_q4_scratch, prepack_int4
 
@@ -112,6 +113,7 @@ class InferenceSession:
             pack_nbits_groups(self.program)  # the same for 4-bit codes
         if self.device.type == "cpu":
             prepack_int4(self.program)  # the CPU int4 GEMM's layout in place of the codes, not beside
+            release_freed_host_memory()  # the load's temporaries, kept by the allocator otherwise
         if self.device.type == "cuda":
             attach_q4_scratch(self.program)  # one buffer for the prompts' dequantized 4-bit chunks
             # packing freed the members' device tensors into torch's cache; hand them back to the
