@@ -203,6 +203,20 @@ def test_int4_tied_head_close_to_fp32(packages):
     assert np.mean(np.argmax(q4, -1) == np.argmax(fp32, -1)) >= 0.8
 
 
+def test_int4_tied_table_is_stored_once_in_4_bits(packages):
+    """A tied int4 gqa package holds no float embedding table: GatherBlockQuantized reads the LM
+    head's own MatMulNBits codes, scales and zero points through Reshapes (the values are checked
+    against onnxruntime by test_model_parity's tied int4 case)."""
+    model = onnx.load(str(packages("tiny-qwen2", "int4") / "model.onnx"), load_external_data=False)
+    assert "model.embed_tokens.weight" not in {t.name for t in model.graph.initializer}
+    producers = {out: node for node in model.graph.node for out in node.output}
+    (gather,) = [n for n in model.graph.node if n.op_type == "GatherBlockQuantized"]
+    (head,) = [n for n in model.graph.node if n.op_type == "MatMulNBits" and n.output[0] == "logits"]
+    sources = [producers[name] for name in (gather.input[0], gather.input[2], gather.input[3])]
+    assert [node.op_type for node in sources] == ["Reshape"] * 3
+    assert [node.input[0] for node in sources] == list(head.input[1:4])
+
+
 @pytest.mark.parametrize("attention", ["gqa", "standard"])
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])  # tied: fp16 Gemm head on the table
 def test_fp16_close_to_fp32(packages, name, attention):
@@ -404,12 +418,18 @@ def test_cuda_variant_shared_buffer_on_cpu(packages):
 # --- options and sources ----------------------------------------------------------------------
 
 
-def test_progress_reports_every_weight(tmp_path):
+@pytest.mark.parametrize(("attention", "refetched"), [("gqa", 0), ("standard", 1)])
+def test_progress_reports_every_weight(tmp_path, attention, refetched):
+    """Tied int4: the gqa flavour's embedding shares the head's 4-bit codes (the table is fetched
+    once); the standard flavour keeps a float table and quantizes it again for the head."""
     config = TINY_CONFIGS["tiny-qwen2"]
     seen = []
-    build_package(RandomSource(config), tmp_path, "int4", progress=lambda name, done, total: seen.append((done, total)))
+    build_package(
+        RandomSource(config), tmp_path, "int4", attention=attention,
+        progress=lambda name, done, total: seen.append((done, total)),
+    )  # fmt: skip
     source_names = RandomSource(config).names()
-    assert seen[-1][0] == seen[-1][1] == len(source_names) + 1  # + the tied table, quantized for the head
+    assert seen[-1][0] == seen[-1][1] == len(source_names) + refetched
     assert [d for d, _ in seen] == list(range(1, len(seen) + 1))
 
 

@@ -184,5 +184,9 @@ def test_show_names_the_kernel_of_each_quantized_form(smollm2_packages):
     assert {f["path"] for f in cuda["forms"] if f["op"] == "MatMulNBits"} == {
         "packed 4-bit kernels (gpu/linear_q4.py), no dequantized copy"
     }
+    # the tied table: rows of the head's codes (through Reshapes), gathered by one kernel
+    assert [f["path"] for f in cuda["forms"] if f["op"] == "GatherBlockQuantized"] == [
+        "one-kernel 4-bit row gather (gpu/prelude.py)"
+    ]
     level0 = onnxgen("show", str(smollm2_packages["int4-gqa-level0"]))
     assert "-> reference: dequantized fp32 copy kept (accuracy_level=0 asks for fp32 compute" in level0.stdout

@@ -17,6 +17,7 @@ CASES = [
     ("gqa", "fp32", "tiny-llama", 1e-4),
     ("gqa", "fp32", "tiny-qwen2", 1e-4),
     ("gqa", "int4", "tiny-llama", 1e-4),
+    ("gqa", "int4", "tiny-qwen2", 1e-4),  # tied: GatherBlockQuantized over the head's 4-bit codes
     ("gqa", "fp16", "tiny-llama", 2e-2),
     ("standard", "fp32", "tiny-llama", 1e-4),
     ("standard", "fp32", "tiny-qwen2", 1e-4),

@@ -82,8 +82,11 @@ class DecoderGraph:
         self.opt = options
         self._progress = progress
         self._fetched = 0
-        refetch = self.config.tie_word_embeddings and options.precision == "int4"  # quantized tied head
+        # a tied int4 head either shares the embedding's 4-bit codes (fetched once) or quantizes the
+        # table a second time beside the float one kept for the Gather
+        refetch = self.config.tie_word_embeddings and options.precision == "int4" and not self.shares_q4_table
         self._total = sum(1 for _ in iter_layer_names(self.config)) + int(refetch)
+        self._shared_head: tuple[list[str], int, int] | None = None  # the tied 4-bit table's initializers, N, K
 
     # --- weights ------------------------------------------------------------------------
 
@@ -151,18 +154,23 @@ class DecoderGraph:
 
     def _matmul_nbits(self, x: str, w: np.ndarray, prefix: str, output: str | None) -> str:
         n, k = w.shape
+        return self._nbits_node(x, self._nbits_initializers(w, prefix), prefix, output, n=n, k=k)
+
+    def _nbits_initializers(self, w: np.ndarray, prefix: str) -> list[str]:
+        """MatMulNBits' B, scales and zero points of W [N, K], written as initializers; their names."""
         q = quantize_4bit(w, self.opt.block_size)
         b, scales, zp = q.matmulnbits_tensors()
         del q
-        inputs = [
-            x,
+        return [
             self.w.initializer(prefix + ".MatMulNBits.qweight", b),
             self.w.initializer(prefix + ".MatMulNBits.scales", self.cast(prefix + ".weight scales", scales)),
             self.w.initializer(prefix + ".MatMulNBits.qzeros", zp),
         ]
+
+    def _nbits_node(self, x: str, weights: list[str], prefix: str, output: str | None, *, n: int, k: int) -> str:
         return self.w.node(
             "MatMulNBits",
-            inputs,
+            [x, *weights],
             name=prefix + "/MatMulNBits",
             domain="com.microsoft",
             outputs=None if output is None else [output],
@@ -194,13 +202,47 @@ class DecoderGraph:
         )
         return self.w.node("MatMul", [x, wt], name=prefix + "/MatMul", outputs=None if output is None else [output])[0]
 
-    def embedding(self, input_ids: str) -> tuple[str, str]:
-        """Gather from the float embedding table (int4 too: the table stays float, as genai does by default).
+    @property
+    def shares_q4_table(self) -> bool:
+        """A tied int4 graph with contrib ops whose hidden size is whole quantization blocks: the
+        embedding gathers rows of the LM head's 4-bit codes (GatherBlockQuantized), so the table is
+        held once, in 4 bits. Elsewhere the Gather keeps a float table (the default-domain flavour
+        has no quantized gather; a padded last block would widen the gathered rows)."""
+        return (
+            self.config.tie_word_embeddings
+            and self.opt.precision == "int4"
+            and self.opt.attention == "gqa"
+            and self.config.hidden_size % self.opt.block_size == 0
+        )
 
-        Returns (hidden states, table initializer name) so a tied fp LM head can reuse the table.
+    def embedding(self, input_ids: str) -> tuple[str, str]:
+        """Gather from the embedding table: float, or the tied LM head's 4-bit codes (shares_q4_table).
+
+        Returns (hidden states, float table initializer name or "") so a tied LM head can reuse the table.
         """
-        table = self.float_weight("model.embed_tokens.weight", self.fetch("model.embed_tokens.weight"))
-        return self.w.op("Gather", table, input_ids, name="/model/embed_tokens/Gather"), table
+        table = self.fetch("model.embed_tokens.weight")
+        if self.shares_q4_table:
+            return self._q4_embedding(input_ids, table), ""
+        name = self.float_weight("model.embed_tokens.weight", table)
+        return self.w.op("Gather", name, input_ids, name="/model/embed_tokens/Gather"), name
+
+    def _q4_embedding(self, input_ids: str, table: np.ndarray) -> str:
+        """GatherBlockQuantized over the head's MatMulNBits tensors, reshaped to rows: B [N, blocks,
+        block/2] is [N, K/2] bytes row by row; the flat scales and zero points are [N, blocks] and
+        [N, ceil(blocks/2)]. Both ops read the same initializers, so the codes are stored once."""
+        n, k = table.shape
+        weights = self._nbits_initializers(table, "lm_head")
+        self._shared_head = (weights, n, k)
+        blocks = k // self.opt.block_size
+        rows = [
+            self.w.op("Reshape", name, self.w.const([n, width]), name=f"/model/embed_tokens/Reshape_{role}")
+            for name, width, role in zip(weights, (k // 2, blocks, -(-blocks // 2)), ("codes", "scales", "zeros"))
+        ]
+        return self.w.op(
+            "GatherBlockQuantized", rows[0], input_ids, rows[1], rows[2],
+            name="/model/embed_tokens/GatherBlockQuantized", domain="com.microsoft",
+            bits=4, block_size=self.opt.block_size, gather_axis=0, quantize_axis=1,
+        )  # fmt: skip
 
     def mlp(self, x: str, layer: int) -> str:
         """SiLU-gated MLP: down(silu(gate(x)) * up(x)); SiLU written as x * Sigmoid(x)."""
@@ -218,6 +260,9 @@ class DecoderGraph:
         """Final projection to the vocabulary, written to the graph output `logits`."""
         if not self.config.tie_word_embeddings:
             return self.linear(x, "lm_head", output="logits")
+        if self._shared_head is not None:  # the embedding's 4-bit codes (shares_q4_table)
+            weights, n, k = self._shared_head
+            return self._nbits_node(x, weights, "lm_head", "logits", n=n, k=k)
         if self.opt.precision == "int4":
             # A quantized copy of the tied table (the Gather keeps the float one).
             return self.linear(x, "lm_head", weight=self.fetch("model.embed_tokens.weight"), output="logits")

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
 
 from onnxgen import options
@@ -143,11 +144,32 @@ def _gather_form(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto], devic
     return _Form("GatherBlockQuantized", text, "reference: dequantizes the gathered rows only")
 
 
+def _reshaped_initializers(model: onnx.ModelProto, inits: dict[str, onnx.TensorProto]) -> dict[str, onnx.TensorProto]:
+    """Reshape outputs of an initializer by a constant shape (a tied 4-bit table that the embedding's
+    GatherBlockQuantized reads as rows of the LM head's codes), as header-only TensorProtos: the
+    source's type, the new dims."""
+    out: dict[str, onnx.TensorProto] = {}
+    for node in model.graph.node:
+        if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+            continue
+        source, shape = inits.get(node.input[0]), inits.get(node.input[1])
+        if source is None or shape is None:
+            continue
+        dims = [int(d) for d in onnx.numpy_helper.to_array(shape).reshape(-1)]
+        if dims.count(-1) == 1:
+            known = int(np.prod([d for d in dims if d != -1])) or 1
+            dims[dims.index(-1)] = int(np.prod(source.dims)) // known
+        header = onnx.TensorProto(name=node.output[0], data_type=source.data_type, dims=dims)
+        out[node.output[0]] = header
+    return out
+
+
 def quantized_weight_paths(model: onnx.ModelProto, device: str) -> list[dict[str, object]]:
     """One entry per form of MatMulNBits / GatherBlockQuantized in the graph: op, form, node count,
     and the kernel that serves it on ``device`` (or the fallback, with its reason), under the
     options in force."""
     inits = {t.name: t for t in model.graph.initializer}
+    inits.update(_reshaped_initializers(model, inits))
     forms: Counter[_Form] = Counter()
     for node in model.graph.node:
         if node.domain != "com.microsoft":
