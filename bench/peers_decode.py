@@ -439,6 +439,19 @@ def device_memory_mb(bench: Bench) -> float | None:
     return (bench.free_before - torch.cuda.mem_get_info()[0]) / 1e6
 
 
+def say_memory_anatomy(engine: str, memory_mb: float) -> None:
+    """Where a torch-based engine's device memory is (stderr): tensors alive, torch's pools around
+    them (cached free blocks, recording pools), and what the free-memory measure saw beyond torch
+    (CUDA-graph executables, loaded kernels, library workspaces outside torch's allocator)."""
+    allocated = torch.cuda.memory_allocated() / 1e6
+    reserved = torch.cuda.memory_reserved() / 1e6
+    say(
+        f"{engine} device memory: {memory_mb:.0f} MB taken = {allocated:.0f} MB in live tensors + "
+        f"{reserved - allocated:.0f} MB cached in torch's pools + {memory_mb - reserved:.0f} MB outside torch "
+        "(reserved before the engine loaded counts against the last term)"
+    )
+
+
 def ensure_genai_package(bench: Bench) -> Path:
     """The package onnxruntime-genai's own builder makes from the bench's checkpoint (kept in the workdir)."""
     from bench.genai_built import build_with_genai
@@ -463,6 +476,8 @@ def run_onnxgen_engine(bench: Bench, eager: bool, genai_package: bool = False) -
     generator = Generator(package, device=args.device, capture=capture)
     runs = timed_runs(lambda: run_onnxgen(generator, bench.ids, args.new_tokens), args.repeats, args.warmup_s)
     memory = device_memory_mb(bench)  # before the long prompt: its longer cache is not the decode run's
+    if memory is not None:
+        say_memory_anatomy("onnxgen", memory)
     long_ttft = long_prompt_ttft(bench, lambda ids, n: run_onnxgen(generator, ids, n))
     note = ("onnxruntime-genai's package, " if genai_package else "") + f"capture {capture}, {generator.kv_kind} KV"
     if capture == "on":
@@ -590,15 +605,51 @@ def run_llamacpp_engine(bench: Bench) -> EngineResult:
     args = bench.args
     gguf = ensure_gguf(args.llamacpp, bench.hf_dir, args.tokenizer_from, bench.workdir, args.precision)
     threads = torch.get_num_threads()
-    numbers = run_llama_bench(
-        args.llamacpp, gguf, args.device, len(bench.ids), args.long_prompt_tokens, args.new_tokens,
-        args.repeats, threads,
-    )  # fmt: skip
+    with peak_device_use(bench) as peak:
+        numbers = run_llama_bench(
+            args.llamacpp, gguf, args.device, len(bench.ids), args.long_prompt_tokens, args.new_tokens,
+            args.repeats, threads,
+        )  # fmt: skip
     long_ttft = median_ms(numbers.prompt_s[args.long_prompt_tokens]) if args.long_prompt_tokens else None
     note = f"{numbers.how}; TTFT: prompt processing alone; decode after a {len(bench.ids)}-token context"
+    if peak.mb is not None:
+        note += "; device MB: the peak while llama-bench ran (its own process, free memory sampled every 20 ms)"
     return EngineResult(
-        "", note, rates=numbers.decode_tok_s, ttfts_s=numbers.prompt_s[len(bench.ids)], long_ttft_ms=long_ttft
-    )
+        "", note, rates=numbers.decode_tok_s, ttfts_s=numbers.prompt_s[len(bench.ids)], long_ttft_ms=long_ttft,
+        memory_mb=peak.mb,
+    )  # fmt: skip
+
+
+class _Peak:
+    mb: float | None = None
+
+
+@contextlib.contextmanager
+def peak_device_use(bench: Bench) -> Iterator[_Peak]:
+    """The most device memory taken (free bytes before the engine minus the least free seen) while
+    the block runs, sampled from a thread: for an engine in another process (llama-bench), whose
+    memory is gone by the time it has exited. None on the CPU."""
+    import threading
+
+    peak = _Peak()
+    if bench.args.device != "cuda":
+        yield peak
+        return
+    least = [torch.cuda.mem_get_info()[0]]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.02):
+            least[0] = min(least[0], torch.cuda.mem_get_info()[0])
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield peak
+    finally:
+        done.set()
+        thread.join()
+        peak.mb = (bench.free_before - least[0]) / 1e6
 
 
 RUNNERS: dict[str, Callable[[Bench], EngineResult]] = {
