@@ -250,6 +250,13 @@ class DecodeEngine:
         the index of a NaN as argmax does. ``after_first_read()``: called once the first token is on the host,
         before it is counted (a profiler starts there; its time is TTFT's, not decode's)."""
         sequence = self._one(sequences)
+        try:
+            yield from self._generate(sequence, after_first_read)
+        except GeneratorExit:  # the consumer stopped iterating: no further step runs
+            self.release([sequence])
+            raise
+
+    def _generate(self, sequence: Sequence, after_first_read: Callable[[], None] | None) -> Iterator[int]:
         self.prefill([sequence])
         with torch.inference_mode():
             tail = sequence.tail
@@ -273,6 +280,20 @@ class DecodeEngine:
                     sequence.finish(sequence.limit_reason)
                     return
                 self.step([sequence])
+
+    def release(self, sequences: list[Sequence], reason: str = "cancelled") -> None:
+        """Ends the sequences where they are: a sequence not yet done is finished with ``reason``,
+        and each drops its KV state, its device token and its step tail, so a cancelled generation
+        holds no memory. A static cache the engine keeps for its recordings stays with the engine
+        (the next generation resets it), as does a step tail's state (the next one rebinds it)."""
+        for sequence in sequences:
+            if not sequence.done:
+                sequence.finish(reason)
+            sequence.kv = None
+            sequence.token = None
+            sequence.token_at = None
+            sequence.tail = None
+            sequence.prepared_at = None
 
     def prefill(self, sequences: list[Sequence]) -> None:
         """Each sequence's prompt steps, in a fresh KV state; its first new token is then on the

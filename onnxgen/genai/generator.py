@@ -10,6 +10,7 @@ from typing import Any
 from onnxgen.errors import InvalidInputError
 from onnxgen.genai.chat import render_chat
 from onnxgen.genai.engine import DecodeEngine, PromptTooLongError, engine_model
+from onnxgen.genai.events import GenerationEvent, finish_reason
 from onnxgen.genai.package import PackageConfig, load_package_config
 from onnxgen.genai.package_checks import check_package
 from onnxgen.genai.sampling import NonFiniteLogitsError, SamplingParams, checked_params
@@ -141,6 +142,22 @@ class Generator:
             ) from None
         return self.engine.checked_prompt_ids(self.tokenizer.encode(prompt))
 
+    def encode_messages(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Checked prompt ids of a chat: the package's chat template over the whole ``messages``
+        list (each a dict with a str "role" and a str "content"; flattening content parts is the
+        caller's), with the assistant's turn opened for the reply."""
+        if not isinstance(messages, list) or not messages:
+            raise InvalidInputError("messages must be a non-empty list of {'role': str, 'content': str} dicts")
+        for index, message in enumerate(messages):
+            if not isinstance(message, dict):
+                raise InvalidInputError(f"message {index} must be a dict, got {type(message).__name__}")
+            for key in ("role", "content"):
+                if not isinstance(message.get(key), str):
+                    raise InvalidInputError(
+                        f"message {index} needs a str {key!r}, got {type(message.get(key)).__name__}"
+                    )
+        return self.encode(self.apply_chat_template(messages))
+
     # -- generation ----------------------------------------------------------------------
 
     @property
@@ -166,34 +183,85 @@ class Generator:
         self.last_stats = sequence.stats
         yield from self.engine.generate([sequence])
 
+    def events(
+        self, prompt: str | list[int], params: SamplingParams | None = None, *, chat: bool = False
+    ) -> Iterator[GenerationEvent]:
+        """One ``GenerationEvent`` per new token, then exactly one final event (token_id None,
+        finish_reason "stop" or "length", text: what was still held back, "" if nothing).
+
+        ``prompt``: text (with the chat template if ``chat``) or token ids (``encode_messages`` makes
+        them for a message list). The prompt and the parameters are checked here, when ``events`` is
+        called, so a caller can refuse a request before it starts iterating. Text is held back while
+        it could still become a stop string or ends in an incomplete UTF-8 character; a stop string is
+        never released, and the text before it is released with the token that completed it.
+
+        Afterwards ``last_stats`` holds the usage (set when iteration starts). Its ``new_tokens``
+        counts every token the model produced, the EOS (a stop id) included, as OpenAI counts
+        completion tokens; the EOS itself has no event. Closing the iterator early (``close()``, or
+        dropping it) stops the generation there: no further decode step runs, and the sequence's KV
+        state is released (``last_stats.stop_reason`` is then "cancelled")."""
+        params = checked_params(params)
+        prompt_ids = self.encode(prompt, chat=chat)
+        return self._events(prompt_ids, params)
+
+    def _events(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[GenerationEvent]:
+        """The one loop from token ids to events: text decoding and the stop-string hold-back."""
+        decoder = self.tokenizer.stream()
+        held = _HeldText(params.stop)
+        ids = self.generate_ids(prompt_ids, params)
+        stopped = False
+        try:
+            for token_id in ids:
+                text, stopped = held.push(decoder.push(token_id))
+                yield GenerationEvent(token_id, text)
+                if stopped:
+                    break
+        finally:
+            ids.close()  # an early end (a stop string, the caller's close) ends the engine's loop here
+        if stopped:  # after the close, which calls an unfinished sequence cancelled
+            self.last_stats.stop_reason = "stop string"
+        text = "" if stopped else held.flush()
+        yield GenerationEvent(None, text, finish_reason=finish_reason(self.last_stats.stop_reason))
+
     def stream(
         self, prompt: str | list[int], params: SamplingParams | None = None, *, chat: bool = False
     ) -> Iterator[str]:
-        """Yields text pieces as they are decoded; honours stop strings (never emitted)."""
-        params = checked_params(params)
-        prompt_ids = self.encode(prompt, chat=chat)
-        decoder = self.tokenizer.stream()
-        pending = ""
-        hold = max((len(s) for s in params.stop), default=0)
-        for token_id in self.generate_ids(prompt_ids, params):
-            pending += decoder.push(token_id)
-            if params.stop:
-                cut = min((pending.find(s) for s in params.stop if s in pending), default=-1)
-                if cut >= 0:
-                    if pending[:cut]:
-                        yield pending[:cut]
-                    self.last_stats.stop_reason = "stop string"
-                    return
-                # hold back a tail that could still become a stop string
-                safe = len(pending) - (hold - 1)
-                if safe > 0:
-                    yield pending[:safe]
-                    pending = pending[safe:]
-            elif pending:
-                yield pending
-                pending = ""
-        if pending:
-            yield pending
+        """Yields text pieces as they are decoded (``events``' non-empty texts); honours stop strings
+        (never emitted)."""
+        for event in self.events(prompt, params, chat=chat):
+            if event.text:
+                yield event.text
 
     def generate(self, prompt: str | list[int], params: SamplingParams | None = None, *, chat: bool = False) -> str:
         return "".join(self.stream(prompt, params, chat=chat))
+
+
+class _HeldText:
+    """The stop-string hold-back: decoded text comes in piece by piece; what cannot be part of a
+    stop string any more is released, a tail as long as the longest stop string minus one is held
+    (it could still become one), and text from a stop string on is never released."""
+
+    def __init__(self, stop: list[str]):
+        self.stop = stop
+        self.hold = max((len(s) for s in stop), default=0)
+        self.pending = ""
+
+    def push(self, piece: str) -> tuple[str, bool]:
+        """(text to release now, whether a stop string was found)."""
+        self.pending += piece
+        if not self.stop:
+            return self.flush(), False
+        cut = min((self.pending.find(s) for s in self.stop if s in self.pending), default=-1)
+        if cut >= 0:
+            text, self.pending = self.pending[:cut], ""
+            return text, True
+        safe = len(self.pending) - (self.hold - 1)
+        if safe <= 0:
+            return "", False
+        text, self.pending = self.pending[:safe], self.pending[safe:]
+        return text, False
+
+    def flush(self) -> str:
+        """Everything still held (the generation ended without a stop string)."""
+        text, self.pending = self.pending, ""
+        return text
