@@ -7,16 +7,21 @@ real SmolLM2 package (tests/conftest.py)."""
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from onnxgen.errors import InvalidInputError
 from onnxgen.genai.events import GenerationEvent
 from onnxgen.genai.generator import Generator
 from onnxgen.genai.sampling import SamplingError, SamplingParams
+from onnxgen.genai.sequence import Sequence
 from onnxgen.models.builder import build_package
 from onnxgen.models.random_source import TINY_CONFIGS, RandomSource
+from onnxgen.runtime.capture.recorder import ReplayRecorder
+from tests.conftest import onnxruntime_prompt_logits
 from tests.test_capture_runtime import write_word_tokenizer
 
 PROMPT = [3, 141, 59, 26]
@@ -129,3 +134,155 @@ def test_real_text_stop_strings_and_messages(smollm2) -> None:
                        (["hi"], "message 0 must be a dict")]:  # fmt: skip
         with pytest.raises(InvalidInputError, match=words):
             smollm2.encode_messages(bad)
+
+
+# -- logprobs ----------------------------------------------------------------------------------
+
+
+def oracle_logprobs(package: Path, context: list[int]) -> np.ndarray:
+    """log_softmax, in float64, of onnxruntime's logits for the last row of ``context`` run as one
+    prompt: the raw distribution the next token is drawn from, computed without onnxgen."""
+    row = onnxruntime_prompt_logits(package, context)[-1].astype(np.float64)
+    row -= row.max()
+    return row - np.log(np.exp(row).sum())
+
+
+def assert_logprobs_match(package: Path, prompt: list[int], events: list[GenerationEvent], top: int) -> None:
+    context = list(prompt)
+    for event in events:
+        assert event.token_id is not None and event.logprob is not None
+        oracle = oracle_logprobs(package, context)
+        got = event.logprob
+        assert got.token_id == event.token_id
+        assert got.logprob == pytest.approx(oracle[event.token_id], abs=1e-4)
+        assert len(got.top) == top
+        # the reported top list: each id's own oracle value, and in the order of a sort of the oracle
+        np.testing.assert_allclose([v for _, v in got.top], np.sort(oracle)[::-1][:top], atol=1e-4)
+        np.testing.assert_allclose([v for _, v in got.top], [oracle[i] for i, _ in got.top], atol=1e-4)
+        context.append(event.token_id)
+
+
+def test_logprobs_are_the_raw_distributions_against_onnxruntime(package, generator) -> None:
+    """Greedy and a hot, truncated draw alike report log_softmax of the raw logits (not of the
+    tempered, top-k-cut ones: a top_k of 3 at temperature 1.7 would give other values)."""
+    greedy, final = split(list(generator.events(PROMPT, with_(GREEDY, max_new_tokens=5, logprobs=4))))
+    assert [e.token_id for e in greedy] == list(generator.generate_ids(PROMPT, with_(GREEDY, max_new_tokens=5)))
+    assert_logprobs_match(package, PROMPT, greedy, 4)
+    assert all(e.logprob.top[0][0] == e.token_id for e in greedy)  # type: ignore[union-attr]
+    hot = with_(GREEDY, max_new_tokens=5, temperature=1.7, top_k=3, seed=5, logprobs=2)
+    sampled, _ = split(list(generator.events(PROMPT, hot)))
+    assert_logprobs_match(package, PROMPT, sampled, 2)
+    alone, _ = split(list(generator.events(PROMPT, with_(GREEDY, max_new_tokens=2, logprobs=0))))
+    assert [e.logprob.top for e in alone] == [(), ()]  # type: ignore[union-attr]
+
+
+def test_logprobs_on_a_captured_pipelined_step_sample_between_steps_said_once(package, generator) -> None:
+    """Where greedy would pick its tokens in the captured step's tail, a generation with logprobs
+    samples between the steps (the tail does not read the row) and says so once; its tokens and
+    logprobs are those of the plain dynamic-KV loop, and a default generation keeps the tail."""
+    captured = Generator(package, kv="static", capture="on", recorder=ReplayRecorder(), pipeline=True)
+    params = with_(GREEDY, max_new_tokens=6, logprobs=3)
+    with pytest.warns(UserWarning, match=r"with logprobs \(each token's logits row is read.*sample between"):
+        got = list(captured.events(PROMPT, params))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = list(captured.events(PROMPT, params))
+        plain = list(captured.events(PROMPT, GREEDY))
+    want = list(generator.events(PROMPT, params))
+    for events in (got, again):
+        assert [e.token_id for e in events] == [e.token_id for e in want]
+        for mine, theirs in zip(events[:-1], want[:-1], strict=True):
+            assert mine.logprob.logprob == pytest.approx(theirs.logprob.logprob, abs=1e-5)  # type: ignore[union-attr]
+            assert [i for i, _ in mine.logprob.top] == [i for i, _ in theirs.logprob.top]  # type: ignore[union-attr]
+    assert [e.token_id for e in plain] == [e.token_id for e in generator.events(PROMPT, GREEDY)]
+    assert captured.engine._tail is not None  # the default generation sampled in the step's tail
+
+
+# -- min_tokens --------------------------------------------------------------------------------
+
+
+def test_min_tokens_bans_an_eos_greedy_would_pick(smollm2) -> None:
+    """SmolLM2 answers "Say yes." in four tokens and its EOS. With min_tokens 8 the EOS stays the
+    model's most likely token there (its raw logprob says so), yet the next best one is taken."""
+    ids = smollm2.encode("Say yes.", chat=True)
+    free, final = split(list(smollm2.events(ids, SamplingParams(max_new_tokens=12))))
+    assert final.finish_reason == "stop" and len(free) < 8 and smollm2.last_stats.stop_reason == "eos"
+    at = len(free)
+    held = SamplingParams(max_new_tokens=12, min_tokens=8, logprobs=2)
+    tokens, _ = split(list(smollm2.events(ids, held)))
+    assert len(tokens) >= 8 and [e.token_id for e in tokens[:at]] == [e.token_id for e in free]
+    forced = tokens[at].logprob
+    assert forced is not None and forced.top[0][0] in smollm2.eos_ids
+    assert tokens[at].token_id == forced.top[1][0] and forced.top[1][0] not in smollm2.eos_ids
+
+
+def test_min_tokens_defers_stop_strings(generator) -> None:
+    want = list(generator.generate_ids(PROMPT, GREEDY))
+    text = " ".join(f"w{t}" for t in want)
+    stop = f"w{want[0]} w{want[1]}"
+    assert text.count(stop) == 1  # only in the first two tokens' text
+    assert generator.generate(PROMPT, with_(GREEDY, stop=stop)) == ""
+    tokens, final = split(list(generator.events(PROMPT, with_(GREEDY, stop=stop, min_tokens=3))))
+    assert [e.token_id for e in tokens] == want and final.finish_reason == "length"
+    assert "".join(e.text for e in tokens) + final.text == text
+
+
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        (dict(min_tokens=-1), "min_tokens must be >= 0"),
+        (dict(min_tokens=5, max_new_tokens=4), r"min_tokens \(5\) must be <= max_new_tokens \(4\)"),
+        (dict(min_tokens=1.5), "min_tokens must be an int"),
+        (dict(logprobs=21), r"logprobs must be None \(off\) or in \[0, 20\]"),
+        (dict(logprobs=-1), r"in \[0, 20\]"),
+        (dict(logprobs=True), "logprobs must be an int"),
+    ],
+)
+def test_min_tokens_and_logprobs_are_validated(kw, words) -> None:
+    with pytest.raises(SamplingError, match=words):
+        SamplingParams(**kw).validate()
+
+
+# -- cancellation ------------------------------------------------------------------------------
+
+
+def counting_steps(generator: Generator) -> list[Sequence]:
+    """Wraps the engine's step: the returned list gets the sequence of every decode step run."""
+    ran: list[Sequence] = []
+    original = generator.engine.step
+
+    def step(sequences: list[Sequence]) -> None:
+        ran.extend(sequences)
+        original(sequences)
+
+    generator.engine.step = step  # type: ignore[method-assign]
+    return ran
+
+
+@pytest.mark.parametrize("form", ["dynamic", "captured-pipelined"])
+@pytest.mark.parametrize("how", ["close", "drop"])
+def test_closing_the_iterator_stops_the_generation_there(package, form, how) -> None:
+    """After the consumer stops, no decode step runs, the sequence holds no KV state, and the
+    next generation on the same Generator gives a fresh Generator's tokens. (The pipelined loop has
+    enqueued its one lookahead step before the token it hands out: that one, and no other.)"""
+    if form == "dynamic":
+        generator = Generator(package, kv="dynamic")
+    else:
+        generator = Generator(package, kv="static", capture="on", recorder=ReplayRecorder(), pipeline=True)
+    fresh = [e.token_id for e in Generator(package, kv="dynamic").events(PROMPT, GREEDY)]
+    ran = counting_steps(generator)
+    it = generator.events(PROMPT, GREEDY)
+    got = [next(it).token_id for _ in range(4)]
+    assert got == fresh[:4]
+    steps = len(ran)
+    assert steps == (3 if form == "dynamic" else 4)
+    if how == "close":
+        it.close()
+    else:
+        del it
+    assert len(ran) == steps  # nothing more ran
+    sequence = ran[-1]
+    assert sequence.done and sequence.kv is None and sequence.token is None
+    assert generator.last_stats.stop_reason == "cancelled" and generator.last_stats.new_tokens == 4
+    assert [e.token_id for e in generator.events(PROMPT, GREEDY)] == fresh
+    assert generator.last_stats.stop_reason == "length"

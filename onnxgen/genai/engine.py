@@ -29,7 +29,7 @@ from onnxgen.genai.host_read import HostRead, host_read
 from onnxgen.genai.kv_cache import DynamicKV, GrowingKV, StaticKV, past_feeds_attention_in_place
 from onnxgen.genai.package import PackageConfig
 from onnxgen.genai.package_checks import growing_kv
-from onnxgen.genai.sampling import LogitsSampler, SamplingParams, SamplingPlan
+from onnxgen.genai.sampling import LogitsSampler, SamplingParams, SamplingPlan, logprobs_of, token_logprob
 from onnxgen.genai.sequence import Sequence
 from onnxgen.runtime.capture.stats import CaptureStats
 from onnxgen.runtime.dtypes import ONNX_TO_TORCH
@@ -181,6 +181,7 @@ class DecodeEngine:
         self._tail: GreedyTail | None = None  # of the static cache it was made for (its mask)
         self._sampled_tails: dict[SamplingPlan, SampledTail] = {}  # the same, per sampling plan
         self._sampled_tails_said = False
+        self._between_steps_said: set[str] = set()  # see _say_between_steps
 
     # -- sequences -------------------------------------------------------------------------
 
@@ -213,16 +214,18 @@ class DecodeEngine:
         """A sequence for ``prompt_ids``, checked by ``checked_prompt_ids``. It stops at
         ``params.max_new_tokens`` (at most what the context leaves room for) or at a token of
         ``stop_ids`` (unless ``params.ignore_eos``); the stop id is counted in the stats but not
-        handed out."""
+        handed out. ``params.min_tokens`` keeps the stop ids from being drawn until that many new
+        tokens exist; ``params.logprobs`` fills in ``sequence.logprobs``, one per generated token."""
         prompt_ids = self.checked_prompt_ids(prompt_ids)
+        stop = frozenset() if params.ignore_eos else frozenset(stop_ids)
         room = self.config.context_length - len(prompt_ids)
         max_new = min(params.max_new_tokens or room, room)
         sequence = Sequence(
             prompt_ids=list(prompt_ids),
-            sampler=LogitsSampler(params, self.config.vocab_size, self.device),
+            sampler=LogitsSampler(params, self.config.vocab_size, self.device, stop),
             max_new_tokens=max_new,
             limit_reason="length" if max_new < room else "context full",
-            stop_ids=frozenset() if params.ignore_eos else frozenset(stop_ids),
+            stop_ids=stop,
         )
         sequence.stats.prompt_tokens = len(prompt_ids)
         sequence.stats.kv = self.kv_kind
@@ -274,12 +277,20 @@ class DecodeEngine:
                 if token_id in sequence.stop_ids:
                     sequence.finish("eos")
                     return
-                sequence.generated.append(token_id)
+                self._took(sequence, token_id)
                 yield token_id
                 if stats.new_tokens >= sequence.max_new_tokens:
                     sequence.finish(sequence.limit_reason)
                     return
                 self.step([sequence])
+
+    @staticmethod
+    def _took(sequence: Sequence, token_id: int) -> None:
+        """``token_id``, read on the host and not a stop id, joins the sequence's generated tokens,
+        with its logprobs where they are asked for (sampled with it, in order, so the oldest pending)."""
+        sequence.generated.append(token_id)
+        if sequence.pending_logprobs:
+            sequence.logprobs.append(token_logprob(sequence.pending_logprobs.popleft(), token_id))
 
     def release(self, sequences: list[Sequence], reason: str = "cancelled") -> None:
         """Ends the sequences where they are: a sequence not yet done is finished with ``reason``,
@@ -294,6 +305,7 @@ class DecodeEngine:
             sequence.token_at = None
             sequence.tail = None
             sequence.prepared_at = None
+            sequence.pending_logprobs.clear()
 
     def prefill(self, sequences: list[Sequence]) -> None:
         """Each sequence's prompt steps, in a fresh KV state; its first new token is then on the
@@ -307,8 +319,7 @@ class DecodeEngine:
         sequence.sampler.observe(ids)
         sequence.started_at = time.perf_counter()
         with torch.inference_mode():
-            out = self._token_out(kv)
-            sequence.token = sequence.sampler.sample(self._prefill(sequence, ids), out=out)
+            sequence.token = self._sample(sequence, self._prefill(sequence, ids), self._token_out(kv))
             sequence.token_at = None
             sequence.tail = self._tail_for(sequence)
 
@@ -327,8 +338,21 @@ class DecodeEngine:
             sequence.token = tail.state()["ids"].view(())
             sequence.token_at = kv.length if tail.writes_host else None
             return
-        sequence.token = sequence.sampler.sample(logits, out=self._token_out(kv))
+        sequence.token = self._sample(sequence, logits, self._token_out(kv))
         sequence.token_at = None
+
+    def _sample(self, sequence: Sequence, logits: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+        """The sampler's next token from ``logits`` (device work, no host read), with what the
+        parameters add to it: the stop ids banned while fewer than min_tokens tokens were sampled,
+        and the token's logprobs queued for the host (sampling.logprobs_of). Without those, this is
+        ``sampler.sample`` and two attribute tests: no kernel more."""
+        sampler = sequence.sampler
+        params = sampler.params
+        token = sampler.sample(logits, out=out, ban=sequence.sampled < params.min_tokens)
+        if params.logprobs is not None:
+            sequence.pending_logprobs.append(logprobs_of(logits, token, params.logprobs, self.config.vocab_size))
+        sequence.sampled += 1
+        return token
 
     def _decode_pipelined(
         self, sequence: Sequence, reader: HostRead, after_first_read: Callable[[], None] | None
@@ -381,7 +405,7 @@ class DecodeEngine:
                 return
             if n == 1 and n < max_new:  # the first token is back: its step runs while it is handed out
                 failed = try_advance()
-            sequence.generated.append(token_id)
+            self._took(sequence, token_id)
             yield token_id
             if failed is not None:
                 raise failed
@@ -469,6 +493,10 @@ class DecodeEngine:
         buffers = self._decode_buffers(kv)
         if buffers is None or not self.sample_in_graph or not isinstance(kv, StaticKV):
             return None
+        why = sequence.sampler.between_steps
+        if why is not None:
+            self._say_between_steps(why)
+            return None
         if not sequence.sampler.plain_greedy:
             return self._sampled_tail_for(sequence, kv, buffers)
         tail = self._tail
@@ -477,6 +505,17 @@ class DecodeEngine:
             host = GreedyTail.host_tokens_for(kv.capacity, self.device) if self.host_tokens else None
             tail = self._tail = GreedyTail(self.config.io.logits, self.config.vocab_size, ids, pos, kv.mask, host)
         return tail
+
+    def _say_between_steps(self, why: str) -> None:
+        """Once per reason: a generation whose sampler runs between the captured steps (no tail)."""
+        if why in self._between_steps_said:
+            return
+        self._between_steps_said.add(why)
+        warnings.warn(
+            f"onnxgen: generations with {why} sample between the decode steps, not in the captured step's "
+            "tail (a few more kernels per token)",
+            stacklevel=4,
+        )
 
     def _sampled_tail_for(
         self, sequence: Sequence, kv: StaticKV, buffers: tuple[torch.Tensor, torch.Tensor]

@@ -14,7 +14,7 @@ from onnxgen.genai.events import GenerationEvent, finish_reason
 from onnxgen.genai.package import PackageConfig, load_package_config
 from onnxgen.genai.package_checks import check_package
 from onnxgen.genai.sampling import NonFiniteLogitsError, SamplingParams, checked_params
-from onnxgen.genai.sequence import GenerationStats
+from onnxgen.genai.sequence import GenerationStats, Sequence
 from onnxgen.genai.tokenizer import Tokenizer
 from onnxgen.runtime.capture.stats import CaptureStats
 from onnxgen.runtime.model_io import load_model
@@ -170,18 +170,18 @@ class Generator:
         Raises NonFiniteLogitsError, naming the new token, where the model's logits are NaN or
         infinite (which tokens are checked: DecodeEngine.generate)."""
         params = checked_params(params)
+        yield from self._run(self.engine.new_sequence(prompt_ids, params, self.eos_ids))
+
+    def _run(self, sequence: Sequence) -> Iterator[int]:
+        """The engine's tokens of ``sequence``, whose stats become ``last_stats``."""
+        self.last_stats = sequence.stats
         try:
-            yield from self._generate_ids(prompt_ids, params)
+            yield from self.engine.generate([sequence])
         except NonFiniteLogitsError as exc:
             raise NonFiniteLogitsError(
-                f"{exc}, at new token {self.last_stats.new_tokens + 1} after a prompt of {len(prompt_ids)} tokens; "
-                "the package's weights may be damaged, or its precision overflows on this input"
+                f"{exc}, at new token {sequence.stats.new_tokens + 1} after a prompt of {len(sequence.prompt_ids)} "
+                "tokens; the package's weights may be damaged, or its precision overflows on this input"
             ) from None
-
-    def _generate_ids(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[int]:
-        sequence = self.engine.new_sequence(prompt_ids, params, self.eos_ids)
-        self.last_stats = sequence.stats
-        yield from self.engine.generate([sequence])
 
     def events(
         self, prompt: str | list[int], params: SamplingParams | None = None, *, chat: bool = False
@@ -201,19 +201,21 @@ class Generator:
         dropping it) stops the generation there: no further decode step runs, and the sequence's KV
         state is released (``last_stats.stop_reason`` is then "cancelled")."""
         params = checked_params(params)
-        prompt_ids = self.encode(prompt, chat=chat)
-        return self._events(prompt_ids, params)
+        return self._events(self.engine.new_sequence(self.encode(prompt, chat=chat), params, self.eos_ids))
 
-    def _events(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[GenerationEvent]:
-        """The one loop from token ids to events: text decoding and the stop-string hold-back."""
+    def _events(self, sequence: Sequence) -> Iterator[GenerationEvent]:
+        """The one loop from token ids to events: text decoding, the stop-string hold-back (stop
+        strings looked for once min_tokens tokens exist) and each token's logprobs."""
+        params = sequence.sampler.params
         decoder = self.tokenizer.stream()
         held = _HeldText(params.stop)
-        ids = self.generate_ids(prompt_ids, params)
+        ids = self._run(sequence)
         stopped = False
         try:
             for token_id in ids:
-                text, stopped = held.push(decoder.push(token_id))
-                yield GenerationEvent(token_id, text)
+                text, stopped = held.push(decoder.push(token_id), look=len(sequence.generated) >= params.min_tokens)
+                logprob = sequence.logprobs[-1] if params.logprobs is not None else None
+                yield GenerationEvent(token_id, text, logprob)
                 if stopped:
                     break
         finally:
@@ -246,12 +248,13 @@ class _HeldText:
         self.hold = max((len(s) for s in stop), default=0)
         self.pending = ""
 
-    def push(self, piece: str) -> tuple[str, bool]:
-        """(text to release now, whether a stop string was found)."""
+    def push(self, piece: str, look: bool = True) -> tuple[str, bool]:
+        """(text to release now, whether a stop string was found); ``look`` False: none is looked
+        for yet (min_tokens), though the tail is held as usual."""
         self.pending += piece
         if not self.stop:
             return self.flush(), False
-        cut = min((self.pending.find(s) for s in self.stop if s in self.pending), default=-1)
+        cut = min((self.pending.find(s) for s in self.stop if s in self.pending), default=-1) if look else -1
         if cut >= 0:
             text, self.pending = self.pending[:cut], ""
             return text, True

@@ -23,13 +23,14 @@ import math
 import numbers
 import operator
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple, TypeVar
 
 import torch
 
 from onnxgen.errors import OnnxgenError
+from onnxgen.genai.events import TokenLogprob
 from onnxgen.runtime import NOISY_ARGMAX_TOP_K_MAX, device_kernels_available, noisy_argmax
 
 # Below this temperature or repetition penalty, the scaled logits are taken relative to the row's
@@ -38,6 +39,7 @@ SHIFT_BELOW = 1e-3
 NON_FINITE = -1  # the token id the greedy paths write for a row whose maximum is not finite
 _F32 = torch.finfo(torch.float32)
 SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes [0, 2**64); negative seeds alias (s + 2**64)
+LOGPROBS_MAX = 20  # alternatives per token at most: OpenAI's top_logprobs limit
 
 
 class SamplingError(OnnxgenError):
@@ -105,6 +107,12 @@ class SamplingParams:
     max_new_tokens: int | None = None  # None: what remains of the context
     stop: list[str] | str = field(default_factory=list)
     ignore_eos: bool = False
+    # until this many new tokens exist, the stop ids cannot be drawn (their logits are -inf) and stop
+    # strings are not looked for
+    min_tokens: int = 0
+    # None: off; n in [0, LOGPROBS_MAX]: each new token's logprob and the n most likely alternatives
+    # (events.TokenLogprob: log_softmax of the raw logits row, before any stage of the pipeline)
+    logprobs: int | None = None
 
     def validate(self) -> SamplingParams:
         for name in ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty"):
@@ -119,6 +127,9 @@ class SamplingParams:
         self.stop = _stop_strings(self.stop)
         if not isinstance(self.ignore_eos, bool):
             raise SamplingError(f"ignore_eos must be a bool, got {_describe(self.ignore_eos)}")
+        self.min_tokens = _integer("min_tokens", self.min_tokens)
+        if self.logprobs is not None:
+            self.logprobs = _integer("logprobs", self.logprobs)
         # the values are finite here, so every comparison below means what it says (none sees a NaN)
         checks = [
             (self.temperature >= 0.0, f"temperature must be >= 0 (0 = greedy), got {self.temperature}"),
@@ -134,6 +145,15 @@ class SamplingParams:
             (
                 self.max_new_tokens is None or self.max_new_tokens >= 1,
                 f"max_new_tokens must be >= 1, got {self.max_new_tokens}",
+            ),
+            (self.min_tokens >= 0, f"min_tokens must be >= 0 (0 = off), got {self.min_tokens}"),
+            (
+                self.max_new_tokens is None or self.min_tokens <= self.max_new_tokens,
+                f"min_tokens ({self.min_tokens}) must be <= max_new_tokens ({self.max_new_tokens})",
+            ),
+            (
+                self.logprobs is None or 0 <= self.logprobs <= LOGPROBS_MAX,
+                f"logprobs must be None (off) or in [0, {LOGPROBS_MAX}] (alternatives per token), got {self.logprobs}",
             ),
         ]
         for ok, message in checks:
@@ -406,13 +426,26 @@ class LogitsSampler:
     noise from a counter-based hash): the same seed repeats exactly, between the steps or inside a
     captured step's tail (decode_tail.SampledTail), eagerly or replayed."""
 
-    def __init__(self, params: SamplingParams, vocab_size: int, device: torch.device):
+    def __init__(self, params: SamplingParams, vocab_size: int, device: torch.device, stop_ids: Iterable[int] = ()):
         self.params = params.validate()
         self.device = device
         self.vocab_size = vocab_size
         self.plan = SamplingPlan.of(self.params, vocab_size)
         seed = self.params.seed if self.params.seed is not None else secrets.randbits(64)
         self.state = SamplerState.new(self.params, self.plan, vocab_size, seed, device)
+        # the ids min_tokens keeps from being drawn (None: min_tokens is 0, or there is no stop id)
+        banned = sorted({i for i in stop_ids if 0 <= i < vocab_size}) if self.params.min_tokens else []
+        self.banned = torch.tensor(banned, dtype=torch.int64, device=device) if banned else None
+
+    @property
+    def between_steps(self) -> str | None:
+        """Why this generation's sampler must run between the decode steps, not in a step's tail:
+        what it needs that the tails (decode_tail.py) do not do, or None."""
+        if self.params.logprobs is not None:
+            return "logprobs (each token's logits row is read for its log-probabilities)"
+        if self.banned is not None:
+            return "min_tokens (the stop ids' logits are masked until min_tokens new tokens exist)"
+        return None
 
     @property
     def plain_greedy(self) -> bool:
@@ -431,10 +464,13 @@ class LogitsSampler:
         """Penalized, tempered, truncated logits [vocab] in float32 (-inf where excluded)."""
         return process(self.plan, self.state.tensors(), logits, self.vocab_size)
 
-    def sample(self, logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def sample(self, logits: torch.Tensor, out: torch.Tensor | None = None, *, ban: bool = False) -> torch.Tensor:
         """The next token as a 0-d int64 tensor on the device (no host read here); written into
         ``out`` (0-d int64) when given, which is then returned. ``NON_FINITE`` where the row's
-        maximum is NaN or infinite or nothing is left to draw, decided on the device."""
+        maximum is NaN or infinite or nothing is left to draw, decided on the device. ``ban``: the
+        stop ids (``banned``) cannot be drawn, their logits -inf before every stage (min_tokens)."""
+        if ban and self.banned is not None:
+            logits = logits.reshape(-1)[: self.vocab_size].index_fill(0, self.banned, float("-inf"))
         if self.plain_greedy:
             # the maximum of the logits as they are: converting to fp32 first changes no value and no
             # order, and costs a kernel per token; max returns the first maximal index, as argmax
@@ -454,6 +490,30 @@ class LogitsSampler:
         if token_id == NON_FINITE:
             raise NonFiniteLogitsError("the model produced non-finite logits (NaN or inf): no token to pick")
         return token_id
+
+
+def logprobs_of(logits: torch.Tensor, token: torch.Tensor, top: int, vocab_size: int) -> torch.Tensor:
+    """The log-probabilities a TokenLogprob reports, as device work: float32 log_softmax of the raw
+    logits row (before any stage of the pipeline), packed in float64 as [the token's, the ``top``
+    largest (descending), their ids] so one host read takes them (ids are exact in float64). On
+    CUDA they are copied into pinned host memory in stream order: the host reads them after the
+    token drawn with them, whose read waits for that copy too, so they cost no wait of their own."""
+    row = torch.log_softmax(logits.reshape(-1)[:vocab_size].float(), dim=-1)
+    chosen = row[token.reshape(1).clamp(min=0)]  # NON_FINITE (-1) is raised for when the token is read
+    values, ids = torch.topk(row, top) if top else (row[:0], token.new_empty(0))
+    packed = torch.cat((chosen.double(), values.double(), ids.double()))
+    if packed.device.type != "cuda":
+        return packed
+    host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+    return host.copy_(packed, non_blocking=True)
+
+
+def token_logprob(packed: torch.Tensor, token_id: int) -> TokenLogprob:
+    """``logprobs_of``'s values, read on the host, as the TokenLogprob of ``token_id``."""
+    values = packed.tolist()
+    top = (len(values) - 1) // 2
+    pairs = tuple((int(i), v) for v, i in zip(values[1 : 1 + top], values[1 + top :], strict=True))
+    return TokenLogprob(token_id, values[0], pairs)
 
 
 def checked_params(params: object) -> SamplingParams:

@@ -9,11 +9,13 @@ here knows text, tokenizers or chat templates.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
+from onnxgen.genai.events import TokenLogprob
 from onnxgen.genai.sampling import LogitsSampler
 
 if TYPE_CHECKING:
@@ -62,7 +64,8 @@ class Sequence:
     tail stored it there (else None); ``tail`` is the step tail that samples its one-token steps
     inside the graph (None: its sampler runs between them); ``prepared_at`` is the KV length for
     which the last step's tail already set the next step's position and mask row (None: the host
-    sets them).
+    sets them). ``sampled`` counts the tokens the sampler drew between the steps (a sequence that
+    needs them counted, min_tokens, has no tail).
     ``max_new_tokens`` is what the context leaves room for at most; ``limit_reason`` the stop reason
     when it is reached ("length" or "context full")."""
 
@@ -80,6 +83,11 @@ class Sequence:
     tail: GreedyTail | SampledTail | None = None
     prepared_at: int | None = None
     started_at: float = 0.0  # perf_counter when the prompt was handed to the model
+    sampled: int = 0  # tokens sampled so far between the steps (min_tokens counts these)
+    # logprobs (SamplingParams.logprobs): those of each sampled token not yet read by the host, in
+    # order (sampling.logprobs_of), and those of the tokens in ``generated``, one each
+    pending_logprobs: deque[torch.Tensor] = field(default_factory=deque)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
     def finish(self, reason: str) -> None:
         self.stats.stop_reason = reason
