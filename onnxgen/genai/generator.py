@@ -1,5 +1,6 @@
 """Generator: prompt text → text. Tokenizer, chat template, stop strings, streaming and stats over
-the decode engine (engine.py), which runs the token ids."""
+the decode engine (engine.py), which runs the token ids. ``events`` is the one loop from token ids to
+text (events.py: one event per token, then a final one); ``stream`` and ``generate`` read it."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ __all__ = ["GenerationStats", "Generator", "PromptTooLongError"]
 
 
 class Generator:
-    """Runs a package's decoder: ``Generator(path, device="cpu")``, then ``generate``/``stream``.
+    """Runs a package's decoder: ``Generator(path, device="cpu")``, then ``generate``/``stream``/``events``.
 
     Text, chat templates, stop strings, streaming and stats are the Generator's; the token ids are
     decoded by its ``engine`` (DecodeEngine, engine.py), to which the options below are handed.
