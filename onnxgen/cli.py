@@ -1,4 +1,4 @@
-"""The `onnxgen` command: generate, run (chat), bench, show, pull, list, build.
+"""The `onnxgen` command: generate, run (chat), serve (HTTP), bench, show, pull, list, build.
 
 Generated text goes to stdout; progress, stats and errors go to stderr. User errors print one
 line (no traceback) and exit with status 2.
@@ -337,6 +337,29 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from onnxgen.genai.generator import Generator
+    from onnxgen.server.options import ServeOptions
+    from onnxgen.server.serve import Server
+
+    if args.device == "cuda" and (problem := _cuda_missing()):
+        raise OnnxgenError(problem)  # before any pull or build of a CUDA package
+    name = args.served_model_name
+    if name is None:
+        name = Path(args.model).name if args.model and _package_of_path(args.model) else args.model or DEFAULT_MODEL
+    options = ServeOptions(
+        model_name=name, host=args.host, port=args.port, api_key=args.api_key, max_queue=args.max_queue,
+        shutdown_grace_s=args.shutdown_grace, device=args.device,
+    )  # fmt: skip
+
+    def make_generator() -> Generator:  # called on the server's engine thread, once run() starts
+        return Generator(package, device=args.device, kv=args.kv, capture=args.capture, threads=args.thread_options)
+
+    server = Server(options, make_generator)  # the port first: one that is taken fails before any pull
+    package = resolve_model(args.model, args.device, args.precision, args.attention)
+    return server.run()
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     from onnxgen.show import show_model
 
@@ -403,6 +426,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt ids")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (docs/server.md)")
+    _add_model_options(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    p.add_argument("--max-queue", type=int, default=64, help="requests that may wait; more get 503 (default 64)")
+    p.add_argument(
+        "--shutdown-grace", type=float, default=10.0,
+        help="seconds requests may run on after SIGINT/SIGTERM before they are cut (default 10)",
+    )  # fmt: skip
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("show", help="print a package or .onnx file: architecture, I/O, ops, parameters")
     p.add_argument("model", help="package directory, .onnx file or registry name")

@@ -1,0 +1,45 @@
+"""``ServeOptions``: everything `onnxgen serve` is configured with, declared once.
+
+The CLI builds it from its arguments; tests build it directly. The server reads nothing else: no
+environment variable, no global (tests/test_layering.py checks the environment rule).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """``model_name``: the id clients send as ``model`` and /v1/models lists (--served-model-name,
+    else the --model name). ``max_queue``: requests that may wait for the engine before new ones get
+    503. ``max_choices``: choices (n x prompts) per request. ``max_body_bytes``: larger bodies get 413.
+    ``shutdown_grace_s``: on SIGINT/SIGTERM, how long admitted requests may run on before they are
+    cut with an error. ``api_key``: when set, /v1/*, /tokenize and /detokenize need
+    ``Authorization: Bearer KEY``."""
+
+    model_name: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    max_queue: int = 64
+    max_choices: int = 16
+    max_body_bytes: int = 2 * 1024 * 1024
+    shutdown_grace_s: float = 10.0
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        checks = [
+            (bool(self.model_name), "the served model name must not be empty"),
+            (0 <= self.port <= 65535, f"--port must be in [0, 65535], got {self.port}"),
+            (self.max_queue >= 1, f"--max-queue must be >= 1, got {self.max_queue}"),
+            (self.max_choices >= 1, f"max_choices must be >= 1, got {self.max_choices}"),
+            (self.max_body_bytes >= 1024, f"max_body_bytes must be >= 1024, got {self.max_body_bytes}"),
+            (self.shutdown_grace_s >= 0, f"--shutdown-grace must be >= 0, got {self.shutdown_grace_s}"),
+            (self.api_key is None or bool(self.api_key), "--api-key must not be empty"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                from onnxgen.errors import OnnxgenError
+
+                raise OnnxgenError(message)
