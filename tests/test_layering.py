@@ -16,6 +16,8 @@ Rules (each violation is reported as file:line, the rule, and what was found):
      executor only through ``runtime.node_contract`` and import neither the executor, the session nor
      the capture runtime; the GPU kernels (``runtime.gpu``) import no op implementation; the
      contract itself imports nothing of the runtime.
+  e. The HTTP server sits on the genai layer: ``onnxgen.server`` imports no ``onnxgen.runtime`` module,
+     and nothing below it (``onnxgen.genai``, ``onnxgen.models``) imports ``onnxgen.server``.
 The checks parse the source (nothing is imported), so a file that fails to import is checked too.
 """
 
@@ -149,6 +151,21 @@ def runtime_violations() -> list[Found]:
     return found
 
 
+SERVER_BELOW = ("onnxgen.genai", "onnxgen.models")
+
+
+def server_violations() -> list[Found]:
+    """Rule e."""
+    found = []
+    for rel, module, tree in _sources():
+        for line, name in imports(rel, module, tree):
+            if _within(module, ("onnxgen.server",)) and _within(name, ("onnxgen.runtime",)):
+                found.append(Found(rel, line, "e", f"{module} imports {name} (the server sits on the genai layer)"))
+            if _within(module, SERVER_BELOW) and _within(name, ("onnxgen.server",)):
+                found.append(Found(rel, line, "e", f"{module} imports {name} (the server sits above it)"))
+    return found
+
+
 def environment_uses(tree: ast.Module) -> Iterator[tuple[int, str]]:
     """(line, expression) of each touch of the process environment."""
     os_names = {"os"}
@@ -212,6 +229,11 @@ def _report(found: list[Found]) -> str:
 
 def test_runtime_imports_no_upper_layer() -> None:
     found = runtime_violations()
+    assert not found, _report(found)
+
+
+def test_the_server_sits_on_the_genai_layer() -> None:
+    found = server_violations()
     assert not found, _report(found)
 
 
