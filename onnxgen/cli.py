@@ -349,7 +349,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         name = Path(args.model).name if args.model and _package_of_path(args.model) else args.model or DEFAULT_MODEL
     options = ServeOptions(
         model_name=name, host=args.host, port=args.port, api_key=args.api_key, max_queue=args.max_queue,
-        shutdown_grace_s=args.shutdown_grace, device=args.device,
+        shutdown_grace_s=args.shutdown_grace, stream_interval_s=args.stream_interval_ms / 1000, device=args.device,
     )  # fmt: skip
 
     def make_generator() -> Generator:  # called on the server's engine thread, once run() starts
@@ -437,6 +437,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--shutdown-grace", type=float, default=10.0,
         help="seconds requests may run on after SIGINT/SIGTERM before they are cut (default 10)",
+    )  # fmt: skip
+    p.add_argument(
+        "--stream-interval-ms", type=float, default=5.0,
+        help="least time between two chunks of a stream; faster streams get several tokens per chunk (default 5)",
     )  # fmt: skip
     p.set_defaults(func=cmd_serve)
 

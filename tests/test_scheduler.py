@@ -240,3 +240,33 @@ def test_outputs_coalesce_when_the_loop_is_behind() -> None:
     assert fake.tokens_made == 500
     assert len(batches) <= 3 and calls <= 3, (len(batches), calls)
     scheduler.close()
+
+
+def test_a_paced_reader_gets_few_batches_and_wakes_the_loop_rarely() -> None:
+    """batches(min_interval_s): the first batch at once, then at most one per interval; while the
+    reader sleeps out its interval the engine schedules no wake-ups."""
+    fake = FakeGenerator(delay_s=0.001)
+    scheduler = started(fake)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        calls = 0
+        original = loop.call_soon_threadsafe
+
+        def counting(*args, **kwargs):
+            nonlocal calls
+            calls += 1
+            return original(*args, **kwargs)
+
+        loop.call_soon_threadsafe = counting
+        handle = scheduler.submit([job(*range(300))], loop)
+        start = time.perf_counter()
+        batches = [(time.perf_counter() - start, batch) async for batch in handle.batches(0.05)]
+        return batches, calls
+
+    batches, calls = asyncio.run(main())
+    assert sum(len(b) for _, b in batches) == 301 and len(batches[0][1]) <= 2
+    gaps = [b[0] - a[0] for a, b in zip(batches, batches[1:])]
+    assert min(gaps) >= 0.045 and len(batches) <= 12, (len(batches), gaps)
+    assert calls <= len(batches) + 1, (calls, len(batches))
+    scheduler.close()

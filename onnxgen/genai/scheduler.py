@@ -17,16 +17,19 @@ runner can promise:
 
 Threads: the Generator is built, warmed up and driven on the engine thread only, so torch and CUDA
 state (streams, captured graphs) never cross threads. Outputs cross to the asyncio loop through a
-per-handle deque; the engine schedules a wake-up with ``loop.call_soon_threadsafe`` only when none
-is pending, so a loop that is behind drains many tokens per wake-up and never paces the engine (the
-engine never waits on the loop). Reading ``generator`` from the loop thread (tokenizer, chat
-template, config) is safe: those are read-only after load.
+per-handle deque; the engine schedules a wake-up with ``loop.call_soon_threadsafe`` only when the
+reader waits for one and none is pending, so a loop that is behind (or paces itself with
+``batches(min_interval_s)``) drains many tokens per wake-up, and the engine never waits on the loop.
+Each wake-up costs the engine thread a share of the interpreter lock while the loop runs, so fewer
+wake-ups are what keeps HTTP work from slowing a fast stream. Reading ``generator`` from the loop
+thread (tokenizer, chat template, config) is safe: those are read-only after load.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import math
 import sys
 import threading
 import time
@@ -91,6 +94,7 @@ class RequestHandle:
         self._items: collections.deque[Output | None] = collections.deque()  # None: the end
         self._wake = asyncio.Event()
         self._wake_pending = False
+        self._reader_waiting = False  # the loop side awaits _wake (else it reads the deque by itself)
         self.cancelled = False  # read by the engine thread after every token
         self.cancel_reason: str | None = None
         self._on_cancel: Callable[[RequestHandle], None] | None = None
@@ -101,7 +105,7 @@ class RequestHandle:
 
     def _push(self, item: Output | None) -> None:
         self._items.append(item)
-        if not self._wake_pending:
+        if self._reader_waiting and not self._wake_pending:
             self._wake_pending = True
             try:
                 self._loop.call_soon_threadsafe(self._woken)
@@ -114,14 +118,25 @@ class RequestHandle:
 
     # -- the loop side ---------------------------------------------------------------------
 
-    async def batches(self) -> AsyncIterator[list[Output]]:
-        """Lists of outputs in order, as many as arrived since the last one; ends after the last."""
+    async def batches(self, min_interval_s: float = 0.0) -> AsyncIterator[list[Output]]:
+        """Lists of outputs in order, as many as arrived since the last one; ends after the last.
+
+        ``min_interval_s``: after a batch, the next one comes no sooner than this (the first at
+        once): a fast stream is handed over in fewer, larger batches, and the engine schedules no
+        wake-up while the reader sleeps out its interval (module docstring: why that matters)."""
+        last = -math.inf
         while True:
             if not self._items:
                 self._wake.clear()
-                if not self._items:
+                self._reader_waiting = True
+                if not self._items:  # looked at after the flag is up: an item pushed before it is seen here
                     await self._wake.wait()
+                self._reader_waiting = False
                 continue
+            wait = last + min_interval_s - time.perf_counter()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            last = time.perf_counter()
             batch: list[Output] = []
             while self._items:
                 item = self._items.popleft()

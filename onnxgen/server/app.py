@@ -184,7 +184,8 @@ async def _generation(state: ServerState, request: Request, kind: str) -> Any:
         raise unavailable(str(exc)) from None
     info = request.scope.setdefault("onnxgen", {})
     envelope = Envelope(kind, state.options.model_name, parsed.include_usage)
-    relay = Relay(handle, plan, parsed, envelope, state.metrics, tokens, info.get("start", arrival), info)
+    interval = state.options.stream_interval_s
+    relay = Relay(handle, plan, parsed, envelope, state.metrics, tokens, info.get("start", arrival), info, interval)
     if parsed.stream:
         return EventStream(relay)
     return json_response(await relay.collect(request.receive))

@@ -16,7 +16,10 @@ class ServeOptions:
     503. ``max_choices``: choices (n x prompts) per request. ``max_body_bytes``: larger bodies get 413.
     ``shutdown_grace_s``: on SIGINT/SIGTERM, how long admitted requests may run on before they are
     cut with an error. ``api_key``: when set, /v1/*, /tokenize and /detokenize need
-    ``Authorization: Bearer KEY``."""
+    ``Authorization: Bearer KEY``. ``stream_interval_s``: the least time between two reads of a
+    request's tokens (the first is read at once): a stream faster than that is sent a few tokens
+    per chunk, which keeps the event loop's work per second bounded, and with it what the loop
+    takes from the engine thread's share of the interpreter."""
 
     model_name: str
     host: str = "127.0.0.1"
@@ -26,6 +29,7 @@ class ServeOptions:
     max_choices: int = 16
     max_body_bytes: int = 2 * 1024 * 1024
     shutdown_grace_s: float = 10.0
+    stream_interval_s: float = 0.005
     device: str = "cpu"
 
     def __post_init__(self) -> None:
@@ -36,6 +40,10 @@ class ServeOptions:
             (self.max_choices >= 1, f"max_choices must be >= 1, got {self.max_choices}"),
             (self.max_body_bytes >= 1024, f"max_body_bytes must be >= 1024, got {self.max_body_bytes}"),
             (self.shutdown_grace_s >= 0, f"--shutdown-grace must be >= 0, got {self.shutdown_grace_s}"),
+            (
+                0 <= self.stream_interval_s <= 1,
+                f"--stream-interval-ms must be in [0, 1000], got {self.stream_interval_s * 1000:g}",
+            ),
             (self.api_key is None or bool(self.api_key), "--api-key must not be empty"),
         ]
         for ok, message in checks:

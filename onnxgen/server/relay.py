@@ -64,8 +64,10 @@ class Relay:
         tokens: TokenText,
         arrival: float,
         info: dict[str, Any],
+        interval_s: float = 0.0,
     ) -> None:
         self.handle = handle
+        self.interval_s = interval_s  # the least time between two batches read (ServeOptions.stream_interval_s)
         self.plan = plan
         self.request = request
         self.envelope = envelope
@@ -104,7 +106,7 @@ class Relay:
         choices = [ChoiceResult(index, prefix=prefix) for index, prefix in enumerate(self.plan.prefixes)]
         watcher = asyncio.ensure_future(watch_disconnect(receive, self.handle.cancel))
         try:
-            async for batch in self.handle.batches():
+            async for batch in self.handle.batches(self.interval_s):
                 for out in batch:
                     if out.error is not None:
                         raise api_error_of(out.error)
@@ -145,7 +147,7 @@ class Relay:
         started: set[int] = set()
         offsets: dict[int, int] = {}
         sent = False
-        async for batch in self.handle.batches():
+        async for batch in self.handle.batches(self.interval_s):
             pieces: list[bytes] = []
             pending: dict[int, tuple[list[str], list]] = {}
             for out in batch:
