@@ -761,6 +761,10 @@ def test_matmul_nbits_on_triton_keeps_no_dequantized_copy(device: str) -> None:
         assert DEQUANT_CACHE.used == 0
 
 
+# on CUDA the session fuses a lone MatMulNBits into a one-member MatMulNBitsGroup (fusion "singles")
+_NBITS_NODE_TYPES = ("MatMulNBits", "MatMulNBitsGroup")
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_matmul_nbits_prompt_chunks_go_to_the_session_scratch(device: str) -> None:
     """A prompt that dequantizes (q4_prompt=dequant) writes its weight chunks into the session's one
@@ -780,7 +784,7 @@ def test_matmul_nbits_prompt_chunks_go_to_the_session_scratch(device: str) -> No
         session = InferenceSession(model, device=device)
         scratch = DequantScratch(5 * k, torch.float16, torch.device(device))
         scratch.buffer.fill_(float("nan"))
-        (node,) = [node for node in session.program.nodes if node.ctx.op_type == "MatMulNBits"]
+        (node,) = [node for node in session.program.nodes if node.ctx.op_type in _NBITS_NODE_TYPES]
         node.ctx.__dict__[SCRATCH_ATTR] = scratch
         a = np.random.default_rng(3).standard_normal((20, k)).astype(np.float16)
         expected = ort_run(model, {"A": a})[0]
@@ -807,7 +811,7 @@ def test_cuda_session_holds_one_dequant_scratch() -> None:
     for mode, elements in (("auto", min(SCRATCH_ELEMENTS, 200 * 24)), ("gemm", None)):
         with options.override(triton_q4=True, q4_prompt=mode):
             session = InferenceSession(model, device="cuda")
-        (node,) = [node for node in session.program.nodes if node.ctx.op_type == "MatMulNBits"]
+        (node,) = [node for node in session.program.nodes if node.ctx.op_type in _NBITS_NODE_TYPES]
         scratch = node.ctx.__dict__.get(SCRATCH_ATTR)
         assert (scratch.buffer.numel() if scratch is not None else None) == elements, mode
 
