@@ -78,7 +78,6 @@ class Options:
     gemm_q4: ShapeOverrides = NO_OVERRIDES
     q4_prompt: Literal["auto", "dequant", "gemm"] = "auto"
     q4_norm_apart: int = 4096
-    q4_half2: bool = False
     gemv_split: ShapeOverrides = NO_OVERRIDES
     gqa_decode: tuple[int, int] | None = None
     gqa_early: bool = True
@@ -248,15 +247,12 @@ KNOBS: tuple[Knob, ...] = (
          "forces the several-row 4-bit GEMM's launch configuration (prompts; all shapes, or `_<N>x<K>`)",
          per_shape=True, default_text="unset: the kernel's table"),
     Knob("q4_prompt", "ONNXGEN_Q4_PROMPT", _q4_prompt, "`auto` / `dequant` / `gemm`",
-         "4-bit weights times several rows (a prompt): dequantize each layer's weight into the session's one "
+         "4-bit weights times several rows (a prompt): dequantize each layer's weight into a transient "
          "buffer and run cuBLAS, or the Triton GEMM that dequantizes tiles in registers (no buffer); auto: "
          "the GEMM for prompts of at most 16 rows over rows of at most 2,048 elements, else dequant"),
     Knob("q4_norm_apart", "ONNXGEN_Q4_NORM_APART", _programs, "`P` (programs; `0`: never)",
          "a 4-bit one-row product of more than P programs (the lm_head) runs its norm prologue as a kernel of "
          "its own instead of once per program"),
-    Knob("q4_half2", "ONNXGEN_Q4_HALF2", _flag(), "`1` / `0`",
-         "the one-row 4-bit products without a norm prologue in fp16x2 (code - zero exact, products and block "
-         "sums in fp16, blocks added in fp32) instead of fp32: fewer instructions per weight, fp16 rounding"),
     Knob("gemv_split", "ONNXGEN_GEMV_SPLIT", _split, "`off` / `BLOCK_N,BLOCK_K,WARPS`",
          "`off`: long rows run the loop kernel; a configuration: the split-K kernel wherever it applies "
          "(all shapes, or `_<N>x<K>`)", per_shape=True,

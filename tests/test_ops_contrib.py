@@ -576,24 +576,6 @@ def test_matmul_nbits_prompt_gemm(block_size: int, zp_kind: str, device: str) ->
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(("block_size", "zp_kind", "k"), [(32, "packed", 200), (128, "none", 200), (32, "none", 2100)])
-def test_matmul_nbits_one_row_half2(block_size: int, zp_kind: str, k: int, device: str) -> None:
-    """Option q4_half2: the one-row 4-bit kernels multiply in fp16x2 (short rows in one tile, long
-    ones split along K), within the fp16 tolerance of onnxruntime; on CUDA through the PTX that
-    makes (code - zero) / 16, in the interpreter through its integer stand-in."""
-    import onnxgen.runtime.gpu.linear_q4 as linear_q4
-    from onnxgen.runtime.gpu.launch import q4_kernels_serve
-
-    with options.override(triton_q4=True, q4_half2=True):
-        x = torch.zeros(4, dtype=torch.float16, device=device)
-        if not q4_kernels_serve(x):
-            pytest.skip("the 4-bit Triton kernels do not serve this device")
-        assert linear_q4._half2_args(x, 1, 0)["HALF2"]
-        model = matmul_nbits_model(k, 24, 4, block_size, TP.FLOAT16, zp_kind, 0)
-        _nbits_parity(model, TP.FLOAT16, device, NBITS_TOL[(TP.FLOAT16, 0)], m_values=(1,))
-
-
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bits", [2, 8])
 @pytest.mark.parametrize("zp_kind", ["none", "packed"])
 def test_matmul_nbits_other_widths(bits: int, zp_kind: str, device: str) -> None:

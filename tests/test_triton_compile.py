@@ -120,8 +120,7 @@ def test_linear_row_q4_compiles(zero_kind: int, prologue: int, pdl: bool, split:
     sig = dict.fromkeys(["x_ptr", "x2_ptr", "gamma_ptr", "sum_ptr", "scale_ptr", "bias_ptr", "out_ptr"], "*fp16")
     sig.update(b_ptr="*u8", zero_ptr="*fp16" if zero_kind == 2 else "*u8", eps="fp32", part_ptr="*fp32")
     sig.update(ticket_ptr="*i32", **dict.fromkeys(["n", "k", "n_blocks", "row_bytes", "zp_row_bytes"], "i32"))
-    const = dict(PROLOGUE=prologue, ZERO_KIND=zero_kind, HAS_BIAS=prologue == 0, QBLOCK=32, BLOCK_N=16, PDL=pdl,
-                 HALF2=False, ASM=True)  # fmt: skip
+    const = dict(PROLOGUE=prologue, ZERO_KIND=zero_kind, HAS_BIAS=prologue == 0, QBLOCK=32, BLOCK_N=16, PDL=pdl)
     kernel = linear_q4._q4_split_kernel if split else linear_q4._q4_tile_kernel
     if split:
         const.update(NB=16, BLOCK_S=4)
@@ -134,27 +133,6 @@ def test_linear_row_q4_compiles(zero_kind: int, prologue: int, pdl: bool, split:
     if zero_kind == 0:  # codes become floats by the exponent trick: no integer-to-float conversion
         conversions = re.findall(r"cvt\.rn\.f32\.[su]\d+", ptx)  # (one is the norm's k, a scalar)
         assert len(conversions) <= 1, conversions
-
-
-@pytest.mark.parametrize("zero_kind", [0, 1])
-@pytest.mark.parametrize("prologue", [0, 3])
-@pytest.mark.parametrize("split", [False, True])
-def test_linear_row_q4_half2_compiles(zero_kind: int, prologue: int, split: bool) -> None:
-    """Option q4_half2: the codes become (code - zero) / 16 in the PTX of _halves_less_zero (its
-    byte permutes and fp16x2 subtractions present) and the products are fp16; no code goes through
-    an integer-to-float conversion."""
-    from onnxgen.runtime.gpu import linear_q4
-
-    sig = dict.fromkeys(["x_ptr", "x2_ptr", "gamma_ptr", "sum_ptr", "scale_ptr", "bias_ptr", "out_ptr"], "*fp16")
-    sig.update(b_ptr="*u8", zero_ptr="*u8", eps="fp32", part_ptr="*fp32", ticket_ptr="*i32")
-    sig.update(dict.fromkeys(["n", "k", "n_blocks", "row_bytes", "zp_row_bytes"], "i32"))
-    const = dict(PROLOGUE=prologue, ZERO_KIND=zero_kind, HAS_BIAS=False, QBLOCK=32, BLOCK_N=16, PDL=True,
-                 HALF2=True, ASM=True)  # fmt: skip
-    kernel = linear_q4._q4_split_kernel if split else linear_q4._q4_tile_kernel
-    const.update(dict(NB=16, BLOCK_S=4) if split else dict(B0=16, B1=8, B2=4))
-    ptx = compile_for_sm90(kernel, sig, const)
-    assert "prmt.b32" in ptx and "sub.f16x2" in ptx and re.search(r"(fma\.rn|mul)\.f16", ptx)
-    assert not re.findall(r"cvt\.rn\.f(16|32)\.[su](8|16|32)", ptx)
 
 
 @pytest.mark.parametrize("zero_kind", [0, 1, 2])

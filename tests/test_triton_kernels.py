@@ -145,17 +145,6 @@ def test_int4_kernels_parity_through_the_triton_interpreter() -> None:
     assert launches.get("linear_row_q4_split", 0) >= 1, launches
 
 
-@runs(
-    INT4_HALF2 := interpreted(
-        "int4_group and (packed or apart)", ONNXGEN_TRITON_LINEAR="1", ONNXGEN_TRITON_Q4="1", ONNXGEN_Q4_HALF2="1"
-    )
-)
-def test_int4_groups_in_half2_through_the_triton_interpreter() -> None:
-    """ONNXGEN_Q4_HALF2=1: the 4-bit groups (plain and silu_mul prologues in fp16x2, norms in fp32)
-    against onnxruntime through the interpreter's stand-in for the PTX."""
-    assert INT4_HALF2.launches().get("linear_row_q4", 0) >= 2, INT4_HALF2.launches()
-
-
 @runs(INT4_DENSE := interpreted("growing_kv and int4 and fused", ONNXGEN_TRITON_LINEAR="1", ONNXGEN_TRITON_Q4="0"))
 def test_int4_groups_take_the_dense_row_kernel_over_the_dequantized_copy() -> None:
     """With ONNXGEN_TRITON_Q4=0, a one-row MatMulNBits group runs the dense kernel (prologue fused) over

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from onnxgen import options
-from onnxgen.runtime.gpu.launch import LAUNCHES, interpreting, pdl_launch
+from onnxgen.runtime.gpu.launch import LAUNCHES, pdl_launch
 from onnxgen.runtime.gpu.linear_row import (
     _activation,
     _activation_inputs,
@@ -71,119 +71,21 @@ MAGIC = tl.constexpr(8388608.0)
 @triton.jit
 def _block_loads(
     b_ptr, scale_ptr, zero_ptr, rows, row_ok, first_block, n_blocks, row_bytes, zp_row_bytes, NB: tl.constexpr,
-    QBLOCK: tl.constexpr, ZERO_KIND: tl.constexpr, HALF2: tl.constexpr = False,
+    QBLOCK: tl.constexpr, ZERO_KIND: tl.constexpr,
 ):  # fmt: skip
     """The constant inputs of NB quantization blocks from ``first_block`` of each row: the codes
     [BLOCK_N, NB, QBLOCK / 2] bytes, the block scales [BLOCK_N, NB] and the offset a code's magic
-    float loses to become code - zero (2^23 + zero; for float zero points the zero alone; HALF2:
-    the zero's two fp16 magic values as one int32 word, see HALF2_MAGIC)."""
+    float loses to become code - zero (2^23 + zero; for float zero points the zero alone)."""
     HALF: tl.constexpr = QBLOCK // 2
     blk = first_block + tl.arange(0, NB)
     block_ok = row_ok[:, None] & (blk < n_blocks)[None, :]
     byte = blk[:, None] * HALF + tl.arange(0, HALF)[None, :]
     codes = tl.load(b_ptr + rows[:, None, None] * row_bytes + byte[None, :, :], mask=block_ok[:, :, None], other=0)
     scale = tl.load(scale_ptr + rows[:, None] * n_blocks + blk[None, :], mask=block_ok, other=0.0).to(tl.float32)
-    if HALF2:
-        z = _block_zero_codes(zero_ptr, rows[:, None], blk[None, :], block_ok, zp_row_bytes, ZERO_KIND)
-        zero = (z << 20) | z | HALF2_MAGIC
-    else:
-        zero = _block_zeros(zero_ptr, rows[:, None], blk[None, :], block_ok, n_blocks, zp_row_bytes, ZERO_KIND)
-        if ZERO_KIND != 2:
-            zero += MAGIC
+    zero = _block_zeros(zero_ptr, rows[:, None], blk[None, :], block_ok, n_blocks, zp_row_bytes, ZERO_KIND)
+    if ZERO_KIND != 2:
+        zero += MAGIC
     return codes, scale, zero
-
-
-@triton.jit
-def _block_zero_codes(zero_ptr, rows, blk, mask, zp_row_bytes, ZERO_KIND: tl.constexpr):
-    """The integer zero point of block ``blk`` of each row (ZERO_KIND 0 or 1)."""
-    if ZERO_KIND == 1:
-        zbyte = tl.load(zero_ptr + rows * zp_row_bytes + blk // 2, mask=mask, other=0).to(tl.int32)
-        return tl.where(blk % 2 == 0, zbyte & 0xF, zbyte >> 4)
-    else:
-        return rows * 0 + blk * 0 + 8
-
-
-# fp16 bits of 64 (low half of a word) and 4 (high half): a nibble in the low half's mantissa bits
-# 0-3 reads as 64 + c/16, one in the high half's bits 4-7 (bits 20-23 of the word) as 4 + c/16, both
-# exactly; so one byte b spread to both halves (b | b << 16) and masked with 0x00F0000F holds its
-# two codes as fp16 in element order, and one fp16x2 subtraction of the zero's pair leaves
-# (code - zero) / 16, exactly
-HALF2_MAGIC = tl.constexpr(0x44005400)
-
-
-@triton.jit
-def _halves_less_zero(codes, zz, ASM: tl.constexpr):
-    """(code - zero) / 16 in fp16 from [BLOCK_N, NB, QBLOCK / 2] code bytes and the blocks' zero
-    words ``zz``, as two tensors of the bytes' shape: at byte position 4i + u, ``a`` holds element
-    8i + u of the block, ``b`` element 8i + 4 + u (u < 4). ASM: four bytes at a time in PTX (two
-    instructions per byte and one fp16x2 subtraction); else (Triton's interpreter, which runs no
-    PTX) the same values from integer arithmetic."""
-    if ASM:
-        return tl.inline_asm_elementwise(
-            asm="""{
-            .reg .b32 t0, t1, t2, t3;
-            prmt.b32 t0, $4, 0, 0x4040;
-            prmt.b32 t1, $4, 0, 0x4141;
-            prmt.b32 t2, $4, 0, 0x4242;
-            prmt.b32 t3, $4, 0, 0x4343;
-            lop3.b32 t0, t0, 0x00F0000F, 0x44005400, 0xea;
-            lop3.b32 t1, t1, 0x00F0000F, 0x44005400, 0xea;
-            lop3.b32 t2, t2, 0x00F0000F, 0x44005400, 0xea;
-            lop3.b32 t3, t3, 0x00F0000F, 0x44005400, 0xea;
-            sub.f16x2 $0, t0, $5;
-            sub.f16x2 $1, t1, $5;
-            sub.f16x2 $2, t2, $5;
-            sub.f16x2 $3, t3, $5;
-            }""",
-            constraints="=r,=r,=r,=r,r,r,r,r,r",
-            args=[codes, tl.broadcast_to(zz[:, :, None], codes.shape)],
-            dtype=(tl.float16, tl.float16),
-            is_pure=True,
-            pack=4,
-        )
-    else:
-        rows: tl.constexpr = codes.shape[0]
-        nb: tl.constexpr = codes.shape[1]
-        half: tl.constexpr = codes.shape[2]
-        quads = tl.permute(tl.reshape(codes, (rows, nb, half // 4, 2, 2)), (0, 1, 2, 4, 3))
-        first, second = tl.split(quads)  # bytes 4i + v and 4i + 2 + v, v < 2
-        z = (zz & 0xF).to(tl.float32)[:, :, None, None]
-        return _nibble_halves(first, z, rows, nb, half), _nibble_halves(second, z, rows, nb, half)
-
-
-@triton.jit
-def _nibble_halves(pairs, z, rows: tl.constexpr, nb: tl.constexpr, half: tl.constexpr):
-    lo = ((pairs & 0xF).to(tl.float32) - z) / 16.0
-    hi = ((pairs >> 4).to(tl.float32) - z) / 16.0
-    return tl.reshape(tl.join(lo, hi), (rows, nb, half)).to(tl.float16)
-
-
-@triton.jit
-def _block_products_half2(
-    codes, scale, zz, x_ptr, x2_ptr, gamma_ptr, sum_ptr, first_block, k, PROLOGUE: tl.constexpr, NB: tl.constexpr,
-    QBLOCK: tl.constexpr, ASM: tl.constexpr,
-):  # fmt: skip
-    """_block_products in fp16x2 (option q4_half2), for the prologues whose activations are fp16
-    values (none, silu_mul; a norm's x * gamma is not normalized until the end and may exceed
-    fp16): (code - zero) / 16 times the activations, summed per block in fp16 (|code - zero| / 16
-    < 1 keeps each product within the activation's magnitude), the block sums scaled and added in
-    fp32."""
-    HALF: tl.constexpr = QBLOCK // 2
-    blk = first_block + tl.arange(0, NB)
-    t = tl.arange(0, HALF)
-    cols_a = blk[:, None] * QBLOCK + (8 * (t // 4) + t % 4)[None, :]
-    cols_b = cols_a + 4
-    in_a = cols_a < k
-    in_b = cols_b < k
-    xa, xa2, ga = _activation_inputs(x_ptr, x2_ptr, gamma_ptr, cols_a, in_a, PROLOGUE)
-    xb, xb2, gb = _activation_inputs(x_ptr, x2_ptr, gamma_ptr, cols_b, in_b, PROLOGUE)
-    aa, sqa = _activation(xa, xa2, ga, sum_ptr, cols_a, in_a, PROLOGUE)
-    ab, sqb = _activation(xb, xb2, gb, sum_ptr, cols_b, in_b, PROLOGUE)
-    qa, qb = _halves_less_zero(codes, zz, ASM)
-    products = qa * aa.to(tl.float16)[None, :, :] + qb * ab.to(tl.float16)[None, :, :]
-    per_block = tl.sum(products, axis=2, dtype=tl.float16).to(tl.float32)
-    squares = tl.sum(tl.sum(sqa, axis=1), axis=0) + tl.sum(tl.sum(sqb, axis=1), axis=0)
-    return tl.sum(per_block * scale, axis=1) * 16.0, squares
 
 
 @triton.jit
@@ -207,19 +109,6 @@ def _block_products(
 
 
 @triton.jit
-def _part_products(
-    codes, scale, zero, x_ptr, x2_ptr, gamma_ptr, sum_ptr, first_block, k, PROLOGUE: tl.constexpr,
-    ZERO_KIND: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr, HALF2: tl.constexpr, ASM: tl.constexpr,
-):  # fmt: skip
-    if HALF2:
-        return _block_products_half2(codes, scale, zero, x_ptr, x2_ptr, gamma_ptr, sum_ptr, first_block, k,
-                                     PROLOGUE, NB, QBLOCK, ASM)  # fmt: skip
-    else:
-        return _block_products(codes, scale, zero, x_ptr, x2_ptr, gamma_ptr, sum_ptr, first_block, k, PROLOGUE,
-                               ZERO_KIND, NB, QBLOCK)  # fmt: skip
-
-
-@triton.jit
 def _codes_less_zero(codes, offset, ZERO_KIND: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr):
     """code - zero in fp32, [BLOCK_N, NB, QBLOCK] in element order, from _block_loads' codes and
     offset: the two nibbles of each byte joined (2i low, 2i + 1 high), each made a float by the
@@ -238,7 +127,7 @@ def _q4_tile_kernel(
     x_ptr, x2_ptr, gamma_ptr, sum_ptr, b_ptr, scale_ptr, zero_ptr, bias_ptr, out_ptr, n, k, n_blocks, row_bytes,
     zp_row_bytes, eps, PROLOGUE: tl.constexpr, ZERO_KIND: tl.constexpr, HAS_BIAS: tl.constexpr,
     QBLOCK: tl.constexpr, BLOCK_N: tl.constexpr, B0: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr,
-    PDL: tl.constexpr, HALF2: tl.constexpr = False, ASM: tl.constexpr = True,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """y[rows] for BLOCK_N whole rows per program, a row's blocks in up to three power-of-two parts
     (B0 + B1 + B2 >= n_blocks; a part of 0 is absent): every code, scale and zero of the program is
@@ -248,24 +137,24 @@ def _q4_tile_kernel(
     if HAS_BIAS:
         bias = tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
     c0, s0, z0 = _block_loads(b_ptr, scale_ptr, zero_ptr, rows, row_ok, 0, n_blocks, row_bytes, zp_row_bytes, B0,
-                              QBLOCK, ZERO_KIND, HALF2)  # fmt: skip
+                              QBLOCK, ZERO_KIND)  # fmt: skip
     if B1 > 0:
         c1, s1, z1 = _block_loads(b_ptr, scale_ptr, zero_ptr, rows, row_ok, B0, n_blocks, row_bytes, zp_row_bytes,
-                                  B1, QBLOCK, ZERO_KIND, HALF2)  # fmt: skip
+                                  B1, QBLOCK, ZERO_KIND)  # fmt: skip
     if B2 > 0:
         c2, s2, z2 = _block_loads(b_ptr, scale_ptr, zero_ptr, rows, row_ok, B0 + B1, n_blocks, row_bytes,
-                                  zp_row_bytes, B2, QBLOCK, ZERO_KIND, HALF2)  # fmt: skip
+                                  zp_row_bytes, B2, QBLOCK, ZERO_KIND)  # fmt: skip
     wait_for_previous(PDL)
-    dot, squares = _part_products(c0, s0, z0, x_ptr, x2_ptr, gamma_ptr, sum_ptr, 0, k, PROLOGUE, ZERO_KIND, B0,
-                                  QBLOCK, HALF2, ASM)  # fmt: skip
+    dot, squares = _block_products(c0, s0, z0, x_ptr, x2_ptr, gamma_ptr, sum_ptr, 0, k, PROLOGUE, ZERO_KIND, B0,
+                                   QBLOCK)  # fmt: skip
     if B1 > 0:
-        d1, q1 = _part_products(c1, s1, z1, x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0, k, PROLOGUE, ZERO_KIND, B1,
-                                QBLOCK, HALF2, ASM)  # fmt: skip
+        d1, q1 = _block_products(c1, s1, z1, x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0, k, PROLOGUE, ZERO_KIND, B1,
+                                 QBLOCK)  # fmt: skip
         dot += d1
         squares += q1
     if B2 > 0:
-        d2, q2 = _part_products(c2, s2, z2, x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0 + B1, k, PROLOGUE, ZERO_KIND,
-                                B2, QBLOCK, HALF2, ASM)  # fmt: skip
+        d2, q2 = _block_products(c2, s2, z2, x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0 + B1, k, PROLOGUE, ZERO_KIND,
+                                 B2, QBLOCK)  # fmt: skip
         dot += d2
         squares += q2
     if PROLOGUE == 1 or PROLOGUE == 2:
@@ -280,7 +169,6 @@ def _q4_split_kernel(
     x_ptr, x2_ptr, gamma_ptr, sum_ptr, b_ptr, scale_ptr, zero_ptr, bias_ptr, out_ptr, part_ptr, ticket_ptr, n, k,
     n_blocks, row_bytes, zp_row_bytes, PROLOGUE: tl.constexpr, ZERO_KIND: tl.constexpr, HAS_BIAS: tl.constexpr,
     QBLOCK: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
-    HALF2: tl.constexpr = False, ASM: tl.constexpr = True,
 ):  # fmt: skip
     """Program (i, j): row block i over blocks j * NB .. j * NB + NB - 1; the partial sums meet in
     linear_row.merge_splits (PROLOGUE 0 or 3 only)."""
@@ -292,10 +180,10 @@ def _q4_split_kernel(
     else:
         bias = 0.0
     codes, scale, zero = _block_loads(b_ptr, scale_ptr, zero_ptr, rows, row_ok, first, n_blocks, row_bytes,
-                                      zp_row_bytes, NB, QBLOCK, ZERO_KIND, HALF2)  # fmt: skip
+                                      zp_row_bytes, NB, QBLOCK, ZERO_KIND)  # fmt: skip
     wait_for_previous(PDL)
-    dot, _ = _part_products(codes, scale, zero, x_ptr, x2_ptr, gamma_ptr, sum_ptr, first, k, PROLOGUE, ZERO_KIND,
-                            NB, QBLOCK, HALF2, ASM)  # fmt: skip
+    dot, _ = _block_products(codes, scale, zero, x_ptr, x2_ptr, gamma_ptr, sum_ptr, first, k, PROLOGUE, ZERO_KIND,
+                             NB, QBLOCK)  # fmt: skip
     merge_splits(dot, bias, part_ptr, ticket_ptr, out_ptr, rows, row_ok, n, BLOCK_S)
 
 
@@ -454,7 +342,7 @@ def linear_row_q4(
         x, _, _ = fused_rms_norm(x, gamma, eps, skip=x2 if code == 2 else None, sum_out=sum_out if code == 2 else None)
         code = 0
     common = dict(PROLOGUE=code, ZERO_KIND=zero_kind, HAS_BIAS=bias is not None, QBLOCK=block_size,
-                  BLOCK_N=block_n, num_warps=warps, **_half2_args(x, zero_kind, code))  # fmt: skip
+                  BLOCK_N=block_n, num_warps=warps)  # fmt: skip
     bias_arg = bias if bias is not None else out
     LAUNCHES["linear_row_q4"] += 1
     if splits == 1 or code in NORM_PROLOGUES:  # a norm's statistics span the row: one tile of the whole row
@@ -473,15 +361,6 @@ def linear_row_q4(
         **pdl_launch(x, out, parts, tickets),
     )  # fmt: skip
     return out
-
-
-def _half2_args(x: torch.Tensor, zero_kind: int, prologue: int) -> dict[str, bool]:
-    """HALF2 (option q4_half2: the products in fp16x2) where it applies: fp16 activations, integer
-    zero points (packed or the default 8), no norm prologue (_block_products_half2 says why); ASM
-    off under Triton's interpreter, which runs no PTX."""
-    if not options.current().q4_half2 or x.dtype != torch.float16 or zero_kind == 2 or prologue in NORM_PROLOGUES:
-        return {}
-    return {"HALF2": True, "ASM": not interpreting()}
 
 
 def power_parts(count: int) -> tuple[int, int, int]:
