@@ -160,3 +160,36 @@ def test_bench_times_replayed_prefills(package) -> None:
     prefill = generator.engine.prefill_capture_stats
     assert prefill.steps == 3 + 2  # warm-up, warm-up, recording; two timed runs
     assert prefill.captures == prefill.segments_per_step and prefill.replays == 2 * prefill.segments_per_step
+
+
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")])],
+)
+def test_generations_of_other_kv_sizes_keep_each_others_recordings(tmp_path, device: str) -> None:
+    """A generation whose prompt + max_new_tokens needs another KV size (256, then 512 rows) gets a
+    cache of that size; going back to a size replays what was recorded over its cache (no recording,
+    no invalidation), greedy and sampled alike, with the eager loop's tokens (the eager loop's own
+    parity with onnxruntime is test_captured_prefill_matches_onnxruntime's and the generator tests')."""
+    from dataclasses import replace
+
+    from onnxgen.models.random_source import TINY_CONFIGS as CONFIGS
+
+    config = replace(CONFIGS["tiny-llama"], max_position_embeddings=1024)
+    package = build_package(RandomSource(config), tmp_path / "gqa", attention="gqa")
+    write_word_tokenizer(package, config.vocab_size)
+    captured = captured_generator(package, device=device)
+    eager = Generator(package, device=device, kv="static", capture="off")
+    ids = prompt(20, config.vocab_size)
+    greedy = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (12, 250)]
+    sampled = [SamplingParams(max_new_tokens=n, ignore_eos=True, temperature=0.8, top_k=20, seed=3) for n in (12, 250)]
+    rounds = [[*greedy, *sampled]] * 3  # a prompt chunk shape records on its third run (warm-up first)
+    counts = []
+    for params_list in rounds:
+        for params in params_list:
+            assert list(captured.generate_ids(ids, params)) == list(eager.generate_ids(ids, params))
+        engine = captured.engine
+        counts.append((engine.capture_stats.captures, engine.prefill_capture_stats.captures))
+        assert engine.capture_stats.invalidations == 0 and engine.prefill_capture_stats.invalidations == 0
+    assert sorted(captured.engine._static_kvs) == [256, 512]
+    assert counts[2] == counts[1], counts  # the third round recorded nothing

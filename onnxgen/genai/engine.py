@@ -97,8 +97,8 @@ class DecodeEngine:
     # graph memory (a 1,024-row chunk holds its [1,024, vocab] logits); chunks of further shapes run
     # eagerly, said once
     captured_prefill_keys = 16
-    # sampling plans (SamplingPlan) with a step tail of their own at most: each tail's recordings keep
-    # their graph memory; a generation with a further plan samples between the steps, said once
+    # sampled step tails at most (one per sampling plan and KV capacity): each tail's recordings keep
+    # their graph memory; a generation that would need a further one samples between the steps, said once
     sampled_tails_max = 8
 
     def __init__(
@@ -176,10 +176,15 @@ class DecodeEngine:
         self._prefill_keys: set[tuple[int, int, int]] = set()  # see _prefill_key_admitted
         self._prefill_keys_said = False
         self._in_place: bool | None = None  # see _grows_in_place
-        self._static_kv: StaticKV | None = None
+        # one static cache per capacity, kept: recordings adopt a cache's buffers (their addresses), so a
+        # generation that needs another capacity leaves the others' recordings valid for later ones
+        self._static_kvs: dict[int, StaticKV] = {}
+        self._static_kv: StaticKV | None = None  # the one the last generation used
         self._decode_feeds: tuple[torch.Tensor, torch.Tensor] | None = None  # see _decode_buffers
-        self._tail: GreedyTail | None = None  # of the static cache it was made for (its mask)
-        self._sampled_tails: dict[SamplingPlan, SampledTail] = {}  # the same, per sampling plan
+        # step tails per static cache (a tail reads its cache's mask; a key's recordings belong to one tail)
+        self._greedy_tails: dict[int, GreedyTail] = {}  # by capacity
+        self._tail: GreedyTail | None = None  # the one the last greedy generation used
+        self._sampled_tails: dict[tuple[int, SamplingPlan], SampledTail] = {}  # by (capacity, sampling plan)
         self._sampled_tails_said = False
         self._between_steps_said: set[str] = set()  # see _say_between_steps
 
@@ -440,12 +445,14 @@ class DecodeEngine:
             capacity = self._static_capacity(total)
             if self.capture == "off" and self.kv_capacity is None:
                 return StaticKV(self.config, self.kv_dtype, self.device, capacity)
-            # captured decode reads the KV buffers at fixed addresses: keep one cache, reset in
-            # place (a new one would invalidate the recording and cost a re-record per generation);
-            # a fixed capacity keeps it eagerly too (the benches' runs share one cache)
-            kv = self._static_kv
-            if kv is None or kv.capacity != capacity:
-                kv = self._static_kv = StaticKV(self.config, self.kv_dtype, self.device, capacity)
+            # captured decode reads the KV buffers at fixed addresses: keep the cache of each capacity,
+            # reset in place (a new one would invalidate its recordings and cost a re-record per
+            # generation); a fixed capacity keeps it eagerly too (the benches' runs share one cache).
+            # The memory is what the recordings kept alive anyway: each adopts its cache.
+            kv = self._static_kvs.get(capacity)
+            if kv is None:
+                kv = self._static_kvs[capacity] = StaticKV(self.config, self.kv_dtype, self.device, capacity)
+            self._static_kv = kv
             kv.reset()
             return kv
         if self._grows_in_place():
@@ -499,11 +506,13 @@ class DecodeEngine:
             return None
         if not sequence.sampler.plain_greedy:
             return self._sampled_tail_for(sequence, kv, buffers)
-        tail = self._tail
+        tail = self._greedy_tails.get(kv.capacity)
         if tail is None or tail.state()["mask"] is not kv.mask:
             ids, pos = buffers
             host = GreedyTail.host_tokens_for(kv.capacity, self.device) if self.host_tokens else None
-            tail = self._tail = GreedyTail(self.config.io.logits, self.config.vocab_size, ids, pos, kv.mask, host)
+            tail = GreedyTail(self.config.io.logits, self.config.vocab_size, ids, pos, kv.mask, host)
+            self._greedy_tails[kv.capacity] = tail
+        self._tail = tail
         return tail
 
     def _say_between_steps(self, why: str) -> None:
@@ -521,15 +530,15 @@ class DecodeEngine:
         self, sequence: Sequence, kv: StaticKV, buffers: tuple[torch.Tensor, torch.Tensor]
     ) -> SampledTail | None:
         sampler = sequence.sampler
-        tail = self._sampled_tails.get(sampler.plan)
+        tail = self._sampled_tails.get((kv.capacity, sampler.plan))
         if tail is None or tail.state()["mask"] is not kv.mask:
             if tail is None and len(self._sampled_tails) >= self.sampled_tails_max:
                 if not self._sampled_tails_said:
                     self._sampled_tails_said = True
                     warnings.warn(
-                        f"onnxgen: {self.sampled_tails_max} sampling plans already have a captured step tail; "
-                        "generations with other top_k values or other stages switched on sample between "
-                        "the steps (a few more kernels per token)",
+                        f"onnxgen: {self.sampled_tails_max} sampling plans (each on one KV size) already have a "
+                        "captured step tail; generations with other top_k values, other stages switched on or "
+                        "another KV size sample between the steps (a few more kernels per token)",
                         stacklevel=4,
                     )
                 return None
@@ -539,7 +548,7 @@ class DecodeEngine:
             tail = SampledTail(
                 self.config.io.logits, sampler.plan, state, self.config.vocab_size, ids, pos, kv.mask, host
             )
-            self._sampled_tails[sampler.plan] = tail
+            self._sampled_tails[(kv.capacity, sampler.plan)] = tail
         assert sequence.token is not None
         sampler.observe(sequence.token.reshape(1))  # the first token, drawn between the steps
         tail.bind(sampler)
