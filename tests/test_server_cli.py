@@ -118,7 +118,7 @@ def test_a_signal_during_streams_stops_cleanly(sig: int) -> None:
             outcomes.append("done")
     # the first had begun, so it is streamed (cut or, on a fast machine, done); 0.2 s of grace cannot
     # also finish the two queued 250-token streams
-    assert outcomes[0] in ("cut", "done") and outcomes != ["done"] * 3, outcomes
+    assert outcomes[0] in ("cut", "done") and len(set(outcomes)) > 1, outcomes
 
 
 def test_a_port_in_use_is_one_error_line() -> None:
