@@ -37,6 +37,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+import numpy as np
+
 
 @dataclass
 class RequestResult:
@@ -54,7 +56,6 @@ class RequestResult:
 class Target:
     host: str
     port: int
-    model: str | None
     api_key: str | None
 
 
@@ -158,14 +159,8 @@ def run_level(target: Target, args: argparse.Namespace, concurrency: int | None,
 
 
 def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (0-100) with linear interpolation between order statistics (numpy's default)."""
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    position = (len(ordered) - 1) * q / 100
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+    """numpy's q-th percentile (0-100); NaN for no values (a level where every request failed)."""
+    return float(np.percentile(values, q)) if values else float("nan")
 
 
 def summarize(results: list[RequestResult], duration: float) -> dict:
@@ -174,21 +169,23 @@ def summarize(results: list[RequestResult], duration: float) -> dict:
     itl = [gap for r in ok for gap in r.chunk_gaps]
     ttft = [r.ttft for r in ok]
     errors = sorted({r.error for r in results if not r.ok})
+    tokens = sum(r.completion_tokens for r in ok)
     return {
         "completed": len(ok),
         "failed": len(results) - len(ok),
         "errors": errors[:5],
         "duration_s": duration,
         "request_throughput": len(ok) / duration if duration > 0 else 0.0,
-        "output_tokens": sum(r.completion_tokens for r in ok),
-        "output_throughput": sum(r.completion_tokens for r in ok) / duration if duration > 0 else 0.0,
+        "output_tokens": tokens,
+        "output_throughput": tokens / duration if duration > 0 else 0.0,
         **{f"{name}_{stat}_ms": 1000 * fn(values) for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl))
            for stat, fn in (("median", lambda v: percentile(v, 50)), ("p99", lambda v: percentile(v, 99)))},
     }  # fmt: skip
 
 
 def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
-    """``onnxgen serve`` on a free port (its stderr passed through); returns once /health says 200."""
+    """``onnxgen serve`` on a free port (its stderr passed through); returns once it logs that it
+    listens and is ready (its model loaded, a warm-up generation run)."""
     command = [sys.executable, "-m", "onnxgen", "serve", "--model", args.model, "--device", args.device, "--port", "0",
                "--max-queue", str(max(64, args.requests))]  # fmt: skip
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
@@ -263,12 +260,12 @@ def main(argv: list[str] | None = None) -> int:
     process = None
     if args.model:
         process, port = start_server(args)
-        target = Target("127.0.0.1", port, args.served_model, args.api_key)
+        target = Target("127.0.0.1", port, args.api_key)
     else:
         url = urlsplit(args.url)
         if url.scheme != "http" or not url.hostname:
             parser.error(f"--url must be http://HOST[:PORT], got {args.url!r}")
-        target = Target(url.hostname, url.port or 80, args.served_model, args.api_key)
+        target = Target(url.hostname, url.port or 80, args.api_key)
     levels: list[tuple[str, int | None, float | None]]
     if args.request_rate is not None:
         levels = [(f"rate {args.request_rate:g}/s", None, args.request_rate)]

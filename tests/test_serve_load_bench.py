@@ -1,6 +1,7 @@
 """bench.serve_load (issue 20's load benchmark, vLLM's metric definitions) against a real onnxgen serve
 of the tiny package: every request is counted with the server's own token counts, the percentiles
-are numpy's, and a server that cannot be reached makes failed requests and exit status 1."""
+are numpy's (NaN where no request completed), and a server that cannot be reached makes failed
+requests and exit status 1."""
 
 from __future__ import annotations
 
@@ -50,9 +51,7 @@ def test_tpot_and_percentiles_follow_vllms_definitions() -> None:
     assert metrics["completed"] == 2 and metrics["failed"] == 1 and metrics["errors"] == ["HTTP 503: queue full"]
     assert metrics["tpot_median_ms"] == pytest.approx(1000 * (0.5 - 0.1) / 4)
     assert metrics["output_throughput"] == pytest.approx(6 / 2.0)
-    values = list(np.random.default_rng(0).random(37))
-    for q in (50, 90, 99):
-        assert serve_load.percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+    assert np.isnan(serve_load.summarize([results[2]], duration=1.0)["ttft_median_ms"])  # nothing completed
 
 
 def test_an_unreachable_server_is_failed_requests_and_status_1(capsys) -> None:
