@@ -7,6 +7,7 @@ onnxruntime running the whole prompt in one pass of the same graph.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -171,11 +172,7 @@ def test_generations_of_other_kv_sizes_keep_each_others_recordings(tmp_path, dev
     cache of that size; going back to a size replays what was recorded over its cache (no recording,
     no invalidation), greedy and sampled alike, with the eager loop's tokens (the eager loop's own
     parity with onnxruntime is test_captured_prefill_matches_onnxruntime's and the generator tests')."""
-    from dataclasses import replace
-
-    from onnxgen.models.random_source import TINY_CONFIGS as CONFIGS
-
-    config = replace(CONFIGS["tiny-llama"], max_position_embeddings=1024)
+    config = dataclasses.replace(TINY_CONFIGS["tiny-llama"], max_position_embeddings=1024)
     package = build_package(RandomSource(config), tmp_path / "gqa", attention="gqa")
     write_word_tokenizer(package, config.vocab_size)
     captured = captured_generator(package, device=device)
