@@ -11,11 +11,12 @@ from typing import Any
 from onnxgen.errors import InvalidInputError
 from onnxgen.genai.chat import render_chat
 from onnxgen.genai.engine import DecodeEngine, PromptTooLongError, engine_model
-from onnxgen.genai.events import GenerationEvent, finish_reason
+from onnxgen.genai.events import GenerationEvent
 from onnxgen.genai.package import PackageConfig, load_package_config
 from onnxgen.genai.package_checks import check_package
 from onnxgen.genai.sampling import NonFiniteLogitsError, SamplingParams, checked_params
 from onnxgen.genai.sequence import GenerationStats, Sequence
+from onnxgen.genai.text_stream import TextStream
 from onnxgen.genai.tokenizer import Tokenizer
 from onnxgen.runtime.capture.stats import CaptureStats
 from onnxgen.runtime.model_io import load_model
@@ -205,26 +206,22 @@ class Generator:
         return self._events(self.engine.new_sequence(self.encode(prompt, chat=chat), params, self.eos_ids))
 
     def _events(self, sequence: Sequence) -> Iterator[GenerationEvent]:
-        """The one loop from token ids to events: text decoding, the stop-string hold-back (stop
-        strings looked for once min_tokens tokens exist) and each token's logprobs."""
+        """The one loop from token ids to events (text_stream.TextStream: text decoding, the
+        stop-string hold-back) with each token's logprobs."""
         params = sequence.sampler.params
-        decoder = self.tokenizer.stream()
-        held = _HeldText(params.stop)
+        text = TextStream(self.tokenizer, params)
         ids = self._run(sequence)
-        stopped = False
         try:
             for token_id in ids:
-                text, stopped = held.push(decoder.push(token_id), look=len(sequence.generated) >= params.min_tokens)
                 logprob = sequence.logprobs[-1] if params.logprobs is not None else None
-                yield GenerationEvent(token_id, text, logprob)
-                if stopped:
+                yield text.push(token_id, logprob)
+                if text.stopped:
                     break
         finally:
             ids.close()  # an early end (a stop string, the caller's close) ends the engine's loop here
-        if stopped:  # after the close, which calls an unfinished sequence cancelled
+        if text.stopped:  # after the close, which calls an unfinished sequence cancelled
             self.last_stats.stop_reason = "stop string"
-        text = "" if stopped else held.flush()
-        yield GenerationEvent(None, text, finish_reason=finish_reason(self.last_stats.stop_reason))
+        yield text.final(self.last_stats.stop_reason)
 
     def stream(
         self, prompt: str | list[int], params: SamplingParams | None = None, *, chat: bool = False
@@ -237,35 +234,3 @@ class Generator:
 
     def generate(self, prompt: str | list[int], params: SamplingParams | None = None, *, chat: bool = False) -> str:
         return "".join(self.stream(prompt, params, chat=chat))
-
-
-class _HeldText:
-    """The stop-string hold-back: decoded text comes in piece by piece; what cannot be part of a
-    stop string any more is released, a tail as long as the longest stop string minus one is held
-    (it could still become one), and text from a stop string on is never released."""
-
-    def __init__(self, stop: list[str]):
-        self.stop = stop
-        self.hold = max((len(s) for s in stop), default=0)
-        self.pending = ""
-
-    def push(self, piece: str, look: bool = True) -> tuple[str, bool]:
-        """(text to release now, whether a stop string was found); ``look`` False: none is looked
-        for yet (min_tokens), though the tail is held as usual."""
-        self.pending += piece
-        if not self.stop:
-            return self.flush(), False
-        cut = min((self.pending.find(s) for s in self.stop if s in self.pending), default=-1) if look else -1
-        if cut >= 0:
-            text, self.pending = self.pending[:cut], ""
-            return text, True
-        safe = len(self.pending) - (self.hold - 1)
-        if safe <= 0:
-            return "", False
-        text, self.pending = self.pending[:safe], self.pending[safe:]
-        return text, False
-
-    def flush(self) -> str:
-        """Everything still held (the generation ended without a stop string)."""
-        text, self.pending = self.pending, ""
-        return text
