@@ -153,15 +153,20 @@ def test_int4_groups_take_the_dense_row_kernel_over_the_dequantized_copy() -> No
     assert launches.get("linear_row", 0) >= 20 and launches.get("linear_row_q4", 0) == 0, launches
 
 
-@runs(
-    GQA_LATE := interpreted("gqa_shared or gqa_fp16", ONNXGEN_GQA_EARLY="0"),
-    GQA_SMALL := interpreted("gqa_shared or gqa_fp16", ONNXGEN_GQA_DECODE="16,2"),
-)
-def test_gqa_decode_variants_through_the_triton_interpreter() -> None:
-    """The attention kernel's other settings against onnxruntime: its settled inputs read after the
-    wait (ONNXGEN_GQA_EARLY=0), and 16-key blocks, so that short caches take the split-K merge too."""
-    late, small = GQA_LATE.launches(), GQA_SMALL.launches()
-    assert late.get("gqa_decode", 0) >= 20 and small.get("gqa_decode", 0) >= 20, (late, small)
+@runs(GQA_SMALL := interpreted("gqa_shared or gqa_fp16", ONNXGEN_GQA_DECODE="16,2"))
+def test_gqa_decode_split_merge_through_the_triton_interpreter() -> None:
+    """The attention kernel with 16-key blocks against onnxruntime, so that short caches take the
+    split-K merge that long caches take by default."""
+    small = GQA_SMALL.launches()
+    assert small.get("gqa_decode", 0) >= 20, small
+
+
+@pytest.mark.slow
+@runs(GQA_LATE := interpreted("gqa_shared or gqa_fp16", ONNXGEN_GQA_EARLY="0"))
+def test_gqa_decode_late_reads_through_the_triton_interpreter() -> None:
+    """The opt-out setting ONNXGEN_GQA_EARLY=0 (settled inputs read after the wait) against onnxruntime."""
+    late = GQA_LATE.launches()
+    assert late.get("gqa_decode", 0) >= 20, late
 
 
 @runs(
@@ -202,16 +207,19 @@ _SMALL_TILES = {"ONNXGEN_TRITON_LINEAR": "1", "ONNXGEN_GEMV_DENSE": "4,32,4"}
 _GROUPS = "prologues or genai_built or matmul_group_matches"
 
 
-@runs(
-    SPLIT := interpreted(_GROUPS, ONNXGEN_GEMV_SPLIT="4,32,4", **_SMALL_TILES),
-    LOOP := interpreted(_GROUPS, ONNXGEN_GEMV_SPLIT="off", **_SMALL_TILES),
-)
-def test_split_k_and_loop_gemvs_through_the_triton_interpreter() -> None:
+@runs(SPLIT := interpreted(_GROUPS, ONNXGEN_GEMV_SPLIT="4,32,4", **_SMALL_TILES))
+def test_split_k_gemvs_through_the_triton_interpreter() -> None:
     """Rows longer than one tile: with 32-wide tiles (ONNXGEN_GEMV_DENSE) every row of the one-row
     groups against onnxruntime is long, so they run the split-K kernel (no prologue and SiLU-mul;
-    the norms keep the loop kernel), then with it off the loop kernel everywhere."""
+    the norms keep the loop kernel)."""
     split = SPLIT.launches()
     assert split.get("linear_row_split", 0) >= 4, split
+
+
+@pytest.mark.slow
+@runs(LOOP := interpreted(_GROUPS, ONNXGEN_GEMV_SPLIT="off", **_SMALL_TILES))
+def test_loop_gemvs_through_the_triton_interpreter() -> None:
+    """The same with split-K off (ONNXGEN_GEMV_SPLIT=off): the loop kernel everywhere."""
     loop = LOOP.launches()
     assert loop.get("linear_row", 0) >= 20 and loop.get("linear_row_split", 0) == 0, loop
 
