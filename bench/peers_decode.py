@@ -450,6 +450,25 @@ def say_memory_anatomy(engine: str, memory_mb: float) -> None:
         f"{reserved - allocated:.0f} MB cached in torch's pools + {memory_mb - reserved:.0f} MB outside torch "
         "(reserved before the engine loaded counts against the last term)"
     )
+    for line in pool_lines(torch.cuda.memory_snapshot()):
+        say(f"{engine} device memory: {line}")
+
+
+def pool_lines(segments: list[dict[str, Any]], largest: int = 4) -> list[str]:
+    """torch's reserved memory by pool (the default caching pool, each CUDA-graph recording's
+    private pool): MB reserved, MB in live blocks, segments, and the largest segments' MB."""
+    pools: dict[Any, list[dict[str, Any]]] = {}
+    for segment in segments:
+        pools.setdefault(tuple(segment.get("segment_pool_id") or (0, 0)), []).append(segment)
+    lines = []
+    for pool, members in sorted(pools.items(), key=lambda item: -sum(s["total_size"] for s in item[1])):
+        reserved = sum(s["total_size"] for s in members) / 1e6
+        live = sum(s["allocated_size"] for s in members) / 1e6
+        sizes = sorted((s["total_size"] / 1e6 for s in members), reverse=True)[:largest]
+        name = "default pool" if pool == (0, 0) else f"recording pool {pool}"
+        lines.append(f"{name}: {reserved:.1f} MB reserved, {live:.1f} MB live, {len(members)} segment(s), "
+                     f"largest {', '.join(f'{size:.1f}' for size in sizes)} MB")  # fmt: skip
+    return lines
 
 
 def ensure_genai_package(bench: Bench) -> Path:

@@ -30,3 +30,19 @@ def test_peers_decode_tiny_cpu(tiny: str, precision: str) -> None:
     if precision == "fp32":  # the same fp32 weights everywhere: greedy ids agree token for token
         for engine in ENGINES[1:]:
             assert f"tokens: {engine} = onnxgen over all 32 greedy tokens" in done.stdout, done.stdout
+
+
+def test_pool_lines_group_segments_by_pool_largest_first() -> None:
+    from bench.peers_decode import pool_lines
+
+    mb = 1_000_000
+    segments = [
+        {"segment_pool_id": (0, 0), "total_size": 20 * mb, "allocated_size": 2 * mb},
+        {"segment_pool_id": (1, 5), "total_size": 30 * mb, "allocated_size": 30 * mb},
+        {"segment_pool_id": (0, 0), "total_size": 2 * mb, "allocated_size": 0},
+        {"segment_pool_id": (1, 5), "total_size": 10 * mb, "allocated_size": 1 * mb},
+    ]
+    assert pool_lines(segments) == [
+        "recording pool (1, 5): 40.0 MB reserved, 31.0 MB live, 2 segment(s), largest 30.0, 10.0 MB",
+        "default pool: 22.0 MB reserved, 2.0 MB live, 2 segment(s), largest 20.0, 2.0 MB",
+    ]
