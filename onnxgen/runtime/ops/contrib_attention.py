@@ -150,6 +150,20 @@ def group_query_attention(
             ctx, q, k, v, past_key, past_value, total, cos_cache, sin_cache, position_ids,
             attention_bias, head_sink, q_norm_weight, k_norm_weight, first_prompt, append_at,
         )  # fmt: skip
+    if _cpu_batched_decode(query, past_key, query_seqlens, attention_bias, total, seq, ctx):
+        # each entry as its own appending step: the arithmetic of a batch of one, whatever else
+        # is in the batch, so a sequence decodes the same tokens alone or batched
+        lengths = (seqlens_k.reshape(-1).to(torch.long) + 1).tolist()
+        if min(lengths) >= 1 and max(lengths) <= past_len:
+            outs = [
+                _appending_step(
+                    ctx, q[b : b + 1], k[b : b + 1], v[b : b + 1], past_key[b : b + 1], past_value[b : b + 1],
+                    lengths[b], cos_cache, sin_cache, None if position_ids is None else position_ids[b : b + 1],
+                    None, head_sink, q_norm_weight, k_norm_weight, False, lengths[b] - 1,
+                )[0]
+                for b in range(batch)
+            ]  # fmt: skip
+            return torch.cat(outs), past_key, past_value
     cache_len = seqlens_k.to(torch.long) + 1  # T per batch entry
     steps = torch.arange(seq, device=device)
     if query_seqlens is not None:
@@ -367,32 +381,58 @@ def _cpu_appending(
     return start if start >= 0 else None
 
 
+def _cpu_batched_decode(
+    query: torch.Tensor,
+    past_key: torch.Tensor | None,
+    query_seqlens: torch.Tensor | None,
+    attention_bias: torch.Tensor | None,
+    total: int,
+    seq: int,
+    ctx: NodeContext,
+) -> bool:
+    """A one-token step of several entries on the CPU over a shared buffer (a batched decode step,
+    genai/batched.py): each entry can take _appending_step at its own length."""
+    if not query.is_cpu or past_key is None or query.shape[0] < 2 or seq != 1 or query_seqlens is not None:
+        return False
+    if attention_bias is not None or int(ctx.attr("sliding_window_cache", 0)):
+        return False
+    return past_key.shape[2] >= total
+
+
 class _RotaryFactors:
-    """Full-width rotary factors for positions [start, start + S), remembered for the next layer.
+    """Full-width rotary factors for positions [start, start + S), remembered for the next layers.
 
     With cos2 = [cos, cos] and sin2 = [-sin, sin], x * cos2 + [x2, x1] * sin2 gives
     [x1 cos - x2 sin, x2 cos + x1 sin] with the same roundings as apply_rotary (a + (-b) is a - b
-    exactly), in 4 ops instead of ~10. One entry: all layers of a step ask for the same positions.
+    exactly), in 4 ops instead of ~10. Every layer of a step asks for the same positions; a batched
+    step for one per sequence, so up to ``entries`` (start, S) pairs are kept, for one cos/sin pair.
     """
 
+    entries = 256
+
     def __init__(self) -> None:
-        self._key: tuple = ()
+        self._tables: tuple = ()
         self._refs: tuple = ()
-        self._value: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._values: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def factors(
         self, cos_cache: torch.Tensor, sin_cache: torch.Tensor, start: int, seq: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (id(cos_cache), id(sin_cache), _version(cos_cache), _version(sin_cache), start, seq)
-        if self._value is not None and key == self._key and self._refs[0]() is cos_cache:
-            if self._refs[1]() is sin_cache:
-                return self._value
+        tables = (id(cos_cache), id(sin_cache), _version(cos_cache), _version(sin_cache))
+        alive = self._refs and self._refs[0]() is cos_cache and self._refs[1]() is sin_cache
+        if tables != self._tables or not alive:
+            self._tables, self._refs, self._values = tables, (weakref.ref(cos_cache), weakref.ref(sin_cache)), {}
+        value = self._values.get((start, seq))
+        if value is not None:
+            return value
+        if len(self._values) >= self.entries:
+            self._values.clear()
         cos = cos_cache[start : start + seq].float()
         sin = sin_cache[start : start + seq].float()
         cos2 = torch.cat((cos, cos), dim=-1)[None, None]
         sin2 = torch.cat((-sin, sin), dim=-1)[None, None]
-        self._key, self._refs, self._value = key, (weakref.ref(cos_cache), weakref.ref(sin_cache)), (cos2, sin2)
-        return cos2, sin2
+        value = self._values[(start, seq)] = (cos2, sin2)
+        return value
 
 
 _ROTARY = _RotaryFactors()
