@@ -31,6 +31,7 @@ class GenerationStats:
     decode_s: float = 0.0  # time for the tokens after the first
     stop_reason: str = ""
     kv: str = ""
+    cached_tokens: int = 0  # prompt tokens whose KV was reused, not computed (batched decoding's prefix reuse)
     first_read_at: float = field(default=0.0, repr=False)  # perf_counter when the first token was read
 
     def count_token(self, start: float) -> None:
@@ -88,6 +89,9 @@ class Sequence:
     # order (sampling.logprobs_of), and those of the tokens in ``generated``, one each
     pending_logprobs: deque[torch.Tensor] = field(default_factory=deque)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    # batched decoding (batched.py): the KV pool slot it decodes in, and the prompt rows held there
+    slot: int | None = None
+    prefilled: int = 0
 
     def finish(self, reason: str) -> None:
         self.stats.stop_reason = reason

@@ -1,0 +1,281 @@
+"""Continuous batching on the CPU: the KV pool (slots, prefix reuse, no leak under random arrivals
+and departures) and the batched decoder against the one-sequence engine loop as the oracle (the
+same tokens, greedy and seeded sampling, whatever else is in the batch; chunked prefill and prefix
+reuse; length limits; graphs that cannot batch)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from onnxgen.errors import InvalidInputError
+from onnxgen.genai.batched import BatchedDecoder, BatchingNotSupportedError
+from onnxgen.genai.engine import DecodeEngine, PromptTooLongError, engine_model
+from onnxgen.genai.kv_pool import KVPool
+from onnxgen.genai.package import load_package_config
+from onnxgen.genai.sampling import SamplingParams
+from onnxgen.models.builder import build_package
+from onnxgen.models.random_source import TINY_CONFIGS, RandomSource
+from onnxgen.runtime.model_io import load_model
+from onnxgen.runtime.session import InferenceSession
+
+VOCAB = TINY_CONFIGS["tiny-llama"].vocab_size
+
+
+class _Config:
+    """The few PackageConfig fields a KVPool reads."""
+
+    num_layers = 2
+    num_kv_heads = 1
+    head_size = 2
+
+    @staticmethod
+    def past_key_name(layer: int) -> str:
+        return f"past.{layer}.key"
+
+    @staticmethod
+    def past_value_name(layer: int) -> str:
+        return f"past.{layer}.value"
+
+
+def _pool(slots: int = 4, capacity: int = 16) -> KVPool:
+    return KVPool(_Config(), torch.float32, torch.device("cpu"), slots, capacity)  # type: ignore[arg-type]
+
+
+def _write(pool: KVPool, slot: int, tokens: list[int]) -> None:
+    """What a step would do: the rows of ``tokens`` (each row's values = its token id) after the held ones."""
+    start = len(pool.contents[slot])
+    for buffer in pool.buffers.values():
+        buffer[slot, :, start : start + len(tokens)] = torch.tensor(tokens, dtype=torch.float32)[None, :, None]
+    pool.contents[slot].extend(tokens)
+
+
+def _rows_match(pool: KVPool, slot: int) -> bool:
+    held = pool.contents[slot]
+    want = torch.tensor(held, dtype=torch.float32)
+    return all(torch.equal(b[slot, 0, : len(held), 0], want) for b in pool.buffers.values())
+
+
+def test_pool_reuses_the_longest_held_prefix_then_least_recently_used() -> None:
+    pool = _pool()
+    a, reused = pool.acquire([1, 2, 3, 4])
+    assert reused == 0
+    _write(pool, a, [1, 2, 3, 4])
+    pool.release(a)
+    b, reused = pool.acquire([1, 2, 3, 9, 9])  # shares 3 tokens with slot a
+    assert (b, reused) == (a, 3) and pool.contents[b] == [1, 2, 3]
+    _write(pool, b, [9, 9])
+    pool.release(b)
+    same, reused = pool.acquire([1, 2, 3, 9, 9])  # the whole prompt is held: the last token is computed
+    assert (same, reused) == (a, 4)
+    pool.release(same)
+    other, reused = pool.acquire([7, 7])  # nothing shared: a never-used slot, not the one holding a prefix
+    assert other != a and reused == 0
+    assert pool.reused_tokens == 7
+
+
+def test_pool_copies_a_prefix_from_a_busy_slot_and_can_be_told_not_to_reuse() -> None:
+    pool = _pool()
+    a, _ = pool.acquire([5, 6, 7, 8, 9])
+    _write(pool, a, [5, 6, 7, 8, 9])  # still running
+    b, reused = pool.acquire([5, 6, 7, 1])
+    assert b != a and reused == 3 and pool.copied_tokens == 3 and _rows_match(pool, b)
+    plain = KVPool(_Config(), torch.float32, torch.device("cpu"), 2, 8, prefix_caching=False)  # type: ignore[arg-type]
+    s, _ = plain.acquire([1, 2, 3])
+    _write(plain, s, [1, 2, 3])
+    plain.release(s)
+    assert plain.acquire([1, 2, 3, 4])[1] == 0
+    with pytest.raises(RuntimeError, match="no free KV slot"):
+        plain.acquire([1])
+        plain.acquire([1])
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(min_value=0, max_value=2**32 - 1))
+def test_pool_under_random_arrivals_and_departures_keeps_its_invariants(seed: int) -> None:
+    """1,000 random acquire / write / release / truncate operations: held rows always match their
+    contents, no slot leaks (all free at the end), a held prefix is reused whenever one is free."""
+    rng = random.Random(seed)
+    pool = _pool(slots=4, capacity=12)
+    busy: dict[int, int] = {}  # slot -> tokens still to write
+    for _ in range(1000):
+        action = rng.random()
+        if action < 0.4 and pool.free:
+            prompt = [rng.randrange(3) for _ in range(rng.randint(1, 8))]
+            slot, reused = pool.acquire(prompt)
+            assert slot not in busy and reused < len(prompt) and pool.contents[slot] == prompt[:reused]
+            _write(pool, slot, prompt[reused:])
+            busy[slot] = rng.randint(0, 12 - len(prompt) - 1)
+        elif action < 0.8 and busy:
+            slot = rng.choice(sorted(busy))
+            if busy[slot]:
+                _write(pool, slot, [rng.randrange(3)])
+                busy[slot] -= 1
+        elif busy:
+            slot = rng.choice(sorted(busy))
+            pool.release(slot)
+            del busy[slot]
+        for slot in range(pool.slots):
+            assert len(pool.contents[slot]) <= pool.capacity and _rows_match(pool, slot)
+        assert pool.free == pool.slots - len(busy)
+    for slot in list(busy):
+        pool.release(slot)
+    assert pool.free == pool.slots and not any(pool.busy)
+
+
+# -- the batched decoder over a real (tiny, random) model -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tmp_path_factory):
+    """A 3-layer fp32 llama (GroupQueryAttention over shared buffers) and a fresh engine per call."""
+    config = replace(TINY_CONFIGS["tiny-llama"], max_position_embeddings=128)
+    package = build_package(RandomSource(config, seed=3), tmp_path_factory.mktemp("batching") / "gqa")
+    package_config = load_package_config(package)
+    proto, base = load_model(package_config.model_file)
+    session = InferenceSession(engine_model(proto, package_config), device="cpu", base_dir=base)
+
+    def engine() -> DecodeEngine:
+        return DecodeEngine(session, package_config)
+
+    return engine
+
+
+def _serial(engine: DecodeEngine, prompt: list[int], params: SamplingParams) -> list[int]:
+    return list(engine.generate([engine.new_sequence(prompt, params)]))
+
+
+def _run(decoder: BatchedDecoder, sequences: list, arrivals: dict[int, list] | None = None) -> None:
+    """Iterate until every sequence is over; ``arrivals``: iteration -> sequences admitted then."""
+    pending = dict(arrivals or {})
+    for sequence in sequences:
+        decoder.admit(sequence)
+    tick = 0
+    while decoder.admitted or pending:
+        for sequence in pending.pop(tick, []):
+            decoder.admit(sequence)
+        decoder.iterate()
+        tick += 1
+
+
+def _prompts(count: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(VOCAB) for _ in range(rng.randint(1, 20))] for _ in range(count)]
+
+
+def test_batched_greedy_equals_one_sequence_at_a_time(tiny_engine) -> None:
+    engine = tiny_engine()
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    prompts = _prompts(8)
+    expected = [_serial(engine, p, params) for p in prompts]
+    decoder = BatchedDecoder(engine, max_seqs=8, max_model_len=64)
+    early = [engine.new_sequence(p, params) for p in prompts[:5]]
+    late = {3: [engine.new_sequence(prompts[5], params)], 7: [engine.new_sequence(p, params) for p in prompts[6:]]}
+    _run(decoder, early, late)
+    got = early + late[3] + late[7]
+    assert [s.generated for s in got] == expected
+    assert all(s.done and s.stats.stop_reason == "length" and s.slot is None for s in got)
+    assert decoder.steps < sum(len(e) for e in expected) / 2  # the steps really were shared
+    assert decoder.pool.free == 8
+
+
+def test_seeded_sampling_per_sequence_does_not_depend_on_the_batch(tiny_engine) -> None:
+    engine = tiny_engine()
+    prompts = _prompts(6, seed=1)
+    params = [
+        SamplingParams(temperature=0.9, top_k=20, top_p=0.9, seed=100 + i, max_new_tokens=10, ignore_eos=True,
+                       repetition_penalty=1.0 + 0.1 * (i % 2))
+        for i in range(len(prompts))
+    ]  # fmt: skip
+    expected = [_serial(engine, p, q) for p, q in zip(prompts, params)]
+    for max_seqs in (6, 3):  # all at once; and three at a time, joining as others leave
+        decoder = BatchedDecoder(engine, max_seqs=max_seqs, max_model_len=64)
+        sequences = [engine.new_sequence(p, q) for p, q in zip(prompts, params)]
+        queue = list(sequences)
+        while queue or decoder.admitted:
+            while queue and decoder.room:
+                decoder.admit(queue.pop(0))
+            decoder.iterate()
+        assert [s.generated for s in sequences] == expected
+
+
+def test_chunked_prefill_and_prefix_reuse_give_the_same_tokens(tiny_engine) -> None:
+    engine = tiny_engine()
+    params = SamplingParams(max_new_tokens=8, ignore_eos=True)
+    system = _prompts(1, seed=2)[0] * 3  # a shared "system prompt"
+    prompts = [system + [i + 1, i + 2] for i in range(4)]
+    expected = [_serial(engine, p, params) for p in prompts]
+    decoder = BatchedDecoder(engine, max_seqs=4, max_model_len=96, prefill_chunk=7)
+    first = engine.new_sequence(prompts[0], params)
+    _run(decoder, [first])  # alone: its prompt in chunks of 7, held afterwards
+    rest = [engine.new_sequence(p, params) for p in prompts[1:]]
+    _run(decoder, rest)
+    assert [s.generated for s in [first, *rest]] == expected
+    assert [s.stats.cached_tokens for s in [first, *rest]] == [0] + [len(system)] * 3
+    assert decoder.pool.copied_tokens == 2 * len(system)  # the later two copied it from a running slot
+    plain = BatchedDecoder(engine, max_seqs=4, max_model_len=96, prefix_caching=False)
+    again = [engine.new_sequence(p, params) for p in prompts]
+    _run(plain, again[:1])
+    _run(plain, again[1:])
+    assert [s.generated for s in again] == expected and plain.pool.reused_tokens == 0
+
+
+def test_stops_limits_and_cancels_free_their_slots(tiny_engine) -> None:
+    engine = tiny_engine()
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]
+    greedy = _serial(engine, prompt, SamplingParams(max_new_tokens=6, ignore_eos=True))
+    decoder = BatchedDecoder(engine, max_seqs=2, max_model_len=len(prompt) + 4)
+    capped = engine.new_sequence(prompt, SamplingParams(max_new_tokens=50, ignore_eos=True))
+    stopped = engine.new_sequence(prompt, SamplingParams(max_new_tokens=50), stop_ids={greedy[2]})
+    _run(decoder, [capped, stopped])
+    assert capped.generated == greedy[:4] and capped.stats.stop_reason == "length"  # the slot's room
+    assert stopped.generated == greedy[:2] and stopped.stats.stop_reason == "eos" and stopped.stats.new_tokens == 3
+    with pytest.raises(PromptTooLongError, match="a sequence may hold 14"):
+        decoder.admit(engine.new_sequence(list(range(1, 15)), SamplingParams()))
+    running = engine.new_sequence(prompt, SamplingParams(max_new_tokens=3, ignore_eos=True))
+    decoder.admit(running)
+    decoder.iterate()
+    decoder.release(running)
+    assert running.done and running.stats.stop_reason == "cancelled" and decoder.pool.free == 2
+    assert not decoder.admitted
+
+
+def test_many_requests_with_random_cancels_leak_nothing(tiny_engine) -> None:
+    """200 short requests arriving at random, a fifth of them cancelled midway: every slot is free
+    at the end, and the pool's buffers were never reallocated."""
+    engine = tiny_engine()
+    rng = random.Random(5)
+    decoder = BatchedDecoder(engine, max_seqs=4, max_model_len=40)
+    pointers = [b.data_ptr() for b in decoder.pool.buffers.values()]
+    queue = [
+        engine.new_sequence(p[:8], SamplingParams(max_new_tokens=rng.randint(1, 6), ignore_eos=True))
+        for p in _prompts(200, seed=6)
+    ]
+    everyone = list(queue)
+    while queue or decoder.admitted:
+        while queue and decoder.room and rng.random() < 0.7:
+            decoder.admit(queue.pop())
+        decoder.iterate()
+        if decoder.running and rng.random() < 0.2:
+            decoder.release(rng.choice(decoder.running))
+    reasons = {s.stats.stop_reason for s in everyone}
+    assert all(s.done and s.slot is None for s in everyone) and reasons == {"length", "cancelled"}
+    assert decoder.pool.free == 4 and not any(decoder.pool.busy)
+    assert [b.data_ptr() for b in decoder.pool.buffers.values()] == pointers
+
+
+def test_graphs_that_cannot_batch_are_refused(tmp_path) -> None:
+    config = replace(TINY_CONFIGS["tiny-llama"], max_position_embeddings=64)
+    package = build_package(RandomSource(config), tmp_path / "standard", attention="standard")
+    package_config = load_package_config(package)
+    proto, base = load_model(package_config.model_file)
+    engine = DecodeEngine(InferenceSession(engine_model(proto, package_config), base_dir=base), package_config)
+    with pytest.raises(BatchingNotSupportedError, match="concatenates its own KV cache"):
+        BatchedDecoder(engine, max_seqs=2)
+    with pytest.raises(InvalidInputError, match="max_seqs must be >= 1"):
+        BatchedDecoder(engine, max_seqs=0)
