@@ -100,6 +100,7 @@ class RequestHandle:
         self._on_cancel: Callable[[RequestHandle], None] | None = None
         self.finished = False  # the end was delivered
         self.jobs_done = 0  # jobs whose final event was pushed (engine thread)
+        self.jobs_started = 0  # jobs handed to the engine (a batching runner starts them one by one)
 
     # -- the engine side (any thread) ------------------------------------------------------
 
@@ -208,15 +209,17 @@ def warm_up(generator: Generator) -> None:
         pass
 
 
-class SerialScheduler:
-    """Runs requests one at a time, in arrival order, on one engine thread that owns the Generator.
+class EngineThreadScheduler:
+    """What every runner here shares: one engine thread that owns the Generator, a bounded queue of
+    requests in arrival order, the states, cancellation of queued requests, and the probe after an
+    internal error. A subclass's ``_serve(generator)`` runs the requests (it returns when closed).
 
-    ``make_generator`` is called on the engine thread (so is ``warm_up``); a failure there makes
+    ``make_generator`` is called on the engine thread (so is ``warm``); a failure there makes
     the state FAILED with the error as ``failure``. An exception while a request runs ends that
     request with the exception as its error output (the caller tells a user error, an
     OnnxgenError, from an internal one, which is also printed with its traceback on stderr here);
     the engine thread goes on with the next request. ``max_queue``: requests that may wait (the
-    running one not counted)."""
+    running ones not counted)."""
 
     def __init__(
         self,
@@ -232,14 +235,13 @@ class SerialScheduler:
         self._warm = warm
         self._lock = threading.Condition()
         self._queue: collections.deque[RequestHandle] = collections.deque()
-        self._current: RequestHandle | None = None
         self._state = LOADING
         self._failure: str | None = None
         self._generator: Generator | None = None
         self._ready = threading.Event()  # set on READY or FAILED
         self._thread = threading.Thread(target=self._main, name="onnxgen-engine", daemon=True)
 
-    def start(self) -> SerialScheduler:
+    def start(self) -> EngineThreadScheduler:
         self._thread.start()
         return self
 
@@ -263,7 +265,7 @@ class SerialScheduler:
 
     @property
     def running(self) -> int:
-        return 0 if self._current is None else 1
+        raise NotImplementedError
 
     def wait_loaded(self, timeout: float | None = None) -> bool:
         """Blocks until READY or FAILED (True), or ``timeout`` passes (False)."""
@@ -285,7 +287,7 @@ class SerialScheduler:
 
     def cancel_all(self, reason: str) -> None:
         with self._lock:
-            handles = list(self._queue) + ([self._current] if self._current is not None else [])
+            handles = list(self._queue) + self._started()
         for handle in handles:
             handle.cancel(reason)
 
@@ -340,21 +342,14 @@ class SerialScheduler:
             if self._state == LOADING:
                 self._state = READY
         self._ready.set()
-        while True:
-            with self._lock:
-                while not self._queue and self._state == READY:
-                    self._lock.wait()
-                if not self._queue:
-                    return  # closed
-                handle = self._current = self._queue.popleft()
-            try:
-                internal = self._run(generator, handle)
-            finally:
-                with self._lock:
-                    self._current = None
-            self._end(handle)
-            if internal and not self._still_works(generator):
-                return
+        self._serve(generator)
+
+    def _serve(self, generator: Generator) -> None:
+        raise NotImplementedError
+
+    def _started(self) -> list[RequestHandle]:
+        """The requests taken off the queue and not over (engine thread's view; read under the lock)."""
+        raise NotImplementedError
 
     def _still_works(self, generator: Generator) -> bool:
         """After an internal error, the warm-up generation again: where it fails too the engine is
@@ -373,6 +368,39 @@ class SerialScheduler:
                 handle._push(Output(0, None, time.perf_counter(), error=SchedulerUnavailableError(self._unavailable())))
                 handle._push(None)
             return False
+
+
+class SerialScheduler(EngineThreadScheduler):
+    """Runs requests one at a time, in arrival order: a request's jobs one after another, each
+    through ``Generator.events``."""
+
+    def __init__(self, make_generator: Callable[[], Generator], **kwargs) -> None:
+        super().__init__(make_generator, **kwargs)
+        self._current: RequestHandle | None = None
+
+    @property
+    def running(self) -> int:
+        return 0 if self._current is None else 1
+
+    def _started(self) -> list[RequestHandle]:
+        return [self._current] if self._current is not None else []
+
+    def _serve(self, generator: Generator) -> None:
+        while True:
+            with self._lock:
+                while not self._queue and self._state == READY:
+                    self._lock.wait()
+                if not self._queue:
+                    return  # closed
+                handle = self._current = self._queue.popleft()
+            try:
+                internal = self._run(generator, handle)
+            finally:
+                with self._lock:
+                    self._current = None
+            self._end(handle)
+            if internal and not self._still_works(generator):
+                return
 
     @staticmethod
     def _run(generator: Generator, handle: RequestHandle) -> bool:
