@@ -350,6 +350,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     options = ServeOptions(
         model_name=name, host=args.host, port=args.port, api_key=args.api_key, max_queue=args.max_queue,
         shutdown_grace_s=args.shutdown_grace, stream_interval_s=args.stream_interval_ms / 1000, device=args.device,
+        max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, prefix_caching=args.enable_prefix_caching,
     )  # fmt: skip
 
     def make_generator() -> Generator:  # called on the server's engine thread, once run() starts
@@ -434,6 +435,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
     p.add_argument("--max-queue", type=int, default=64, help="requests that may wait; more get 503 (default 64)")
+    p.add_argument(
+        "--max-num-seqs", type=int, default=None,
+        help="sequences decoded at once, continuous batching (default 8 on the CPU; 1 on CUDA: one request at a "
+        "time through the captured step)",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-model-len", type=int, default=None,
+        help="tokens (prompt and output) one sequence may hold when batching (default: the model's context)",
+    )  # fmt: skip
+    p.add_argument(
+        "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+        help="reuse the KV of a prompt prefix the batching server still holds (default on)",
+    )  # fmt: skip
     p.add_argument(
         "--shutdown-grace", type=float, default=10.0,
         help="seconds requests may run on after SIGINT/SIGTERM before they are cut (default 10)",

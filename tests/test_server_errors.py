@@ -29,14 +29,14 @@ def server():
 
     def make():
         generator = Generator(tiny_package(), device="cpu")
-        events = generator.events
+        new_sequence = generator.engine.new_sequence
 
-        def failing(prompt, params=None, **kw):  # a bug inside the engine, for one prompt
-            if prompt == BOOM_IDS:
+        def failing(prompt_ids, params, stop_ids=()):  # a bug inside the engine, for one prompt
+            if list(prompt_ids) == BOOM_IDS:
                 raise RuntimeError("an internal bug")
-            return events(prompt, params, **kw)
+            return new_sequence(prompt_ids, params, stop_ids)
 
-        generator.events = failing
+        generator.engine.new_sequence = failing  # what both runners call for every job
         return generator
 
     with running_server(ServeOptions(model_name=MODEL, port=0, api_key=KEY), make) as running:

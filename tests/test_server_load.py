@@ -29,7 +29,9 @@ class Paced:
         self.produced = 0
 
 
-def make_server(max_queue: int = 64):
+def make_server(max_queue: int = 64, max_num_seqs: int = 1):
+    """A server on the tiny package whose engine counts (and paces) every token it hands out, through
+    either runner: one request at a time (1) or continuous batching (more)."""
     from onnxgen.genai.generator import Generator
     from onnxgen.server.options import ServeOptions
 
@@ -37,33 +39,24 @@ def make_server(max_queue: int = 64):
 
     def make():
         generator = Generator(tiny_package(), device="cpu")
-        events = generator.events
+        took = generator.engine._took
 
-        def counted(prompt, params=None, **kw):
-            inner = events(prompt, params, **kw)
+        def counted(sequence, token_id):  # both runners hand each token out through the engine's _took
+            if paced.pace_s:
+                time.sleep(paced.pace_s)
+            paced.produced += 1
+            took(sequence, token_id)
 
-            def run():
-                try:
-                    for event in inner:
-                        if paced.pace_s:
-                            time.sleep(paced.pace_s)
-                        if event.token_id is not None:
-                            paced.produced += 1
-                        yield event
-                finally:
-                    inner.close()
-
-            return run()
-
-        generator.events = counted
+        generator.engine._took = counted
         return generator
 
-    return paced, running_server(ServeOptions(model_name=MODEL, port=0, max_queue=max_queue), make)
+    options = ServeOptions(model_name=MODEL, port=0, max_queue=max_queue, max_num_seqs=max_num_seqs)
+    return paced, running_server(options, make)
 
 
-@pytest.fixture(scope="module")
-def served():
-    paced, context = make_server()
+@pytest.fixture(scope="module", params=[1, 2], ids=["serial", "batched"])
+def served(request):
+    paced, context = make_server(max_num_seqs=request.param)
     with context as server:
         yield server, paced
 
@@ -160,18 +153,24 @@ def test_a_client_that_disconnects_stops_its_generation(served) -> None:
         assert wait_idle(server) < 1.0
         assert paced.produced - before < 50
 
-        # queued: the running request holds the engine; the queued one disconnects and frees its place
-        holder = threading.Thread(target=post, args=(port, "/v1/completions", {**long, "max_tokens": 60}))
-        holder.start()
-        while not server.scheduler.running:
+        # queued: running requests fill the engine; the queued one disconnects and frees its place
+        slots = server.options.batch_size
+        holders = [
+            threading.Thread(target=post, args=(port, "/v1/completions", {**long, "max_tokens": 60}))
+            for _ in range(slots)
+        ]
+        for holder in holders:
+            holder.start()
+        while server.scheduler.running < slots:
             time.sleep(0.005)
         stream_then_drop(port, long, events_before_drop=0)
         for _ in range(200):
             if server.scheduler.queue_depth == 0:
                 break
             time.sleep(0.005)
-        assert server.scheduler.queue_depth == 0 and server.scheduler.running == 1
-        holder.join(10)
+        assert server.scheduler.queue_depth == 0 and server.scheduler.running == slots
+        for holder in holders:
+            holder.join(20)
     finally:
         paced.pace_s = 0.0
     before = paced.produced
@@ -179,8 +178,9 @@ def test_a_client_that_disconnects_stops_its_generation(served) -> None:
     assert status == 200 and paced.produced - before == 3  # the dropped request never ran
 
 
-def test_the_queue_overflows_with_503_and_retry_after() -> None:
-    paced, context = make_server(max_queue=2)
+@pytest.mark.parametrize("max_num_seqs", [1, 2])
+def test_the_queue_overflows_with_503_and_retry_after(max_num_seqs: int) -> None:
+    paced, context = make_server(max_queue=2, max_num_seqs=max_num_seqs)
     with context as server:
         paced.pace_s = 0.01
         body = {"model": MODEL, "prompt": "a", "max_tokens": 20, "ignore_eos": True, "temperature": 0}

@@ -19,7 +19,12 @@ class ServeOptions:
     ``Authorization: Bearer KEY``. ``stream_interval_s``: the least time between two reads of a
     request's tokens (the first is read at once): a stream faster than that is sent a few tokens
     per chunk, which keeps the event loop's work per second bounded, and with it what the loop
-    takes from the engine thread's share of the interpreter."""
+    takes from the engine thread's share of the interpreter. ``max_num_seqs``: sequences decoded at
+    once (continuous batching, genai/batch_scheduler.py); 1 decodes one request at a time
+    (SerialScheduler, the captured single-sequence step on CUDA); None: 8 on the CPU, 1 on CUDA
+    (batched steps are not captured yet there). ``max_model_len``: tokens (prompt and output) one
+    sequence may hold when batching; None: the model's context. ``prefix_caching``: a batching server
+    reuses the KV rows of a prompt prefix it still holds (genai/kv_pool.py)."""
 
     model_name: str
     host: str = "127.0.0.1"
@@ -31,6 +36,16 @@ class ServeOptions:
     shutdown_grace_s: float = 10.0
     stream_interval_s: float = 0.005
     device: str = "cpu"
+    max_num_seqs: int | None = None
+    max_model_len: int | None = None
+    prefix_caching: bool = True
+
+    @property
+    def batch_size(self) -> int:
+        """Sequences decoded at once (max_num_seqs, or the device's default)."""
+        if self.max_num_seqs is not None:
+            return self.max_num_seqs
+        return 1 if self.device.startswith("cuda") else 8
 
     def __post_init__(self) -> None:
         checks = [
@@ -45,6 +60,14 @@ class ServeOptions:
                 f"--stream-interval-ms must be in [0, 1000], got {self.stream_interval_s * 1000:g}",
             ),
             (self.api_key is None or bool(self.api_key), "--api-key must not be empty"),
+            (
+                self.max_num_seqs is None or self.max_num_seqs >= 1,
+                f"--max-num-seqs must be >= 1, got {self.max_num_seqs}",
+            ),
+            (
+                self.max_model_len is None or self.max_model_len >= 2,
+                f"--max-model-len must be >= 2, got {self.max_model_len}",
+            ),
         ]
         for ok, message in checks:
             if not ok:

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING
 import uvicorn
 
 from onnxgen.errors import OnnxgenError
-from onnxgen.genai.scheduler import FAILED, LOADING, SerialScheduler
+from onnxgen.genai.batch_scheduler import BatchScheduler
+from onnxgen.genai.scheduler import FAILED, LOADING, EngineThreadScheduler, SerialScheduler
 from onnxgen.server.app import ServerState, create_app
 from onnxgen.server.options import ServeOptions
 
@@ -86,7 +87,14 @@ class Server:
         self.announce = announce
         self.socket = bind(options.host, options.port)
         self.port = self.socket.getsockname()[1]
-        self.scheduler = SerialScheduler(make_generator, max_queue=options.max_queue)
+        self.scheduler: EngineThreadScheduler
+        if options.batch_size > 1:
+            self.scheduler = BatchScheduler(
+                make_generator, max_queue=options.max_queue, max_seqs=options.batch_size,
+                max_model_len=options.max_model_len, prefix_caching=options.prefix_caching,
+            )  # fmt: skip
+        else:
+            self.scheduler = SerialScheduler(make_generator, max_queue=options.max_queue)
         self.state = ServerState(options, self.scheduler)
         self.fatal: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -128,7 +136,14 @@ class Server:
             _eprint(f"error: {self.fatal}")
             self.uvicorn.should_exit = True
         elif self.announce:
-            _eprint(f"ready: {self.options.model_name!r} on {self.options.device} at {self.url}/v1")
+            where = f"{self.options.device} at {self.url}/v1"
+            _eprint(f"ready: {self.options.model_name!r} on {where} ({self._batching()})")
+
+    def _batching(self) -> str:
+        decoder = getattr(self.scheduler, "decoder", None)
+        if decoder is None:
+            return "one request at a time"
+        return f"up to {decoder.max_seqs} sequences at once, {decoder.capacity} tokens each"
 
     def stop(self) -> None:
         """Start the drain (any thread, a signal handler too); uvicorn stops as its signal does."""
