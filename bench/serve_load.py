@@ -3,6 +3,7 @@ OpenAI API at a fixed concurrency (or request rate), with the metrics defined as
 
     python -m bench.serve_load --url http://127.0.0.1:8000 --concurrency 1,8,32 --requests 64
     python -m bench.serve_load --model smollm2-135m-instruct --device cpu --concurrency 1,4 --requests 8
+    python -m bench.serve_load --model smollm2-135m-instruct --concurrency 8 --serve-args "--max-num-seqs 1"
     python -m bench.serve_load --url URL --request-rate 4 --requests 100 --duration-s 120
 
 With --model it starts ``onnxgen serve`` (a subprocess on a free port) and stops it at the end;
@@ -187,7 +188,7 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
     """``onnxgen serve`` on a free port (its stderr passed through); returns once it logs that it
     listens and is ready (its model loaded, a warm-up generation run)."""
     command = [sys.executable, "-m", "onnxgen", "serve", "--model", args.model, "--device", args.device, "--port", "0",
-               "--max-queue", str(max(64, args.requests))]  # fmt: skip
+               "--max-queue", str(max(64, args.requests)), *args.serve_args]  # fmt: skip
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
 
@@ -235,6 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--url", help="a running OpenAI-compatible server, e.g. http://127.0.0.1:8000")
     where.add_argument("--model", help="start `onnxgen serve --model MODEL` for the run (registry name or package)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="with --model")
+    parser.add_argument(
+        "--serve-args", type=str.split, default=[],
+        help="with --model: more `onnxgen serve` arguments, one string, e.g. '--max-num-seqs 1'",
+    )  # fmt: skip
     parser.add_argument("--served-model", default=None, help="the `model` field to send (default: none)")
     parser.add_argument("--api-key", default=None)
     load = parser.add_mutually_exclusive_group()

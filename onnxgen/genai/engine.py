@@ -8,8 +8,10 @@ the decode step is captured with static KV (a capture runtime of its own), and t
 (step N+1 enqueued before token N is read, host_read.py). The Generator (text, chat templates,
 stop strings, streaming) and every bench drive it; none of them keeps a copy of this loop.
 
-Batches: every entry point takes a list of ``Sequence``s, so a scheduler can hand it a running
-batch later. Today only a batch of one sequence is supported; more raise ``BatchNotSupportedError``.
+Batches: the entry points here take a list of ``Sequence``s and run a batch of one (more raise
+``BatchNotSupportedError``); several sequences at once decode through the engine's batched mode,
+``batched.BatchedDecoder`` (a KV pool of slots, continuous batching), over this engine's session,
+sequences and samplers.
 """
 
 from __future__ import annotations
