@@ -155,6 +155,12 @@ def group_query_attention(
         # is in the batch, so a sequence decodes the same tokens alone or batched
         lengths = (seqlens_k.reshape(-1).to(torch.long) + 1).tolist()
         if min(lengths) >= 1 and max(lengths) <= past_len:
+            fast = _batched_appending_decode(
+                ctx, q, k, v, past_key, past_value, lengths, cos_cache, sin_cache, position_ids, head_sink,
+                q_norm_weight, k_norm_weight,
+            )  # fmt: skip
+            if fast is not None:
+                return fast, past_key, past_value
             outs = [
                 _appending_step(
                     ctx, q[b : b + 1], k[b : b + 1], v[b : b + 1], past_key[b : b + 1], past_value[b : b + 1],
@@ -379,6 +385,81 @@ def _cpu_appending(
     if past_len + seq == total:
         return start if start == past_len else None
     return start if start >= 0 else None
+
+
+def _batched_appending_decode(
+    ctx: NodeContext,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    past_key: torch.Tensor,
+    past_value: torch.Tensor,
+    lengths: list[int],
+    cos_cache: torch.Tensor | None,
+    sin_cache: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    head_sink: torch.Tensor | None,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
+) -> torch.Tensor | None:
+    """A one-token step of several entries over a shared buffer, entry b at length lengths[b]: the
+    Q/K norm, the rotary and the KV write for all entries at once, each entry's attention on its own
+    rows. Every operation computes each entry's values as _appending_step computes them for that
+    entry alone (elementwise, or per row), so the results are the same bit for bit. None for the
+    forms it does not take (rotary by position_ids, interleaved or partial; a local window shorter
+    than an entry): the caller runs _appending_step per entry."""
+    batch, num_heads, _, head_size = q.shape
+    window = int(ctx.attr("local_window_size", -1))
+    if window > 0 and window < max(lengths):
+        return None
+    rotary = int(ctx.attr("do_rotary", 0))
+    if rotary and (
+        cos_cache is None or sin_cache is None or position_ids is not None
+        or int(ctx.attr("rotary_interleaved", 0)) or cos_cache.shape[-1] * 2 != head_size
+    ):  # fmt: skip
+        return None
+    if q_norm_weight is not None:
+        default_eps = float(ctx.attr("qk_norm_epsilon", 1e-6))
+        q = _rms_norm_heads(q, q_norm_weight, float(ctx.attr("q_norm_epsilon", default_eps)))
+        k = _rms_norm_heads(k, k_norm_weight, float(ctx.attr("k_norm_epsilon", default_eps)))
+    starts = torch.tensor([n - 1 for n in lengths])
+    if rotary:
+        cos = cos_cache[starts].float()[:, None, None]  # [B, 1, 1, R/2]: the rows _RotaryFactors slices
+        sin = sin_cache[starts].float()[:, None, None]
+        cos2, sin2 = torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
+        qk = torch.cat((q, k), dim=1)
+        half = head_size // 2
+        swapped = torch.cat((qk[..., half:], qk[..., :half]), dim=-1)
+        qk = (qk.float() * cos2 + swapped.float() * sin2).to(q.dtype)
+        q, k = qk[:, :num_heads], qk[:, num_heads:]
+    entries = torch.arange(batch)
+    past_key[entries, :, starts] = k[:, :, 0].to(past_key.dtype)
+    past_value[entries, :, starts] = v[:, :, 0].to(past_value.dtype)
+    scale = float(ctx.attr("scale", 0.0)) or 1.0 / math.sqrt(head_size)
+    plain = head_sink is None and float(ctx.attr("softcap", 0.0)) <= 0 and int(ctx.attr("smooth_softmax", 0)) != 1
+    if plain and q.dtype == compute_dtype(q.dtype, q.device) and past_key.dtype == q.dtype:
+        # _attend's fused branch without its per-call checks: the same kernel on the same tensors
+        gqa = num_heads != past_key.shape[1]
+        attend = F.scaled_dot_product_attention
+        outs = [
+            attend(q[b : b + 1], past_key[b : b + 1, :, :n], past_value[b : b + 1, :, :n], scale=scale, enable_gqa=gqa)
+            for b, n in enumerate(lengths)
+        ]
+    else:
+        outs = [
+            _attend(
+                ctx,
+                q[b : b + 1],
+                past_key[b : b + 1, :, :n],
+                past_value[b : b + 1, :, :n],
+                None,
+                None,
+                head_sink,
+                scale,
+            )  # fmt: skip
+            for b, n in enumerate(lengths)
+        ]
+    return torch.cat(outs).transpose(1, 2).reshape(batch, 1, num_heads * head_size)
 
 
 def _cpu_batched_decode(
