@@ -4,6 +4,8 @@ OpenAI API at a fixed concurrency (or request rate), with the metrics defined as
     python -m bench.serve_load --url http://127.0.0.1:8000 --concurrency 1,8,32 --requests 64
     python -m bench.serve_load --model smollm2-135m-instruct --device cpu --concurrency 1,4 --requests 8
     python -m bench.serve_load --model smollm2-135m-instruct --concurrency 8 --serve-args "--max-num-seqs 1"
+    python -m bench.serve_load --model smollm2-135m-instruct --prompt-tokens 1100 --shared-prefix-tokens 1024 \
+        --output-tokens 16 --requests 8
     python -m bench.serve_load --url URL --request-rate 4 --requests 100 --duration-s 120
 
 With --model it starts ``onnxgen serve`` (a subprocess on a free port) and stops it at the end;
@@ -51,6 +53,8 @@ class RequestResult:
     latency: float = 0.0
     completion_tokens: int = 0
     chunk_gaps: list[float] = field(default_factory=list)
+    cached_tokens: int = 0  # usage.prompt_tokens_details.cached_tokens, where the server reports it
+    sent: int = -1  # the request's place in its level's sending order
 
 
 @dataclass(frozen=True)
@@ -80,7 +84,7 @@ def stream_completion(target: Target, body: dict, timeout_s: float) -> RequestRe
         buffer = b""
         first = last = 0.0
         gaps: list[float] = []
-        tokens = 0
+        tokens = cached = 0
         done = False
         while chunk := response.read1(65536):
             now = time.perf_counter() - start
@@ -96,6 +100,7 @@ def stream_completion(target: Target, body: dict, timeout_s: float) -> RequestRe
                     return RequestResult(False, f"error event: {message['error'].get('message', '')[:300]}")
                 if message.get("usage"):
                     tokens = int(message["usage"]["completion_tokens"])
+                    cached = int((message["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
                 if any(choice.get("text") for choice in message.get("choices", [])):
                     if first:
                         gaps.append(now - last)
@@ -107,18 +112,25 @@ def stream_completion(target: Target, body: dict, timeout_s: float) -> RequestRe
         if not first:
             return RequestResult(False, "the stream carried no text")
         return RequestResult(True, ttft=first, latency=time.perf_counter() - start, completion_tokens=tokens,
-                             chunk_gaps=gaps)  # fmt: skip
+                             chunk_gaps=gaps, cached_tokens=cached)  # fmt: skip
     except (OSError, http.client.HTTPException, ValueError) as exc:
         return RequestResult(False, f"{type(exc).__name__}: {exc}")
     finally:
         connection.close()
 
 
-def request_body(args: argparse.Namespace, rng: random.Random) -> dict:
+def shared_prefix(args: argparse.Namespace) -> list[int]:
+    """The --shared-prefix-tokens ids every counted request's prompt starts with (a system prompt)."""
+    rng = random.Random(args.seed + 7)
+    return [rng.randrange(args.id_low, args.id_high) for _ in range(args.shared_prefix_tokens)]
+
+
+def request_body(args: argparse.Namespace, rng: random.Random, prefix: list[int] | None = None) -> dict:
     if args.text_prompt is not None:
         prompt: str | list[int] = args.text_prompt
     else:
-        prompt = [rng.randrange(args.id_low, args.id_high) for _ in range(args.prompt_tokens)]
+        prefix = prefix or []
+        prompt = prefix + [rng.randrange(args.id_low, args.id_high) for _ in range(args.prompt_tokens - len(prefix))]
     body = {"prompt": prompt, "max_tokens": args.output_tokens, "temperature": 0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
     if args.served_model:
@@ -130,18 +142,20 @@ def run_level(target: Target, args: argparse.Namespace, concurrency: int | None,
     """Up to --requests requests at ``concurrency`` at once (or sent at ``rate`` per second, Poisson
     arrivals), for at most --duration-s; returns the level's metrics."""
     rng = random.Random(args.seed)
-    bodies = [request_body(args, rng) for _ in range(args.requests)]
+    prefix = shared_prefix(args)
+    bodies = [request_body(args, rng, prefix) for _ in range(args.requests)]
     results: list[RequestResult] = []
     lock = threading.Lock()
     deadline = time.perf_counter() + args.duration_s
     workers = concurrency if concurrency is not None else args.requests
 
-    def one(body: dict) -> None:
+    def one(index: int, body: dict) -> None:
         left = deadline - time.perf_counter()
         if left <= 0:
             result = RequestResult(False, "not sent: the level's time was up")
         else:
             result = stream_completion(target, body, timeout_s=left)
+        result.sent = index
         with lock:
             results.append(result)
             if len(results) % max(1, args.requests // 10) == 0:
@@ -149,12 +163,12 @@ def run_level(target: Target, args: argparse.Namespace, concurrency: int | None,
 
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        for body in bodies:
+        for index, body in enumerate(bodies):
             if rate is not None:
                 time.sleep(rng.expovariate(rate))
                 if time.perf_counter() >= deadline:
                     break
-            pool.submit(one, body)
+            pool.submit(one, index, body)
     duration = time.perf_counter() - start
     return summarize(results, duration)
 
@@ -171,6 +185,8 @@ def summarize(results: list[RequestResult], duration: float) -> dict:
     ttft = [r.ttft for r in ok]
     errors = sorted({r.error for r in results if not r.ok})
     tokens = sum(r.completion_tokens for r in ok)
+    first = [r.ttft for r in ok if r.sent == 0]
+    later = [r.ttft for r in ok if r.sent > 0]
     return {
         "completed": len(ok),
         "failed": len(results) - len(ok),
@@ -181,6 +197,9 @@ def summarize(results: list[RequestResult], duration: float) -> dict:
         "output_throughput": tokens / duration if duration > 0 else 0.0,
         **{f"{name}_{stat}_ms": 1000 * fn(values) for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl))
            for stat, fn in (("median", lambda v: percentile(v, 50)), ("p99", lambda v: percentile(v, 99)))},
+        "ttft_first_ms": 1000 * first[0] if first else float("nan"),  # the first request sent
+        "ttft_later_median_ms": 1000 * percentile(later, 50),
+        "cached_prompt_tokens": sum(r.cached_tokens for r in ok),
     }  # fmt: skip
 
 
@@ -249,6 +268,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--output-tokens", type=int, default=128)
     parser.add_argument("--text-prompt", default=None, help="send this text instead of random token ids")
+    parser.add_argument(
+        "--shared-prefix-tokens", type=int, default=0,
+        help="every prompt starts with the same this many ids (a shared system prompt; the uncounted first "
+        "request does not), and the table adds the first request's TTFT against the later ones'",
+    )  # fmt: skip
     parser.add_argument("--id-low", type=int, default=100, help="random prompt ids are drawn from [low, high)")
     parser.add_argument("--id-high", type=int, default=10000)
     parser.add_argument("--duration-s", type=float, default=300.0, help="at most this long per level")
@@ -259,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.requests < 1 or args.prompt_tokens < 1 or args.output_tokens < 1 or args.duration_s <= 0:
         parser.error("--requests, --prompt-tokens and --output-tokens must be >= 1, --duration-s > 0")
+    if not 0 <= args.shared_prefix_tokens < args.prompt_tokens:
+        parser.error(f"--shared-prefix-tokens must be in [0, --prompt-tokens), got {args.shared_prefix_tokens}")
     if args.request_rate is not None and args.request_rate <= 0:
         parser.error(f"--request-rate must be > 0, got {args.request_rate}")
 
@@ -299,6 +325,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.prompt_tokens} prompt tokens, {args.output_tokens} output tokens (ignore_eos), greedy; "
               f"at most {args.requests} requests and {args.duration_s:g} s per level\n")  # fmt: skip
         print(table(rows))
+        if args.shared_prefix_tokens:
+            for label, m in rows:
+                ratio = m["ttft_later_median_ms"] / m["ttft_first_ms"]
+                print(f"\n{label}: {args.shared_prefix_tokens} shared prompt tokens; TTFT of the first request "
+                      f"{m['ttft_first_ms']:.1f} ms, later ones median {m['ttft_later_median_ms']:.1f} ms "
+                      f"({ratio:.2f}x); prompt tokens served from the cache: {m['cached_prompt_tokens']}")  # fmt: skip
     return 0 if all(m["failed"] == 0 for _, m in rows) else 1
 
 

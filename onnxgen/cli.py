@@ -442,7 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument(
         "--max-model-len", type=int, default=None,
-        help="tokens (prompt and output) one sequence may hold when batching (default: the model's context)",
+        help="tokens (prompt and output) one sequence may hold when batching (default: 16384 / --max-num-seqs, "
+        "at most the model's context)",
     )  # fmt: skip
     p.add_argument(
         "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,

@@ -19,8 +19,23 @@ from tests.server_helpers import running_server, tiny_package
 @pytest.fixture(scope="module")
 def server():
     package = tiny_package()
-    with running_server(ServeOptions(model_name="tiny", port=0), lambda: Generator(package)) as served:
+    options = ServeOptions(model_name="tiny", port=0, max_num_seqs=1)  # one request at a time
+    with running_server(options, lambda: Generator(package)) as served:
         yield served
+
+
+def test_a_shared_prefix_is_served_from_the_cache_after_the_first_request(capsys) -> None:
+    package = tiny_package()
+    with running_server(ServeOptions(model_name="tiny", port=0, max_num_seqs=2), lambda: Generator(package)) as run:
+        argv = ["--url", f"http://127.0.0.1:{run.port}", "--requests", "4", "--prompt-tokens", "40",
+                "--shared-prefix-tokens", "32", "--output-tokens", "3", "--json"]  # fmt: skip
+        assert serve_load.main(argv) == 0
+    (level,) = json.loads(capsys.readouterr().out)
+    assert level["completed"] == 4
+    # the uncounted first request shares nothing; the first counted one computes the prefix, each
+    # later one (one at a time) reuses all 32 of it
+    assert level["cached_prompt_tokens"] == 3 * 32
+    assert level["ttft_first_ms"] > 0 and level["ttft_later_median_ms"] > 0
 
 
 def test_levels_count_every_request_with_the_servers_usage(server, capsys) -> None:

@@ -183,8 +183,10 @@ class BatchScheduler(EngineThreadScheduler):
                 decoder.release(sequence, "stop string")
         if not sequence.done:
             return
-        final = job.text.final(sequence.stats.stop_reason)
-        handle._push(Output(job.index, final, now, completion_tokens=sequence.stats.new_tokens))
+        stats = sequence.stats
+        final = job.text.final(stats.stop_reason)
+        used, cached = stats.new_tokens, stats.cached_tokens
+        handle._push(Output(job.index, final, now, completion_tokens=used, cached_tokens=cached))
         handle.jobs_done += 1
         del self._jobs[sequence]
         if handle.jobs_done == len(handle.jobs):

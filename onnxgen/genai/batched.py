@@ -53,9 +53,14 @@ class Read:
     token_id: int | None
 
 
+DEFAULT_KV_TOKENS = 16384  # KV rows of all slots together when max_model_len is not given
+
+
 class BatchedDecoder:
     """``max_seqs`` sequences at once, each of at most ``max_model_len`` tokens (prompt and new
-    tokens; default: the model's context). Engine-thread only, like the engine."""
+    tokens; default: DEFAULT_KV_TOKENS shared by the slots, as llama.cpp's server splits its context
+    among its parallel slots, at most the model's context and at least 256). Engine-thread only,
+    like the engine."""
 
     def __init__(
         self,
@@ -81,7 +86,8 @@ class BatchedDecoder:
                 "so that each sequence's rows are written in place at its own length; this graph's attention "
                 "concatenates its own KV cache"
             )
-        capacity = min(config.context_length, max_model_len or config.context_length)
+        default = max(256, DEFAULT_KV_TOKENS // max_seqs)
+        capacity = min(config.context_length, max_model_len or default)
         if capacity < 2:
             raise InvalidInputError(f"max_model_len must be at least 2 tokens, got {max_model_len}")
         self.engine = engine

@@ -22,9 +22,20 @@ hold the KV of ``contents[s]``; a busy slot belongs to exactly one running seque
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from onnxgen.genai.package import PackageConfig
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero tensor; on the CPU from numpy's zeros (calloc), whose pages the OS maps in as they are
+    first written, where torch.zeros writes every page at once (a pool sized for the whole context
+    would be resident from the start)."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    carrier = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[torch.empty((), dtype=dtype).element_size()]
+    return torch.from_numpy(np.zeros(shape, dtype=carrier)).view(dtype)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -59,11 +70,10 @@ class KVPool:
         self.device = device
         self.prefix_caching = prefix_caching  # False: every prompt is computed whole
         shape = (slots, config.num_kv_heads, capacity, config.head_size)
-        # torch.zeros: on the CPU, pages become resident only as rows are written
         self.buffers: dict[str, torch.Tensor] = {}
         for layer in range(config.num_layers):
-            self.buffers[config.past_key_name(layer)] = torch.zeros(shape, dtype=dtype, device=device)
-            self.buffers[config.past_value_name(layer)] = torch.zeros(shape, dtype=dtype, device=device)
+            self.buffers[config.past_key_name(layer)] = _zeros(shape, dtype, device)
+            self.buffers[config.past_value_name(layer)] = _zeros(shape, dtype, device)
         self.contents: list[list[int]] = [[] for _ in range(slots)]
         self.busy = [False] * slots
         self._used_at = [0] * slots  # a clock tick per acquire: least recently used first

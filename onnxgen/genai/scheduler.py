@@ -74,13 +74,15 @@ class Output:
     """One item of a handle. ``event``: a token or a final event of job ``index`` (None when
     ``error`` is set: the request ended with that exception). ``at``: time.perf_counter() when the
     engine produced it. ``completion_tokens``: on final events, every token the model produced for
-    the job, a stop id included (Generator.last_stats.new_tokens)."""
+    the job, a stop id included (Generator.last_stats.new_tokens); ``cached_tokens``: of its prompt
+    tokens, those whose KV was reused rather than computed (batching's prefix reuse)."""
 
     index: int
     event: GenerationEvent | None
     at: float
     error: BaseException | None = None
     completion_tokens: int = 0
+    cached_tokens: int = 0
 
 
 class RequestHandle:

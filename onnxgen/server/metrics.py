@@ -59,6 +59,7 @@ class Metrics:
         self.running = running
         self.requests: dict[tuple[str, int], int] = {}
         self.prompt_tokens = 0
+        self.cached_prompt_tokens = 0
         self.generation_tokens = 0
         self.ttft = Histogram(
             f"{PREFIX}_time_to_first_token_seconds", "Request arrival to its first token.", TTFT_BUCKETS
@@ -83,6 +84,12 @@ class Metrics:
             lines.append(f'{PREFIX}_requests_total{{endpoint="{_escape(endpoint)}",status="{status}"}} {count}')
         for name, help_text, value, kind in (
             ("prompt_tokens_total", "Prompt tokens of the generations run.", self.prompt_tokens, "counter"),
+            (
+                "prompt_tokens_cached_total",
+                "Prompt tokens whose KV was reused (prefix caching).",
+                self.cached_prompt_tokens,
+                "counter",
+            ),
             ("generation_tokens_total", "Tokens generated and handed out.", self.generation_tokens, "counter"),
             ("queue_depth", "Requests waiting for the engine.", self.queue_depth(), "gauge"),
             ("requests_running", "Requests being decoded.", self.running(), "gauge"),

@@ -23,7 +23,8 @@ class ServeOptions:
     once (continuous batching, genai/batch_scheduler.py); 1 decodes one request at a time
     (SerialScheduler, the captured single-sequence step on CUDA); None: 8 on the CPU, 1 on CUDA
     (batched steps are not captured yet there). ``max_model_len``: tokens (prompt and output) one
-    sequence may hold when batching; None: the model's context. ``prefix_caching``: a batching server
+    sequence may hold when batching; None: 16,384 tokens shared by the slots (at most the model's
+    context, at least 256). ``prefix_caching``: a batching server
     reuses the KV rows of a prompt prefix it still holds (genai/kv_pool.py)."""
 
     model_name: str

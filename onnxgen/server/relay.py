@@ -78,6 +78,7 @@ class Relay:
         self.first_at: float | None = None
         self.last_at: dict[int, float] = {}
         self.completion_tokens = 0
+        self.cached_tokens = 0  # prompt tokens reused; a prompt's n jobs count it once (as its tokens)
         info["prompt"] = plan.total_prompt_tokens
         metrics.prompt_tokens += plan.total_prompt_tokens
 
@@ -97,6 +98,9 @@ class Relay:
         if event.finish_reason is not None:
             self.completion_tokens += out.completion_tokens
             self.info["completion"] = self.completion_tokens
+            if out.index % self.plan.n == 0:  # the first job of its prompt (total_prompt_tokens' count)
+                self.cached_tokens += out.cached_tokens
+                self.metrics.cached_prompt_tokens += out.cached_tokens
             self.info.setdefault("finish", []).append(event.finish_reason)
 
     # -- one JSON body ---------------------------------------------------------------------------
@@ -125,7 +129,9 @@ class Relay:
         if any(c.finish_reason is None for c in choices):  # the client went away: nobody reads this
             raise invalid("the request was cancelled (the client disconnected)")
         with_logprobs = self.request.logprobs is not None
-        return self.envelope.response(choices, self.plan.total_prompt_tokens, self.tokens, with_logprobs)
+        return self.envelope.response(
+            choices, self.plan.total_prompt_tokens, self.tokens, with_logprobs, self.cached_tokens
+        )
 
     # -- a stream of events ----------------------------------------------------------------------
 
@@ -185,7 +191,7 @@ class Relay:
             return  # the client went away (a cut with a reason ends with an error output instead)
         tail = b""
         if self.request.include_usage:
-            tail = self.envelope.usage_chunk(self.plan.total_prompt_tokens, self.completion_tokens)
+            tail = self.envelope.usage_chunk(self.plan.total_prompt_tokens, self.completion_tokens, self.cached_tokens)
         yield tail + DONE
 
 

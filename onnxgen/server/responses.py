@@ -37,11 +37,14 @@ def new_id(kind: str) -> str:
     return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's usage object; ``prompt_tokens_details.cached_tokens``: prompt tokens served from a
+    prefix the server held (vLLM and OpenAI report it there too)."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
@@ -111,7 +114,12 @@ class Envelope:
         self.created = self.created or int(time.time())
 
     def response(
-        self, choices: Sequence[ChoiceResult], prompt_tokens: int, tokens: TokenText | None, with_logprobs: bool
+        self,
+        choices: Sequence[ChoiceResult],
+        prompt_tokens: int,
+        tokens: TokenText | None,
+        with_logprobs: bool,
+        cached_tokens: int = 0,
     ) -> dict[str, Any]:
         rows = []
         for choice in choices:
@@ -136,7 +144,7 @@ class Envelope:
             "created": self.created,
             "model": self.model,
             "choices": rows,
-            "usage": usage(prompt_tokens, completion),
+            "usage": usage(prompt_tokens, completion, cached_tokens),
         }
 
     def chunk(
@@ -172,7 +180,7 @@ class Envelope:
             body["usage"] = None
         return sse(body)
 
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> bytes:
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> bytes:
         return sse(
             {
                 "id": self.id,
@@ -180,7 +188,7 @@ class Envelope:
                 "created": self.created,
                 "model": self.model,
                 "choices": [],
-                "usage": usage(prompt_tokens, completion_tokens),
+                "usage": usage(prompt_tokens, completion_tokens, cached_tokens),
             }
         )
 
