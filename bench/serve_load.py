@@ -3,7 +3,7 @@ OpenAI API at a fixed concurrency (or request rate), with the metrics defined as
 
     python -m bench.serve_load --url http://127.0.0.1:8000 --concurrency 1,8,32 --requests 64
     python -m bench.serve_load --model smollm2-135m-instruct --device cpu --concurrency 1,4 --requests 8
-    python -m bench.serve_load --model smollm2-135m-instruct --concurrency 8 --serve-args "--max-num-seqs 1"
+    python -m bench.serve_load --model smollm2-135m-instruct --concurrency 8 --serve-args="--max-num-seqs 1"
     python -m bench.serve_load --model smollm2-135m-instruct --prompt-tokens 1100 --shared-prefix-tokens 1024 \
         --output-tokens 16 --requests 8
     python -m bench.serve_load --url URL --request-rate 4 --requests 100 --duration-s 120
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="with --model")
     parser.add_argument(
         "--serve-args", type=str.split, default=[],
-        help="with --model: more `onnxgen serve` arguments, one string, e.g. '--max-num-seqs 1'",
+        help="with --model: more `onnxgen serve` arguments, one string: --serve-args='--max-num-seqs 1'",
     )  # fmt: skip
     parser.add_argument("--served-model", default=None, help="the `model` field to send (default: none)")
     parser.add_argument("--api-key", default=None)

@@ -22,6 +22,9 @@ hold the KV of ``contents[s]``; a busy slot belongs to exactly one running seque
 
 from __future__ import annotations
 
+import math
+import mmap
+
 import numpy as np
 import torch
 
@@ -29,13 +32,20 @@ from onnxgen.genai.package import PackageConfig
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zero tensor; on the CPU from numpy's zeros (calloc), whose pages the OS maps in as they are
-    first written, where torch.zeros writes every page at once (a pool sized for the whole context
-    would be resident from the start)."""
+    """A zero tensor; on the CPU an anonymous memory map (zero pages the OS maps in as they are first
+    written) with huge pages declined where the OS lets us, so that memory becomes resident with the
+    rows written, 4 KiB at a time. torch.zeros writes every page at once: a pool sized for the whole
+    context would be resident from the start, and with transparent huge pages each slot's rows of a
+    head and layer would become resident 2 MiB at a time."""
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
-    carrier = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[torch.empty((), dtype=dtype).element_size()]
-    return torch.from_numpy(np.zeros(shape, dtype=carrier)).view(dtype)
+    size = torch.empty((), dtype=dtype).element_size()
+    nbytes = max(1, math.prod(shape) * size)
+    region = mmap.mmap(-1, nbytes)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        region.madvise(mmap.MADV_NOHUGEPAGE)
+    flat = np.frombuffer(region, dtype=np.uint8, count=math.prod(shape) * size)  # holds the map alive
+    return torch.from_numpy(flat).view(dtype).view(shape)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
