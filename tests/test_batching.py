@@ -246,15 +246,15 @@ def test_stops_limits_and_cancels_free_their_slots(tiny_engine) -> None:
 
 
 def test_many_requests_with_random_cancels_leak_nothing(tiny_engine) -> None:
-    """200 short requests arriving at random, a fifth of them cancelled midway: every slot is free
-    at the end, and the pool's buffers were never reallocated."""
+    """1,000 short requests arriving at random, some cancelled midway: every slot is free at the
+    end, and the pool's buffers were never reallocated."""
     engine = tiny_engine()
     rng = random.Random(5)
     decoder = BatchedDecoder(engine, max_seqs=4, max_model_len=40)
     pointers = [b.data_ptr() for b in decoder.pool.buffers.values()]
     queue = [
-        engine.new_sequence(p[:8], SamplingParams(max_new_tokens=rng.randint(1, 6), ignore_eos=True))
-        for p in _prompts(200, seed=6)
+        engine.new_sequence(p[:4], SamplingParams(max_new_tokens=rng.randint(1, 4), ignore_eos=True))
+        for p in _prompts(1000, seed=6)
     ]
     everyone = list(queue)
     while queue or decoder.admitted:
@@ -279,3 +279,32 @@ def test_graphs_that_cannot_batch_are_refused(tmp_path) -> None:
         BatchedDecoder(engine, max_seqs=2)
     with pytest.raises(InvalidInputError, match="max_seqs must be >= 1"):
         BatchedDecoder(engine, max_seqs=0)
+
+
+def test_a_sequence_whose_logits_fail_ends_alone(tiny_engine) -> None:
+    from onnxgen.genai.sampling import NonFiniteLogitsError
+
+    engine = tiny_engine()
+    params = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    prompts = _prompts(3, seed=8)
+    expected = [_serial(engine, p, params) for p in prompts]
+    decoder = BatchedDecoder(engine, max_seqs=3, max_model_len=64)
+    sequences = [engine.new_sequence(p, params) for p in prompts]
+    victim = sequences[1]
+    sample = engine._sample
+
+    def failing(sequence, logits, out):
+        if sequence is victim and sequence.sampled == 2:
+            raise NonFiniteLogitsError("the model produced non-finite logits (NaN or inf): no token to pick")
+        return sample(sequence, logits, out)
+
+    engine._sample = failing
+    for sequence in sequences:
+        decoder.admit(sequence)
+    errors = []
+    while decoder.admitted:
+        errors += [read for read in decoder.iterate() if read.error is not None]
+    assert [read.sequence for read in errors] == [victim] and isinstance(errors[0].error, NonFiniteLogitsError)
+    assert victim.stats.stop_reason == "error" and victim.generated == expected[1][:2]
+    assert [sequences[0].generated, sequences[2].generated] == [expected[0], expected[2]]
+    assert decoder.pool.free == 3

@@ -127,6 +127,11 @@ class BatchScheduler(EngineThreadScheduler):
                 continue
             now = time.perf_counter()
             for read in reads:
+                if read.error is not None:  # that sequence's own failure: its request ends with it
+                    job = self._jobs.get(read.sequence)
+                    if job is not None:
+                        self._fail(decoder, job.handle, read.error)
+                    continue
                 self._deliver(decoder, read.sequence, read.token_id, now)
 
     def _take_started(self, room: int) -> list[RequestHandle]:

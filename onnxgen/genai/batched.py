@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from onnxgen.errors import InvalidInputError
+from onnxgen.errors import InvalidInputError, OnnxgenError
 from onnxgen.genai.engine import DecodeEngine, PromptTooLongError
 from onnxgen.genai.kv_cache import past_feeds_attention_in_place
 from onnxgen.genai.kv_pool import KVPool
@@ -47,10 +47,12 @@ class BatchingNotSupportedError(InvalidInputError):
 @dataclass(frozen=True)
 class Read:
     """A token read on the host for ``sequence`` (None: the sequence ended without one to hand out,
-    a stop id). After it, ``sequence.done`` says whether the sequence is over."""
+    a stop id, or with ``error``: its own failure, e.g. non-finite logits, which ended it alone).
+    After it, ``sequence.done`` says whether the sequence is over."""
 
     sequence: Sequence
     token_id: int | None
+    error: OnnxgenError | None = None
 
 
 DEFAULT_KV_TOKENS = 16384  # KV rows of all slots together when max_model_len is not given
@@ -208,7 +210,7 @@ class BatchedDecoder:
             return []
         self.prefilling = None
         logits = outputs[io.logits][0, 0 if engine.logits_row is not None else n - 1]
-        return [self._read(sequence, engine._sample(sequence, logits, None))]
+        return [self._sample_and_read(sequence, logits)]
 
     def _step(self) -> list[Read]:
         """One decode step of every running sequence: the rows of slots [lo, hi), idle slots among
@@ -255,8 +257,17 @@ class BatchedDecoder:
         reads = []
         for slot, sequence in sorted(by_slot.items()):
             pool.contents[slot].append(sequence.generated[-1])
-            reads.append(self._read(sequence, engine._sample(sequence, logits[slot - lo, 0], None)))
+            reads.append(self._sample_and_read(sequence, logits[slot - lo, 0]))
         return reads
+
+    def _sample_and_read(self, sequence: Sequence, logits: torch.Tensor) -> Read:
+        """The sequence's next token from its logits row, read; a failure of its own (non-finite
+        logits) ends this sequence only, not the batch."""
+        try:
+            return self._read(sequence, self.engine._sample(sequence, logits, None))
+        except OnnxgenError as exc:
+            self.release(sequence, "error")
+            return Read(sequence, None, exc)
 
     def _keep_in_place(self, outputs: dict[str, torch.Tensor], past: dict[str, torch.Tensor]) -> None:
         """GroupQueryAttention over a shared buffer returns the past views as present; were a
