@@ -229,3 +229,21 @@ def test_a_10_mb_body_and_header_abuse_get_4xx(server) -> None:
         assert 400 <= status_of(answer) < 500, answer[:200]
         good(port)
     good(port)
+
+
+def test_a_batching_servers_sequence_limit_is_a_clear_400() -> None:
+    from onnxgen.genai.generator import Generator
+    from onnxgen.server.options import ServeOptions
+
+    options = ServeOptions(model_name=MODEL, port=0, max_num_seqs=2, max_model_len=64)
+    with running_server(options, lambda: Generator(tiny_package(), device="cpu")) as running:
+        status, body = post(running.port, P, {"prompt": list(range(100, 170)), "max_tokens": 2})
+        error = envelope(status, body)
+        assert status == 400 and error["code"] == "context_length_exceeded" and error["param"] == "prompt"
+        assert "70 tokens; this server's --max-model-len of 64 (the model's context is 256) leaves" in error["message"]
+        status, body = post(running.port, P, {"prompt": list(range(100, 140)), "max_tokens": 30})
+        error = envelope(status, body)
+        assert status == 400 and error["param"] == "max_tokens"
+        assert "70 tokens, beyond this server's --max-model-len of 64" in error["message"]
+        status, body = post(running.port, P, {"prompt": list(range(100, 140)), "max_tokens": 24})
+        assert status == 200 and body["usage"]["completion_tokens"] <= 24

@@ -70,6 +70,11 @@ class BatchScheduler(EngineThreadScheduler):
     def running(self) -> int:
         return len(self._active)
 
+    @property
+    def sequence_limit(self) -> int | None:
+        """Tokens (prompt and new ones) one job may hold: a KV slot's capacity (None until loaded)."""
+        return self.decoder.capacity if self.decoder is not None else None
+
     def _started(self) -> list[RequestHandle]:
         return list(self._active)
 

@@ -192,6 +192,11 @@ class Scheduler(Protocol):
         """Requests being decoded now."""
         ...
 
+    @property
+    def sequence_limit(self) -> int | None:
+        """Tokens one job may hold, where below the model's context (None: the context)."""
+        ...
+
     def submit(self, jobs: Sequence[Job], loop: asyncio.AbstractEventLoop) -> RequestHandle: ...
 
     def cancel_all(self, reason: str) -> None:
@@ -268,6 +273,12 @@ class EngineThreadScheduler:
     @property
     def running(self) -> int:
         raise NotImplementedError
+
+    @property
+    def sequence_limit(self) -> int | None:
+        """Tokens (prompt and new ones) one job may hold when the runner sets a limit below the
+        model's context (a batching runner's KV slots); None: the context."""
+        return None
 
     def wait_loaded(self, timeout: float | None = None) -> bool:
         """Blocks until READY or FAILED (True), or ``timeout`` passes (False)."""

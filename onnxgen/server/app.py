@@ -175,7 +175,7 @@ async def _generation(state: ServerState, request: Request, kind: str) -> Any:
     check_model(state, parsed.model)
     generator = state.ready_generator()
     tokens = state.token_text()
-    plan = await asyncio.to_thread(build_plan, generator, parsed)
+    plan = await asyncio.to_thread(build_plan, generator, parsed, state.scheduler.sequence_limit)
     try:
         handle = state.scheduler.submit(plan.jobs, asyncio.get_running_loop())
     except QueueFullError as exc:

@@ -111,8 +111,14 @@ def sampling_params(request: GenerationRequest, choice: int) -> SamplingParams:
         raise invalid(message, param) from None
 
 
-def build_plan(generator: Generator, request: GenerationRequest) -> Plan:
-    context = generator.config.context_length
+def build_plan(generator: Generator, request: GenerationRequest, sequence_limit: int | None = None) -> Plan:
+    """The request's jobs, checked against the tokens one sequence may hold: ``sequence_limit`` (a
+    batching server's --max-model-len), else the model's context."""
+    model_context = generator.config.context_length
+    context = min(sequence_limit or model_context, model_context)
+    where = f"this model's context of {context}"
+    if context < model_context:
+        where = f"this server's --max-model-len of {context} (the model's context is {model_context})"
     prompts = encode_prompt(generator, request)
     min_tokens = request.sampling.get("min_tokens", 0)
     if request.max_tokens is not None and min_tokens > request.max_tokens:
@@ -121,11 +127,16 @@ def build_plan(generator: Generator, request: GenerationRequest) -> Plan:
         )
     jobs, counts, prefixes = [], [], []
     for ids, param, echo in prompts:
+        if len(ids) >= context:
+            raise invalid(
+                f"the prompt ({param}) is {len(ids)} tokens; {where} leaves no room for a new token",
+                param,
+                "context_length_exceeded",
+            )
         if request.max_tokens is not None and len(ids) + request.max_tokens > context:
             raise invalid(
                 f"the prompt ({param}) is {len(ids)} tokens and {request.max_tokens_param} asks for "
-                f"{request.max_tokens} more: {len(ids) + request.max_tokens} tokens, beyond this model's context "
-                f"of {context}",
+                f"{request.max_tokens} more: {len(ids) + request.max_tokens} tokens, beyond {where}",
                 request.max_tokens_param,
                 "context_length_exceeded",
             )
