@@ -98,7 +98,7 @@ def test_pool_copies_a_prefix_from_a_busy_slot_and_can_be_told_not_to_reuse() ->
 @settings(max_examples=25, deadline=None)
 @given(st.integers(min_value=0, max_value=2**32 - 1))
 def test_pool_under_random_arrivals_and_departures_keeps_its_invariants(seed: int) -> None:
-    """1,000 random acquire / write / release / truncate operations: held rows always match their
+    """1,000 random acquire / write / release operations: held rows always match their
     contents, no slot leaks (all free at the end), a held prefix is reused whenever one is free."""
     rng = random.Random(seed)
     pool = _pool(slots=4, capacity=12)
@@ -308,3 +308,28 @@ def test_a_sequence_whose_logits_fail_ends_alone(tiny_engine) -> None:
     assert victim.stats.stop_reason == "error" and victim.generated == expected[1][:2]
     assert [sequences[0].generated, sequences[2].generated] == [expected[0], expected[2]]
     assert decoder.pool.free == 3
+
+
+def test_a_prompt_computed_in_chunks_between_running_slots_keeps_its_rows(tiny_engine) -> None:
+    """A long prompt taken in 3-token chunks in a slot between two running sequences: the decode
+    steps in between span its slot (an idle row for them) and must not touch the rows it has."""
+    engine = tiny_engine()
+    params = SamplingParams(max_new_tokens=10, ignore_eos=True)
+    short = [[5, 6], [7], [8, 9]]
+    long_prompt = _prompts(1, seed=9)[0] * 2  # longer than the running sequences get
+    expected = [_serial(engine, p, params) for p in [short[0], short[2], long_prompt]]
+    decoder = BatchedDecoder(engine, max_seqs=3, max_model_len=96, prefill_chunk=3, prefix_caching=False)
+    first, brief, last = (engine.new_sequence(p, params) for p in short)
+    brief.max_new_tokens = 1
+    for sequence in (first, brief, last):
+        decoder.admit(sequence)
+    while not brief.done or last.slot is None:
+        decoder.iterate()
+    assert (first.slot, last.slot) == (0, 2)
+    middle = engine.new_sequence(long_prompt, params)
+    decoder.admit(middle)
+    decoder.iterate()
+    assert middle.slot == 1 and not middle.done
+    while decoder.admitted:
+        decoder.iterate()
+    assert [first.generated, last.generated, middle.generated] == expected

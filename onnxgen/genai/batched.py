@@ -213,25 +213,18 @@ class BatchedDecoder:
         return [self._sample_and_read(sequence, logits)]
 
     def _step(self) -> list[Read]:
-        """One decode step of every running sequence: the rows of slots [lo, hi), idle slots among
-        them fed a dummy token that writes the row just past what they hold (where that would widen
-        the step, they first give up the rows beyond the running sequences' longest)."""
+        """One decode step of every running sequence: the rows of slots [lo, hi). A slot there that
+        is not running (free, or holding a prompt part computed) is fed a dummy token that writes the
+        row just past what it holds, which nothing reads (a prompt's next chunk writes it again)."""
         engine = self.engine
         pool = self.pool
         by_slot = {s.slot: s for s in self.running}
         lo, hi = min(by_slot), max(by_slot) + 1
-        width = max(len(pool.contents[slot]) for slot in by_slot) + 1
         ids = [0] * (hi - lo)
-        ends = [0] * (hi - lo)  # each row's length after the step
-        for slot in range(lo, hi):
-            sequence = by_slot.get(slot)
-            if sequence is not None:
-                ids[slot - lo] = sequence.generated[-1]
-                ends[slot - lo] = len(pool.contents[slot]) + 1
-            else:
-                held = min(len(pool.contents[slot]), width - 1)
-                pool.truncate(slot, held)
-                ends[slot - lo] = held + 1
+        ends = [len(pool.contents[slot]) + 1 for slot in range(lo, hi)]  # each row's length after the step
+        for slot, sequence in by_slot.items():
+            ids[slot - lo] = sequence.generated[-1]
+        width = max(ends)
         device = engine.device
         io = engine.config.io
         rows = hi - lo

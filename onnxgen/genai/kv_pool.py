@@ -140,10 +140,6 @@ class KVPool:
         """The slot's rows no longer match its contents (a failed step): hold nothing."""
         self.contents[slot] = []
 
-    def truncate(self, slot: int, rows: int) -> None:
-        """An idle slot keeps only its first ``rows`` rows (the rest are about to be overwritten)."""
-        del self.contents[slot][rows:]
-
     def _copy_rows(self, source: int, target: int, rows: int) -> None:
         for buffer in self.buffers.values():
             buffer[target, :, :rows].copy_(buffer[source, :, :rows])
