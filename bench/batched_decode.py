@@ -1,0 +1,120 @@
+"""Batched decode throughput of the engine's batched mode (genai/batched.py), in the manner of
+llama.cpp's ``llama-batched-bench``: B sequences of --prompt-tokens prompt ids each, admitted
+together, --new-tokens greedy tokens each (EOS ignored); per B, the time until every sequence has
+its first token (the prompts, one chunk per iteration between the steps of those already running)
+and the decode throughput after it.
+
+    python -m bench.batched_decode --device cpu --shape smollm2-135m-instruct --precision int4 --batch 1,4,8
+    python -m bench.batched_decode --package PKG --device cpu --batch 1,8 --prompt-tokens 128 --new-tokens 128
+
+Random weights in a real model's shape (or --package). Decode tok/s = the tokens made after the
+last sequence's first token, over the time from then to the end (llama-batched-bench's S_TG is its
+generated tokens over its generation phase). On CUDA the batched step runs eagerly (not
+captured yet), so there it measures the eager step. The serial engine loop's tok/s on the same
+package and prompt (B = 1 through DecodeEngine.generate) is printed beside it, with the greedy tokens
+of the first sequence compared to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+from bench.random_package import add_package_args, build_random_package, describe, open_package
+from onnxgen.genai.batched import BatchedDecoder
+from onnxgen.genai.engine import DecodeEngine
+from onnxgen.genai.sampling import SamplingParams
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(100, min(vocab, 10000)) for _ in range(length)] for _ in range(count)]
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_batch(engine: DecodeEngine, batch: int, args: argparse.Namespace) -> dict:
+    params = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)
+    decoder = BatchedDecoder(engine, max_seqs=batch, max_model_len=args.prompt_tokens + args.new_tokens + 1,
+                             prefill_chunk=args.prefill_chunk, prefix_caching=False)  # fmt: skip
+    sequences = [engine.new_sequence(p, params) for p in prompts(batch, args.prompt_tokens, engine.config.vocab_size,
+                                                                 args.seed)]  # fmt: skip
+    for sequence in sequences:
+        decoder.admit(sequence)
+    start = time.perf_counter()
+    while any(s.stats.new_tokens == 0 for s in sequences):
+        decoder.iterate()
+    sync(engine.device)
+    first_all = time.perf_counter()
+    before = sum(s.stats.new_tokens for s in sequences)  # the first ones had decoded while the rest were prompted
+    while decoder.admitted:
+        decoder.iterate()
+    sync(engine.device)
+    end = time.perf_counter()
+    decode_tokens = sum(s.stats.new_tokens for s in sequences) - before
+    return {
+        "batch": batch,
+        "prompts_s": first_all - start,
+        "decode_s": end - first_all,
+        "decode_tok_s": decode_tokens / (end - first_all) if end > first_all else 0.0,
+        "steps": decoder.steps,
+        "first": sequences[0].generated,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_package_args(parser)
+    parser.add_argument("--batch", default="1,2,4,8", help="comma list of batch sizes")
+    parser.add_argument("--prefill-chunk", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--serial-repeats", type=int, default=3, help="serial runs (their median is the baseline)")
+    args = parser.parse_args(argv)
+    batches = [int(b) for b in args.batch.split(",")]
+    if min(batches) < 1 or args.prompt_tokens < 1 or args.new_tokens < 2:
+        parser.error("--batch values and --prompt-tokens must be >= 1, --new-tokens >= 2")
+    args.kv = "dynamic" if args.device == "cpu" else args.kv
+    with tempfile.TemporaryDirectory() as directory, torch.inference_mode():
+        built = build_random_package(args, directory)
+        if built:
+            say(f"built the package in {built:.1f} s")
+        session, config = open_package(args)
+        engine = DecodeEngine(session, config, capture="off")
+        serial_params = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)
+        (prompt,) = prompts(1, args.prompt_tokens, config.vocab_size, args.seed)
+        list(engine.generate([engine.new_sequence(prompt, serial_params)]))  # warm-up
+        runs = []
+        for _ in range(args.serial_repeats):  # this machine's speed drifts: the median of a few
+            run = engine.new_sequence(prompt, serial_params)
+            serial_tokens = list(engine.generate([run]))
+            runs.append(run.stats.decode_tok_s)
+        serial_tok_s = statistics.median(runs)
+        run_batch(engine, min(batches), args)  # warm-up of the batched path
+        rows = [run_batch(engine, batch, args) for batch in batches]
+    print(f"{describe(args)} on {args.device}: {args.prompt_tokens} prompt + {args.new_tokens} new tokens per "
+          f"sequence, greedy; serial engine loop {serial_tok_s:.1f} tok/s decode (median of "
+          f"{args.serial_repeats})\n")  # fmt: skip
+    print("| batch | prompts s | decode s | decode tok/s | vs serial | steps | first sequence = serial |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    for row in rows:
+        ratio = row["decode_tok_s"] / serial_tok_s if serial_tok_s else float("nan")
+        print(f"| {row['batch']} | {row['prompts_s']:.2f} | {row['decode_s']:.2f} | {row['decode_tok_s']:.1f} "
+              f"| {ratio:.2f}x | {row['steps']} | {row['first'] == serial_tokens} |")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
