@@ -94,29 +94,17 @@ class Tokenizer:
 
 
 class StreamDecoder:
-    """Emits text as tokens arrive; holds back bytes until they form whole characters."""
+    """Emits text as tokens arrive; holds back bytes until they form whole characters.
+
+    The text of the ids so far is the decode of a short window of the latest ids after the text
+    already emitted (tokenizers' DecodeStream, which keeps that window in Rust): one call per token,
+    the window bounded, so a token costs the same at any length of the generation."""
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool):
-        self.tokenizer = tokenizer
-        self.skip = skip_special_tokens
-        self.ids: list[int] = []
-        self.emitted = ""
+        from tokenizers.decoders import DecodeStream
+
+        self.backend = tokenizer.backend
+        self.stream = DecodeStream(skip_special_tokens=skip_special_tokens)
 
     def push(self, token_id: int) -> str:
-        self.ids.append(token_id)
-        text = self.tokenizer.decode(self.ids, self.skip)
-        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
-            return ""
-        if not text.startswith(self.emitted):
-            # a merge changed earlier text (rare with byte-level BPE); emit only the new tail
-            common = 0
-            while common < min(len(text), len(self.emitted)) and text[common] == self.emitted[common]:
-                common += 1
-            self.emitted = text[:common]
-        new = text[len(self.emitted) :]
-        self.emitted = text
-        # keep the decode window short: restart it at a clean boundary
-        if len(self.ids) > 64:
-            self.ids = self.ids[-8:]
-            self.emitted = self.tokenizer.decode(self.ids, self.skip)
-        return new
+        return self.stream.step(self.backend, token_id) or ""
