@@ -349,7 +349,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         name = Path(args.model).name if args.model and _package_of_path(args.model) else args.model or DEFAULT_MODEL
     options = ServeOptions(
         model_name=name, host=args.host, port=args.port, api_key=args.api_key, max_queue=args.max_queue,
-        shutdown_grace_s=args.shutdown_grace, stream_interval_s=args.stream_interval_ms / 1000, device=args.device,
+        shutdown_grace_s=args.shutdown_grace, stream_interval_s=args.stream_interval_ms / 1000,
+        max_chunk_rate=args.max_chunk_rate, device=args.device,
         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, prefix_caching=args.enable_prefix_caching,
     )  # fmt: skip
 
@@ -456,6 +457,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--stream-interval-ms", type=float, default=5.0,
         help="least time between two chunks of a stream; faster streams get several tokens per chunk (default 5)",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-chunk-rate", type=float, default=2000.0,
+        help="chunks per second over all streams at most: with many streams each one's interval widens to "
+        "streams / rate (default 2000; 0: no cap)",
     )  # fmt: skip
     p.set_defaults(func=cmd_serve)
 

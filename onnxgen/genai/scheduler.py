@@ -121,12 +121,14 @@ class RequestHandle:
 
     # -- the loop side ---------------------------------------------------------------------
 
-    async def batches(self, min_interval_s: float = 0.0) -> AsyncIterator[list[Output]]:
+    async def batches(self, min_interval_s: float | Callable[[], float] = 0.0) -> AsyncIterator[list[Output]]:
         """Lists of outputs in order, as many as arrived since the last one; ends after the last.
 
         ``min_interval_s``: after a batch, the next one comes no sooner than this (the first at
         once): a fast stream is handed over in fewer, larger batches, and the engine schedules no
-        wake-up while the reader sleeps out its interval (module docstring: why that matters)."""
+        wake-up while the reader sleeps out its interval (module docstring: why that matters). A
+        callable is asked before each batch (the server widens the interval with the streams open)."""
+        interval = min_interval_s if callable(min_interval_s) else (lambda: min_interval_s)
         last = -math.inf
         while True:
             if not self._items:
@@ -136,7 +138,7 @@ class RequestHandle:
                     await self._wake.wait()
                 self._reader_waiting = False
                 continue
-            wait = last + min_interval_s - time.perf_counter()
+            wait = last + interval() - time.perf_counter()
             if wait > 0:
                 await asyncio.sleep(wait)
             last = time.perf_counter()

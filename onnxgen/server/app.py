@@ -42,6 +42,7 @@ from onnxgen.server.errors import AUTHENTICATION, NOT_FOUND, ApiError, internal,
 from onnxgen.server.jobs import build_plan
 from onnxgen.server.metrics import Metrics
 from onnxgen.server.options import ServeOptions
+from onnxgen.server.pacing import StreamPacing
 from onnxgen.server.protocol import parse_chat, parse_completion, parse_detokenize, parse_object, parse_tokenize
 from onnxgen.server.relay import EventStream, Relay
 from onnxgen.server.responses import Envelope, dumps, model_card
@@ -68,6 +69,7 @@ class ServerState:
         self.options = options
         self.scheduler = scheduler
         self.metrics = Metrics(lambda: scheduler.queue_depth, lambda: scheduler.running)
+        self.pacing = StreamPacing(options.stream_interval_s, options.max_chunk_rate)
         self.created = int(time.time())
         self.draining = False
         self._token_text: TokenText | None = None
@@ -184,8 +186,7 @@ async def _generation(state: ServerState, request: Request, kind: str) -> Any:
         raise unavailable(str(exc)) from None
     info = request.scope.setdefault("onnxgen", {})
     envelope = Envelope(kind, state.options.model_name, parsed.include_usage)
-    interval = state.options.stream_interval_s
-    relay = Relay(handle, plan, parsed, envelope, state.metrics, tokens, info.get("start", arrival), info, interval)
+    relay = Relay(handle, plan, parsed, envelope, state.metrics, tokens, info.get("start", arrival), info, state.pacing)
     if parsed.stream:
         return EventStream(relay)
     return json_response(await relay.collect(request.receive))

@@ -19,7 +19,9 @@ class ServeOptions:
     ``Authorization: Bearer KEY``. ``stream_interval_s``: the least time between two reads of a
     request's tokens (the first is read at once): a stream faster than that is sent a few tokens
     per chunk, which keeps the event loop's work per second bounded, and with it what the loop
-    takes from the engine thread's share of the interpreter. ``max_num_seqs``: sequences decoded at
+    takes from the engine thread's share of the interpreter. ``max_chunk_rate``: reads per second
+    over all requests at most (0: no cap): with many streams open each one's interval widens to
+    open streams / max_chunk_rate (pacing.py). ``max_num_seqs``: sequences decoded at
     once (continuous batching, genai/batch_scheduler.py); 1 decodes one request at a time
     (SerialScheduler, the captured single-sequence step on CUDA); None: 8 on the CPU, 1 on CUDA
     (batched steps are not captured yet there). ``max_model_len``: tokens (prompt and output) one
@@ -36,6 +38,7 @@ class ServeOptions:
     max_body_bytes: int = 2 * 1024 * 1024
     shutdown_grace_s: float = 10.0
     stream_interval_s: float = 0.005
+    max_chunk_rate: float = 2000.0
     device: str = "cpu"
     max_num_seqs: int | None = None
     max_model_len: int | None = None
@@ -59,6 +62,10 @@ class ServeOptions:
             (
                 0 <= self.stream_interval_s <= 1,
                 f"--stream-interval-ms must be in [0, 1000], got {self.stream_interval_s * 1000:g}",
+            ),
+            (
+                self.max_chunk_rate == 0 or 10 <= self.max_chunk_rate <= 1e6,
+                f"--max-chunk-rate must be 0 (no cap) or in [10, 1000000] chunks/s, got {self.max_chunk_rate:g}",
             ),
             (self.api_key is None or bool(self.api_key), "--api-key must not be empty"),
             (

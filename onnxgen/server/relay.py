@@ -27,6 +27,7 @@ from onnxgen.genai.scheduler import Output, RequestCancelledError, RequestHandle
 from onnxgen.server.errors import INTERNAL, ApiError, internal, invalid, unavailable
 from onnxgen.server.jobs import Plan
 from onnxgen.server.metrics import Metrics
+from onnxgen.server.pacing import StreamPacing
 from onnxgen.server.protocol import GenerationRequest
 from onnxgen.server.responses import DONE, ChoiceResult, Envelope, chat_logprobs, completion_logprobs, dumps, sse
 from onnxgen.server.token_text import TokenText
@@ -64,10 +65,10 @@ class Relay:
         tokens: TokenText,
         arrival: float,
         info: dict[str, Any],
-        interval_s: float = 0.0,
+        pacing: StreamPacing | None = None,
     ) -> None:
         self.handle = handle
-        self.interval_s = interval_s  # the least time between two batches read (ServeOptions.stream_interval_s)
+        self.pacing = pacing or StreamPacing(0.0, 0.0)  # the least time between two batches read (pacing.py)
         self.plan = plan
         self.request = request
         self.envelope = envelope
@@ -109,8 +110,9 @@ class Relay:
         """The whole response; an ApiError where the request failed."""
         choices = [ChoiceResult(index, prefix=prefix) for index, prefix in enumerate(self.plan.prefixes)]
         watcher = asyncio.ensure_future(watch_disconnect(receive, self.handle.cancel))
+        self.pacing.open_readers += 1
         try:
-            async for batch in self.handle.batches(self.interval_s):
+            async for batch in self.handle.batches(self.pacing.interval):
                 for out in batch:
                     if out.error is not None:
                         raise api_error_of(out.error)
@@ -124,6 +126,7 @@ class Relay:
                         choice.finish_reason = event.finish_reason
                         choice.completion_tokens = out.completion_tokens
         finally:
+            self.pacing.open_readers -= 1
             watcher.cancel()
             self.handle.cancel()  # a no-op when it has ended; else (cancelled, failed) stop the engine
         if any(c.finish_reason is None for c in choices):  # the client went away: nobody reads this
@@ -150,10 +153,18 @@ class Relay:
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """SSE bytes, one item per batch of outputs (several chunks when the engine was ahead)."""
+        self.pacing.open_readers += 1
+        try:
+            async for piece in self._chunks():
+                yield piece
+        finally:
+            self.pacing.open_readers -= 1
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
         started: set[int] = set()
         offsets: dict[int, int] = {}
         sent = False
-        async for batch in self.handle.batches(self.interval_s):
+        async for batch in self.handle.batches(self.pacing.interval):
             pieces: list[bytes] = []
             pending: dict[int, tuple[list[str], list]] = {}
             for out in batch:
