@@ -17,7 +17,8 @@ temperature 0.
 
 One request is sent first and not counted (the server's one-time costs). Metrics (per concurrency
 level or rate): completed and failed requests, duration, request
-throughput, output tok/s (completion tokens from the usage chunk over the duration), and median /
+throughput, output tok/s (completion tokens from the usage chunk over the duration; a server that
+sends none: its text chunks, one token each), and median /
 p99 of TTFT (request sent to first text), TPOT ((latency - TTFT) / (completion tokens - 1), per
 request with more than one token) and ITL (the gaps between streamed chunks with text; a chunk may
 carry several tokens when the server coalesces them). Bounded: at most --requests per level and
@@ -85,6 +86,7 @@ def stream_completion(target: Target, body: dict, timeout_s: float) -> RequestRe
         first = last = 0.0
         gaps: list[float] = []
         tokens = cached = 0
+        text_chunks = 0  # the token count of a server that sends no usage (one token per chunk)
         done = False
         while chunk := response.read1(65536):
             now = time.perf_counter() - start
@@ -102,6 +104,7 @@ def stream_completion(target: Target, body: dict, timeout_s: float) -> RequestRe
                     tokens = int(message["usage"]["completion_tokens"])
                     cached = int((message["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
                 if any(choice.get("text") for choice in message.get("choices", [])):
+                    text_chunks += 1
                     if first:
                         gaps.append(now - last)
                     else:
@@ -111,6 +114,8 @@ def stream_completion(target: Target, body: dict, timeout_s: float) -> RequestRe
             return RequestResult(False, "the stream ended without data: [DONE]")
         if not first:
             return RequestResult(False, "the stream carried no text")
+        if not tokens:  # no usage chunk (stream_options.include_usage ignored): a token per text chunk
+            tokens = text_chunks
         return RequestResult(True, ttft=first, latency=time.perf_counter() - start, completion_tokens=tokens,
                              chunk_gaps=gaps, cached_tokens=cached)  # fmt: skip
     except (OSError, http.client.HTTPException, ValueError) as exc:
