@@ -9,10 +9,13 @@ and the decode throughput after it.
 
 Random weights in a real model's shape (or --package). Decode tok/s = the tokens made after the
 last sequence's first token, over the time from then to the end (llama-batched-bench's S_TG is its
-generated tokens over its generation phase). On CUDA the batched step runs eagerly (not
-captured yet), so there it measures the eager step. The serial engine loop's tok/s on the same
-package and prompt (B = 1 through DecodeEngine.generate) is printed beside it, with the greedy tokens
-of the first sequence compared to it.
+generated tokens over its generation phase). On CUDA the batched steps are captured per batch
+bucket and the prompts run as the engine's captured chunks (genai/batched.py); each B runs twice
+with its own decoder, the first run warming and recording, the second measured (--capture off:
+everything eager). The serial engine loop's tok/s on the same package and prompt (B = 1 through
+DecodeEngine.generate: on CUDA the captured, pipelined single-sequence loop) is printed beside it,
+with the greedy tokens of each run's sequences compared to the serial loop's on the same prompts
+(where a batched kernel rounds otherwise than the one-row kernels, near-ties may flip).
 """
 
 from __future__ import annotations
@@ -46,14 +49,15 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def run_batch(engine: DecodeEngine, batch: int, args: argparse.Namespace) -> dict:
+def run_batch(decoder: BatchedDecoder, batch: int, args: argparse.Namespace) -> dict:
+    engine = decoder.engine
     params = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)
-    decoder = BatchedDecoder(engine, max_seqs=batch, max_model_len=args.prompt_tokens + args.new_tokens + 1,
-                             prefill_chunk=args.prefill_chunk, prefix_caching=False)  # fmt: skip
     sequences = [engine.new_sequence(p, params) for p in prompts(batch, args.prompt_tokens, engine.config.vocab_size,
                                                                  args.seed)]  # fmt: skip
     for sequence in sequences:
         decoder.admit(sequence)
+    steps = decoder.steps
+    sync(engine.device)
     start = time.perf_counter()
     while any(s.stats.new_tokens == 0 for s in sequences):
         decoder.iterate()
@@ -70,8 +74,8 @@ def run_batch(engine: DecodeEngine, batch: int, args: argparse.Namespace) -> dic
         "prompts_s": first_all - start,
         "decode_s": end - first_all,
         "decode_tok_s": decode_tokens / (end - first_all) if end > first_all else 0.0,
-        "steps": decoder.steps,
-        "first": sequences[0].generated,
+        "steps": decoder.steps - steps,
+        "tokens": [s.generated for s in sequences],
     }
 
 
@@ -81,38 +85,54 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", default="1,2,4,8", help="comma list of batch sizes")
     parser.add_argument("--prefill-chunk", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--capture", choices=["on", "off", "verify"], default="on", help="CUDA only (the CPU: off)")
     parser.add_argument("--serial-repeats", type=int, default=3, help="serial runs (their median is the baseline)")
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batch.split(",")]
     if min(batches) < 1 or args.prompt_tokens < 1 or args.new_tokens < 2:
         parser.error("--batch values and --prompt-tokens must be >= 1, --new-tokens >= 2")
     args.kv = "dynamic" if args.device == "cpu" else args.kv
+    capture = args.capture if args.device != "cpu" else "off"
     with tempfile.TemporaryDirectory() as directory, torch.inference_mode():
         built = build_random_package(args, directory)
         if built:
             say(f"built the package in {built:.1f} s")
         session, config = open_package(args)
-        engine = DecodeEngine(session, config, capture="off")
+        engine = DecodeEngine(session, config, kv=args.kv, capture=capture)
         serial_params = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)
-        (prompt,) = prompts(1, args.prompt_tokens, config.vocab_size, args.seed)
-        list(engine.generate([engine.new_sequence(prompt, serial_params)]))  # warm-up
+        all_prompts = prompts(max(batches), args.prompt_tokens, config.vocab_size, args.seed)
+        list(engine.generate([engine.new_sequence(all_prompts[0], serial_params)]))  # warm-up
         runs = []
         for _ in range(args.serial_repeats):  # this machine's speed drifts: the median of a few
-            run = engine.new_sequence(prompt, serial_params)
-            serial_tokens = list(engine.generate([run]))
+            run = engine.new_sequence(all_prompts[0], serial_params)
+            list(engine.generate([run]))
             runs.append(run.stats.decode_tok_s)
         serial_tok_s = statistics.median(runs)
-        run_batch(engine, min(batches), args)  # warm-up of the batched path
-        rows = [run_batch(engine, batch, args) for batch in batches]
-    print(f"{describe(args)} on {args.device}: {args.prompt_tokens} prompt + {args.new_tokens} new tokens per "
-          f"sequence, greedy; serial engine loop {serial_tok_s:.1f} tok/s decode (median of "
+        serial_tokens = [list(engine.generate([engine.new_sequence(p, serial_params)])) for p in all_prompts]
+        rows = []
+        for batch in batches:
+            decoder = BatchedDecoder(engine, max_seqs=batch, max_model_len=args.prompt_tokens + args.new_tokens + 1,
+                                     prefill_chunk=args.prefill_chunk, prefix_caching=False)  # fmt: skip
+            run_batch(decoder, batch, args)  # warm-up (and, captured, the recordings)
+            row = run_batch(decoder, batch, args)
+            row["same"] = sum(t == s for t, s in zip(row["tokens"], serial_tokens))
+            row["capture"] = decoder.capture_stats.summary().splitlines()[0]
+            rows.append(row)
+            del decoder
+            if args.device != "cpu":
+                torch.cuda.empty_cache()
+    print(f"{describe(args)} on {args.device}, capture {capture}: {args.prompt_tokens} prompt + {args.new_tokens} "
+          f"new tokens per sequence, greedy; serial engine loop {serial_tok_s:.1f} tok/s decode (median of "
           f"{args.serial_repeats})\n")  # fmt: skip
-    print("| batch | prompts s | decode s | decode tok/s | vs serial | steps | first sequence = serial |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    print("| batch | prompts s | decode s | decode tok/s | vs serial | steps | sequences = serial |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for row in rows:
         ratio = row["decode_tok_s"] / serial_tok_s if serial_tok_s else float("nan")
         print(f"| {row['batch']} | {row['prompts_s']:.2f} | {row['decode_s']:.2f} | {row['decode_tok_s']:.1f} "
-              f"| {ratio:.2f}x | {row['steps']} | {row['first'] == serial_tokens} |")  # fmt: skip
+              f"| {ratio:.2f}x | {row['steps']} | {row['same']}/{row['batch']} |")  # fmt: skip
+    print()
+    for row in rows:
+        print(f"batch {row['batch']}: {row['capture']}")
     return 0
 
 

@@ -133,15 +133,16 @@ def test_pool_under_random_arrivals_and_departures_keeps_its_invariants(seed: in
 
 @pytest.fixture(scope="module")
 def tiny_engine(tmp_path_factory):
-    """A 3-layer fp32 llama (GroupQueryAttention over shared buffers) and a fresh engine per call."""
+    """A 3-layer fp32 llama (GroupQueryAttention over shared buffers) and a fresh engine per call
+    (keyword arguments go to DecodeEngine)."""
     config = replace(TINY_CONFIGS["tiny-llama"], max_position_embeddings=128)
     package = build_package(RandomSource(config, seed=3), tmp_path_factory.mktemp("batching") / "gqa")
     package_config = load_package_config(package)
     proto, base = load_model(package_config.model_file)
     session = InferenceSession(engine_model(proto, package_config), device="cpu", base_dir=base)
 
-    def engine() -> DecodeEngine:
-        return DecodeEngine(session, package_config)
+    def engine(**kwargs) -> DecodeEngine:
+        return DecodeEngine(session, package_config, **kwargs)
 
     return engine
 
@@ -184,6 +185,40 @@ def test_batched_greedy_equals_one_sequence_at_a_time(tiny_engine) -> None:
     assert decoder.pool.free == 8
 
 
+def test_captured_batched_steps_per_bucket_give_the_same_tokens(tiny_engine) -> None:
+    """The captured batched step (CPU stand-in recorder, verify mode: every step also run eagerly
+    on copies and compared bit for bit): recorded per bucket over the pool, replayed, and the
+    tokens of the eager one-sequence loop, greedy and seeded, with arrivals that change buckets."""
+    from onnxgen.genai.batch_buckets import batch_buckets
+    from onnxgen.runtime.capture.recorder import ReplayRecorder
+
+    plain = tiny_engine()
+    params = [SamplingParams(max_new_tokens=14, ignore_eos=True)] * 4 + [
+        SamplingParams(temperature=0.8, top_k=30, seed=7 + i, max_new_tokens=14, ignore_eos=True) for i in range(2)
+    ]
+    prompts = _prompts(6, seed=11)
+    expected = [_serial(plain, p, q) for p, q in zip(prompts, params)]
+    engine = tiny_engine(kv="static", capture="verify", recorder=ReplayRecorder(), verify_steps=10_000)
+    decoder = BatchedDecoder(engine, max_seqs=6, max_model_len=48)
+    assert decoder.buckets == batch_buckets(6) == [1, 2, 4, 6]
+    sequences = [engine.new_sequence(p, q) for p, q in zip(prompts, params)]
+    _run(decoder, sequences[:1], {6: sequences[1:3], 12: sequences[3:]})
+    assert [s.generated for s in sequences] == expected
+    stats = decoder.capture_stats
+    assert stats.keys >= 3 and stats.replays > 0 and stats.verified_steps > 0
+    assert stats.invalidations == 0 and not stats.unsupported and stats.steps == decoder.steps
+    assert decoder.stepped_rows > sum(len(e) for e in expected) - len(expected)  # padded to buckets
+    prompts_stats = engine.prefill_capture_stats  # the prompts: the engine's captured chunks
+    assert prompts_stats.steps == len(prompts) and prompts_stats.verified_steps > 0 and prompts_stats.replays > 0
+    # a next turn: the first prompt, its reply and more; the slot holds the reply's tokens that were
+    # fed to steps before the host read them, so all of it but the new tokens is reused
+    follow_up = prompts[0] + expected[0][:9] + [5, 6]
+    again = engine.new_sequence(follow_up, params[0])
+    _run(decoder, [again])
+    assert again.stats.cached_tokens == len(prompts[0]) + 9
+    assert again.generated == _serial(plain, follow_up, params[0])
+
+
 def test_seeded_sampling_per_sequence_does_not_depend_on_the_batch(tiny_engine) -> None:
     engine = tiny_engine()
     prompts = _prompts(6, seed=1)
@@ -204,12 +239,18 @@ def test_seeded_sampling_per_sequence_does_not_depend_on_the_batch(tiny_engine) 
         assert [s.generated for s in sequences] == expected
 
 
-def test_chunked_prefill_and_prefix_reuse_give_the_same_tokens(tiny_engine) -> None:
-    engine = tiny_engine()
+@pytest.mark.parametrize("captured", [False, True], ids=["eager", "captured"])
+def test_chunked_prefill_and_prefix_reuse_give_the_same_tokens(tiny_engine, captured: bool) -> None:
+    """Captured: the prompts run as the engine's captured chunks in a scratch cache, after the
+    reused prefix copied in, and land in their slots (CPU stand-in recorder, verify mode)."""
+    from onnxgen.runtime.capture.recorder import ReplayRecorder
+
+    serial = tiny_engine()
+    engine = tiny_engine(kv="static", capture="verify", recorder=ReplayRecorder()) if captured else serial
     params = SamplingParams(max_new_tokens=8, ignore_eos=True)
     system = _prompts(1, seed=2)[0] * 3  # a shared "system prompt"
     prompts = [system + [i + 1, i + 2] for i in range(4)]
-    expected = [_serial(engine, p, params) for p in prompts]
+    expected = [_serial(serial, p, params) for p in prompts]
     decoder = BatchedDecoder(engine, max_seqs=4, max_model_len=96, prefill_chunk=7)
     first = engine.new_sequence(prompts[0], params)
     _run(decoder, [first])  # alone: its prompt in chunks of 7, held afterwards
@@ -225,10 +266,14 @@ def test_chunked_prefill_and_prefix_reuse_give_the_same_tokens(tiny_engine) -> N
     assert [s.generated for s in again] == expected and plain.pool.reused_tokens == 0
 
 
-def test_stops_limits_and_cancels_free_their_slots(tiny_engine) -> None:
-    engine = tiny_engine()
+@pytest.mark.parametrize("captured", [False, True], ids=["eager", "captured"])
+def test_stops_limits_and_cancels_free_their_slots(tiny_engine, captured: bool) -> None:
+    from onnxgen.runtime.capture.recorder import ReplayRecorder
+
+    serial = tiny_engine()
+    engine = tiny_engine(kv="static", capture="on", recorder=ReplayRecorder()) if captured else serial
     prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]
-    greedy = _serial(engine, prompt, SamplingParams(max_new_tokens=6, ignore_eos=True))
+    greedy = _serial(serial, prompt, SamplingParams(max_new_tokens=6, ignore_eos=True))
     decoder = BatchedDecoder(engine, max_seqs=2, max_model_len=len(prompt) + 4)
     capped = engine.new_sequence(prompt, SamplingParams(max_new_tokens=50, ignore_eos=True))
     stopped = engine.new_sequence(prompt, SamplingParams(max_new_tokens=50), stop_ids={greedy[2]})
@@ -245,10 +290,14 @@ def test_stops_limits_and_cancels_free_their_slots(tiny_engine) -> None:
     assert not decoder.admitted
 
 
-def test_many_requests_with_random_cancels_leak_nothing(tiny_engine) -> None:
+@pytest.mark.parametrize("captured", [False, True], ids=["eager", "captured"])
+def test_many_requests_with_random_cancels_leak_nothing(tiny_engine, captured: bool) -> None:
     """1,000 short requests arriving at random, some cancelled midway: every slot is free at the
-    end, and the pool's buffers were never reallocated."""
-    engine = tiny_engine()
+    end, and the pool's buffers were never reallocated. Captured: cancels land while a step that
+    includes the sequence is in flight (overlapped steps)."""
+    from onnxgen.runtime.capture.recorder import ReplayRecorder
+
+    engine = tiny_engine(kv="static", capture="on", recorder=ReplayRecorder()) if captured else tiny_engine()
     rng = random.Random(5)
     decoder = BatchedDecoder(engine, max_seqs=4, max_model_len=40)
     pointers = [b.data_ptr() for b in decoder.pool.buffers.values()]
@@ -261,8 +310,9 @@ def test_many_requests_with_random_cancels_leak_nothing(tiny_engine) -> None:
         while queue and decoder.room and rng.random() < 0.7:
             decoder.admit(queue.pop())
         decoder.iterate()
-        if decoder.running and rng.random() < 0.2:
-            decoder.release(rng.choice(decoder.running))
+        admitted = [s for s in everyone if s.slot is not None and not s.done]  # any state, first token read or not
+        if admitted and rng.random() < 0.2:
+            decoder.release(rng.choice(admitted))
     reasons = {s.stats.stop_reason for s in everyone}
     assert all(s.done and s.slot is None for s in everyone) and reasons == {"length", "cancelled"}
     assert decoder.pool.free == 4 and not any(decoder.pool.busy)
@@ -281,24 +331,34 @@ def test_graphs_that_cannot_batch_are_refused(tmp_path) -> None:
         BatchedDecoder(engine, max_seqs=0)
 
 
-def test_a_sequence_whose_logits_fail_ends_alone(tiny_engine) -> None:
+@pytest.mark.parametrize("captured", [False, True], ids=["eager", "captured"])
+def test_a_sequence_whose_logits_fail_ends_alone(tiny_engine, monkeypatch, captured: bool) -> None:
+    """Captured: the NaN row comes from a step whose tokens are read after the next step was
+    enqueued, fed the failed row's marker (the overlapped steps of batched.py)."""
     from onnxgen.genai.sampling import NonFiniteLogitsError
+    from onnxgen.runtime.capture.recorder import ReplayRecorder
 
-    engine = tiny_engine()
+    serial = tiny_engine()
+    engine = tiny_engine(kv="static", capture="on", recorder=ReplayRecorder()) if captured else serial
     params = SamplingParams(max_new_tokens=6, ignore_eos=True)
     prompts = _prompts(3, seed=8)
-    expected = [_serial(engine, p, params) for p in prompts]
+    expected = [_serial(serial, p, params) for p in prompts]
     decoder = BatchedDecoder(engine, max_seqs=3, max_model_len=64)
     sequences = [engine.new_sequence(p, params) for p in prompts]
     victim = sequences[1]
-    sample = engine._sample
+    owner, name = (decoder._runtime, "run") if captured else (engine.session, "run_torch")
+    run = getattr(owner, name)
 
-    def failing(sequence, logits, out):
-        if sequence is victim and sequence.sampled == 2:
-            raise NonFiniteLogitsError("the model produced non-finite logits (NaN or inf): no token to pick")
-        return sample(sequence, logits, out)
+    def failing(feeds):  # the victim's row of its third step's logits turns NaN
+        outputs = run(feeds)
+        slots = [s.slot for s in decoder.running] or [0]
+        lo = 0 if captured else min(slots)
+        rows = outputs[engine.config.io.logits].shape[0]
+        if victim in decoder.running and victim.sampled == 2 and rows >= max(slots) + 1 - lo > 1:
+            outputs[engine.config.io.logits][victim.slot - lo] = float("nan")
+        return outputs
 
-    engine._sample = failing
+    monkeypatch.setattr(owner, name, failing)
     for sequence in sequences:
         decoder.admit(sequence)
     errors = []

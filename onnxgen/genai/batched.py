@@ -5,10 +5,10 @@ leaving between steps. The engine's batched mode; the scheduler (batch_scheduler
 its sequences through the engine's session:
 
 - ``admit`` queues a checked sequence (its tokens limited to what a slot holds);
-- ``iterate`` runs one prompt chunk of the oldest admitted sequence (at most ``prefill_chunk``
-  tokens, so a long prompt does not stall the running streams for more than a chunk), then one
-  decode step of every running sequence, all slots in one batched step; it returns the tokens
-  read, per sequence;
+- ``iterate`` runs prompt chunks of the oldest admitted sequences (each at most ``prefill_chunk``
+  tokens, together at most ``prefill_budget``, so a long prompt or many new ones do not stall the
+  running streams for more than that), then one decode step of every running sequence, all slots
+  in one batched step; it returns the tokens read, per sequence;
 - ``release`` ends a sequence (cancelled, a stop string) and frees its slot.
 
 A prompt starts in the slot that holds its longest prefix already (kv_pool.py), and computes the
@@ -20,24 +20,35 @@ The batched step runs the package's graph with batch = the slots it spans, each 
 length: the past inputs are views of the pool's buffers and the attention mask says each row's
 length, which GroupQueryAttention over a shared past buffer turns into per-row positions and
 writes in place. Graphs whose attention concatenates its own KV cannot do that; the decoder
-refuses them at construction. On CUDA the batched step runs eagerly (not captured yet): said once.
+refuses them at construction.
+
+Where the engine captures (CUDA graphs; a test's stand-in recorder), the step is recorded per
+batch-size bucket (batch_buckets.py): a step over slots [0, hi) runs as the smallest bucket of at
+least hi rows, fed the bucket's persistent tensors (a mask as wide as a slot), through the
+engine's batched capture runtime, which warms, records, replays and (in verify mode) checks it
+against eager like the one-sequence step. Elsewhere the step spans the running slots [lo, hi)
+only, with a mask as wide as the longest row, eagerly.
+
+The tokens of a step are read to the host at once: one argmax over the rows of every plain greedy
+sequence, each other sequence's own sampler, then one read of them all.
 """
 
 from __future__ import annotations
 
 import collections
 import time
-import warnings
 from dataclasses import dataclass
 
 import torch
 
 from onnxgen.errors import InvalidInputError, OnnxgenError
+from onnxgen.genai.batch_buckets import BucketFeeds, batch_buckets, bucket_for
 from onnxgen.genai.engine import DecodeEngine, PromptTooLongError
-from onnxgen.genai.kv_cache import past_feeds_attention_in_place
+from onnxgen.genai.kv_cache import StaticKV, past_feeds_attention_in_place
 from onnxgen.genai.kv_pool import KVPool
-from onnxgen.genai.sampling import LogitsSampler
+from onnxgen.genai.sampling import NON_FINITE, LogitsSampler
 from onnxgen.genai.sequence import Sequence
+from onnxgen.runtime.capture.stats import CaptureStats
 
 
 class BatchingNotSupportedError(InvalidInputError):
@@ -53,6 +64,20 @@ class Read:
     sequence: Sequence
     token_id: int | None
     error: OnnxgenError | None = None
+
+
+UNREAD = -1  # a slot's content id of a token fed to a step before the host read it (matches no prompt)
+
+
+@dataclass
+class _Launched:
+    """A captured step enqueued on the device whose tokens the host has not read yet."""
+
+    members: list[tuple[Sequence, int]]  # (sequence, row) that step draws a token for
+    host: torch.Tensor  # [rows] int64: the tokens by row, once ``ready`` has passed
+    ready: torch.cuda.Event | None  # None on the CPU: the copy was done when enqueued
+    errors: list[Read]  # members whose sampler failed when the step was enqueued (they have ended)
+    fed: dict[Sequence, int]  # members fed a token of the step before, unread: its index in the slot's contents
 
 
 DEFAULT_KV_TOKENS = 16384  # KV rows of all slots together when max_model_len is not given
@@ -72,6 +97,7 @@ class BatchedDecoder:
         prefill_chunk: int = 256,
         *,
         prefix_caching: bool = True,
+        prefill_budget: int | None = None,
     ) -> None:
         config = engine.config
         if max_seqs < 1:
@@ -94,6 +120,8 @@ class BatchedDecoder:
             raise InvalidInputError(f"max_model_len must be at least 2 tokens, got {max_model_len}")
         self.engine = engine
         self.prefill_chunk = prefill_chunk
+        # prompt tokens computed per iteration at most (default: two chunks)
+        self.prefill_budget = max(prefill_chunk, prefill_budget or 2 * prefill_chunk)
         self.pool = KVPool(config, engine.kv_dtype, engine.device, max_seqs, capacity, prefix_caching=prefix_caching)
         self.waiting: collections.deque[Sequence] = collections.deque()  # admitted, prompt not started
         self.prefilling: Sequence | None = None  # the one whose prompt is part computed
@@ -102,12 +130,23 @@ class BatchedDecoder:
         self._rows = torch.arange(prefill_chunk, dtype=torch.int64, device=engine.device)
         self.steps = 0  # batched decode steps run
         self.stepped_rows = 0  # rows those steps computed (running sequences and idle slots between them)
-        if engine.device.type == "cuda":
-            warnings.warn(
-                "onnxgen: batched decode steps run eagerly on CUDA (captured batched steps are not built yet); "
-                "one sequence at a time (max_seqs 1) keeps the captured single-sequence step",
-                stacklevel=2,
-            )
+        # captured steps: one recording per bucket, over the bucket's persistent feeds
+        self.captured = engine.capture != "off"
+        self.buckets = batch_buckets(max_seqs) if self.captured else []
+        self._bucket_feeds: dict[int, BucketFeeds] = {}
+        self._scratch: StaticKV | None = None  # see _scratch_from_slot
+        self._runtime = engine.batched_runtime() if self.captured else None
+        # overlapped captured steps (_launch, _collect): each step's tokens by row, on the device, and
+        # two host buffers the tokens of consecutive steps are copied into
+        self._inflight: _Launched | None = None
+        # prompts done whose first token is on the device, not read yet: fed to the next step from
+        # _tokens[slot], read with that step's launch (_prompt_done)
+        self._fresh: dict[Sequence, int] = {}  # sequence -> its slot (= its row in _tokens)
+        self._fresh_reads: list[_Launched] = []
+        self._fresh_host = torch.zeros(max_seqs, dtype=torch.int64, pin_memory=engine.device.type == "cuda")
+        self._tokens = torch.zeros(max_seqs, dtype=torch.int64, device=engine.device)
+        pinned = engine.device.type == "cuda"
+        self._host_tokens = [torch.zeros(max_seqs, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
 
     # -- sequences -------------------------------------------------------------------------
 
@@ -116,13 +155,21 @@ class BatchedDecoder:
         return self.pool.slots
 
     @property
+    def capture_stats(self) -> CaptureStats:
+        """The captured batched steps' statistics (``steps``: batched steps; mode off when eager)."""
+        if self._runtime is None:
+            return CaptureStats(mode="off", what="batched decode steps")
+        return self._runtime.stats
+
+    @property
     def capacity(self) -> int:
         return self.pool.capacity
 
     @property
     def admitted(self) -> int:
-        """Sequences admitted and not over (waiting, prefilling or running)."""
-        return len(self.waiting) + (self.prefilling is not None) + len(self.running)
+        """Sequences admitted and not over (waiting, prefilling, prompted with the first token not
+        read yet, or running)."""
+        return len(self.waiting) + (self.prefilling is not None) + len(self._fresh) + len(self.running)
 
     @property
     def room(self) -> int:
@@ -155,6 +202,7 @@ class BatchedDecoder:
             self.prefilling = None
         if sequence in self.running:
             self.running.remove(sequence)
+        self._fresh.pop(sequence, None)
         if sequence.slot is not None:
             self.pool.release(sequence.slot)
             sequence.slot = None
@@ -167,28 +215,51 @@ class BatchedDecoder:
         sequence runs). A sequence that ends is released here (its slot freed)."""
         reads: list[Read] = []
         with torch.inference_mode():
-            if self.prefilling is not None or self.waiting:
-                reads += self._prefill_chunk()
-            if self.running:
+            budget = self.prefill_budget
+            while (self.prefilling is not None or self.waiting) and budget > 0:
+                chunk_reads, computed = self._prefill_chunk(budget)
+                reads += chunk_reads
+                budget -= computed
+            if self.captured:
+                launched = self._launch() if self.running or self._fresh else None
+                if self._inflight is not None:
+                    reads += self._collect(self._inflight, launched)
+                for fresh in self._fresh_reads:
+                    reads += self._collect(fresh, launched)
+                    for sequence, _ in fresh.members:
+                        self._fresh.pop(sequence, None)
+                self._fresh_reads = []
+                self._inflight = launched
+            elif self.running:
                 reads += self._step()
         return reads
 
-    def _prefill_chunk(self) -> list[Read]:
+    def _prefill_chunk(self, budget: int) -> tuple[list[Read], int]:
+        """One chunk (at most ``budget`` tokens) of the prompt being computed, or of the next
+        admitted one; returns its reads (the first token, when the prompt is done) and the prompt
+        tokens it computed."""
         engine = self.engine
         sequence = self.prefilling
         if sequence is None:
             sequence = self.prefilling = self.waiting.popleft()
             running = [s.slot for s in self.running if s.slot is not None]
-            span = range(min(running), max(running) + 1) if running else range(0)
-            sequence.slot, sequence.prefilled = self.pool.acquire(sequence.prompt_ids, span)
+            if self.captured:  # a step spans the bucket of [0, hi): keep the slots low
+                span = range(bucket_for(self.buckets, max(running) + 1) if running else 0)
+            else:
+                span = range(min(running), max(running) + 1) if running else range(0)
+            sequence.slot, sequence.prefilled = self.pool.acquire(sequence.prompt_ids, span, lowest_first=self.captured)
             sequence.stats.cached_tokens = sequence.prefilled
             sequence.started_at = time.perf_counter()
             sequence.sampler.observe(torch.tensor([sequence.prompt_ids], dtype=torch.int64, device=engine.device))
+            if self.captured:
+                self._scratch_from_slot(sequence)
         slot = sequence.slot
         assert slot is not None
         prompt = sequence.prompt_ids
         lo = sequence.prefilled
-        hi = min(len(prompt), lo + self.prefill_chunk)
+        hi = min(len(prompt), lo + min(self.prefill_chunk, budget))
+        if self.captured:
+            return self._prefill_chunk_captured(sequence, lo, hi), hi - lo
         n = hi - lo
         io = engine.config.io
         device = engine.device
@@ -207,27 +278,226 @@ class BatchedDecoder:
         self.pool.contents[slot].extend(prompt[lo:hi])
         sequence.prefilled = hi
         if hi < len(prompt):
-            return []
+            return [], n
         self.prefilling = None
         logits = outputs[io.logits][0, 0 if engine.logits_row is not None else n - 1]
-        return [self._sample_and_read(sequence, logits)]
+        return [self._sample_and_read(sequence, logits)], n
+
+    # -- captured prompts: in a one-sequence static cache, then copied into the slot -------------
+
+    def _scratch_from_slot(self, sequence: Sequence) -> None:
+        """Where steps are captured, a prompt runs as the engine's captured prefill chunks
+        (engine._prefill_captured: padded chunk sizes, a few recordings for every length) over one
+        static cache of a slot's capacity, kept at fixed addresses for those recordings; the rows
+        it computes are copied into the slot when the prompt is done. Its reused prefix is copied
+        from the slot first. The slot's ``contents`` grow only with that last copy, so no other
+        prompt reuses rows that are not there yet."""
+        scratch = self._scratch
+        if scratch is None:
+            scratch = self._scratch = StaticKV(
+                self.engine.config, self.engine.kv_dtype, self.engine.device, self.pool.capacity
+            )
+        scratch.reset(zero_rows=False)  # rows past the mask are never read; the mask is cleared
+        reused = sequence.prefilled
+        if reused:
+            for name, buffer in self.pool.buffers.items():
+                scratch.buffers[name][0, :, :reused].copy_(buffer[sequence.slot, :, :reused])
+            scratch.mask[:, :reused] = 1
+            scratch.length = reused
+        sequence.kv = scratch
+
+    def _prefill_chunk_captured(self, sequence: Sequence, lo: int, hi: int) -> list[Read]:
+        engine = self.engine
+        prompt = sequence.prompt_ids
+        ids = torch.tensor([prompt[lo:hi]], dtype=torch.int64, device=engine.device)
+        logits = engine._prefill_captured(sequence, ids)
+        sequence.prefilled = hi
+        if hi < len(prompt):
+            return []
+        scratch, slot = sequence.kv, sequence.slot
+        assert isinstance(scratch, StaticKV) and slot is not None
+        start = len(self.pool.contents[slot])
+        for name, buffer in self.pool.buffers.items():
+            buffer[slot, :, start:hi].copy_(scratch.buffers[name][0, :, start:hi])
+        self.pool.contents[slot].extend(prompt[start:hi])
+        sequence.kv = None
+        self.prefilling = None
+        return self._prompt_done(sequence, logits)
+
+    def _prompt_done(self, sequence: Sequence, logits: torch.Tensor) -> list[Read]:
+        """The first token of a prompt computed in captured chunks, drawn on the device into
+        ``_tokens`` at the sequence's slot (a row no step in flight draws for: it was prompting),
+        copied towards the host and read after the next step is enqueued (iterate): the host does
+        not wait for the prompt here, and the next step is fed the token from the device."""
+        slot = sequence.slot
+        assert slot is not None
+        try:
+            token = self.engine._sample(sequence, logits, None)
+        except OnnxgenError as exc:
+            self.release(sequence, "error")
+            return [Read(sequence, None, exc)]
+        self._tokens[slot].copy_(token)
+        ready = None
+        if self.engine.device.type == "cuda":
+            self._fresh_host[slot].copy_(self._tokens[slot], non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+        else:
+            self._fresh_host[slot].copy_(self._tokens[slot])
+        self._fresh[sequence] = slot
+        self._fresh_reads.append(_Launched([(sequence, slot)], self._fresh_host, ready, [], {}))
+        return []
 
     def _step(self) -> list[Read]:
-        """One decode step of every running sequence: the rows of slots [lo, hi). A slot there that
-        is not running (free, or holding a prompt part computed) is fed a dummy token that writes the
-        row just past what it holds, which nothing reads (a prompt's next chunk writes it again)."""
+        """One decode step of every running sequence: the rows of slots [lo, lo + rows). A slot there
+        that is not running (free, or holding a prompt part computed) is fed a dummy token that
+        writes the row just past what it holds, which nothing reads (a prompt's next chunk writes it
+        again)."""
         engine = self.engine
         pool = self.pool
         by_slot = {s.slot: s for s in self.running}
-        lo, hi = min(by_slot), max(by_slot) + 1
-        ids = [0] * (hi - lo)
-        ends = [len(pool.contents[slot]) + 1 for slot in range(lo, hi)]  # each row's length after the step
+        if self.captured:
+            lo, rows = 0, bucket_for(self.buckets, max(by_slot) + 1)
+        else:
+            lo = min(by_slot)
+            rows = max(by_slot) + 1 - lo
+        ids = [0] * rows
+        ends = [len(pool.contents[slot]) + 1 for slot in range(lo, lo + rows)]  # each row's length after the step
         for slot, sequence in by_slot.items():
             ids[slot - lo] = sequence.generated[-1]
-        width = max(ends)
+        for sequence in self.running:
+            if sequence.token is not None:  # the penalties count the token fed now
+                sequence.sampler.observe(sequence.token.reshape(1))
+        if self.captured:
+            feeds = self._feeds_of(rows).fill(ids, ends)
+            assert self._runtime is not None
+            outputs = self._runtime.run(engine.session.check_feeds_repeated(feeds))
+            past = feeds
+        else:
+            feeds = self._eager_feeds(ids, ends)
+            past = pool.range_feeds(lo, lo + rows)
+            feeds.update(past)
+            outputs = engine.session.run_torch(feeds)
+        self._keep_in_place(outputs, past)
+        self.steps += 1
+        self.stepped_rows += rows
+        order = sorted(by_slot.items())
+        for slot, sequence in order:
+            pool.contents[slot].append(sequence.generated[-1])
+        logits = outputs[engine.config.io.logits]
+        return self._sample_rows([(sequence, slot - lo) for slot, sequence in order], logits)
+
+    # -- captured steps, overlapped with the host's work -----------------------------------------
+
+    def _launch(self) -> _Launched | None:
+        """Enqueues one captured step of every running sequence that may still need a token, before
+        the tokens of the step in flight are read: a sequence in that step is fed its token straight
+        from the device (``_tokens``), the others (their first token came from their prompt) from
+        the host. The host's reading and handing out of one step's tokens thus runs while the
+        device computes the next. A sequence that turns out to have ended in the step in flight (a
+        stop id, a stop string, a cancel) has its row in this one computed for nothing: the row
+        lands just past what its slot holds, as an idle row's would. Returns None if no sequence
+        needs a step."""
+        engine = self.engine
+        pool = self.pool
+        inflight = self._inflight
+        previous = {s: row for s, row in inflight.members} if inflight is not None else {}
+        previous.update(self._fresh)  # a prompt's first token, unread, at its slot's row of _tokens
+        members = {
+            s.slot: s
+            for s in (*self.running, *self._fresh)
+            if s.slot is not None and s.stats.new_tokens + (s in previous) < s.max_new_tokens
+        }
+        if not members:
+            return None
+        rows = bucket_for(self.buckets, max(members) + 1)
+        ids, sources = [0] * rows, [-1] * rows
+        ends = [len(pool.contents[slot]) + 1 for slot in range(rows)]  # each row's length after the step
+        fed: dict[Sequence, int] = {}
+        for slot, sequence in members.items():
+            row = previous.get(sequence)
+            if sequence.sampler.plan.penalize:  # the penalties count the token fed now
+                token = self._tokens[row] if row is not None else sequence.token
+                if token is not None:
+                    sequence.sampler.observe(token.reshape(1))
+            if row is not None:
+                sources[slot] = row
+                fed[sequence] = len(pool.contents[slot])
+                pool.contents[slot].append(UNREAD)
+            else:
+                ids[slot] = sequence.generated[-1]
+                pool.contents[slot].append(sequence.generated[-1])
+        bucket = self._feeds_of(rows)
+        feeds = bucket.fill(ids, ends, sources, self._tokens)
+        if not bucket.checked:  # the same tensors every step: their names, shapes and dtypes hold
+            engine.session.check_feeds_repeated(feeds)
+            bucket.checked = True
+        assert self._runtime is not None
+        outputs = self._runtime.run(feeds)
+        self._keep_in_place(outputs, feeds)
+        self.steps += 1
+        self.stepped_rows += rows
+        ordered = [(sequence, slot) for slot, sequence in sorted(members.items())]
+        errors = self._sample_into(ordered, outputs[engine.config.io.logits])
+        host = self._host_tokens[self.steps % 2][:rows]
+        ready = None
+        if engine.device.type == "cuda":
+            host.copy_(self._tokens[:rows], non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+        else:
+            host.copy_(self._tokens[:rows])
+        ended = {read.sequence for read in errors}
+        return _Launched([(s, r) for s, r in ordered if s not in ended], host, ready, errors, fed)
+
+    def _collect(self, launched: _Launched, following: _Launched | None) -> list[Read]:
+        """The tokens of ``launched`` read and handed out; in the slot contents of ``following`` (the
+        step enqueued since, fed those tokens) their ids replace the UNREAD marks."""
+        reads = list(launched.errors)
+        if launched.ready is not None:
+            launched.ready.synchronize()
+        tokens = launched.host.tolist()
+        fed = following.fed if following is not None else {}
+        for sequence, row in launched.members:
+            if sequence.done or sequence.slot is None:  # released meanwhile
+                continue
+            token_id = tokens[row]
+            at = fed.get(sequence)
+            if at is not None and token_id >= 0:
+                self.pool.contents[sequence.slot][at] = token_id
+            reads.append(self._read_checked(sequence, token_id, launched.host[row : row + 1]))
+        return reads
+
+    def _sample_into(self, members: list[tuple[Sequence, int]], logits: torch.Tensor) -> list[Read]:
+        """Each member's next token from its row of ``logits`` [batch, 1, vocab] into ``_tokens`` at
+        that row (device work, no host read): the plain greedy ones (no logprobs, nothing banned) by
+        one argmax over their rows, the others by their own samplers; NON_FINITE where a row's
+        logits are not finite. Returns the members whose sampler raised (released here)."""
+        engine = self.engine
+        vocab = engine.config.vocab_size
+        errors: list[Read] = []
+        if any(s.sampler.plain_greedy and not self._needs_own_sampler(s) for s, _ in members):
+            # every row's argmax (idle rows' too: cheaper than gathering the members' rows, which
+            # would need their indices on the device); the other members' rows are written below
+            value, token = torch.max(logits[:, 0, :vocab], dim=-1)
+            self._tokens[: logits.shape[0]].copy_(torch.where(torch.isfinite(value), token, NON_FINITE))
+        for sequence, row in members:
+            if sequence.sampler.plain_greedy and not self._needs_own_sampler(sequence):
+                sequence.sampled += 1
+                continue
+            try:
+                self._tokens[row].copy_(engine._sample(sequence, logits[row, 0], None))
+            except OnnxgenError as exc:
+                self.release(sequence, "error")
+                errors.append(Read(sequence, None, exc))
+        return errors
+
+    def _eager_feeds(self, ids: list[int], ends: list[int]) -> dict[str, torch.Tensor]:
+        """An uncaptured step's feeds but the past: the mask as wide as the longest row."""
+        engine = self.engine
         device = engine.device
         io = engine.config.io
-        rows = hi - lo
+        rows, width = len(ids), max(ends)
         mask = torch.arange(width).expand(rows, width) < torch.tensor(ends)[:, None]
         feeds = {
             io.input_ids: torch.tensor(ids, dtype=torch.int64, device=device).reshape(rows, 1),
@@ -237,30 +507,56 @@ class BatchedDecoder:
             feeds[io.position_ids] = (torch.tensor(ends, dtype=torch.int64) - 1).reshape(rows, 1).to(device)
         if engine.logits_row is not None:
             feeds[engine.logits_row] = self._row_zero
-        for sequence in self.running:
-            if sequence.token is not None:  # the penalties count the token fed now
-                sequence.sampler.observe(sequence.token.reshape(1))
-        past = pool.range_feeds(lo, hi)
-        feeds.update(past)
-        outputs = engine.session.run_torch(feeds)
-        self._keep_in_place(outputs, past)
-        self.steps += 1
-        self.stepped_rows += rows
-        logits = outputs[io.logits]
-        reads = []
-        for slot, sequence in sorted(by_slot.items()):
-            pool.contents[slot].append(sequence.generated[-1])
-            reads.append(self._sample_and_read(sequence, logits[slot - lo, 0]))
+        return feeds
+
+    def _feeds_of(self, rows: int) -> BucketFeeds:
+        feeds = self._bucket_feeds.get(rows)
+        if feeds is None:
+            engine = self.engine
+            io = engine.config.io
+            extra = {engine.logits_row: self._row_zero} if engine.logits_row is not None else {}
+            feeds = self._bucket_feeds[rows] = BucketFeeds(
+                self.pool, rows, input_ids=io.input_ids, attention_mask=io.attention_mask,
+                position_ids=io.position_ids if engine.has_positions else None, extra=extra,
+            )  # fmt: skip
+        return feeds
+
+    def _sample_rows(self, members: list[tuple[Sequence, int]], logits: torch.Tensor) -> list[Read]:
+        """Each member's next token (``_sample_into``), read to the host in one read and handed out.
+        A sequence whose logits are not finite ends alone."""
+        reads = self._sample_into(members, logits)
+        ended = {read.sequence for read in reads}
+        tokens = self._tokens[: logits.shape[0]]
+        values = tokens.tolist()
+        for sequence, row in members:
+            if sequence not in ended:
+                reads.append(self._read_checked(sequence, values[row], tokens[row : row + 1].clone()))
         return reads
+
+    @staticmethod
+    def _needs_own_sampler(sequence: Sequence) -> bool:
+        """Whether the sequence's token needs engine._sample (logprobs, stop ids still banned)."""
+        params = sequence.sampler.params
+        banning = sequence.sampler.banned is not None and sequence.sampled < params.min_tokens
+        return params.logprobs is not None or banning
 
     def _sample_and_read(self, sequence: Sequence, logits: torch.Tensor) -> Read:
         """The sequence's next token from its logits row, read; a failure of its own (non-finite
         logits) ends this sequence only, not the batch."""
         try:
-            return self._read(sequence, self.engine._sample(sequence, logits, None))
+            token = self.engine._sample(sequence, logits, None)
         except OnnxgenError as exc:
             self.release(sequence, "error")
             return Read(sequence, None, exc)
+        return self._read_checked(sequence, int(token), token)
+
+    def _read_checked(self, sequence: Sequence, token_id: int, token: torch.Tensor) -> Read:
+        try:
+            LogitsSampler.check(token_id)
+        except OnnxgenError as exc:
+            self.release(sequence, "error")
+            return Read(sequence, None, exc)
+        return self._read(sequence, token_id, token)
 
     def _keep_in_place(self, outputs: dict[str, torch.Tensor], past: dict[str, torch.Tensor]) -> None:
         """GroupQueryAttention over a shared buffer returns the past views as present; were a
@@ -275,9 +571,9 @@ class BatchedDecoder:
                 if out.data_ptr() != view.data_ptr():
                     view.copy_(out[:, :, : view.shape[2]])
 
-    def _read(self, sequence: Sequence, token: torch.Tensor) -> Read:
-        """The sampled ``token`` read on the host: handed out, or the end of the sequence."""
-        token_id = LogitsSampler.check(token)
+    def _read(self, sequence: Sequence, token_id: int, token: torch.Tensor) -> Read:
+        """The sampled token (``token_id`` read on the host from ``token``, checked finite): handed
+        out, or the end of the sequence."""
         stats = sequence.stats
         stats.count_token(sequence.started_at)
         if token_id in sequence.stop_ids:

@@ -712,9 +712,15 @@ class DecodeEngine:
             self._prefill_capture = self._new_capture_runtime("prefill chunks")
         return self._prefill_capture
 
-    def _new_capture_runtime(self, what: str) -> CaptureRuntime:
+    def batched_runtime(self) -> CaptureRuntime:
+        """A new capture runtime for a batched decoder's steps (batched.py): one recording per batch
+        bucket over its KV pool, whose slot length and mask width are fixed like a static cache's.
+        Each decoder holds its own (its recordings adopt its pool's addresses)."""
+        return self._new_capture_runtime("batched decode steps", fixed_kv=True)
+
+    def _new_capture_runtime(self, what: str, *, fixed_kv: bool = False) -> CaptureRuntime:
         pin: set[str] = set()
-        if self.kv_kind == "static":
+        if self.kv_kind == "static" or fixed_kv:
             pin = StaticKV.pinned_symbols(self.session.graph_inputs, self.config)
         runtime = self.session.capture_runtime(
             mode=self.capture, recorder=self.capture_recorder, pin=pin, verify_steps=self.verify_steps

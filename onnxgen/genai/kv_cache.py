@@ -167,13 +167,16 @@ class StaticKV:
             )
         ]
 
-    def reset(self) -> None:
+    def reset(self, *, zero_rows: bool = True) -> None:
         """Empty again, in place: the buffers and the mask keep their addresses (what a recorded
-        CUDA graph reads), so one cache serves generation after generation."""
+        CUDA graph reads), so one cache serves generation after generation. ``zero_rows=False``
+        leaves the old rows in the buffers: the cleared mask hides them, and a step writes a row
+        before any step attends to it (a caller that reads only unmasked rows, batched.py)."""
         self.length = 0
         self.mask.zero_()
-        for buffer in self.buffers.values():
-            buffer.zero_()
+        if zero_rows:
+            for buffer in self.buffers.values():
+                buffer.zero_()
 
     @staticmethod
     def pinned_symbols(inputs: Iterable[Any], config: PackageConfig) -> set[str]:

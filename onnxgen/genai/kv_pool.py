@@ -102,10 +102,14 @@ class KVPool:
     def nbytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self.buffers.values())
 
-    def acquire(self, prompt_ids: list[int], step_range: range = range(0)) -> tuple[int, int]:
+    def acquire(
+        self, prompt_ids: list[int], step_range: range = range(0), *, lowest_first: bool = False
+    ) -> tuple[int, int]:
         """(slot, rows reused) for a sequence with ``prompt_ids``: the slot's rows [0, reused) hold
         the KV of prompt_ids[:reused] (reused < len(prompt_ids)); the caller computes the rest.
         ``step_range``: the slots the running batch steps over now (idle ones there are preferred).
+        ``lowest_first``: outside that range, the lowest free slot rather than the least recently
+        used (captured steps span the slots from 0: low slots keep their bucket small).
         Raises RuntimeError when no slot is free (the caller admits only while ``free``)."""
         free = [s for s in range(self.slots) if not self.busy[s]]
         if not free:
@@ -119,7 +123,10 @@ class KVPool:
             slot, reused = best_free, held[best_free]
         else:
             inside = [s for s in free if s in step_range]
-            slot = min(inside or free, key=lambda s: self._used_at[s])
+            if inside or not lowest_first:
+                slot = min(inside or free, key=lambda s: self._used_at[s])
+            else:
+                slot = min(free)
             reused = held[slot]
             if best_busy is not None and held[best_busy] > reused:
                 reused = held[best_busy]
