@@ -21,11 +21,9 @@ import torch
 from onnxgen.genai.batched import BatchedDecoder
 from onnxgen.genai.generator import Generator
 from onnxgen.genai.sampling import SamplingParams
-from onnxgen.models.builder import build_package
-from onnxgen.models.random_source import MODEL_SHAPES, RandomSource
 from onnxgen.runtime.capture.report import capture_report
 from tests.conftest import HAS_CUDA
-from tests.test_capture_runtime import write_word_tokenizer
+from tests.test_gpu_capture_models import qwen_shape_packages  # noqa: F401, F811 - the shared fixture
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")]
 
@@ -34,27 +32,14 @@ SLOTS = 8
 SLOT_TOKENS = 256
 
 
-@pytest.fixture(scope="module")
-def packages(tmp_path_factory):
-    root = tmp_path_factory.mktemp("qwen-shape-batching")
-    config = MODEL_SHAPES["qwen2.5-coder-0.5b-instruct"]
-    made = {}
-    for precision in ("fp16", "int4"):
-        out = root / precision
-        build_package(RandomSource(config), out, precision=precision, device="cuda", attention="gqa")
-        write_word_tokenizer(out, config.vocab_size)
-        made[precision] = out
-    return made
-
-
 def _prompts(count: int, vocab: int) -> list[list[int]]:
     rng = random.Random(4)
     return [[rng.randrange(100, vocab) for _ in range(rng.randint(5, 40))] for _ in range(count)]
 
 
 @pytest.mark.parametrize("precision", ["fp16", "int4"])
-def test_batched_steps_are_captured_per_bucket_and_equal_eager(packages, precision: str) -> None:
-    package = packages[precision]
+def test_batched_steps_are_captured_per_bucket_and_equal_eager(qwen_shape_packages, precision: str) -> None:  # noqa: F811
+    package = qwen_shape_packages[precision]
     generator = Generator(package, device="cuda", capture="verify", verify_steps=1_000_000)
     engine = generator.engine
     prompts = _prompts(SLOTS, engine.config.vocab_size)

@@ -143,9 +143,9 @@ class BatchedDecoder:
         # _tokens[slot], read with that step's launch (_prompt_done)
         self._fresh: dict[Sequence, int] = {}  # sequence -> its slot (= its row in _tokens)
         self._fresh_reads: list[_Launched] = []
-        self._fresh_host = torch.zeros(max_seqs, dtype=torch.int64, pin_memory=engine.device.type == "cuda")
-        self._tokens = torch.zeros(max_seqs, dtype=torch.int64, device=engine.device)
         pinned = engine.device.type == "cuda"
+        self._fresh_host = torch.zeros(max_seqs, dtype=torch.int64, pin_memory=pinned)
+        self._tokens = torch.zeros(max_seqs, dtype=torch.int64, device=engine.device)
         self._host_tokens = [torch.zeros(max_seqs, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
 
     # -- sequences -------------------------------------------------------------------------
@@ -337,30 +337,22 @@ class BatchedDecoder:
             self.release(sequence, "error")
             return [Read(sequence, None, exc)]
         self._tokens[slot].copy_(token)
-        ready = None
-        if self.engine.device.type == "cuda":
-            self._fresh_host[slot].copy_(self._tokens[slot], non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record()
-        else:
-            self._fresh_host[slot].copy_(self._tokens[slot])
+        ready = self._to_host(self._fresh_host[slot], self._tokens[slot])
         self._fresh[sequence] = slot
         self._fresh_reads.append(_Launched([(sequence, slot)], self._fresh_host, ready, [], {}))
         return []
 
     def _step(self) -> list[Read]:
-        """One decode step of every running sequence: the rows of slots [lo, lo + rows). A slot there
+        """One uncaptured decode step of every running sequence (the captured ones: _launch), read
+        before it returns: the rows of slots [lo, lo + rows). A slot there
         that is not running (free, or holding a prompt part computed) is fed a dummy token that
         writes the row just past what it holds, which nothing reads (a prompt's next chunk writes it
         again)."""
         engine = self.engine
         pool = self.pool
         by_slot = {s.slot: s for s in self.running}
-        if self.captured:
-            lo, rows = 0, bucket_for(self.buckets, max(by_slot) + 1)
-        else:
-            lo = min(by_slot)
-            rows = max(by_slot) + 1 - lo
+        lo = min(by_slot)
+        rows = max(by_slot) + 1 - lo
         ids = [0] * rows
         ends = [len(pool.contents[slot]) + 1 for slot in range(lo, lo + rows)]  # each row's length after the step
         for slot, sequence in by_slot.items():
@@ -368,16 +360,10 @@ class BatchedDecoder:
         for sequence in self.running:
             if sequence.token is not None:  # the penalties count the token fed now
                 sequence.sampler.observe(sequence.token.reshape(1))
-        if self.captured:
-            feeds = self._feeds_of(rows).fill(ids, ends)
-            assert self._runtime is not None
-            outputs = self._runtime.run(engine.session.check_feeds_repeated(feeds))
-            past = feeds
-        else:
-            feeds = self._eager_feeds(ids, ends)
-            past = pool.range_feeds(lo, lo + rows)
-            feeds.update(past)
-            outputs = engine.session.run_torch(feeds)
+        feeds = self._eager_feeds(ids, ends)
+        past = pool.range_feeds(lo, lo + rows)
+        feeds.update(past)
+        outputs = engine.session.run_torch(feeds)
         self._keep_in_place(outputs, past)
         self.steps += 1
         self.stepped_rows += rows
@@ -440,15 +426,20 @@ class BatchedDecoder:
         ordered = [(sequence, slot) for slot, sequence in sorted(members.items())]
         errors = self._sample_into(ordered, outputs[engine.config.io.logits])
         host = self._host_tokens[self.steps % 2][:rows]
-        ready = None
-        if engine.device.type == "cuda":
-            host.copy_(self._tokens[:rows], non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record()
-        else:
-            host.copy_(self._tokens[:rows])
+        ready = self._to_host(host, self._tokens[:rows])
         ended = {read.sequence for read in errors}
         return _Launched([(s, r) for s, r in ordered if s not in ended], host, ready, errors, fed)
+
+    def _to_host(self, host: torch.Tensor, device: torch.Tensor) -> torch.cuda.Event | None:
+        """Copies ``device`` into ``host`` (pinned on CUDA) in stream order, without waiting; the
+        event that says when the copy is done (None on the CPU, where it is done at once)."""
+        if self.engine.device.type != "cuda":
+            host.copy_(device)
+            return None
+        host.copy_(device, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return ready
 
     def _collect(self, launched: _Launched, following: _Launched | None) -> list[Read]:
         """The tokens of ``launched`` read and handed out; in the slot contents of ``following`` (the
