@@ -115,6 +115,21 @@ def test_the_rewritten_graph_gives_the_chosen_row(form: str, batch: int, seq: in
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("form", ["matmul", "skip_norm", "tied_gemm"])
+def test_a_row_per_batch_entry_picks_each_entry_its_own(form: str) -> None:
+    """Prompts of different lengths in one batch (padded): each entry's logits at its own last row."""
+    model = FORMS[form]()
+    rewritten, why_not = select_row(model, "logits", ROW)
+    assert why_not is None
+    feeds = _feeds(model, 3, 6)
+    rows = [5, 0, 3]
+    full = ort_run(model, feeds)[0]
+    expected = np.stack([full[b, r : r + 1] for b, r in enumerate(rows)])
+    got = InferenceSession(rewritten).run(None, {**feeds, ROW: np.array(rows, np.int64)})[0]
+    assert got.shape == (3, 1, VOCAB)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_one_row_passes_through_without_a_copy() -> None:
     """A one-token decode step: RowSelect hands its input on (no kernel, nothing captured for it)."""
     from onnxgen.runtime.ops import fused

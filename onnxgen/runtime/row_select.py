@@ -75,7 +75,8 @@ def _head_nodes(
 
 def select_row(model: onnx.ModelProto, output: str, row_input: str) -> tuple[onnx.ModelProto, str | None]:
     """(a rewritten copy of ``model``, None), or (``model`` unchanged, why not). The new int64 input
-    ``row_input`` of shape [1] names the row; ``output`` then has 1 row along axis 1."""
+    ``row_input`` of shape [1] names the row (or of shape [batch], a row per batch entry); ``output``
+    then has 1 row along axis 1."""
     graph = model.graph
     if any(vi.name == row_input for vi in graph.input):
         return model, f"the graph already has an input named {row_input}"
@@ -131,7 +132,8 @@ def select_row(model: onnx.ModelProto, output: str, row_input: str) -> tuple[onn
         select = helper.make_node("RowSelect", [name, row_input], [picked[name]], name=f"{name}/RowSelect",
                                   domain=FUSED_DOMAIN)  # fmt: skip
         graph.node.insert(first + offset, select)
-    graph.input.append(helper.make_tensor_value_info(row_input, onnx.TensorProto.INT64, [1]))
+    # [1] (one row for every batch entry) or [batch] (a row per entry): a symbol of its own
+    graph.input.append(helper.make_tensor_value_info(row_input, onnx.TensorProto.INT64, [f"{row_input}_count"]))
     # the values after the RowSelects have one row now: drop their declared shapes, fix the output's
     walked = {o for n in [*targets, *region] for o in n.output if o}
     kept = [vi for vi in graph.value_info if vi.name not in walked]

@@ -357,13 +357,22 @@ def _packed_group(ctx: NodeContext, triples: list, biases: tuple, widths: list[i
 
 @implements("RowSelect", domain=FUSED_DOMAIN)
 def row_select(ctx: NodeContext, x: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
-    """Row ``row[0]`` of axis 1 of x, kept as an axis of length 1 (runtime/row_select.py writes it).
-    x itself when that axis already has one row: a one-token decode step runs no kernel for it.
-    The row is read on the device (capture-safe), so it must lie in [0, x.shape[1])."""
+    """One row of axis 1 of x per batch entry, kept as an axis of length 1 (runtime/row_select.py
+    writes it): row ``row[0]`` of every entry when ``row`` has one element, else row ``row[b]`` of
+    entry b (``row`` has one element per entry: a batch of prompts of different lengths, each
+    wanting the logits of its own last row). x itself when that axis already has one row: a
+    one-token decode step runs no kernel for it. The rows are read on the device (capture-safe),
+    so they must lie in [0, x.shape[1])."""
     if x.dim() < 2:
         raise ctx.fail(f"RowSelect takes a tensor with a row axis (axis 1), got shape {list(x.shape)}")
-    if row.numel() != 1 or row.dtype not in (torch.int64, torch.int32):
-        raise ctx.fail(f"RowSelect's row must be one int64 or int32, got {row.dtype} of shape {list(row.shape)}")
+    if row.dim() != 1 or row.numel() not in (1, x.shape[0]) or row.dtype not in (torch.int64, torch.int32):
+        raise ctx.fail(
+            f"RowSelect's rows must be int64 or int32 of shape [1] or [{x.shape[0]}] (one per batch entry), "
+            f"got {row.dtype} of shape {list(row.shape)}"
+        )
     if x.shape[1] == 1:
         return x
-    return x.index_select(1, row.reshape(1))
+    if row.numel() == 1:
+        return x.index_select(1, row)
+    index = row.to(torch.int64).view(-1, 1, *([1] * (x.dim() - 2))).expand(x.shape[0], 1, *x.shape[2:])
+    return x.gather(1, index)
