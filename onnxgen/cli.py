@@ -352,6 +352,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         shutdown_grace_s=args.shutdown_grace, stream_interval_s=args.stream_interval_ms / 1000,
         max_chunk_rate=args.max_chunk_rate, device=args.device,
         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, prefix_caching=args.enable_prefix_caching,
+        max_prefill_tokens=args.max_prefill_tokens,
     )  # fmt: skip
 
     def make_generator() -> Generator:  # called on the server's engine thread, once run() starts
@@ -445,6 +446,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-model-len", type=int, default=None,
         help="tokens (prompt and output) one sequence may hold when batching (default: 16384 / --max-num-seqs, "
         "at most the model's context)",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-prefill-tokens", type=int, default=None,
+        help="prompt tokens computed between two decode steps at most when batching (default 512; 2048 where "
+        "steps are captured, on CUDA, and prompts that wait together run as one step)",
     )  # fmt: skip
     p.add_argument(
         "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,

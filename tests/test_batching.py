@@ -208,8 +208,11 @@ def test_captured_batched_steps_per_bucket_give_the_same_tokens(tiny_engine) -> 
     assert stats.keys >= 3 and stats.replays > 0 and stats.verified_steps > 0
     assert stats.invalidations == 0 and not stats.unsupported and stats.steps == decoder.steps
     assert decoder.stepped_rows > sum(len(e) for e in expected) - len(expected)  # padded to buckets
-    prompts_stats = engine.prefill_capture_stats  # the prompts: the engine's captured chunks
-    assert prompts_stats.steps == len(prompts) and prompts_stats.verified_steps > 0 and prompts_stats.replays > 0
+    # the prompts: in groups (those arriving together, of one padded size, in one step), recorded
+    # per (rows, size) and replayed, each verified
+    assert decoder.grouped_prompts == len(prompts) and decoder.prompt_groups < len(prompts)
+    assert decoder.prompt_capture_stats.steps == decoder.prompt_groups
+    assert engine.prefill_capture_stats.steps == 0  # no prompt needed the engine's lone chunks
     # a next turn: the first prompt, its reply and more; the slot holds the reply's tokens that were
     # fed to steps before the host read them, so all of it but the new tokens is reused
     follow_up = prompts[0] + expected[0][:9] + [5, 6]
@@ -217,6 +220,43 @@ def test_captured_batched_steps_per_bucket_give_the_same_tokens(tiny_engine) -> 
     _run(decoder, [again])
     assert again.stats.cached_tokens == len(prompts[0]) + 9
     assert again.generated == _serial(plain, follow_up, params[0])
+
+
+def test_prompts_arriving_together_run_in_groups_with_the_tokens_of_one_at_a_time(tiny_engine) -> None:
+    """Captured (CPU stand-in recorder, verify mode): prompts that wait together run as one step per
+    group of one padded size, recorded per (rows, size), replayed and checked against eager; those
+    reusing a prefix of different lengths, and a prompt longer than a chunk (alone, in chunks),
+    still give the eager one-sequence loop's tokens, greedy and seeded."""
+    from onnxgen.runtime.capture.recorder import ReplayRecorder
+
+    plain = tiny_engine()
+    rng = random.Random(5)
+    system = [rng.randrange(VOCAB) for _ in range(6)]
+    prompts = [[rng.randrange(VOCAB) for _ in range(rng.randint(9, 16))] for _ in range(14)]
+    prompts += [system + [1, 2, 3], system + [4, 5], system[:4] + [9] * 8, [7] * 40]  # reuse; a long one
+    params = [
+        SamplingParams(max_new_tokens=5, ignore_eos=True) if i % 3 else
+        SamplingParams(temperature=0.9, top_k=40, seed=i, max_new_tokens=5, ignore_eos=True)
+        for i in range(len(prompts))
+    ]  # fmt: skip
+    expected = [_serial(plain, p, q) for p, q in zip(prompts, params)]
+    engine = tiny_engine(kv="static", capture="verify", recorder=ReplayRecorder(), verify_steps=10_000)
+    decoder = BatchedDecoder(engine, max_seqs=4, max_model_len=64, prefill_chunk=32)
+    sequences = [engine.new_sequence(p, q) for p, q in zip(prompts, params)]
+    queue = list(sequences)
+    while queue or decoder.admitted:
+        while queue and decoder.room:
+            decoder.admit(queue.pop(0))
+        decoder.iterate()
+    assert [s.generated for s in sequences] == expected
+    assert decoder.grouped_prompts == len(prompts) - 1  # the long one ran alone, in chunks
+    assert decoder.prompt_groups <= len(prompts) // 2
+    groups = decoder.prompt_capture_stats
+    assert groups.steps == decoder.prompt_groups and groups.replays > 0 and groups.verified_steps > 0
+    assert groups.invalidations == 0 and not groups.unsupported
+    assert engine.prefill_capture_stats.steps == 2  # the long prompt's two chunks
+    assert sum(s.stats.cached_tokens for s in sequences) > 0
+    assert sorted(decoder.pool.busy) == [False] * 4
 
 
 def test_seeded_sampling_per_sequence_does_not_depend_on_the_batch(tiny_engine) -> None:

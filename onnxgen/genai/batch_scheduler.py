@@ -40,7 +40,8 @@ class _Job:
 
 class BatchScheduler(EngineThreadScheduler):
     """Continuous batching over ``max_seqs`` KV slots of ``max_model_len`` tokens each (default: the
-    model's context), prompts in chunks of ``prefill_chunk`` tokens, prompt prefixes reused from the
+    model's context), prompts in chunks of ``prefill_chunk`` tokens, at most ``prefill_budget`` prompt
+    tokens per iteration (BatchedDecoder's default when None), prompt prefixes reused from the
     slots unless ``prefix_caching`` is False. The default ``warm`` runs one
     short generation through the batched decoder (it is built there, on the engine thread)."""
 
@@ -52,6 +53,7 @@ class BatchScheduler(EngineThreadScheduler):
         max_model_len: int | None = None,
         prefill_chunk: int = 256,
         prefix_caching: bool = True,
+        prefill_budget: int | None = None,
         warm: Callable[[Generator], None] | None = None,
         **kwargs,
     ) -> None:
@@ -61,6 +63,7 @@ class BatchScheduler(EngineThreadScheduler):
         self.max_model_len = max_model_len
         self.prefill_chunk = prefill_chunk
         self.prefix_caching = prefix_caching
+        self.prefill_budget = prefill_budget
         self.decoder: BatchedDecoder | None = None
         self._jobs: dict[Sequence, _Job] = {}
         self._active: list[RequestHandle] = []  # started, not ended (engine thread; read under the lock)
@@ -83,8 +86,9 @@ class BatchScheduler(EngineThreadScheduler):
     def _make_with_decoder(self) -> Generator:
         generator = self._make_plain()
         self.decoder = BatchedDecoder(
-            generator.engine, self.max_seqs, self.max_model_len, self.prefill_chunk, prefix_caching=self.prefix_caching
-        )
+            generator.engine, self.max_seqs, self.max_model_len, self.prefill_chunk,
+            prefix_caching=self.prefix_caching, prefill_budget=self.prefill_budget,
+        )  # fmt: skip
         return generator
 
     def _warm_batched(self, generator: Generator) -> None:

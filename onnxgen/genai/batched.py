@@ -46,6 +46,12 @@ from onnxgen.genai.batch_buckets import BucketFeeds, batch_buckets, bucket_for
 from onnxgen.genai.engine import DecodeEngine, PromptTooLongError
 from onnxgen.genai.kv_cache import StaticKV, past_feeds_attention_in_place
 from onnxgen.genai.kv_pool import KVPool
+from onnxgen.genai.prompt_groups import (
+    MAX_GROUP_ROWS,
+    GroupFeeds,
+    power_of_two_at_least,
+    power_of_two_at_most,
+)
 from onnxgen.genai.sampling import NON_FINITE, LogitsSampler
 from onnxgen.genai.sequence import Sequence
 from onnxgen.runtime.capture.stats import CaptureStats
@@ -81,6 +87,7 @@ class _Launched:
 
 
 DEFAULT_KV_TOKENS = 16384  # KV rows of all slots together when max_model_len is not given
+CAPTURED_PREFILL_BUDGET = 2048  # prompt tokens per iteration at most, by default, where steps are captured
 
 
 class BatchedDecoder:
@@ -120,8 +127,11 @@ class BatchedDecoder:
             raise InvalidInputError(f"max_model_len must be at least 2 tokens, got {max_model_len}")
         self.engine = engine
         self.prefill_chunk = prefill_chunk
-        # prompt tokens computed per iteration at most (default: two chunks)
-        self.prefill_budget = max(prefill_chunk, prefill_budget or 2 * prefill_chunk)
+        self.captured = engine.capture != "off"
+        # prompt tokens computed per iteration at most (default: two chunks; where steps are captured,
+        # where prompts run in groups, CAPTURED_PREFILL_BUDGET)
+        default_budget = max(2 * prefill_chunk, CAPTURED_PREFILL_BUDGET) if self.captured else 2 * prefill_chunk
+        self.prefill_budget = max(prefill_chunk, prefill_budget or default_budget)
         self.pool = KVPool(config, engine.kv_dtype, engine.device, max_seqs, capacity, prefix_caching=prefix_caching)
         self.waiting: collections.deque[Sequence] = collections.deque()  # admitted, prompt not started
         self.prefilling: Sequence | None = None  # the one whose prompt is part computed
@@ -131,7 +141,6 @@ class BatchedDecoder:
         self.steps = 0  # batched decode steps run
         self.stepped_rows = 0  # rows those steps computed (running sequences and idle slots between them)
         # captured steps: one recording per bucket, over the bucket's persistent feeds
-        self.captured = engine.capture != "off"
         self.buckets = batch_buckets(max_seqs) if self.captured else []
         self._bucket_feeds: dict[int, BucketFeeds] = {}
         self._scratch: StaticKV | None = None  # see _scratch_from_slot
@@ -147,6 +156,16 @@ class BatchedDecoder:
         self._fresh_host = torch.zeros(max_seqs, dtype=torch.int64, pin_memory=pinned)
         self._tokens = torch.zeros(max_seqs, dtype=torch.int64, device=engine.device)
         self._host_tokens = [torch.zeros(max_seqs, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
+        # prompt groups (prompt_groups.py): a scratch cache of group_rows sequences, feeds per (rows, size),
+        # each group's first tokens on the device and a pinned host buffer per group of an iteration
+        self.group_rows = power_of_two_at_most(min(max_seqs, MAX_GROUP_ROWS))
+        self._group_scratch: StaticKV | None = None
+        self._group_feeds: dict[tuple[int, int], GroupFeeds] = {}
+        self._group_runtime = engine.batched_runtime("batched prompt groups") if self.captured else None
+        self._group_tokens = torch.zeros(self.group_rows, dtype=torch.int64, device=engine.device)
+        self._group_hosts: list[torch.Tensor] = []
+        self.prompt_groups = 0  # groups run
+        self.grouped_prompts = 0  # prompts computed in them
 
     # -- sequences -------------------------------------------------------------------------
 
@@ -160,6 +179,13 @@ class BatchedDecoder:
         if self._runtime is None:
             return CaptureStats(mode="off", what="batched decode steps")
         return self._runtime.stats
+
+    @property
+    def prompt_capture_stats(self) -> CaptureStats:
+        """The captured prompt groups' statistics (``steps``: groups run; mode off when eager)."""
+        if self._group_runtime is None:
+            return CaptureStats(mode="off", what="batched prompt groups")
+        return self._group_runtime.stats
 
     @property
     def capacity(self) -> int:
@@ -217,6 +243,15 @@ class BatchedDecoder:
         with torch.inference_mode():
             budget = self.prefill_budget
             while (self.prefilling is not None or self.waiting) and budget > 0:
+                group = self._next_group(budget) if self.captured and self.prefilling is None else []
+                if group is None:  # the next group does not fit what is left of the budget
+                    break
+                if group:
+                    size = self._group_size(group[0])
+                    assert size is not None
+                    reads += self._run_group(group, size)
+                    budget -= power_of_two_at_least(len(group)) * size
+                    continue
                 chunk_reads, computed = self._prefill_chunk(budget)
                 reads += chunk_reads
                 budget -= computed
@@ -242,15 +277,7 @@ class BatchedDecoder:
         sequence = self.prefilling
         if sequence is None:
             sequence = self.prefilling = self.waiting.popleft()
-            running = [s.slot for s in self.running if s.slot is not None]
-            if self.captured:  # a step spans the bucket of [0, hi): keep the slots low
-                span = range(bucket_for(self.buckets, max(running) + 1) if running else 0)
-            else:
-                span = range(min(running), max(running) + 1) if running else range(0)
-            sequence.slot, sequence.prefilled = self.pool.acquire(sequence.prompt_ids, span, lowest_first=self.captured)
-            sequence.stats.cached_tokens = sequence.prefilled
-            sequence.started_at = time.perf_counter()
-            sequence.sampler.observe(torch.tensor([sequence.prompt_ids], dtype=torch.int64, device=engine.device))
+            self._start(sequence)
             if self.captured:
                 self._scratch_from_slot(sequence)
         slot = sequence.slot
@@ -282,6 +309,128 @@ class BatchedDecoder:
         self.prefilling = None
         logits = outputs[io.logits][0, 0 if engine.logits_row is not None else n - 1]
         return [self._sample_and_read(sequence, logits)], n
+
+    def _start(self, sequence: Sequence) -> None:
+        """The sequence's slot (its longest held prefix reused), once: a sequence looked at for a
+        prompt group keeps the slot it got while it waits for a later one."""
+        if sequence.slot is not None:
+            return
+        running = [s.slot for s in self.running if s.slot is not None]
+        if self.captured:  # a step spans the bucket of [0, hi): keep the slots low
+            span = range(bucket_for(self.buckets, max(running) + 1) if running else 0)
+        else:
+            span = range(min(running), max(running) + 1) if running else range(0)
+        sequence.slot, sequence.prefilled = self.pool.acquire(sequence.prompt_ids, span, lowest_first=self.captured)
+        sequence.stats.cached_tokens = sequence.prefilled
+        sequence.started_at = time.perf_counter()
+        sequence.sampler.observe(torch.tensor([sequence.prompt_ids], dtype=torch.int64, device=self.engine.device))
+
+    # -- captured prompts in groups (prompt_groups.py) -------------------------------------------
+
+    def _group_size(self, sequence: Sequence) -> int | None:
+        """The padded chunk size of the sequence's prompt in a group; None if what is left of it
+        does not fit one chunk (or its padding the slot): it runs alone, in chunks."""
+        engine = self.engine
+        rest = len(sequence.prompt_ids) - sequence.prefilled
+        if rest > min(self.prefill_chunk, engine.captured_prefill_max):
+            return None
+        size = power_of_two_at_least(rest, engine.captured_prefill_min)
+        return size if sequence.prefilled + size <= self.pool.capacity else None
+
+    def _next_group(self, budget: int) -> list[Sequence] | None:
+        """The waiting sequences (taken off the queue) whose prompts run as the next group: the
+        oldest and those after it of the same chunk size, as many as ``budget`` tokens and the
+        group rows allow. [] when the oldest runs alone (a prompt of several chunks); None when
+        its group would not fit ``budget``."""
+        head = self.waiting[0]
+        self._start(head)
+        size = self._group_size(head)
+        if size is None:
+            return []
+        if size > budget:
+            return None
+        limit = min(self.group_rows, power_of_two_at_most(budget // size))
+        group = [head]
+        for sequence in list(self.waiting)[1:limit]:
+            self._start(sequence)
+            if self._group_size(sequence) != size:
+                break
+            group.append(sequence)
+        for _ in group:
+            self.waiting.popleft()
+        return group
+
+    def _run_group(self, group: list[Sequence], size: int) -> list[Read]:
+        """One step computing the prompts of ``group`` (prompt_groups.py), their rows copied into
+        their slots; their first tokens are drawn on the device and read with the next step's
+        launch, like a lone prompt's (_prompt_done)."""
+        engine = self.engine
+        pool = self.pool
+        scratch = self._group_scratch
+        if scratch is None:
+            scratch = self._group_scratch = StaticKV(
+                engine.config, engine.kv_dtype, engine.device, pool.capacity, batch=self.group_rows
+            )
+        count = len(group)
+        rows = power_of_two_at_least(count)
+        for b, sequence in enumerate(group):
+            reused = sequence.prefilled
+            if reused:
+                for name, buffer in pool.buffers.items():
+                    scratch.buffers[name][b, :, :reused].copy_(buffer[sequence.slot, :, :reused])
+        feeds_of = self._group_feeds.get((rows, size))
+        if feeds_of is None:
+            io = engine.config.io
+            feeds_of = self._group_feeds[(rows, size)] = GroupFeeds(
+                scratch, rows, size, input_ids=io.input_ids, attention_mask=io.attention_mask,
+                position_ids=io.position_ids if engine.has_positions else None, logits_row=engine.logits_row,
+            )  # fmt: skip
+        chunks = [s.prompt_ids[s.prefilled :] for s in group]
+        slots = [s.slot for s in group]
+        assert all(slot is not None for slot in slots)
+        feeds = feeds_of.fill(chunks, [s.prefilled for s in group], slots)  # type: ignore[arg-type]
+        if not feeds_of.checked:
+            engine.session.check_feeds_repeated(feeds)
+            feeds_of.checked = True
+        assert self._group_runtime is not None
+        outputs = self._group_runtime.run(feeds)
+        self._keep_in_place(outputs, feeds)
+        end = max(s.prefilled for s in group) + size
+        slot_rows = feeds_of.slots[:count]
+        for name, buffer in pool.buffers.items():
+            buffer[:, :, :end].index_copy_(0, slot_rows, scratch.buffers[name][:count, :, :end])
+        for sequence in group:
+            contents = pool.contents[sequence.slot]  # type: ignore[index]
+            contents.extend(sequence.prompt_ids[len(contents) :])
+            sequence.prefilled = len(sequence.prompt_ids)
+        self.prompt_groups += 1
+        self.grouped_prompts += count
+        logits = outputs[engine.config.io.logits]
+        if engine.logits_row is None:  # every row's logits: each prompt's own last row
+            index = feeds_of.last.view(rows, 1, 1).expand(rows, 1, logits.shape[-1])
+            logits = logits.gather(1, index)
+        return self._group_done(group, logits, slot_rows)
+
+    def _group_done(self, group: list[Sequence], logits: torch.Tensor, slot_rows: torch.Tensor) -> list[Read]:
+        """The group's first tokens, drawn into ``_tokens`` at the sequences' slots and copied
+        towards the host, read after the next step is enqueued (iterate); one pinned host buffer
+        per group of an iteration (all are read before the iteration ends)."""
+        members = list(zip(group, range(len(group))))
+        errors = self._sample_into(members, logits, self._group_tokens)
+        ended = {read.sequence for read in errors}
+        count = len(group)
+        self._tokens.index_copy_(0, slot_rows, self._group_tokens[:count])
+        turn = len(self._fresh_reads)
+        while len(self._group_hosts) <= turn:
+            pinned = self.engine.device.type == "cuda"
+            self._group_hosts.append(torch.zeros(self.group_rows, dtype=torch.int64, pin_memory=pinned))
+        host = self._group_hosts[turn]
+        ready = self._to_host(host[:count], self._group_tokens[:count])
+        live = [(s, b) for s, b in members if s not in ended]
+        for sequence, _ in live:
+            self._fresh[sequence] = sequence.slot  # type: ignore[assignment]
+        self._fresh_reads.append(_Launched(live, host, ready, [], {}))
+        return errors
 
     # -- captured prompts: in a one-sequence static cache, then copied into the slot -------------
 
@@ -459,11 +608,15 @@ class BatchedDecoder:
             reads.append(self._read_checked(sequence, token_id, launched.host[row : row + 1]))
         return reads
 
-    def _sample_into(self, members: list[tuple[Sequence, int]], logits: torch.Tensor) -> list[Read]:
-        """Each member's next token from its row of ``logits`` [batch, 1, vocab] into ``_tokens`` at
-        that row (device work, no host read): the plain greedy ones (no logprobs, nothing banned) by
-        one argmax over their rows, the others by their own samplers; NON_FINITE where a row's
-        logits are not finite. Returns the members whose sampler raised (released here)."""
+    def _sample_into(
+        self, members: list[tuple[Sequence, int]], logits: torch.Tensor, out: torch.Tensor | None = None
+    ) -> list[Read]:
+        """Each member's next token from its row of ``logits`` [batch, 1, vocab] into ``out``
+        (default ``_tokens``) at that row (device work, no host read): the plain greedy ones (no
+        logprobs, nothing banned) by one argmax over their rows, the others by their own samplers;
+        NON_FINITE where a row's logits are not finite. Returns the members whose sampler raised
+        (released here)."""
+        out = self._tokens if out is None else out
         engine = self.engine
         vocab = engine.config.vocab_size
         errors: list[Read] = []
@@ -471,13 +624,13 @@ class BatchedDecoder:
             # every row's argmax (idle rows' too: cheaper than gathering the members' rows, which
             # would need their indices on the device); the other members' rows are written below
             value, token = torch.max(logits[:, 0, :vocab], dim=-1)
-            self._tokens[: logits.shape[0]].copy_(torch.where(torch.isfinite(value), token, NON_FINITE))
+            out[: logits.shape[0]].copy_(torch.where(torch.isfinite(value), token, NON_FINITE))
         for sequence, row in members:
             if sequence.sampler.plain_greedy and not self._needs_own_sampler(sequence):
                 sequence.sampled += 1
                 continue
             try:
-                self._tokens[row].copy_(engine._sample(sequence, logits[row, 0], None))
+                out[row].copy_(engine._sample(sequence, logits[row, 0], None))
             except OnnxgenError as exc:
                 self.release(sequence, "error")
                 errors.append(Read(sequence, None, exc))

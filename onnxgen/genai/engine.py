@@ -712,11 +712,12 @@ class DecodeEngine:
             self._prefill_capture = self._new_capture_runtime("prefill chunks")
         return self._prefill_capture
 
-    def batched_runtime(self) -> CaptureRuntime:
-        """A new capture runtime for a batched decoder's steps (batched.py): one recording per batch
-        bucket over its KV pool, whose slot length and mask width are fixed like a static cache's.
-        Each decoder holds its own (its recordings adopt its pool's addresses)."""
-        return self._new_capture_runtime("batched decode steps", fixed_kv=True)
+    def batched_runtime(self, what: str = "batched decode steps") -> CaptureRuntime:
+        """A new capture runtime for a batched decoder's steps or prompt groups (batched.py): one
+        recording per shape over its KV pool (or its prompt scratch), whose slot length and mask
+        width are fixed like a static cache's. Each decoder holds its own (its recordings adopt its
+        buffers' addresses)."""
+        return self._new_capture_runtime(what, fixed_kv=True)
 
     def _new_capture_runtime(self, what: str, *, fixed_kv: bool = False) -> CaptureRuntime:
         pin: set[str] = set()

@@ -27,7 +27,9 @@ class ServeOptions:
     (batched steps are not captured yet there). ``max_model_len``: tokens (prompt and output) one
     sequence may hold when batching; None: 16,384 tokens shared by the slots (at most the model's
     context, at least 256). ``prefix_caching``: a batching server
-    reuses the KV rows of a prompt prefix it still holds (genai/kv_pool.py)."""
+    reuses the KV rows of a prompt prefix it still holds (genai/kv_pool.py). ``max_prefill_tokens``:
+    prompt tokens a batching server computes between two decode steps at most (None: 512 where
+    steps run eagerly, 2048 where they are captured and prompts run in groups; genai/batched.py)."""
 
     model_name: str
     host: str = "127.0.0.1"
@@ -43,6 +45,7 @@ class ServeOptions:
     max_num_seqs: int | None = None
     max_model_len: int | None = None
     prefix_caching: bool = True
+    max_prefill_tokens: int | None = None
 
     @property
     def batch_size(self) -> int:
@@ -71,6 +74,10 @@ class ServeOptions:
             (
                 self.max_num_seqs is None or self.max_num_seqs >= 1,
                 f"--max-num-seqs must be >= 1, got {self.max_num_seqs}",
+            ),
+            (
+                self.max_prefill_tokens is None or self.max_prefill_tokens >= 16,
+                f"--max-prefill-tokens must be >= 16, got {self.max_prefill_tokens}",
             ),
             (
                 self.max_model_len is None or self.max_model_len >= 2,

@@ -92,6 +92,7 @@ class Server:
             self.scheduler = BatchScheduler(
                 make_generator, max_queue=options.max_queue, max_seqs=options.batch_size,
                 max_model_len=options.max_model_len, prefix_caching=options.prefix_caching,
+                prefill_budget=options.max_prefill_tokens,
             )  # fmt: skip
         else:
             self.scheduler = SerialScheduler(make_generator, max_queue=options.max_queue)
