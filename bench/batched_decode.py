@@ -1,8 +1,9 @@
 """Batched decode throughput of the engine's batched mode (genai/batched.py), in the manner of
 llama.cpp's ``llama-batched-bench``: B sequences of --prompt-tokens prompt ids each, admitted
 together, --new-tokens greedy tokens each (EOS ignored); per B, the time until every sequence has
-its first token (the prompts, one chunk per iteration between the steps of those already running)
-and the decode throughput after it.
+its first token (the prompts, at most --prefill-budget tokens per iteration between the steps of
+those already running), the decode throughput after it, and the end-to-end throughput (every token
+made over the whole time, prompts included: what a server at that concurrency can sustain).
 
     python -m bench.batched_decode --device cpu --shape smollm2-135m-instruct --precision int4 --batch 1,4,8
     python -m bench.batched_decode --package PKG --device cpu --batch 1,8 --prompt-tokens 128 --new-tokens 128
@@ -10,7 +11,7 @@ and the decode throughput after it.
 Random weights in a real model's shape (or --package). Decode tok/s = the tokens made after the
 last sequence's first token, over the time from then to the end (llama-batched-bench's S_TG is its
 generated tokens over its generation phase). On CUDA the batched steps are captured per batch
-bucket and the prompts run as the engine's captured chunks (genai/batched.py); each B runs twice
+bucket and the prompts that wait together run as captured groups (genai/prompt_groups.py); each B runs twice
 with its own decoder, the first run warming and recording, the second measured (--capture off:
 everything eager). The serial engine loop's tok/s on the same package and prompt (B = 1 through
 DecodeEngine.generate: on CUDA the captured, pipelined single-sequence loop) is printed beside it,
@@ -56,7 +57,7 @@ def run_batch(decoder: BatchedDecoder, batch: int, args: argparse.Namespace) -> 
                                                                  args.seed)]  # fmt: skip
     for sequence in sequences:
         decoder.admit(sequence)
-    steps = decoder.steps
+    steps, groups, grouped = decoder.steps, decoder.prompt_groups, decoder.grouped_prompts
     sync(engine.device)
     start = time.perf_counter()
     while any(s.stats.new_tokens == 0 for s in sequences):
@@ -68,8 +69,11 @@ def run_batch(decoder: BatchedDecoder, batch: int, args: argparse.Namespace) -> 
         decoder.iterate()
     sync(engine.device)
     end = time.perf_counter()
-    decode_tokens = sum(s.stats.new_tokens for s in sequences) - before
+    made = sum(s.stats.new_tokens for s in sequences)
+    decode_tokens = made - before
     return {
+        "end_to_end_tok_s": made / (end - start),
+        "groups": f"{decoder.prompt_groups - groups} ({decoder.grouped_prompts - grouped} prompts)",
         "batch": batch,
         "prompts_s": first_all - start,
         "decode_s": end - first_all,
@@ -84,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     add_package_args(parser)
     parser.add_argument("--batch", default="1,2,4,8", help="comma list of batch sizes")
     parser.add_argument("--prefill-chunk", type=int, default=256)
+    parser.add_argument("--prefill-budget", type=int, default=None, help="prompt tokens per iteration at most")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--capture", choices=["on", "off", "verify"], default="on", help="CUDA only (the CPU: off)")
     parser.add_argument("--serial-repeats", type=int, default=3, help="serial runs (their median is the baseline)")
@@ -112,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for batch in batches:
             decoder = BatchedDecoder(engine, max_seqs=batch, max_model_len=args.prompt_tokens + args.new_tokens + 1,
-                                     prefill_chunk=args.prefill_chunk, prefix_caching=False)  # fmt: skip
+                                     prefill_chunk=args.prefill_chunk, prefix_caching=False,
+                                     prefill_budget=args.prefill_budget)  # fmt: skip
             run_batch(decoder, batch, args)  # warm-up (and, captured, the recordings)
             row = run_batch(decoder, batch, args)
             row["same"] = sum(t == s for t, s in zip(row["tokens"], serial_tokens))
@@ -124,12 +130,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{describe(args)} on {args.device}, capture {capture}: {args.prompt_tokens} prompt + {args.new_tokens} "
           f"new tokens per sequence, greedy; serial engine loop {serial_tok_s:.1f} tok/s decode (median of "
           f"{args.serial_repeats})\n")  # fmt: skip
-    print("| batch | prompts s | decode s | decode tok/s | vs serial | steps | sequences = serial |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| batch | prompts s | prompt groups | decode s | decode tok/s | vs serial | end-to-end tok/s | steps "
+          "| sequences = serial |")  # fmt: skip
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for row in rows:
         ratio = row["decode_tok_s"] / serial_tok_s if serial_tok_s else float("nan")
-        print(f"| {row['batch']} | {row['prompts_s']:.2f} | {row['decode_s']:.2f} | {row['decode_tok_s']:.1f} "
-              f"| {ratio:.2f}x | {row['steps']} | {row['same']}/{row['batch']} |")  # fmt: skip
+        print(f"| {row['batch']} | {row['prompts_s']:.3f} | {row['groups']} | {row['decode_s']:.3f} "
+              f"| {row['decode_tok_s']:.1f} | {ratio:.2f}x | {row['end_to_end_tok_s']:.1f} | {row['steps']} "
+              f"| {row['same']}/{row['batch']} |")  # fmt: skip
     print()
     for row in rows:
         print(f"batch {row['batch']}: {row['capture']}")

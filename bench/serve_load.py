@@ -17,8 +17,8 @@ temperature 0.
 
 One request is sent first and not counted (the server's one-time costs). Metrics (per concurrency
 level or rate): completed and failed requests, duration, request
-throughput, output tok/s (completion tokens from the usage chunk over the duration; a server that
-sends none: its text chunks, one token each), and median /
+throughput, output tok/s (completion tokens from the usage chunk over the duration; llama.cpp's
+server where it sends none: its ``timings.predicted_n``; else its text chunks, one token each), and median /
 p99 of TTFT (request sent to first text), TPOT ((latency - TTFT) / (completion tokens - 1), per
 request with more than one token) and ITL (the gaps between streamed chunks with text; a chunk may
 carry several tokens when the server coalesces them). Bounded: at most --requests per level and
@@ -103,6 +103,8 @@ def stream_completion(target: Target, body: dict, timeout_s: float) -> RequestRe
                 if message.get("usage"):
                     tokens = int(message["usage"]["completion_tokens"])
                     cached = int((message["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+                elif (message.get("timings") or {}).get("predicted_n"):  # llama.cpp's server, where it sends no usage
+                    tokens = int(message["timings"]["predicted_n"])
                 if any(choice.get("text") for choice in message.get("choices", [])):
                     text_chunks += 1
                     if first:
