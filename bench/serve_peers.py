@@ -12,8 +12,8 @@ same requests: --prompt-tokens random prompt ids, --output-tokens with ``ignore_
 - ``onnxgen serve --model PKG --device cuda --max-num-seqs C --max-model-len L`` (C = the largest
   level, L = prompt + output + 16), plus --onnxgen-args.
 - ``llama-server -m GGUF -ngl 999 -np C -c C*L`` (as many parallel slots, each of L tokens; continuous
-  batching is on by default there; flash attention on its default, auto), plus ``--kv-unified`` where
-  that build has it (one KV buffer shared by the slots, what its docs suggest for many slots), plus
+  batching is on by default there; flash attention on its default, auto; a KV buffer per slot, its
+  default: with ``--kv-unified`` it was slower at every level on the H200, docs/benchmarks), plus
   --llama-args.
 
 One uncounted request first (one-time costs); each level runs --waves requests per concurrent slot,
@@ -126,11 +126,8 @@ def run_llamacpp(gguf: Path, args: argparse.Namespace, log: Path) -> list[tuple[
     binary = args.llamacpp / "build/bin/llama-server"
     port = free_port()
     slots, length = max(args.concurrency), args.prompt_tokens + args.output_tokens + 16
-    helptext = subprocess.run([str(binary), "--help"], capture_output=True, text=True).stdout
     command = [str(binary), "-m", str(gguf), "-ngl", "999", "-np", str(slots), "-c", str(slots * length),
                "--host", "127.0.0.1", "--port", str(port), *args.llama_args]  # fmt: skip
-    if "--kv-unified" in helptext and "--kv-unified" not in args.llama_args:
-        command.append("--kv-unified")
     say("llama.cpp: " + " ".join(command))
     with log.open("w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
