@@ -431,11 +431,21 @@ class LogitsSampler:
         self.device = device
         self.vocab_size = vocab_size
         self.plan = SamplingPlan.of(self.params, vocab_size)
-        seed = self.params.seed if self.params.seed is not None else secrets.randbits(64)
-        self.state = SamplerState.new(self.params, self.plan, vocab_size, seed, device)
+        self._seed = self.params.seed if self.params.seed is not None else secrets.randbits(64)
+        self._state: SamplerState | None = None  # made on first use (see ``state``)
         # the ids min_tokens keeps from being drawn (None: min_tokens is 0, or there is no stop id)
         banned = sorted({i for i in stop_ids if 0 <= i < vocab_size}) if self.params.min_tokens else []
         self.banned = torch.tensor(banned, dtype=torch.int64, device=device) if banned else None
+
+    @property
+    def state(self) -> SamplerState:
+        """The device state, made when first asked for: a plain greedy generation in a batched step
+        never needs it, and making it costs copies from pageable host memory, each of which waits
+        for the work already queued on the device (the batched step in flight)."""
+        if self._state is None:
+            with torch.inference_mode(False):  # plain tensors, as when made with the sampler: updated in place anywhere
+                self._state = SamplerState.new(self.params, self.plan, self.vocab_size, self._seed, self.device)
+        return self._state
 
     @property
     def between_steps(self) -> str | None:
@@ -454,11 +464,12 @@ class LogitsSampler:
 
     def adopt(self, state: SamplerState) -> None:
         """Work on ``state`` from now on (a step tail's, which it advanced from this one's copy)."""
-        self.state = state
+        self._state = state
 
     def observe(self, token_ids: torch.Tensor) -> None:
-        """Count tokens (prompt and generated) for the penalties."""
-        observe(self.plan, self.state.counts, token_ids)
+        """Count tokens (prompt and generated) for the penalties (nothing to count without them)."""
+        if self.plan.penalize:
+            observe(self.plan, self.state.counts, token_ids)
 
     def process(self, logits: torch.Tensor) -> torch.Tensor:
         """Penalized, tempered, truncated logits [vocab] in float32 (-inf where excluded)."""
