@@ -149,6 +149,8 @@ class Relay:
                 start = offsets.get(index, len(self.plan.prefixes[index]))
                 formatted = completion_logprobs(logprobs, self.tokens, start)
                 offsets[index] = start + sum(len(t) for t in formatted["tokens"])
+        if formatted is None:
+            return self.envelope.text_chunk(index, text)
         return self.envelope.chunk(index, text=text, logprobs=formatted)
 
     async def chunks(self) -> AsyncIterator[bytes]:

@@ -112,6 +112,25 @@ class Envelope:
     def __post_init__(self) -> None:
         self.id = self.id or new_id(self.kind)
         self.created = self.created or int(time.time())
+        # a text chunk's bytes around its index and its text (text_chunk): what chunk() writes for it
+        head = dumps({"id": self.id, "object": self._chunk_object, "created": self.created, "model": self.model})
+        self._text_head = b"data: " + head[:-1] + b',"choices":[{"index":'
+        self._text_mid = b',"delta":{"content":' if self.kind == "chat" else b',"text":'
+        close = b"}" if self.kind == "chat" else b""
+        self._text_tail = (
+            close
+            + b',"logprobs":null,"finish_reason":null}]'
+            + (b',"usage":null}\n\n' if self.include_usage else b"}\n\n")
+        )
+
+    @property
+    def _chunk_object(self) -> str:
+        return "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+
+    def text_chunk(self, index: int, text: str) -> bytes:
+        """``chunk(index, text=text)``, the same bytes, without building and encoding the whole
+        object: the chunk every streamed token makes (tests/test_server_responses.py holds them equal)."""
+        return b"".join((self._text_head, str(index).encode(), self._text_mid, dumps(text), self._text_tail))
 
     def response(
         self,
