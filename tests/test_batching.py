@@ -259,6 +259,32 @@ def test_prompts_arriving_together_run_in_groups_with_the_tokens_of_one_at_a_tim
     assert sorted(decoder.pool.busy) == [False] * 4
 
 
+def test_recording_every_shape_first_leaves_nothing_to_record_for_requests(tiny_engine) -> None:
+    """record_shapes (the server's warm-up) records every decode bucket and prompt-group shape on
+    dummy feeds; requests afterwards replay only, and get the one-at-a-time tokens."""
+    from onnxgen.runtime.capture.recorder import ReplayRecorder
+
+    plain = tiny_engine()
+    engine = tiny_engine(kv="static", capture="on", recorder=ReplayRecorder())
+    decoder = BatchedDecoder(engine, max_seqs=5, max_model_len=40, prefill_chunk=32, prefill_budget=64)
+    buckets, groups = decoder.shapes_to_record()
+    assert buckets == [1, 2, 4, 5]
+    assert groups == [(1, 16), (2, 16), (4, 16), (1, 32), (2, 32)]  # rows x size within the 64-token budget
+    assert decoder.record_shapes() == len(buckets) + len(groups)
+    steps, prompts = decoder.capture_stats, decoder.prompt_capture_stats
+    assert (steps.keys, steps.captures) == (len(buckets), len(buckets))
+    assert (prompts.keys, prompts.captures) == (len(groups), len(groups))
+    params = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    prompts_ids = _prompts(5, seed=9)
+    sequences = [engine.new_sequence(p, params) for p in prompts_ids]
+    _run(decoder, sequences[:2], {3: sequences[2:]})
+    assert [s.generated for s in sequences] == [_serial(plain, p, params) for p in prompts_ids]
+    assert (steps.captures, prompts.captures) == (len(buckets), len(groups)) and steps.replays > 0
+    assert prompts.replays > 0 and not steps.invalidations and not prompts.invalidations
+    with pytest.raises(RuntimeError, match="pool must hold nothing"):
+        decoder.record_shapes()
+
+
 def test_seeded_sampling_per_sequence_does_not_depend_on_the_batch(tiny_engine) -> None:
     engine = tiny_engine()
     prompts = _prompts(6, seed=1)

@@ -92,9 +92,18 @@ class BatchScheduler(EngineThreadScheduler):
         return generator
 
     def _warm_batched(self, generator: Generator) -> None:
-        """One short greedy generation through the batched decoder (its step and prompt paths)."""
+        """Where steps are captured, every decode bucket and prompt-group shape recorded first
+        (BatchedDecoder.record_shapes: the first requests would pay for it otherwise); then one
+        short greedy generation through the batched decoder (its step and prompt paths)."""
         decoder = self.decoder
         assert decoder is not None
+        if decoder.captured:
+            buckets, groups = decoder.shapes_to_record()
+            print(f"recording the batched steps: {len(buckets)} decode buckets, {len(groups)} prompt-group shapes",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            start = time.perf_counter()
+            decoder.record_shapes()
+            print(f"recorded in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
         sequence = generator.engine.new_sequence(
             generator.encode("Hello"), SamplingParams(max_new_tokens=2, ignore_eos=True), generator.eos_ids
         )

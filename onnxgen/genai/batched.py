@@ -234,6 +234,44 @@ class BatchedDecoder:
             sequence.slot = None
         self.engine.release([sequence], reason)
 
+    def shapes_to_record(self) -> tuple[list[int], list[tuple[int, int]]]:
+        """The decode buckets and the prompt-group shapes (rows, size) this decoder can run captured."""
+        if not self.captured:
+            return [], []
+        engine = self.engine
+        largest = min(self.prefill_chunk, engine.captured_prefill_max, self.pool.capacity, self.prefill_budget)
+        groups = []
+        size = engine.captured_prefill_min
+        while size <= largest:
+            rows = 1
+            while rows <= min(self.group_rows, power_of_two_at_most(self.prefill_budget // size)):
+                groups.append((rows, size))
+                rows *= 2
+            size *= 2
+        return list(self.buckets), groups
+
+    def record_shapes(self, runs: int = 3) -> int:
+        """Where steps are captured, every decode bucket and prompt-group shape run ``runs`` times
+        on dummy feeds (the capture runtime warms a shape twice, then records it), so that no
+        request pays a shape's warm-ups and recording later. Only while the pool holds nothing:
+        the dummy steps write row 0 of the slots and rows of the scratch. Returns the shapes run."""
+        buckets, groups = self.shapes_to_record()
+        if self.admitted or any(self.pool.contents):
+            raise RuntimeError("record_shapes runs before any sequence: the pool must hold nothing")
+        with torch.inference_mode():
+            for rows in buckets:
+                bucket = self._feeds_of(rows)
+                feeds = bucket.fill([0] * rows, [1] * rows)
+                if not bucket.checked:
+                    self.engine.session.check_feeds_repeated(feeds)
+                    bucket.checked = True
+                assert self._runtime is not None
+                for _ in range(runs):
+                    self._keep_in_place(self._runtime.run(feeds), feeds)
+            for rows, size in groups:
+                self._group_step([[0] * size] * rows, [0] * rows, [0] * rows, size, runs=runs)
+        return len(buckets) + len(groups)
+
     # -- the loop --------------------------------------------------------------------------
 
     def iterate(self) -> list[Read]:
@@ -323,7 +361,8 @@ class BatchedDecoder:
         sequence.slot, sequence.prefilled = self.pool.acquire(sequence.prompt_ids, span, lowest_first=self.captured)
         sequence.stats.cached_tokens = sequence.prefilled
         sequence.started_at = time.perf_counter()
-        sequence.sampler.observe(torch.tensor([sequence.prompt_ids], dtype=torch.int64, device=self.engine.device))
+        if sequence.sampler.plan.penalize:  # the prompt's ids counted (a copy that waits for the device)
+            sequence.sampler.observe(torch.tensor([sequence.prompt_ids], dtype=torch.int64, device=self.engine.device))
 
     # -- captured prompts in groups (prompt_groups.py) -------------------------------------------
 
@@ -366,11 +405,7 @@ class BatchedDecoder:
         launch, like a lone prompt's (_prompt_done)."""
         engine = self.engine
         pool = self.pool
-        scratch = self._group_scratch
-        if scratch is None:
-            scratch = self._group_scratch = StaticKV(
-                engine.config, engine.kv_dtype, engine.device, pool.capacity, batch=self.group_rows
-            )
+        scratch = self._groups_scratch()
         count = len(group)
         rows = power_of_two_at_least(count)
         for b, sequence in enumerate(group):
@@ -378,23 +413,10 @@ class BatchedDecoder:
             if reused:
                 for name, buffer in pool.buffers.items():
                     scratch.buffers[name][b, :, :reused].copy_(buffer[sequence.slot, :, :reused])
-        feeds_of = self._group_feeds.get((rows, size))
-        if feeds_of is None:
-            io = engine.config.io
-            feeds_of = self._group_feeds[(rows, size)] = GroupFeeds(
-                scratch, rows, size, input_ids=io.input_ids, attention_mask=io.attention_mask,
-                position_ids=io.position_ids if engine.has_positions else None, logits_row=engine.logits_row,
-            )  # fmt: skip
         chunks = [s.prompt_ids[s.prefilled :] for s in group]
         slots = [s.slot for s in group]
         assert all(slot is not None for slot in slots)
-        feeds = feeds_of.fill(chunks, [s.prefilled for s in group], slots)  # type: ignore[arg-type]
-        if not feeds_of.checked:
-            engine.session.check_feeds_repeated(feeds)
-            feeds_of.checked = True
-        assert self._group_runtime is not None
-        outputs = self._group_runtime.run(feeds)
-        self._keep_in_place(outputs, feeds)
+        feeds_of, outputs = self._group_step(chunks, [s.prefilled for s in group], slots, size)  # type: ignore[arg-type]
         end = max(s.prefilled for s in group) + size
         slot_rows = feeds_of.slots[:count]
         for name, buffer in pool.buffers.items():
@@ -410,6 +432,39 @@ class BatchedDecoder:
             index = feeds_of.last.view(rows, 1, 1).expand(rows, 1, logits.shape[-1])
             logits = logits.gather(1, index)
         return self._group_done(group, logits, slot_rows)
+
+    def _group_step(
+        self, chunks: list[list[int]], starts: list[int], slots: list[int], size: int, runs: int = 1
+    ) -> tuple[GroupFeeds, dict[str, torch.Tensor]]:
+        """The group step itself (in the scratch cache): its feeds and its outputs."""
+        engine = self.engine
+        scratch = self._groups_scratch()
+        rows = power_of_two_at_least(len(chunks))
+        feeds_of = self._group_feeds.get((rows, size))
+        if feeds_of is None:
+            io = engine.config.io
+            feeds_of = self._group_feeds[(rows, size)] = GroupFeeds(
+                scratch, rows, size, input_ids=io.input_ids, attention_mask=io.attention_mask,
+                position_ids=io.position_ids if engine.has_positions else None, logits_row=engine.logits_row,
+            )  # fmt: skip
+        feeds = feeds_of.fill(chunks, starts, slots)
+        if not feeds_of.checked:
+            engine.session.check_feeds_repeated(feeds)
+            feeds_of.checked = True
+        assert self._group_runtime is not None
+        for _ in range(runs):
+            outputs = self._group_runtime.run(feeds)
+            self._keep_in_place(outputs, feeds)
+        return feeds_of, outputs
+
+    def _groups_scratch(self) -> StaticKV:
+        """The prompt groups' scratch cache of ``group_rows`` sequences (made on first use)."""
+        if self._group_scratch is None:
+            engine = self.engine
+            self._group_scratch = StaticKV(
+                engine.config, engine.kv_dtype, engine.device, self.pool.capacity, batch=self.group_rows
+            )
+        return self._group_scratch
 
     def _group_done(self, group: list[Sequence], logits: torch.Tensor, slot_rows: torch.Tensor) -> list[Read]:
         """The group's first tokens, drawn into ``_tokens`` at the sequences' slots and copied
