@@ -459,3 +459,13 @@ def test_a_prompt_computed_in_chunks_between_running_slots_keeps_its_rows(tiny_e
     while decoder.admitted:
         decoder.iterate()
     assert [first.generated, last.generated, middle.generated] == expected
+
+
+def test_recorded_ops_off_cuda_run_the_function_every_time() -> None:
+    from onnxgen.genai.recorded_ops import RecordedOps
+
+    seen: list[int] = []
+    ops = RecordedOps(lambda: seen.append(len(seen)), torch.device("cpu"))
+    for _ in range(3):
+        ops()
+    assert seen == [0, 1, 2] and ops.graph is None

@@ -84,3 +84,19 @@ def test_batched_steps_are_captured_per_bucket_and_equal_eager(qwen_shape_packag
     assert [s.generated[0] for s, _ in greedy] == [a[0] for a in alone]
     del decoder, generator, serial
     torch.cuda.empty_cache()
+
+
+def test_recorded_ops_run_eagerly_then_record_then_replay() -> None:
+    """genai/recorded_ops.py on CUDA: each call computes from the inputs' values at that call (the
+    first eagerly, the second recorded then replayed, later ones replayed)."""
+    from onnxgen.genai.recorded_ops import RecordedOps
+
+    source = torch.zeros(8, device="cuda")
+    out = torch.zeros(8, device="cuda")
+    ops = RecordedOps(lambda: out.copy_(torch.where(source > 2, source * 2, -source)), torch.device("cuda"))
+    for step in range(5):
+        source.copy_(torch.arange(8, device="cuda") + step)
+        ops()
+        expected = torch.where(source > 2, source * 2, -source)
+        assert torch.equal(out, expected), step
+    assert ops.graph is not None and ops.calls == 5

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from onnxgen.genai.kv_pool import KVPool
+from onnxgen.genai.recorded_ops import RecordedOps
 
 BUCKET_STEP = 8  # buckets past 8 rows: every 8 rows
 
@@ -50,6 +51,7 @@ class BucketFeeds:
         attention_mask: str,
         position_ids: str | None,
         extra: dict[str, torch.Tensor],
+        carried: torch.Tensor | None = None,
     ):
         device = pool.device
         self.rows = rows
@@ -72,32 +74,41 @@ class BucketFeeds:
             self.feeds[position_ids] = self.positions
         self.feeds.update(extra)
         self.feeds.update(pool.range_feeds(0, rows))
+        self._carried = carried  # the device tokens a row may be fed from (fill's sources)
+        self._prepare = RecordedOps(self._prepare_on_device, device)  # one graph replay per step on CUDA
 
-    def fill(
-        self, ids: list[int], ends: list[int], sources: list[int] | None = None, carried: torch.Tensor | None = None
-    ) -> dict[str, torch.Tensor]:
+    def fill(self, ids: list[int], ends: list[int], sources: list[int] | None = None) -> dict[str, torch.Tensor]:
         """The feeds for a step where row b is fed token ``ids[b]`` and holds ``ends[b]`` rows after
-        it (its new row at ends[b] - 1); one copy from the host, the rest on the device. Where
-        ``sources[b] >= 0`` the row's token is ``carried[sources[b]]`` instead, a token still on the
-        device (the previous step's, not read yet: batched.py's overlapped steps); a non-finite
-        marker there (negative) is fed as id 0, its sequence ends when it is read."""
+        it (its new row at ends[b] - 1); one copy from the host, the rest on the device (recorded
+        ops: recorded_ops.py). Where ``sources[b] >= 0`` the row's token is ``carried[sources[b]]``
+        instead (``carried``: given at construction), a token still on the device (the previous
+        step's, not read yet: batched.py's overlapped steps); a non-finite marker there (negative)
+        is fed as id 0, its sequence ends when it is read."""
         rows = self.rows
         if len(ids) != rows or len(ends) != rows or (sources is not None and len(sources) != rows):
             raise ValueError(f"a bucket of {rows} rows got {len(ids)} ids and {len(ends)} ends")
+        if sources is not None and self._carried is None and max(sources) >= 0:
+            raise ValueError("sources name carried tokens, but this bucket's feeds were made without them")
         host = self._host[self._turn]
         self._turn ^= 1
         host[0] = torch.tensor(ids, dtype=torch.int64)
         host[1] = torch.tensor(ends, dtype=torch.int64)
         host[2] = torch.tensor(sources or [-1] * rows, dtype=torch.int64)
         self._staged.copy_(host, non_blocking=True)
+        self._prepare()
+        return self.feeds
+
+    def _prepare_on_device(self) -> None:
+        """The feeds from the staged copy (and the carried tokens): device work only, on tensors
+        that keep their addresses (what RecordedOps needs)."""
+        rows = self.rows
         ends_now = self._staged[1]
-        if carried is not None and sources is not None and max(sources) >= 0:
+        if self._carried is not None:
             source = self._staged[2]
-            from_device = carried.index_select(0, source.clamp(min=0)).clamp(min=0)
+            from_device = self._carried.index_select(0, source.clamp(min=0)).clamp(min=0)
             torch.where(source >= 0, from_device, self._staged[0], out=self.ids.view(rows))
         else:
             self.ids.copy_(self._staged[0].view(rows, 1))
         torch.sub(ends_now.view(rows, 1), 1, out=self.positions)
         torch.lt(self._keys, ends_now.view(rows, 1), out=self._allowed)
         self.mask.copy_(self._allowed)
-        return self.feeds

@@ -52,6 +52,7 @@ from onnxgen.genai.prompt_groups import (
     power_of_two_at_least,
     power_of_two_at_most,
 )
+from onnxgen.genai.recorded_ops import RecordedOps
 from onnxgen.genai.sampling import NON_FINITE, LogitsSampler
 from onnxgen.genai.sequence import Sequence
 from onnxgen.runtime.capture.stats import CaptureStats
@@ -156,6 +157,10 @@ class BatchedDecoder:
         self._fresh_host = torch.zeros(max_seqs, dtype=torch.int64, pin_memory=pinned)
         self._tokens = torch.zeros(max_seqs, dtype=torch.int64, device=engine.device)
         self._host_tokens = [torch.zeros(max_seqs, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
+        # an all-greedy step's argmax and host copy as recorded ops (_greedy_to_host), and the events
+        # that say when each host buffer's copy is done (reused: a buffer is read before its next use)
+        self._greedy_ops: dict[tuple[int, int], tuple[tuple, RecordedOps]] = {}
+        self._copied = [torch.cuda.Event() for _ in range(2)] if pinned else []
         # prompt groups (prompt_groups.py): a scratch cache of group_rows sequences, feeds per (rows, size),
         # each group's first tokens on the device and a pinned host buffer per group of an iteration
         self.group_rows = power_of_two_at_most(min(max_seqs, MAX_GROUP_ROWS))
@@ -618,7 +623,7 @@ class BatchedDecoder:
                 ids[slot] = sequence.generated[-1]
                 pool.contents[slot].append(sequence.generated[-1])
         bucket = self._feeds_of(rows)
-        feeds = bucket.fill(ids, ends, sources, self._tokens)
+        feeds = bucket.fill(ids, ends, sources)
         if not bucket.checked:  # the same tensors every step: their names, shapes and dtypes hold
             engine.session.check_feeds_repeated(feeds)
             bucket.checked = True
@@ -628,11 +633,45 @@ class BatchedDecoder:
         self.steps += 1
         self.stepped_rows += rows
         ordered = [(sequence, slot) for slot, sequence in sorted(members.items())]
-        errors = self._sample_into(ordered, outputs[engine.config.io.logits])
-        host = self._host_tokens[self.steps % 2][:rows]
-        ready = self._to_host(host, self._tokens[:rows])
+        logits = outputs[engine.config.io.logits]
+        turn = self.steps % 2
+        host = self._host_tokens[turn][:rows]
+        if all(s.sampler.plain_greedy and not self._needs_own_sampler(s) for s, _ in ordered):
+            for sequence, _ in ordered:
+                sequence.sampled += 1
+            self._greedy_to_host(logits, host)
+            errors: list[Read] = []
+            ready = self._copied[turn] if self._copied else None
+            if ready is not None:
+                ready.record()
+        else:
+            errors = self._sample_into(ordered, logits)
+            ready = self._to_host(host, self._tokens[:rows])
         ended = {read.sequence for read in errors}
         return _Launched([(s, r) for s, r in ordered if s not in ended], host, ready, errors, fed)
+
+    def _greedy_to_host(self, logits: torch.Tensor, host: torch.Tensor) -> None:
+        """Every row's argmax (NON_FINITE where its maximum is not finite) into ``_tokens`` and
+        copied into ``host`` (pinned), as recorded ops: one per logits tensor and host buffer, which
+        keep their addresses from step to step of a bucket (the recorded step's output). One per
+        bucket and host buffer is kept: logits at another address (an eager warm-up's) replace it,
+        so no earlier logits tensor is held alive."""
+        slot = (host.shape[0], host.data_ptr())
+        key = (logits.data_ptr(), tuple(logits.shape), logits.stride())
+        entry = self._greedy_ops.get(slot)
+        if entry is not None and entry[0] == key:
+            ops = entry[1]
+        else:
+            vocab, rows, tokens = self.engine.config.vocab_size, logits.shape[0], self._tokens
+
+            def argmax_to_host() -> None:
+                value, token = torch.max(logits[:, 0, :vocab], dim=-1)
+                tokens[:rows].copy_(torch.where(torch.isfinite(value), token, NON_FINITE))
+                host.copy_(tokens[:rows], non_blocking=True)
+
+            ops = RecordedOps(argmax_to_host, self.engine.device)
+            self._greedy_ops[slot] = (key, ops)
+        ops()
 
     def _to_host(self, host: torch.Tensor, device: torch.Tensor) -> torch.cuda.Event | None:
         """Copies ``device`` into ``host`` (pinned on CUDA) in stream order, without waiting; the
@@ -716,7 +755,7 @@ class BatchedDecoder:
             extra = {engine.logits_row: self._row_zero} if engine.logits_row is not None else {}
             feeds = self._bucket_feeds[rows] = BucketFeeds(
                 self.pool, rows, input_ids=io.input_ids, attention_mask=io.attention_mask,
-                position_ids=io.position_ids if engine.has_positions else None, extra=extra,
+                position_ids=io.position_ids if engine.has_positions else None, extra=extra, carried=self._tokens,
             )  # fmt: skip
         return feeds
 
