@@ -112,14 +112,7 @@ def run_onnxgen(package: Path, args: argparse.Namespace, log: Path) -> list[tupl
     command = [sys.executable, "-m", "onnxgen", "serve", "--model", str(package), "--device", args.device,
                "--port", str(port), "--max-num-seqs", str(slots), "--max-model-len", str(length),
                "--max-queue", str(max(64, 2 * slots)), *args.onnxgen_args]  # fmt: skip
-    say("onnxgen: " + " ".join(command))
-    with log.open("w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            wait_healthy(port, process, args.load_timeout_s, "onnxgen serve")
-            return drive(port, args, "onnxgen")
-        finally:
-            stop(process)
+    return serve_and_drive(command, port, args, log, "onnxgen")
 
 
 def run_llamacpp(gguf: Path, args: argparse.Namespace, log: Path) -> list[tuple[int, dict]]:
@@ -128,12 +121,19 @@ def run_llamacpp(gguf: Path, args: argparse.Namespace, log: Path) -> list[tuple[
     slots, length = max(args.concurrency), args.prompt_tokens + args.output_tokens + 16
     command = [str(binary), "-m", str(gguf), "-ngl", "999", "-np", str(slots), "-c", str(slots * length),
                "--host", "127.0.0.1", "--port", str(port), *args.llama_args]  # fmt: skip
-    say("llama.cpp: " + " ".join(command))
+    return serve_and_drive(command, port, args, log, "llama.cpp")
+
+
+def serve_and_drive(
+    command: list[str], port: int, args: argparse.Namespace, log: Path, name: str
+) -> list[tuple[int, dict]]:
+    """Starts the server (its output into ``log``), drives every level once it is healthy, stops it."""
+    say(f"{name}: " + " ".join(command))
     with log.open("w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
         try:
-            wait_healthy(port, process, args.load_timeout_s, "llama-server")
-            return drive(port, args, "llama.cpp")
+            wait_healthy(port, process, args.load_timeout_s, name)
+            return drive(port, args, name)
         finally:
             stop(process)
 

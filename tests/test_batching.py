@@ -164,6 +164,15 @@ def _run(decoder: BatchedDecoder, sequences: list, arrivals: dict[int, list] | N
         tick += 1
 
 
+def _run_as_room_allows(decoder: BatchedDecoder, sequences: list) -> None:
+    """Admits the sequences in order as slots free up, iterating until every one is over."""
+    queue = list(sequences)
+    while queue or decoder.admitted:
+        while queue and decoder.room:
+            decoder.admit(queue.pop(0))
+        decoder.iterate()
+
+
 def _prompts(count: int, seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(VOCAB) for _ in range(rng.randint(1, 20))] for _ in range(count)]
@@ -243,11 +252,7 @@ def test_prompts_arriving_together_run_in_groups_with_the_tokens_of_one_at_a_tim
     engine = tiny_engine(kv="static", capture="verify", recorder=ReplayRecorder(), verify_steps=10_000)
     decoder = BatchedDecoder(engine, max_seqs=4, max_model_len=64, prefill_chunk=32)
     sequences = [engine.new_sequence(p, q) for p, q in zip(prompts, params)]
-    queue = list(sequences)
-    while queue or decoder.admitted:
-        while queue and decoder.room:
-            decoder.admit(queue.pop(0))
-        decoder.iterate()
+    _run_as_room_allows(decoder, sequences)
     assert [s.generated for s in sequences] == expected
     assert decoder.grouped_prompts == len(prompts) - 1  # the long one ran alone, in chunks
     assert decoder.prompt_groups <= len(prompts) // 2
@@ -297,11 +302,7 @@ def test_seeded_sampling_per_sequence_does_not_depend_on_the_batch(tiny_engine) 
     for max_seqs in (6, 3):  # all at once; and three at a time, joining as others leave
         decoder = BatchedDecoder(engine, max_seqs=max_seqs, max_model_len=64)
         sequences = [engine.new_sequence(p, q) for p, q in zip(prompts, params)]
-        queue = list(sequences)
-        while queue or decoder.admitted:
-            while queue and decoder.room:
-                decoder.admit(queue.pop(0))
-            decoder.iterate()
+        _run_as_room_allows(decoder, sequences)
         assert [s.generated for s in sequences] == expected
 
 
