@@ -26,8 +26,10 @@ Where the engine captures (CUDA graphs; a test's stand-in recorder), the step is
 batch-size bucket (batch_buckets.py): a step over slots [0, hi) runs as the smallest bucket of at
 least hi rows, fed the bucket's persistent tensors (a mask as wide as a slot), through the
 engine's batched capture runtime, which warms, records, replays and (in verify mode) checks it
-against eager like the one-sequence step. Elsewhere the step spans the running slots [lo, hi)
-only, with a mask as wide as the longest row, eagerly.
+against eager like the one-sequence step. There the waiting prompts that fit one chunk run in
+groups, one captured step per group (prompt_groups.py); a longer prompt runs alone as the engine's
+captured prefill chunks. Elsewhere the step spans the running slots [lo, hi) only, with a mask as
+wide as the longest row, eagerly, and each prompt runs alone in chunks.
 
 The tokens of a step are read to the host at once: one argmax over the rows of every plain greedy
 sequence, each other sequence's own sampler, then one read of them all.
@@ -280,8 +282,9 @@ class BatchedDecoder:
     # -- the loop --------------------------------------------------------------------------
 
     def iterate(self) -> list[Read]:
-        """One prompt chunk (if a sequence waits for one), then one batched decode step (if any
-        sequence runs). A sequence that ends is released here (its slot freed)."""
+        """Prompt work up to ``prefill_budget`` tokens (groups of waiting prompts where steps are
+        captured, else chunks of one prompt at a time, oldest first), then one batched decode step
+        (if any sequence runs). A sequence that ends is released here (its slot freed)."""
         reads: list[Read] = []
         with torch.inference_mode():
             budget = self.prefill_budget
