@@ -28,7 +28,7 @@ VOCAB = TINY_CONFIGS["tiny-llama"].vocab_size
 
 
 class _Config:
-    """The few PackageConfig fields a KVPool reads."""
+    """The few PackageConfig fields a KVPool (and a StaticKV) reads."""
 
     num_layers = 2
     num_kv_heads = 1
@@ -41,6 +41,14 @@ class _Config:
     @staticmethod
     def past_value_name(layer: int) -> str:
         return f"past.{layer}.value"
+
+    @staticmethod
+    def present_key_name(layer: int) -> str:
+        return f"present.{layer}.key"
+
+    @staticmethod
+    def present_value_name(layer: int) -> str:
+        return f"present.{layer}.value"
 
 
 def _pool(slots: int = 4, capacity: int = 16) -> KVPool:
@@ -470,3 +478,26 @@ def test_recorded_ops_off_cuda_run_the_function_every_time() -> None:
     for _ in range(3):
         ops()
     assert seen == [0, 1, 2] and ops.graph is None
+
+
+def test_group_feeds_place_each_row_at_its_own_length() -> None:
+    """prompt_groups.GroupFeeds: row b's chunk at positions r_b .. r_b + S - 1, its mask r_b + S
+    wide, its logits at its last real row, its slot; rows past the chunks idle (a one-token dummy
+    at row 0); chunks longer than S or missing are refused."""
+    from onnxgen.genai.kv_cache import StaticKV
+    from onnxgen.genai.prompt_groups import GroupFeeds
+
+    scratch = StaticKV(_Config(), torch.float32, torch.device("cpu"), capacity=12, batch=4)  # type: ignore[arg-type]
+    feeds_of = GroupFeeds(scratch, 4, 4, input_ids="ids", attention_mask="mask", position_ids="pos", logits_row="row")
+    feeds = feeds_of.fill([[5, 6, 7], [8], [9, 9, 9, 9]], starts=[0, 5, 2], slots=[3, 0, 1])
+    assert feeds["ids"].tolist() == [[5, 6, 7, 0], [8, 0, 0, 0], [9, 9, 9, 9], [0, 0, 0, 0]]
+    assert feeds["pos"].tolist() == [[0, 1, 2, 3], [5, 6, 7, 8], [2, 3, 4, 5], [0, 1, 2, 3]]
+    assert feeds["mask"].sum(dim=1).tolist() == [4, 9, 6, 4] and feeds["mask"][1, :9].all()
+    assert feeds["row"].tolist() == [2, 0, 3, 0] and feeds_of.slots[:3].tolist() == [3, 0, 1]
+    assert (
+        feeds["past.0.key"].shape[0] == 4 and feeds["past.0.key"].data_ptr() == scratch.buffers["past.0.key"].data_ptr()
+    )
+    with pytest.raises(ValueError, match="1 to 4 tokens"):
+        feeds_of.fill([[1, 2, 3, 4, 5]], starts=[0], slots=[0])
+    with pytest.raises(ValueError, match="got 5 chunks"):
+        feeds_of.fill([[1]] * 5, starts=[0] * 5, slots=[0] * 5)
