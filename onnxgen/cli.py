@@ -114,7 +114,8 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
         "--threads",
         type=int,
         default=None,
-        help="CPU threads for torch (default: half the cores, or OMP_NUM_THREADS if set)",
+        help="CPU threads for torch (default: half the cores, all of them for a batching `serve`; or "
+        "OMP_NUM_THREADS if set)",
     )
     p.add_argument(
         "--omp-wait-policy",
@@ -337,6 +338,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def serve_threads(threads, options):  # noqa: ANN001, ANN201 - ThreadOptions, ServeOptions (imported late)
+    """The server's thread options: a batching server on the CPU defaults to all the usable cores
+    (onnxgen/threads.py); --threads, OMP_NUM_THREADS or torch.set_num_threads still win."""
+    from dataclasses import replace
+
+    if options.device == "cpu" and options.batch_size > 1:
+        return replace(threads, default="all")
+    return threads
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from onnxgen.genai.generator import Generator
     from onnxgen.server.options import ServeOptions
@@ -355,8 +366,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_prefill_tokens=args.max_prefill_tokens,
     )  # fmt: skip
 
+    threads = serve_threads(args.thread_options, options)
+
     def make_generator() -> Generator:  # called on the server's engine thread, once run() starts
-        return Generator(package, device=args.device, kv=args.kv, capture=args.capture, threads=args.thread_options)
+        return Generator(package, device=args.device, kv=args.kv, capture=args.capture, threads=threads)
 
     server = Server(options, make_generator)  # the port first: one that is taken fails before any pull
     package = resolve_model(args.model, args.device, args.precision, args.attention)

@@ -8,7 +8,10 @@ from tens of tokens/s to about one. onnxruntime's pool lets the calling thread t
 worker has not started, so it slows down instead. The default here is therefore half the
 usable cores (at least 1): two processes, or one process beside a busy neighbour, still find a
 core per thread. With one thread no barrier exists at all; on a quiet machine it costs some
-speed against all cores (an explicit ``num_threads`` takes it back).
+speed against all cores (an explicit ``num_threads`` takes it back). A caller may ask for all the
+usable cores as its default instead (``ThreadOptions.default="all"``): the batching server on the
+CPU does, where the batched step's larger products gain more from a second core than a lone
+stream's memory-bound ones (docs/batching.md has the measurement).
 
 Precedence, highest first: ``ThreadOptions.num_threads`` (the CLI's --threads); the
 ``OMP_NUM_THREADS`` environment variable (torch has already applied it); a thread count the
@@ -42,14 +45,18 @@ _state: dict[str, int | None] = {"applied": None}  # the count apply() last set
 class ThreadOptions:
     """``num_threads``: torch intra-op threads for CPU work (None: see the module docstring).
     ``wait_policy``: "active"/"passive" for libgomp (None: libgomp's default); takes effect only
-    through ``prepare()`` before torch is imported."""
+    through ``prepare()`` before torch is imported. ``default``: the count where neither these
+    options nor the user chose one, "half" the usable cores or "all" of them."""
 
     num_threads: int | None = None
     wait_policy: str | None = None
+    default: str = "half"
 
     def __post_init__(self) -> None:
         if self.num_threads is not None and (isinstance(self.num_threads, bool) or int(self.num_threads) < 1):
             raise InvalidInputError(f"num_threads must be a positive integer, got {self.num_threads!r}")
+        if self.default not in ("half", "all"):
+            raise InvalidInputError(f"the default thread count is 'half' or 'all' of the cores, got {self.default!r}")
         if self.wait_policy is not None and self.wait_policy not in WAIT_POLICIES:
             raise InvalidInputError(f"wait_policy must be one of {WAIT_POLICIES} or None, got {self.wait_policy!r}")
 
@@ -80,7 +87,7 @@ class ThreadOptions:
         elif _user_chose(current):
             return current
         else:
-            chosen = default_threads()
+            chosen = usable_cores() if self.default == "all" else default_threads()
         if chosen != current:
             torch.set_num_threads(chosen)
         _state["applied"] = chosen

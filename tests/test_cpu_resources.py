@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from onnxgen.errors import InvalidInputError
 from onnxgen.genai import Generator, SamplingParams
 from onnxgen.threads import ThreadOptions, default_threads
 from tests.conftest import onnxruntime_prompt_logits
@@ -41,6 +42,27 @@ def test_default_threads_are_half_the_cores():
     assert default_threads(1) == 1 and default_threads(2) == 1 and default_threads(16) == 8
     cores = len(os.sched_getaffinity(0))
     assert _python(_APPLY.format(pre="", args="")) == f"{default_threads(cores)} {default_threads(cores)}"
+
+
+def test_a_default_of_all_cores_yields_to_the_user_too():
+    """ThreadOptions(default="all") (the batching server on the CPU): every usable core where nobody
+    chose; the environment and an explicit count still win."""
+    cores = len(os.sched_getaffinity(0))
+    assert _python(_APPLY.format(pre="", args="default='all'")) == f"{cores} {cores}"
+    assert _python(_APPLY.format(pre="", args="default='all'"), OMP_NUM_THREADS="1") == "1 1"
+    assert _python(_APPLY.format(pre="", args="num_threads=1, default='all'")) == "1 1"
+    with pytest.raises(InvalidInputError, match="'half' or 'all'"):
+        ThreadOptions(default="most")
+
+
+def test_the_batching_server_on_the_cpu_defaults_to_all_cores():
+    from onnxgen.cli import serve_threads
+    from onnxgen.server.options import ServeOptions
+
+    given = ThreadOptions()
+    assert serve_threads(given, ServeOptions(model_name="m")).default == "all"  # CPU: 8 at once by default
+    assert serve_threads(given, ServeOptions(model_name="m", max_num_seqs=1)) is given  # one at a time
+    assert serve_threads(given, ServeOptions(model_name="m", device="cuda", max_num_seqs=8)) is given
 
 
 def test_user_thread_choices_win():
@@ -85,8 +107,6 @@ def test_wait_policy_set_before_torch_loads(tmp_path):
 
 
 def test_bad_thread_options_are_refused():
-    from onnxgen.errors import InvalidInputError
-
     with pytest.raises(InvalidInputError, match="num_threads must be a positive integer"):
         ThreadOptions(num_threads=0)
     with pytest.raises(InvalidInputError, match="wait_policy must be one of"):
