@@ -267,14 +267,7 @@ class BatchedDecoder:
             raise RuntimeError("record_shapes runs before any sequence: the pool must hold nothing")
         with torch.inference_mode():
             for rows in buckets:
-                bucket = self._feeds_of(rows)
-                feeds = bucket.fill([0] * rows, [1] * rows)
-                if not bucket.checked:
-                    self.engine.session.check_feeds_repeated(feeds)
-                    bucket.checked = True
-                assert self._runtime is not None
-                for _ in range(runs):
-                    self._keep_in_place(self._runtime.run(feeds), feeds)
+                self._bucket_step(rows, [0] * rows, [1] * rows, runs=runs)
             for rows, size in groups:
                 self._group_step([[0] * size] * rows, [0] * rows, [0] * rows, size, runs=runs)
         return len(buckets) + len(groups)
@@ -289,12 +282,11 @@ class BatchedDecoder:
         with torch.inference_mode():
             budget = self.prefill_budget
             while (self.prefilling is not None or self.waiting) and budget > 0:
-                group = self._next_group(budget) if self.captured and self.prefilling is None else []
-                if group is None:  # the next group does not fit what is left of the budget
+                found = self._next_group(budget) if self.captured and self.prefilling is None else ([], 0)
+                if found is None:  # the next group does not fit what is left of the budget
                     break
+                group, size = found
                 if group:
-                    size = self._group_size(group[0])
-                    assert size is not None
                     reads += self._run_group(group, size)
                     budget -= power_of_two_at_least(len(group)) * size
                     continue
@@ -384,16 +376,16 @@ class BatchedDecoder:
         size = power_of_two_at_least(rest, engine.captured_prefill_min)
         return size if sequence.prefilled + size <= self.pool.capacity else None
 
-    def _next_group(self, budget: int) -> list[Sequence] | None:
-        """The waiting sequences (taken off the queue) whose prompts run as the next group: the
-        oldest and those after it of the same chunk size, as many as ``budget`` tokens and the
-        group rows allow. [] when the oldest runs alone (a prompt of several chunks); None when
-        its group would not fit ``budget``."""
+    def _next_group(self, budget: int) -> tuple[list[Sequence], int] | None:
+        """The waiting sequences (taken off the queue) whose prompts run as the next group, and
+        their chunk size: the oldest and those after it of the same size, as many as ``budget``
+        tokens and the group rows allow. No sequences when the oldest runs alone (a prompt of
+        several chunks); None when its group would not fit ``budget``."""
         head = self.waiting[0]
         self._start(head)
         size = self._group_size(head)
         if size is None:
-            return []
+            return [], 0
         if size > budget:
             return None
         limit = min(self.group_rows, power_of_two_at_most(budget // size))
@@ -405,7 +397,7 @@ class BatchedDecoder:
             group.append(sequence)
         for _ in group:
             self.waiting.popleft()
-        return group
+        return group, size
 
     def _run_group(self, group: list[Sequence], size: int) -> list[Read]:
         """One step computing the prompts of ``group`` (prompt_groups.py), their rows copied into
@@ -417,10 +409,8 @@ class BatchedDecoder:
         count = len(group)
         rows = power_of_two_at_least(count)
         for b, sequence in enumerate(group):
-            reused = sequence.prefilled
-            if reused:
-                for name, buffer in pool.buffers.items():
-                    scratch.buffers[name][b, :, :reused].copy_(buffer[sequence.slot, :, :reused])
+            if sequence.prefilled:
+                self._copy_prefix(sequence, scratch, b)
         chunks = [s.prompt_ids[s.prefilled :] for s in group]
         slots = [s.slot for s in group]
         assert all(slot is not None for slot in slots)
@@ -464,6 +454,12 @@ class BatchedDecoder:
             outputs = self._group_runtime.run(feeds)
             self._keep_in_place(outputs, feeds)
         return feeds_of, outputs
+
+    def _copy_prefix(self, sequence: Sequence, scratch: StaticKV, row: int) -> None:
+        """The sequence's reused prefix rows (``prefilled``) from its slot into row ``row`` of a scratch cache."""
+        reused = sequence.prefilled
+        for name, buffer in self.pool.buffers.items():
+            scratch.buffers[name][row, :, :reused].copy_(buffer[sequence.slot, :, :reused])
 
     def _groups_scratch(self) -> StaticKV:
         """The prompt groups' scratch cache of ``group_rows`` sequences (made on first use)."""
@@ -512,8 +508,7 @@ class BatchedDecoder:
         scratch.reset(zero_rows=False)  # rows past the mask are never read; the mask is cleared
         reused = sequence.prefilled
         if reused:
-            for name, buffer in self.pool.buffers.items():
-                scratch.buffers[name][0, :, :reused].copy_(buffer[sequence.slot, :, :reused])
+            self._copy_prefix(sequence, scratch, 0)
             scratch.mask[:, :reused] = 1
             scratch.length = reused
         sequence.kv = scratch
@@ -625,21 +620,14 @@ class BatchedDecoder:
             else:
                 ids[slot] = sequence.generated[-1]
                 pool.contents[slot].append(sequence.generated[-1])
-        bucket = self._feeds_of(rows)
-        feeds = bucket.fill(ids, ends, sources)
-        if not bucket.checked:  # the same tensors every step: their names, shapes and dtypes hold
-            engine.session.check_feeds_repeated(feeds)
-            bucket.checked = True
-        assert self._runtime is not None
-        outputs = self._runtime.run(feeds)
-        self._keep_in_place(outputs, feeds)
+        outputs = self._bucket_step(rows, ids, ends, sources)
         self.steps += 1
         self.stepped_rows += rows
         ordered = [(sequence, slot) for slot, sequence in sorted(members.items())]
         logits = outputs[engine.config.io.logits]
         turn = self.steps % 2
         host = self._host_tokens[turn][:rows]
-        if all(s.sampler.plain_greedy and not self._needs_own_sampler(s) for s, _ in ordered):
+        if all(self._plain_greedy(s) for s, _ in ordered):
             for sequence, _ in ordered:
                 sequence.sampled += 1
             self._greedy_to_host(logits, host)
@@ -653,6 +641,22 @@ class BatchedDecoder:
         ended = {read.sequence for read in errors}
         return _Launched([(s, r) for s, r in ordered if s not in ended], host, ready, errors, fed)
 
+    def _bucket_step(
+        self, rows: int, ids: list[int], ends: list[int], sources: list[int] | None = None, runs: int = 1
+    ) -> dict[str, torch.Tensor]:
+        """The captured step of bucket ``rows`` over its persistent feeds (BucketFeeds.fill),
+        ``runs`` times; its outputs."""
+        bucket = self._feeds_of(rows)
+        feeds = bucket.fill(ids, ends, sources)
+        if not bucket.checked:  # the same tensors every step: their names, shapes and dtypes hold
+            self.engine.session.check_feeds_repeated(feeds)
+            bucket.checked = True
+        assert self._runtime is not None
+        for _ in range(runs):
+            outputs = self._runtime.run(feeds)
+            self._keep_in_place(outputs, feeds)
+        return outputs
+
     def _greedy_to_host(self, logits: torch.Tensor, host: torch.Tensor) -> None:
         """Every row's argmax (NON_FINITE where its maximum is not finite) into ``_tokens`` and
         copied into ``host`` (pinned), as recorded ops: one per logits tensor and host buffer, which
@@ -665,11 +669,10 @@ class BatchedDecoder:
         if entry is not None and entry[0] == key:
             ops = entry[1]
         else:
-            vocab, rows, tokens = self.engine.config.vocab_size, logits.shape[0], self._tokens
+            rows, tokens = logits.shape[0], self._tokens
 
             def argmax_to_host() -> None:
-                value, token = torch.max(logits[:, 0, :vocab], dim=-1)
-                tokens[:rows].copy_(torch.where(torch.isfinite(value), token, NON_FINITE))
+                self._argmax_rows(logits, tokens)
                 host.copy_(tokens[:rows], non_blocking=True)
 
             ops = RecordedOps(argmax_to_host, self.engine.device)
@@ -715,15 +718,13 @@ class BatchedDecoder:
         (released here)."""
         out = self._tokens if out is None else out
         engine = self.engine
-        vocab = engine.config.vocab_size
         errors: list[Read] = []
-        if any(s.sampler.plain_greedy and not self._needs_own_sampler(s) for s, _ in members):
+        if any(self._plain_greedy(s) for s, _ in members):
             # every row's argmax (idle rows' too: cheaper than gathering the members' rows, which
             # would need their indices on the device); the other members' rows are written below
-            value, token = torch.max(logits[:, 0, :vocab], dim=-1)
-            out[: logits.shape[0]].copy_(torch.where(torch.isfinite(value), token, NON_FINITE))
+            self._argmax_rows(logits, out)
         for sequence, row in members:
-            if sequence.sampler.plain_greedy and not self._needs_own_sampler(sequence):
+            if self._plain_greedy(sequence):
                 sequence.sampled += 1
                 continue
             try:
@@ -773,6 +774,17 @@ class BatchedDecoder:
             if sequence not in ended:
                 reads.append(self._read_checked(sequence, values[row], tokens[row : row + 1].clone()))
         return reads
+
+    def _argmax_rows(self, logits: torch.Tensor, out: torch.Tensor) -> None:
+        """Every row's argmax of ``logits`` [rows, 1, vocab] into ``out[:rows]``, NON_FINITE where
+        the row's maximum is not finite (device work only)."""
+        value, token = torch.max(logits[:, 0, : self.engine.config.vocab_size], dim=-1)
+        out[: logits.shape[0]].copy_(torch.where(torch.isfinite(value), token, NON_FINITE))
+
+    @classmethod
+    def _plain_greedy(cls, sequence: Sequence) -> bool:
+        """Whether the sequence's token is the plain argmax of its row (no sampler of its own)."""
+        return sequence.sampler.plain_greedy and not cls._needs_own_sampler(sequence)
 
     @staticmethod
     def _needs_own_sampler(sequence: Sequence) -> bool:

@@ -190,7 +190,7 @@ class Envelope:
         choice["finish_reason"] = finish_reason
         body: dict[str, Any] = {
             "id": self.id,
-            "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
+            "object": self._chunk_object,
             "created": self.created,
             "model": self.model,
             "choices": [choice],
@@ -203,7 +203,7 @@ class Envelope:
         return sse(
             {
                 "id": self.id,
-                "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
+                "object": self._chunk_object,
                 "created": self.created,
                 "model": self.model,
                 "choices": [],
