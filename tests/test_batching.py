@@ -284,6 +284,9 @@ def test_recording_every_shape_first_leaves_nothing_to_record_for_requests(tiny_
     assert buckets == [1, 2, 4, 5]
     assert groups == [(1, 16), (2, 16), (4, 16), (1, 32), (2, 32)]  # rows x size within the 64-token budget
     assert decoder.record_shapes() == len(buckets) + len(groups)
+    # a chunk that is not a power of two: its prompts pad up to the next one, which is recorded too
+    odd = BatchedDecoder(engine, max_seqs=5, max_model_len=40, prefill_chunk=24, prefill_budget=64)
+    assert odd.shapes_to_record()[1] == groups
     steps, prompts = decoder.capture_stats, decoder.prompt_capture_stats
     assert (steps.keys, steps.captures) == (len(buckets), len(buckets))
     assert (prompts.keys, prompts.captures) == (len(groups), len(groups))

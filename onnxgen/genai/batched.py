@@ -246,7 +246,10 @@ class BatchedDecoder:
         if not self.captured:
             return [], []
         engine = self.engine
-        largest = min(self.prefill_chunk, engine.captured_prefill_max, self.pool.capacity, self.prefill_budget)
+        # the sizes _group_size can give (a prompt's rest padded up) that fit a slot and the budget
+        rest = min(self.prefill_chunk, engine.captured_prefill_max)
+        padded = power_of_two_at_least(rest, engine.captured_prefill_min)
+        largest = min(padded, self.pool.capacity, self.prefill_budget)
         groups = []
         size = engine.captured_prefill_min
         while size <= largest:
