@@ -45,7 +45,7 @@ import torch
 
 from onnxgen.errors import InvalidInputError, OnnxgenError
 from onnxgen.genai.batch_buckets import BucketFeeds, batch_buckets, bucket_for
-from onnxgen.genai.engine import DecodeEngine, PromptTooLongError
+from onnxgen.genai.engine import DecodeEngine
 from onnxgen.genai.kv_cache import StaticKV, past_feeds_attention_in_place
 from onnxgen.genai.kv_pool import KVPool
 from onnxgen.genai.prompt_groups import (
@@ -54,6 +54,7 @@ from onnxgen.genai.prompt_groups import (
     power_of_two_at_least,
     power_of_two_at_most,
 )
+from onnxgen.genai.prompt_text import PromptTooLongError
 from onnxgen.genai.recorded_ops import RecordedOps
 from onnxgen.genai.sampling import NON_FINITE, LogitsSampler
 from onnxgen.genai.sequence import Sequence

@@ -16,7 +16,6 @@ sequences and samplers.
 
 from __future__ import annotations
 
-import numbers
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -25,12 +24,13 @@ from typing import TYPE_CHECKING
 import onnx
 import torch
 
-from onnxgen.errors import InvalidInputError, OnnxgenError
+from onnxgen.errors import InvalidInputError
 from onnxgen.genai.decode_tail import GreedyTail, SampledTail
 from onnxgen.genai.host_read import HostRead, host_read
 from onnxgen.genai.kv_cache import DynamicKV, GrowingKV, StaticKV, past_feeds_attention_in_place
 from onnxgen.genai.package import PackageConfig
 from onnxgen.genai.package_checks import growing_kv
+from onnxgen.genai.prompt_text import PromptTooLongError, checked_prompt_ids  # noqa: F401 - the error re-exported
 from onnxgen.genai.sampling import LogitsSampler, SamplingParams, SamplingPlan, logprobs_of, token_logprob
 from onnxgen.genai.sequence import Sequence
 from onnxgen.runtime.capture.stats import CaptureStats
@@ -61,10 +61,6 @@ def engine_model(model: onnx.ModelProto, config: PackageConfig) -> onnx.ModelPro
             stacklevel=2,
         )
     return rewritten
-
-
-class PromptTooLongError(OnnxgenError):
-    """The prompt does not fit in the model's context."""
 
 
 class BatchNotSupportedError(InvalidInputError):
@@ -193,29 +189,8 @@ class DecodeEngine:
     # -- sequences -------------------------------------------------------------------------
 
     def checked_prompt_ids(self, prompt_ids: Iterable[object]) -> list[int]:
-        """``prompt_ids`` as ints, checked where ids enter decoding: ints (numpy integers too; bool
-        and float refused) within [0, vocab_size), not empty, leaving room for one new token. These
-        checks keep the decode loop free of bound checks: sampled tokens are always in range."""
-        vocab = self.config.vocab_size
-        ids: list[int] = []
-        for index, value in enumerate(prompt_ids):
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                raise InvalidInputError(
-                    f"token ids must be ints; the one at index {index} is {value!r} ({type(value).__name__})"
-                )
-            if not 0 <= value < vocab:
-                raise InvalidInputError(
-                    f"token id {int(value)} at index {index} is outside the vocabulary [0, {vocab}) of this model"
-                )
-            ids.append(int(value))
-        if not ids:
-            raise InvalidInputError("the prompt is empty; give at least one token of text")
-        if len(ids) >= self.config.context_length:
-            raise PromptTooLongError(
-                f"the prompt has {len(ids)} tokens, but the context holds {self.config.context_length} "
-                "(prompt plus at least one new token)"
-            )
-        return ids
+        """``prompt_ids`` checked against this model's vocabulary and context (prompt_text.py)."""
+        return checked_prompt_ids(prompt_ids, self.config.vocab_size, self.config.context_length)
 
     def new_sequence(self, prompt_ids: list[int], params: SamplingParams, stop_ids: Iterable[int] = ()) -> Sequence:
         """A sequence for ``prompt_ids``, checked by ``checked_prompt_ids``. It stops at

@@ -8,16 +8,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from onnxgen.errors import InvalidInputError
-from onnxgen.genai.chat import render_chat
-from onnxgen.genai.engine import DecodeEngine, PromptTooLongError, engine_model
+from onnxgen.genai.engine import DecodeEngine, engine_model
 from onnxgen.genai.events import GenerationEvent
 from onnxgen.genai.package import PackageConfig, load_package_config
 from onnxgen.genai.package_checks import check_package
+from onnxgen.genai.prompt_text import PromptText, PromptTooLongError
 from onnxgen.genai.sampling import NonFiniteLogitsError, SamplingParams, checked_params
 from onnxgen.genai.sequence import GenerationStats, Sequence
 from onnxgen.genai.text_stream import TextStream
-from onnxgen.genai.tokenizer import Tokenizer
 from onnxgen.runtime.capture.stats import CaptureStats
 from onnxgen.runtime.model_io import load_model
 from onnxgen.runtime.session import InferenceSession, resolve_device
@@ -69,7 +67,8 @@ class Generator:
         # the package is checked against the graph proto before any weight is read (and read once)
         proto, model_dir = (session.model, None) if session is not None else load_model(self.config.model_file)
         check_package(self.config, proto)
-        self.tokenizer = Tokenizer(self.config.directory)
+        self.text = PromptText(self.config)
+        self.tokenizer = self.text.tokenizer
         if session is None:
             session = InferenceSession(engine_model(proto, self.config), device=device, base_dir=model_dir)
         self.session = session
@@ -92,10 +91,7 @@ class Generator:
         self.sample_in_graph = self.engine.sample_in_graph
         self.has_mask = self.engine.has_mask
         self.has_positions = self.engine.has_positions
-        self.eos_ids = set(self.config.eos_token_ids)
-        eos = self.tokenizer.token_id(self.tokenizer.eos_token)
-        if eos is not None:
-            self.eos_ids.add(eos)
+        self.eos_ids = self.text.eos_ids
         self.last_stats = GenerationStats()
 
     @property
@@ -119,46 +115,20 @@ class Generator:
     # -- prompts ---------------------------------------------------------------------------
 
     def apply_chat_template(self, messages: list[dict[str, Any]]) -> str:
-        t = self.tokenizer
-        return render_chat(t.chat_template, messages, bos_token=t.bos_token, eos_token=t.eos_token)
+        return self.text.apply_chat_template(messages)
 
     def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:
         """Token ids of a text prompt (with the chat template if ``chat``), or a caller's ids checked:
         ints (numpy integers too; bool and float refused) within [0, vocab_size), not empty, leaving
         room for one new token. The checked ids are what keeps the decode loop free of bound checks:
         sampled tokens are always in range."""
-        if isinstance(prompt, (list, tuple)):
-            return self.engine.checked_prompt_ids(prompt)
-        if not isinstance(prompt, str):
-            raise InvalidInputError(
-                f"the prompt must be a str or a list of token ids (int), got {type(prompt).__name__}"
-            )
-        if chat:
-            prompt = self.apply_chat_template([{"role": "user", "content": prompt}])
-        try:
-            prompt.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise InvalidInputError(
-                f"the prompt is not valid UTF-8 text: U+{ord(prompt[exc.start]):04X} at character {exc.start} is "
-                "a lone surrogate (what Python makes of bytes that are not UTF-8, e.g. in a command-line argument)"
-            ) from None
-        return self.engine.checked_prompt_ids(self.tokenizer.encode(prompt))
+        return self.text.encode(prompt, chat=chat)
 
     def encode_messages(self, messages: list[dict[str, Any]]) -> list[int]:
         """Checked prompt ids of a chat: the package's chat template over the whole ``messages``
         list (each a dict with a str "role" and a str "content"; flattening content parts is the
         caller's), with the assistant's turn opened for the reply."""
-        if not isinstance(messages, list) or not messages:
-            raise InvalidInputError("messages must be a non-empty list of {'role': str, 'content': str} dicts")
-        for index, message in enumerate(messages):
-            if not isinstance(message, dict):
-                raise InvalidInputError(f"message {index} must be a dict, got {type(message).__name__}")
-            for key in ("role", "content"):
-                if not isinstance(message.get(key), str):
-                    raise InvalidInputError(
-                        f"message {index} needs a str {key!r}, got {type(message.get(key)).__name__}"
-                    )
-        return self.encode(self.apply_chat_template(messages))
+        return self.text.encode_messages(messages)
 
     # -- generation ----------------------------------------------------------------------
 
