@@ -2,4 +2,5 @@ import sys
 
 from onnxgen.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # an engine process (spawned) imports this module again under another name
+    sys.exit(main())

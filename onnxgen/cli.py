@@ -349,6 +349,7 @@ def serve_threads(threads, options):  # noqa: ANN001, ANN201 - ThreadOptions, Se
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from onnxgen.genai.engine_process import EngineSpec
     from onnxgen.genai.generator import Generator
     from onnxgen.server.options import ServeOptions
     from onnxgen.server.serve import Server
@@ -364,6 +365,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_chunk_rate=args.max_chunk_rate, device=args.device,
         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, prefix_caching=args.enable_prefix_caching,
         max_prefill_tokens=args.max_prefill_tokens,
+        engine_process={"auto": None, "on": True, "off": False}[args.engine_process],
     )  # fmt: skip
 
     threads = serve_threads(args.thread_options, options)
@@ -371,7 +373,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     def make_generator() -> Generator:  # called on the server's engine thread, once run() starts
         return Generator(package, device=args.device, kv=args.kv, capture=args.capture, threads=threads)
 
-    server = Server(options, make_generator)  # the port first: one that is taken fails before any pull
+    def engine_spec() -> EngineSpec:  # called when run() starts the engine process
+        return EngineSpec(
+            str(package), device=args.device, kv=args.kv, capture=args.capture, threads=threads,
+            max_seqs=options.batch_size, max_model_len=options.max_model_len,
+            prefix_caching=options.prefix_caching, prefill_budget=options.max_prefill_tokens,
+        )  # fmt: skip
+
+    # the port first: one that is taken fails before any pull
+    server = Server(options, make_generator, engine_spec=engine_spec)
     package = resolve_model(args.model, args.device, args.precision, args.attention)
     return server.run()
 
@@ -464,6 +474,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-prefill-tokens", type=int, default=None,
         help="prompt tokens computed between two decode steps at most when batching (default 512; 2048 where "
         "steps are captured, on CUDA, and prompts that wait together run as one step)",
+    )  # fmt: skip
+    p.add_argument(
+        "--engine-process", choices=("auto", "on", "off"), default="auto",
+        help="run the engine in a process of its own, beside the HTTP server's (default auto: on with CUDA, "
+        "off on the CPU)",
     )  # fmt: skip
     p.add_argument(
         "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,

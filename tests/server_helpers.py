@@ -61,12 +61,15 @@ def tiny_package() -> Path:
 
 
 @contextlib.contextmanager
-def running_server(options, make_generator: Callable, ready_timeout_s: float = 120.0) -> Iterator:
+def running_server(
+    options, make_generator: Callable | None, ready_timeout_s: float = 120.0, engine_spec: Callable | None = None
+) -> Iterator:
     """An ``onnxgen.server.serve.Server`` on its own thread until the block ends; yields it once its
-    model is loaded (state READY)."""
+    model is loaded (state READY). With ``engine_spec`` (and options that ask for it) the engine
+    runs in a process of its own."""
     from onnxgen.server.serve import Server
 
-    server = Server(options, make_generator, announce=False)
+    server = Server(options, make_generator, announce=False, engine_spec=engine_spec)
     codes: list[int] = []
     thread = threading.Thread(target=lambda: codes.append(server.run()), name="test-server", daemon=True)
     thread.start()

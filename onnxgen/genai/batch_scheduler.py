@@ -81,6 +81,12 @@ class BatchScheduler(EngineThreadScheduler):
     def _started(self) -> list[RequestHandle]:
         return list(self._active)
 
+    def describe(self) -> str:
+        decoder = self.decoder
+        if decoder is None:
+            return f"up to {self.max_seqs} sequences at once"
+        return f"up to {decoder.max_seqs} sequences at once, {decoder.capacity} tokens each"
+
     # -- load ------------------------------------------------------------------------------
 
     def _make_with_decoder(self) -> Generator:

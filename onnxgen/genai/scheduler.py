@@ -286,10 +286,17 @@ class EngineThreadScheduler:
         """Blocks until READY or FAILED (True), or ``timeout`` passes (False)."""
         return self._ready.wait(timeout)
 
+    def describe(self) -> str:
+        """How this runner decodes, in a few words (the server's ready line)."""
+        return "one request at a time"
+
     def submit(self, jobs: Sequence[Job], loop: asyncio.AbstractEventLoop) -> RequestHandle:
         if not jobs:
             raise ValueError("a request needs at least one job")
-        handle = RequestHandle(jobs, loop)
+        return self.enqueue(RequestHandle(jobs, loop))
+
+    def enqueue(self, handle: RequestHandle) -> RequestHandle:
+        """``submit`` for a handle made by the caller (an engine process's relayed one)."""
         with self._lock:
             if self._state != READY:
                 raise SchedulerUnavailableError(self._unavailable())

@@ -29,7 +29,10 @@ class ServeOptions:
     context, at least 256). ``prefix_caching``: a batching server
     reuses the KV rows of a prompt prefix it still holds (genai/kv_pool.py). ``max_prefill_tokens``:
     prompt tokens a batching server computes between two decode steps at most (None: 512 where
-    steps run eagerly, 2048 where they are captured and prompts run in groups; genai/batched.py)."""
+    steps run eagerly, 2048 where they are captured and prompts run in groups; genai/batched.py).
+    ``engine_process``: run the engine in a process of its own (genai/engine_process.py: the event
+    loop's HTTP work and the engine's steps do not share one interpreter lock); None: the device's
+    default (``in_engine_process``)."""
 
     model_name: str
     host: str = "127.0.0.1"
@@ -46,6 +49,15 @@ class ServeOptions:
     max_model_len: int | None = None
     prefix_caching: bool = True
     max_prefill_tokens: int | None = None
+    engine_process: bool | None = None
+
+    @property
+    def in_engine_process(self) -> bool:
+        """Whether the engine runs in a process of its own (engine_process, or the device's default:
+        on CUDA, where the event loop's share of the interpreter lock slows the captured steps)."""
+        if self.engine_process is not None:
+            return self.engine_process
+        return self.device.startswith("cuda")
 
     @property
     def batch_size(self) -> int:

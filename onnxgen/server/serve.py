@@ -13,7 +13,9 @@ installed around ``run()`` take that re-raise, so the process ends with its own 
 traceback.
 
 Threads: uvicorn's event loop runs on the caller's thread (the main thread for the CLI, so it can
-take the signals; tests run it on another), the Generator on the scheduler's engine thread.
+take the signals; tests run it on another), the Generator on the scheduler's engine thread, or, with
+``engine_spec`` given and ``ServeOptions.in_engine_process``, in an engine process of its own
+(genai/engine_process.py), which the Server starts and stops.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import uvicorn
 
 from onnxgen.errors import OnnxgenError
 from onnxgen.genai.batch_scheduler import BatchScheduler
+from onnxgen.genai.engine_process import EngineSpec, ProcessScheduler
 from onnxgen.genai.scheduler import FAILED, LOADING, EngineThreadScheduler, SerialScheduler
 from onnxgen.server.app import ServerState, create_app
 from onnxgen.server.options import ServeOptions
@@ -82,13 +85,18 @@ class Server:
         make_generator: Callable[[], Generator],
         *,
         announce: bool = True,
+        engine_spec: Callable[[], EngineSpec] | None = None,
     ) -> None:
         self.options = options
         self.announce = announce
         self.socket = bind(options.host, options.port)
         self.port = self.socket.getsockname()[1]
-        self.scheduler: EngineThreadScheduler
-        if options.batch_size > 1:
+        self.scheduler: EngineThreadScheduler | ProcessScheduler
+        if options.engine_process is True and engine_spec is None:
+            raise ValueError("engine_process=True needs an engine_spec (what the engine process builds)")
+        if engine_spec is not None and options.in_engine_process:
+            self.scheduler = ProcessScheduler(engine_spec, max_queue=options.max_queue)
+        elif options.batch_size > 1:
             self.scheduler = BatchScheduler(
                 make_generator, max_queue=options.max_queue, max_seqs=options.batch_size,
                 max_model_len=options.max_model_len, prefix_caching=options.prefix_caching,
@@ -141,10 +149,7 @@ class Server:
             _eprint(f"ready: {self.options.model_name!r} on {where} ({self._batching()})")
 
     def _batching(self) -> str:
-        decoder = getattr(self.scheduler, "decoder", None)
-        if decoder is None:
-            return "one request at a time"
-        return f"up to {decoder.max_seqs} sequences at once, {decoder.capacity} tokens each"
+        return self.scheduler.describe()
 
     def stop(self) -> None:
         """Start the drain (any thread, a signal handler too); uvicorn stops as its signal does."""

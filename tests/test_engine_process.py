@@ -1,0 +1,132 @@
+"""The engine in a process of its own (genai/engine_process.py) behind the HTTP server: the text a
+request gets is the in-process Generator's (the oracle: the same package decoded in this process),
+streamed and not, with one request and several at once; a client that leaves is cut in the engine
+process too; an engine process that dies makes the server say so (health, 503) instead of hanging;
+closing the server ends the engine process. One spawned engine per server (each loads torch and the
+tiny package: a few seconds), so the tests share them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from tests.server_helpers import post, request, running_server, sse_events, tiny_package
+
+MODEL = "tiny"
+PROMPTS = ["Once upon a time", "The capital of France is", "def fibonacci(n):", "Hello"]
+
+
+def serve(max_num_seqs: int, max_queue: int = 64):
+    from onnxgen.genai.engine_process import EngineSpec
+    from onnxgen.server.options import ServeOptions
+
+    options = ServeOptions(
+        model_name=MODEL, port=0, max_num_seqs=max_num_seqs, max_queue=max_queue, engine_process=True
+    )
+    spec = EngineSpec(str(tiny_package()), device="cpu", max_seqs=max_num_seqs)
+    return running_server(options, None, engine_spec=lambda: spec)
+
+
+@pytest.fixture(scope="module")
+def oracle() -> dict[str, str]:
+    """Each prompt's greedy 12 tokens from a Generator in this process."""
+    from onnxgen.genai import Generator, SamplingParams
+
+    generator = Generator(tiny_package(), device="cpu")
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    return {prompt: generator.generate(prompt, params) for prompt in PROMPTS}
+
+
+@pytest.fixture(scope="module", params=[1, 4], ids=["serial", "batched"])
+def served(request):
+    with serve(request.param) as server:
+        yield server
+
+
+def completion(port: int, prompt: str, stream: bool = False) -> str:
+    body = {"prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True, "stream": stream}
+    if not stream:
+        status, answer = post(port, "/v1/completions", body)
+        assert status == 200, answer
+        return answer["choices"][0]["text"]
+    status, _, data = request(port, "POST", "/v1/completions", body, {"content-type": "application/json"})
+    assert status == 200, data[:300]
+    return "".join(json.loads(event)["choices"][0]["text"] for event in sse_events(data)[:-1])
+
+
+def test_texts_are_the_in_process_generators(served, oracle) -> None:
+    assert served.scheduler.describe().endswith("in an engine process")
+    assert completion(served.port, PROMPTS[0]) == oracle[PROMPTS[0]]
+    assert completion(served.port, PROMPTS[1], stream=True) == oracle[PROMPTS[1]]
+    texts: dict[str, str] = {}
+
+    def client(prompt: str) -> None:
+        texts[prompt] = completion(served.port, prompt, stream=True)
+
+    threads = [threading.Thread(target=client, args=(p,)) for p in PROMPTS]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert texts == oracle
+    deadline = time.monotonic() + 5
+    while served.scheduler.running or served.scheduler.queue_depth:  # the engine's counts reach the server
+        assert time.monotonic() < deadline, (served.scheduler.running, served.scheduler.queue_depth)
+        time.sleep(0.02)
+
+
+def test_bad_input_is_refused_in_the_server_process(served) -> None:
+    status, answer = post(served.port, "/v1/completions", {"prompt": [999999], "max_tokens": 2})
+    assert status == 400 and "outside the vocabulary" in answer["error"]["message"], answer
+    status, answer = post(served.port, "/v1/completions", {"prompt": "x" * 2000, "max_tokens": 2})
+    assert status == 400, answer
+
+
+def test_a_dead_engine_process_fails_the_server_not_its_clients() -> None:
+    with serve(1) as server:
+        assert completion(server.port, "Hello")
+        os.kill(server.scheduler._process.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while server.scheduler.state != "failed":
+            assert time.monotonic() < deadline, server.scheduler.state
+            time.sleep(0.05)
+        assert "ended unexpectedly (exit code -9)" in server.scheduler.failure
+        status, _, body = request(server.port, "GET", "/health")
+        assert status == 503 and b"ended unexpectedly" in body, body
+        status, answer = post(server.port, "/v1/completions", {"prompt": "Hello", "max_tokens": 2})
+        assert status == 503, answer
+
+
+def test_closing_the_server_ends_the_engine_process() -> None:
+    with serve(2) as server:
+        process = server.scheduler._process
+        assert completion(server.port, "Hello")
+    process.join(10)
+    assert process.exitcode == 0
+
+
+def test_an_error_that_does_not_pickle_crosses_as_its_kind() -> None:
+    from onnxgen.errors import OnnxgenError
+    from onnxgen.genai.engine_process import _portable
+    from onnxgen.genai.scheduler import Output
+
+    class Unpicklable(OnnxgenError):
+        def __init__(self, message: str, extra: object) -> None:
+            super().__init__(message)
+            self.extra = extra
+
+    class Internal(Exception):
+        def __init__(self, a: int, b: int) -> None:
+            super().__init__(f"{a}/{b}")
+
+    user = _portable(Output(0, None, 0.0, error=Unpicklable("too long", lambda: None)))
+    assert type(user.error) is OnnxgenError and "Unpicklable: too long" in str(user.error)
+    internal = _portable(Output(0, None, 0.0, error=Internal(1, 2)))
+    assert type(internal.error) is RuntimeError and "Internal: 1/2" in str(internal.error)
+    plain = Output(0, None, 0.0, error=OnnxgenError("fine"))
+    assert _portable(plain) is plain
