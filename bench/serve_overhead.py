@@ -4,14 +4,18 @@ another process, so the client's own work does not share the server's interprete
 
     python -m bench.serve_overhead --model smollm2-135m-instruct --device cpu
     python -m bench.serve_overhead --tiny                     # a 3-layer random model: the overhead shows
-    python -m bench.serve_overhead --model qwen2.5-coder-0.5b-instruct --device cuda
+    python -m bench.serve_overhead --model qwen2.5-coder-0.5b-instruct --device cuda --engine thread,process
+    python -m bench.serve_overhead --model PKG --device cuda --prompt-tokens 128 --max-num-seqs 64 --engine process
 
 Workload: a seeded prompt of --prompt-tokens ids, --new-tokens tokens greedy with EOS ignored; one
 warm-up, then --repeats runs per path, the two paths alternating (a server is started for each HTTP
 run and stopped before the next API run), the median reported. TTFT: request sent (or ``events``
 called) to the first token's text; decode tok/s: the tokens after the first over the time from the
 first to the last. Over HTTP a chunk may carry several tokens when the client is behind: the
-times are when the text reached the client. Prints a markdown table.
+times are when the text reached the client. HTTP rows: the engine on the server's engine thread
+(--engine thread: the Generator measured through the API, served) and/or in an engine process
+(--engine process: one server for all its runs, its own Generator on the same package), the runner
+one request at a time or batching (--max-num-seqs). Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -88,27 +92,43 @@ def client_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def http_runs(generator, device: str, ids: list[int], new_tokens: int, repeats: int) -> list[tuple[float, float]]:
-    """Serves ``generator`` (its engine thread owns it until the server stops) and runs the SSE
-    client process against it."""
-    from onnxgen.server.options import ServeOptions
-    from onnxgen.server.serve import Server
-
-    server = Server(ServeOptions(model_name="bench", port=0, device=device), lambda: generator, announce=False)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        while server.scheduler.state == "loading":
-            time.sleep(0.01)
-        command = [sys.executable, "-m", "bench.serve_overhead", "--client", str(server.port), "--ids", json.dumps(ids),
-                   "--new-tokens", str(new_tokens), "--repeats", str(repeats)]  # fmt: skip
-        result = subprocess.run(command, capture_output=True, text=True, timeout=3600)
-    finally:
-        server.stop()
-        thread.join(30)
+def client_runs(port: int, ids: list[int], new_tokens: int, repeats: int) -> list[tuple[float, float]]:
+    """The SSE client process against the server on ``port``."""
+    command = [sys.executable, "-m", "bench.serve_overhead", "--client", str(port), "--ids", json.dumps(ids),
+               "--new-tokens", str(new_tokens), "--repeats", str(repeats)]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=3600)
     if result.returncode != 0:
         raise SystemExit(f"the SSE client failed:\n{result.stderr}")
     return [tuple(run) for run in json.loads(result.stdout)]
+
+
+def start_server(options, make_generator, engine_spec=None):  # noqa: ANN001, ANN201
+    """A Server on its own thread, once loaded: (server, thread)."""
+    from onnxgen.server.serve import Server
+
+    server = Server(options, make_generator, announce=False, engine_spec=engine_spec)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while server.scheduler.state == "loading":
+        time.sleep(0.01)
+    if server.scheduler.state != "ready":
+        raise SystemExit(f"the server did not load: {server.scheduler.failure}")
+    return server, thread
+
+
+def stop_server(server, thread) -> None:  # noqa: ANN001
+    server.stop()
+    thread.join(60)
+
+
+def http_runs(generator, options, ids: list[int], new_tokens: int, repeats: int) -> list[tuple[float, float]]:
+    """Serves ``generator`` on an engine thread (which owns it until the server stops) and runs
+    the SSE client process against it."""
+    server, thread = start_server(replace(options, engine_process=False), lambda: generator)
+    try:
+        return client_runs(server.port, ids, new_tokens, repeats)
+    finally:
+        stop_server(server, thread)
 
 
 def tiny_package(directory: Path) -> Path:
@@ -141,6 +161,8 @@ def main() -> int:
     parser.add_argument("--prompt-tokens", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--max-num-seqs", type=int, default=1, help="the servers' runner: 1 serial, more batching")
+    parser.add_argument("--engine", default="thread", help="comma list of thread, process: where the engine runs")
     parser.add_argument("--client", type=int, default=None, help=argparse.SUPPRESS)  # the SSE client process
     parser.add_argument("--ids", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -149,7 +171,9 @@ def main() -> int:
 
     from onnxgen.cli import resolve_model
     from onnxgen.genai.benchmark import prompt_ids
+    from onnxgen.genai.engine_process import EngineSpec
     from onnxgen.genai.generator import Generator
+    from onnxgen.server.options import ServeOptions
     from onnxgen.threads import ThreadOptions
 
     workdir = Path(tempfile.mkdtemp(prefix="onnxgen-serve-bench-"))
@@ -158,15 +182,31 @@ def main() -> int:
         generator = Generator(package, device=args.device, threads=ThreadOptions(num_threads=args.threads))
         ids = prompt_ids(generator.config.vocab_size, args.prompt_tokens)
         api_run(generator, ids, args.new_tokens)  # warm-up (on CUDA: the recordings)
-        api: list[tuple[float, float]] = []
-        http: list[tuple[float, float]] = []
-        for _ in range(args.repeats):  # interleaved, so a neighbour's load falls on both paths alike
-            api.append(api_run(generator, ids, args.new_tokens))
-            http += http_runs(generator, args.device, ids, args.new_tokens, 1)
+        engines = args.engine.split(",")
+        options = ServeOptions(model_name="bench", port=0, device=args.device, max_num_seqs=args.max_num_seqs)
+        spec = EngineSpec(str(package), device=args.device, threads=ThreadOptions(num_threads=args.threads),
+                          max_seqs=args.max_num_seqs)  # fmt: skip
+        process = None
+        if "process" in engines:
+            process = start_server(replace(options, engine_process=True), None, lambda: spec)
+        runs: dict[str, list[tuple[float, float]]] = {"api": [], "thread": [], "process": []}
+        try:
+            for _ in range(args.repeats):  # interleaved, so a neighbour's load falls on every path alike
+                runs["api"].append(api_run(generator, ids, args.new_tokens))
+                if "thread" in engines:
+                    runs["thread"] += http_runs(generator, options, ids, args.new_tokens, 1)
+                if process is not None:
+                    runs["process"] += client_runs(process[0].port, ids, args.new_tokens, 1)
+        finally:
+            if process is not None:
+                stop_server(*process)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
-    rows = [row("Python API (`Generator.events`)", api), row("HTTP SSE (`/v1/completions`, stream)", http)]
+    labels = {"thread": "HTTP SSE, engine thread", "process": "HTTP SSE, engine process"}
+    runner = "one request at a time" if args.max_num_seqs == 1 else f"batching, --max-num-seqs {args.max_num_seqs}"
+    rows = [row("Python API (`Generator.events`)", runs["api"])]
+    rows += [row(f"{labels[e]} ({runner})", runs[e]) for e in ("thread", "process") if runs[e]]
     name = "tiny random (3 layers)" if args.tiny else str(args.model)
     print(f"model {name}, device {args.device}, threads {generator.threads}, prompt {args.prompt_tokens} tokens, "
           f"{args.new_tokens} new (greedy), median of {args.repeats}\n")  # fmt: skip
@@ -174,10 +214,11 @@ def main() -> int:
     print("| --- | ---: | ---: | ---: |")
     for label, ttft, rate in rows:
         print(f"| {label} | {ttft:.2f} | {rate:.1f} | {1000 / rate:.3f} |")
-    (_, api_ttft, api_rate), (_, http_ttft, http_rate) = rows
-    per_token_us = (1 / http_rate - 1 / api_rate) * 1e6
-    print(f"| HTTP - API | {http_ttft - api_ttft:+.2f} | {http_rate - api_rate:+.1f} ({http_rate / api_rate - 1:+.1%}) "
-          f"| {per_token_us / 1000:+.3f} ({per_token_us:+.0f} us) |")  # fmt: skip
+    _, api_ttft, api_rate = rows[0]
+    for label, http_ttft, http_rate in rows[1:]:
+        per_token_us = (1 / http_rate - 1 / api_rate) * 1e6
+        print(f"| {label.split(' (')[0]} - API | {http_ttft - api_ttft:+.2f} | {http_rate - api_rate:+.1f} "
+              f"({http_rate / api_rate - 1:+.1%}) | {per_token_us / 1000:+.3f} ({per_token_us:+.0f} us) |")  # fmt: skip
     return 0
 
 
