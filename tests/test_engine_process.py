@@ -15,7 +15,9 @@ import time
 
 import pytest
 
+from tests.conftest import HAS_CUDA
 from tests.server_helpers import post, request, running_server, sse_events, tiny_package
+from tests.test_gpu_capture_models import qwen_shape_packages  # noqa: F401 - the shared fixture (GPU test)
 
 MODEL = "tiny"
 PROMPTS = ["Once upon a time", "The capital of France is", "def fibonacci(n):", "Hello"]
@@ -130,3 +132,38 @@ def test_an_error_that_does_not_pickle_crosses_as_its_kind() -> None:
     assert type(internal.error) is RuntimeError and "Internal: 1/2" in str(internal.error)
     plain = Output(0, None, 0.0, error=OnnxgenError("fine"))
     assert _portable(plain) is plain
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_on_cuda_the_engine_process_serves_the_captured_generators_text(qwen_shape_packages) -> None:  # noqa: F811
+    """CUDA: a batching server in an engine process (captured batched steps) answers four streamed
+    requests at once with the text of a Generator in this process (the captured one-sequence loop)."""
+    from onnxgen.genai import Generator, SamplingParams
+    from onnxgen.genai.engine_process import EngineSpec
+    from onnxgen.server.options import ServeOptions
+
+    package = qwen_shape_packages["fp16"]
+    generator = Generator(package, device="cuda")
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    ids = [[1000 + 37 * i + j for j in range(20 + 9 * i)] for i in range(4)]
+    expected = ["".join(event.text for event in generator.events(p, params)) for p in ids]
+    del generator
+    options = ServeOptions(model_name=MODEL, port=0, device="cuda", max_num_seqs=4, engine_process=True)
+    spec = EngineSpec(str(package), device="cuda", max_seqs=4)
+    with running_server(options, None, engine_spec=lambda: spec) as server:
+        texts: dict[int, str] = {}
+
+        def client(index: int) -> None:
+            body = {"prompt": ids[index], "max_tokens": 12, "temperature": 0, "ignore_eos": True, "stream": True}
+            headers = {"content-type": "application/json"}
+            status, _, data = request(server.port, "POST", "/v1/completions", body, headers)
+            assert status == 200, data[:300]
+            texts[index] = "".join(json.loads(e)["choices"][0]["text"] for e in sse_events(data)[:-1])
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    assert [texts.get(i) for i in range(4)] == expected
