@@ -82,6 +82,17 @@ def test_texts_are_the_in_process_generators(served, oracle) -> None:
         time.sleep(0.02)
 
 
+def test_logprobs_cross_from_the_engine_process(served, oracle) -> None:
+    body = {"prompt": PROMPTS[2], "max_tokens": 12, "temperature": 0, "ignore_eos": True, "logprobs": 2}
+    status, answer = post(served.port, "/v1/completions", body)
+    assert status == 200, answer
+    choice = answer["choices"][0]
+    assert choice["text"] == oracle[PROMPTS[2]]
+    logprobs = choice["logprobs"]
+    assert len(logprobs["tokens"]) == 12 and all(len(top) == 2 for top in logprobs["top_logprobs"])
+    assert all(value <= 0.0 for value in logprobs["token_logprobs"])
+
+
 def test_bad_input_is_refused_in_the_server_process(served) -> None:
     status, answer = post(served.port, "/v1/completions", {"prompt": [999999], "max_tokens": 2})
     assert status == 400 and "outside the vocabulary" in answer["error"]["message"], answer

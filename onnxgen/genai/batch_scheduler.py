@@ -45,6 +45,8 @@ class BatchScheduler(EngineThreadScheduler):
     slots unless ``prefix_caching`` is False. The default ``warm`` runs one
     short generation through the batched decoder (it is built there, on the engine thread)."""
 
+    delivers_per_step = True
+
     def __init__(
         self,
         make_generator: Callable[[], Generator],
@@ -157,6 +159,8 @@ class BatchScheduler(EngineThreadScheduler):
                         self._fail(decoder, job.handle, read.error)
                     continue
                 self._deliver(decoder, read.sequence, read.token_id, now)
+            if self.after_step is not None:
+                self.after_step()
 
     def _take_started(self, room: int) -> list[RequestHandle]:
         """Under the lock: the requests whose next jobs fit in ``room`` slots, partial ones first,

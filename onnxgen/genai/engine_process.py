@@ -10,7 +10,8 @@ token's event, a few bytes of text) the other.
 The child (spawned, never forked: a forked CUDA context is unusable) builds the runner the
 ``EngineSpec`` describes (SerialScheduler or BatchScheduler over a Generator) and runs it as the
 in-process server would, with one difference: its request handles send their outputs to a writer
-thread, which pickles whatever has accumulated into one message, instead of waking an event loop.
+thread, which pickles whatever has accumulated into one message (a token's output as a plain
+tuple), instead of waking an event loop.
 The child's main thread reads the commands (submit, cancel, cancel all, close). The parent keeps
 the text side of the package (prompt_text.PromptText: tokenizer, chat template, prompt checks),
 the requests' handles, and a reader thread that hands each output to its handle as the in-process
@@ -39,6 +40,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from onnxgen.errors import OnnxgenError
+from onnxgen.genai.events import GenerationEvent
 from onnxgen.genai.prompt_text import PromptText
 from onnxgen.genai.scheduler import (
     CLOSED,
@@ -94,6 +96,24 @@ class EngineSpec:
 # -- the child ---------------------------------------------------------------------------------
 
 
+def _encoded(item: Output | None) -> tuple | Output | None:
+    """A token's or a final output as a plain tuple (a frozen dataclass pickles and unpickles
+    several times slower, and at 64 streams that was a share of every step's host work); an error
+    output as itself, made portable."""
+    if item is None or item.error is not None:
+        return _portable(item)
+    event = item.event
+    return (item.index, event.token_id, event.text, event.logprob, event.finish_reason, item.at,
+            item.completion_tokens, item.cached_tokens)  # fmt: skip
+
+
+def _decoded(item: tuple | Output | None) -> Output | None:
+    if not isinstance(item, tuple):
+        return item
+    index, token_id, text, logprob, finish, at, completion, cached = item
+    return Output(index, GenerationEvent(token_id, text, logprob, finish), at, None, completion, cached)
+
+
 def _portable(item: Output | None) -> Output | None:
     """``item`` with an error that survives pickling (module docstring)."""
     if item is None or item.error is None:
@@ -119,13 +139,24 @@ class _Outbox:
         self._items: list[tuple[int, Output | None]] = []
         self._ready = threading.Condition()
         self._closing = False
+        self._per_step = runner.delivers_per_step
+        runner.after_step = self.flush
         self._thread = threading.Thread(target=self._write, name="onnxgen-engine-writer", daemon=True)
         self._thread.start()
 
     def put(self, rid: int, item: Output | None) -> None:
+        """Queue ``item`` for the parent. A token's output waits for the step's ``flush`` where the
+        runner calls one after each step (one message, one wake-up of the writer per step); a final
+        output, an error or an end goes at once."""
+        encoded = _encoded(item)
         with self._ready:
-            self._items.append((rid, _portable(item)))
-            if len(self._items) == 1:
+            self._items.append((rid, encoded))
+            if not (self._per_step and isinstance(encoded, tuple) and encoded[1] is not None):
+                self._ready.notify()
+
+    def flush(self) -> None:
+        with self._ready:
+            if self._items:
                 self._ready.notify()
 
     def send(self, message: tuple) -> None:
@@ -364,7 +395,7 @@ class ProcessScheduler:
                 for rid, item in items:
                     handle = self._handles.get(rid) if item is not None else self._handles.pop(rid, None)
                     if handle is not None:
-                        handle._push(item)
+                        handle._push(_decoded(item))
             elif message[0] == "state":
                 self._loaded(spec, *message[1:])
         self._engine_ended()

@@ -230,6 +230,10 @@ class EngineThreadScheduler:
     the engine thread goes on with the next request. ``max_queue``: requests that may wait (the
     running ones not counted)."""
 
+    # True where the runner calls ``after_step`` once it has handed out a step's outputs (its
+    # outputs of one step may then be passed on together)
+    delivers_per_step = False
+
     def __init__(
         self,
         make_generator: Callable[[], Generator],
@@ -237,6 +241,7 @@ class EngineThreadScheduler:
         max_queue: int = 64,
         warm: Callable[[Generator], None] = warm_up,
     ) -> None:
+        self.after_step: Callable[[], None] | None = None
         if max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
         self.max_queue = max_queue
