@@ -318,3 +318,36 @@ def test_int4_weights_are_packed_once_at_load(int4_calls) -> None:
     assert int4_calls == [2]
     level0 = InferenceSession(_with_level(model, 0), device="cpu")  # exact fp32 asked: left as it is
     assert {"B", "scales", "zp"} <= set(level0.program.initializers)
+
+
+@pytest.mark.parametrize("zp_kind", ["none", "packed", "float"])
+@pytest.mark.parametrize("block_size", [32, 128])
+def test_matmul_nbits_many_rows_dequantize_the_packed_weight_per_call(
+    zp_kind, block_size, int4_calls, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt chunk's product (at least int4pack_rows.MIN_ROWS rows) takes the weight dequantized
+    from the int4 GEMM's packed layout for the call and one fp32 GEMM; the same oracle and
+    tolerance as the kernel (it rounds the scales and zeros to bf16 alike)."""
+    from onnxgen.runtime.ops import int4pack_rows
+
+    if int4pack_rows.packed_block_rows() is None:
+        pytest.skip("this machine's int4 packing is not a layout onnxgen reads back")
+    rows_calls: list[int] = []
+    original = int4pack_rows.matmul
+
+    def counting(a, *args, **kwargs):
+        rows_calls.append(a.shape[0])
+        return original(a, *args, **kwargs)
+
+    monkeypatch.setattr(int4pack_rows, "matmul", counting)
+    k, n = 256, 128
+    model = matmul_nbits_model(k, n, 4, block_size, TP.FLOAT, zp_kind, accuracy_level=4, with_bias=True)
+    exact = _with_level(model, 0)
+    rng = np.random.default_rng(11)
+    for shape in ((80, k), (2, 40, k), (3, k)):
+        a = rng.standard_normal(shape).astype(np.float32)
+        expected = ort_run(exact, {"A": a})[0]
+        actual = onnxgen_run(model, {"A": a})[0]
+        assert actual.shape == expected.shape
+        assert _max_rel_error(actual, expected) < INT4_TOL, shape
+    assert rows_calls == [80, 80], "the many-row path did not run, or ran for 3 rows"

@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from onnxgen import options
 from onnxgen.runtime.gpu.launch import q4_kernels_serve, triton_serves
 from onnxgen.runtime.node_contract import NodeContext
+from onnxgen.runtime.ops import int4pack_rows
 from onnxgen.runtime.ops.common import normalize_axis
 from onnxgen.runtime.ops.contrib_attention import compute_dtype
 from onnxgen.runtime.ops.cpu_gemv import split_gemv
@@ -322,8 +323,10 @@ def fake_quantize_int8_blocks(a: torch.Tensor, block_size: int) -> torch.Tensor:
 # (q - zero_point) * scale. Its fast kernel needs bf16 activations, scales and zeros (fp32 ones take
 # a reference loop, ~20x slower), so it is used only where the node permits that precision:
 # accuracy_level >= 3 (3 = bf16, 4 = int8 compute; onnxruntime itself rounds activations to int8
-# per block at level 4). At levels 0-2 the exact fp32 path below stays. It is faster than the fp32
-# GEMM at every M we measured (1..512), so prefill uses it too and no fp32 copy is cached.
+# per block at level 4). At levels 0-2 the exact fp32 path below stays. Its cost grows with the
+# rows about as fast as the rows, so a prompt chunk's product (int4pack_rows.MIN_ROWS rows or more)
+# dequantizes the packed weight for that call into a shared scratch buffer and runs one fp32 GEMM
+# (int4pack_rows.py); no fp32 copy is kept either way.
 # ONNXGEN_CPU_INT4_GEMM=0 (option cpu_int4_gemm) turns it off.
 _INT4PACK_OP = getattr(getattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", None), "default", None)
 
@@ -419,9 +422,15 @@ class _Int4Plan:
         return self.versions == versions
 
     def run(self, a: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """A @ W^T (+ bias) through the int4 kernel, in A's dtype."""
-        x = a.reshape(-1, self.k).to(torch.bfloat16, memory_format=torch.contiguous_format)
-        out = _INT4PACK_OP(x, self.packed, self.block_size, self.sz).to(torch.float32)
+        """A @ W^T (+ bias) through the int4 kernel, in A's dtype; many rows (a prompt chunk) as the
+        weight dequantized for the call and one fp32 GEMM (int4pack_rows.py)."""
+        rows = a.numel() // self.k
+        if int4pack_rows.serves(self.n, rows):
+            x = a.reshape(rows, self.k).to(torch.float32)
+            out = int4pack_rows.matmul(x, self.packed, self.sz, k=self.k, n=self.n, block_size=self.block_size)
+        else:
+            x = a.reshape(-1, self.k).to(torch.bfloat16, memory_format=torch.contiguous_format)
+            out = _INT4PACK_OP(x, self.packed, self.block_size, self.sz).to(torch.float32)
         if bias is not None:
             out += bias
         out = out.view(*a.shape[:-1], self.n)
