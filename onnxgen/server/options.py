@@ -11,28 +11,28 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ServeOptions:
-    """``model_name``: the id clients send as ``model`` and /v1/models lists (--served-model-name,
-    else the --model name). ``max_queue``: requests that may wait for the engine before new ones get
-    503. ``max_choices``: choices (n x prompts) per request. ``max_body_bytes``: larger bodies get 413.
+    """``model_name``: the id clients send as ``model`` and /v1/models lists (--served-model-name, else
+    the --model name). ``max_queue``: requests that may wait for the engine before new ones get 503.
+    ``max_choices``: choices (n x prompts) per request. ``max_body_bytes``: larger bodies get 413.
     ``shutdown_grace_s``: on SIGINT/SIGTERM, how long admitted requests may run on before they are
-    cut with an error. ``api_key``: when set, /v1/*, /tokenize and /detokenize need
-    ``Authorization: Bearer KEY``. ``stream_interval_s``: the least time between two reads of a
-    request's tokens (the first is read at once): a stream faster than that is sent a few tokens
-    per chunk, which keeps the event loop's work per second bounded, and with it what the loop
-    takes from the engine thread's share of the interpreter. ``max_chunk_rate``: reads per second
-    over all requests at most (0: no cap): with many streams open each one's interval widens to
-    open streams / max_chunk_rate (pacing.py). ``max_num_seqs``: sequences decoded at
-    once (continuous batching, genai/batch_scheduler.py); 1 decodes one request at a time
-    (SerialScheduler, the captured single-sequence step on CUDA); None: 8 on the CPU, 1 on CUDA
-    (batched steps are not captured yet there). ``max_model_len``: tokens (prompt and output) one
-    sequence may hold when batching; None: 16,384 tokens shared by the slots (at most the model's
-    context, at least 256). ``prefix_caching``: a batching server
-    reuses the KV rows of a prompt prefix it still holds (genai/kv_pool.py). ``max_prefill_tokens``:
-    prompt tokens a batching server computes between two decode steps at most (None: 512 where
-    steps run eagerly, 2048 where they are captured and prompts run in groups; genai/batched.py).
-    ``engine_process``: run the engine in a process of its own (genai/engine_process.py: the event
-    loop's HTTP work and the engine's steps do not share one interpreter lock); None: the device's
-    default (``in_engine_process``)."""
+    cut with an error. ``api_key``: when set, /v1/*, /tokenize and /detokenize need ``Authorization:
+    Bearer KEY``. ``stream_interval_s``: the least time between two reads of a request's tokens (the
+    first is read at once): a stream faster than that is sent a few tokens per chunk, which keeps
+    the event loop's work per second bounded, and with it what the loop takes from the engine
+    thread's share of the interpreter. ``max_chunk_rate``: reads per second over all requests at
+    most (0: no cap): with many streams open each one's interval widens to open streams /
+    max_chunk_rate (pacing.py). ``max_num_seqs``: sequences decoded at once (continuous batching,
+    genai/batch_scheduler.py); 1 decodes one request at a time (SerialScheduler, the captured
+    single-sequence step on CUDA); None: 8 on the CPU, 1 on CUDA (one stream is fastest through the
+    serial runner, and the default KV budget below is a CPU-sized one: a CUDA default sized from the
+    device's memory has not been built). ``max_model_len``: tokens (prompt and output) one sequence
+    may hold when batching; None: 16,384 tokens shared by the slots (at most the model's context, at
+    least 256). ``prefix_caching``: a batching server reuses the KV rows of a prompt prefix it still
+    holds (genai/kv_pool.py). ``max_prefill_tokens``: prompt tokens a batching server computes
+    between two decode steps at most (None: 512 where steps run eagerly, 2048 where they are
+    captured and prompts run in groups; genai/batched.py). ``engine_process``: run the engine in a
+    process of its own (genai/engine_process.py: the event loop's HTTP work and the engine's steps
+    do not share one interpreter lock); None: the device's default (``in_engine_process``)."""
 
     model_name: str
     host: str = "127.0.0.1"
