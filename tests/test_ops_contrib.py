@@ -612,8 +612,9 @@ def test_quantized_weight_paths_name_each_form() -> None:
         "no dequantized copy"
     ]
     assert paths(level4, "cpu") == [
-        "bits=4 block_size=32 zero_points=packed accuracy_level=4 -> torch int4 GEMM (bf16 activations), "
-        "packed codes only"
+        "bits=4 block_size=32 zero_points=packed accuracy_level=4 -> torch int4 GEMM (bf16 activations); "
+        "a prompt chunk's many rows: the packed weight dequantized for the call, fp32 GEMM "
+        "(ops/int4pack_rows.py); packed codes only"
     ]
     with options.override(triton_q4=False):
         assert paths(level4, "cuda")[0].endswith("-> dequantized fp16/bf16 copy (ONNXGEN_TRITON_Q4=0)")

@@ -18,6 +18,10 @@ import onnx
 from onnxgen import options
 
 INT4PACK_GROUPS = (32, 64, 128, 256)  # the group sizes torch's CPU int4 GEMM accepts
+_INT4PACK_PATH = (
+    "torch int4 GEMM (bf16 activations); a prompt chunk's many rows: the packed weight dequantized for "
+    "the call, fp32 GEMM (ops/int4pack_rows.py); packed codes only"
+)
 
 
 def q4_form_unserved(
@@ -126,7 +130,7 @@ def _matmul_nbits_form(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto],
         if why is None and not int4pack_enabled(options.current()):
             why = "ONNXGEN_CPU_INT4_GEMM=0 or ONNXGEN_INT8_ACTIVATIONS set"
         if why is None:
-            return _Form("MatMulNBits", text, "torch int4 GEMM (bf16 activations), packed codes only")
+            return _Form("MatMulNBits", text, _INT4PACK_PATH)
     return _Form("MatMulNBits", text, f"reference: dequantized {copy} copy kept ({why})")
 
 
