@@ -178,3 +178,53 @@ def test_on_cuda_the_engine_process_serves_the_captured_generators_text(qwen_sha
         for thread in threads:
             thread.join(120)
     assert [texts.get(i) for i in range(4)] == expected
+
+
+def test_the_queue_bound_holds_across_the_process() -> None:
+    """max_queue counts the requests the engine has not started, as the parent sees them: with one
+    slot and a queue of one, six requests at once get 200 or 503 (with Retry-After), some of each."""
+    with serve(1, max_queue=1) as server:
+        statuses: list[int] = []
+
+        def client() -> None:
+            body = {"prompt": "Once", "max_tokens": 60, "ignore_eos": True}
+            status, headers, _ = request(
+                server.port, "POST", "/v1/completions", body, {"content-type": "application/json"}
+            )
+            statuses.append(status)
+            if status == 503:
+                assert "retry-after" in headers
+
+        threads = [threading.Thread(target=client) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert sorted(set(statuses)) == [200, 503], statuses
+
+
+def test_a_cancel_crosses_to_the_engine_process() -> None:
+    """A request cancelled after its first tokens stops in the engine process: its outputs end
+    long before its max_tokens, and the engine takes the next request."""
+    import asyncio
+
+    from onnxgen.genai.sampling import SamplingParams
+    from onnxgen.genai.scheduler import Job
+
+    with serve(1) as server:
+        scheduler = server.scheduler
+        prompt = scheduler.generator.encode("Once upon a time")
+
+        async def cancelled_after(tokens: int) -> int:
+            job = Job(prompt, SamplingParams(max_new_tokens=200, ignore_eos=True))
+            handle = scheduler.submit([job], asyncio.get_running_loop())
+            seen = 0
+            async for batch in handle.batches():
+                seen += sum(1 for output in batch if output.event is not None and output.event.token_id is not None)
+                if seen >= tokens and not handle.cancelled:
+                    handle.cancel()
+            return seen
+
+        seen = asyncio.run(cancelled_after(3))
+        assert 3 <= seen < 150, seen
+        assert completion(server.port, "Hello")
