@@ -53,6 +53,7 @@ from onnxgen.genai.scheduler import (
     QueueFullError,
     RequestCancelledError,
     RequestHandle,
+    SchedulerStates,
     SchedulerUnavailableError,
 )
 from onnxgen.threads import ThreadOptions
@@ -250,7 +251,7 @@ def engine_main(spec: EngineSpec, commands: Connection, results: Connection) -> 
 # -- the parent --------------------------------------------------------------------------------
 
 
-class ProcessScheduler:
+class ProcessScheduler(SchedulerStates):
     """The scheduler protocol over an engine process (module docstring). ``make_spec`` is called
     by ``start()`` (the CLI resolves the package between making the server and starting it);
     ``max_queue``: requests that may wait, as in EngineThreadScheduler."""
@@ -296,14 +297,6 @@ class ProcessScheduler:
     # -- the protocol ------------------------------------------------------------------------
 
     @property
-    def state(self) -> str:
-        return self._state
-
-    @property
-    def failure(self) -> str | None:
-        return self._failure
-
-    @property
     def generator(self) -> PromptText | None:
         """The package's text side (the engine's Generator lives in the engine process)."""
         return self._text if self._state == READY else None
@@ -322,9 +315,6 @@ class ProcessScheduler:
 
     def describe(self) -> str:
         return f"{self._description}, in an engine process"
-
-    def wait_loaded(self, timeout: float | None = None) -> bool:
-        return self._ready.wait(timeout)
 
     def submit(self, jobs: Sequence[Job], loop: asyncio.AbstractEventLoop) -> RequestHandle:
         if not jobs:
@@ -367,13 +357,6 @@ class ProcessScheduler:
         self._ready.set()
 
     # -- internals ---------------------------------------------------------------------------
-
-    def _unavailable(self) -> str:
-        if self._state == LOADING:
-            return "the model is still loading"
-        if self._state == FAILED:
-            return f"the engine has failed: {self._failure}"
-        return "the server is shutting down"
 
     def _send(self, message: tuple) -> None:
         commands = self._commands

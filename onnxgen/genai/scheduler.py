@@ -218,7 +218,36 @@ def warm_up(generator: Generator) -> None:
         pass
 
 
-class EngineThreadScheduler:
+class SchedulerStates:
+    """The state part of the protocol every runner shares: ``state``, ``failure``, ``wait_loaded``
+    and the message a request refused for the state gets. A subclass sets ``_state``, ``_failure``
+    and ``_ready`` (an Event set on READY or FAILED)."""
+
+    _state: str
+    _failure: str | None
+    _ready: threading.Event
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @property
+    def failure(self) -> str | None:
+        return self._failure
+
+    def wait_loaded(self, timeout: float | None = None) -> bool:
+        """Blocks until READY or FAILED (True), or ``timeout`` passes (False)."""
+        return self._ready.wait(timeout)
+
+    def _unavailable(self) -> str:
+        if self._state == LOADING:
+            return "the model is still loading"
+        if self._state == FAILED:
+            return f"the engine has failed: {self._failure}"
+        return "the server is shutting down"
+
+
+class EngineThreadScheduler(SchedulerStates):
     """What every runner here shares: one engine thread that owns the Generator, a bounded queue of
     requests in arrival order, the states, cancellation of queued requests, and the probe after an
     internal error. A subclass's ``_serve(generator)`` runs the requests (it returns when closed).
@@ -262,14 +291,6 @@ class EngineThreadScheduler:
     # -- the protocol ------------------------------------------------------------------------
 
     @property
-    def state(self) -> str:
-        return self._state
-
-    @property
-    def failure(self) -> str | None:
-        return self._failure
-
-    @property
     def generator(self) -> Generator | None:
         return self._generator if self._state == READY else None
 
@@ -286,10 +307,6 @@ class EngineThreadScheduler:
         """Tokens (prompt and new ones) one job may hold when the runner sets a limit below the
         model's context (a batching runner's KV slots); None: the context."""
         return None
-
-    def wait_loaded(self, timeout: float | None = None) -> bool:
-        """Blocks until READY or FAILED (True), or ``timeout`` passes (False)."""
-        return self._ready.wait(timeout)
 
     def describe(self) -> str:
         """How this runner decodes, in a few words (the server's ready line)."""
@@ -328,13 +345,6 @@ class EngineThreadScheduler:
             self._thread.join(timeout)
 
     # -- the engine thread -------------------------------------------------------------------
-
-    def _unavailable(self) -> str:
-        if self._state == LOADING:
-            return "the model is still loading"
-        if self._state == FAILED:
-            return f"the engine has failed: {self._failure}"
-        return "the server is shutting down"
 
     def _dequeue(self, handle: RequestHandle) -> None:
         """A queued request cancelled: off the queue now (its place is free), its end delivered."""
