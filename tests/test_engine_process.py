@@ -228,3 +228,20 @@ def test_a_cancel_crosses_to_the_engine_process() -> None:
         seen = asyncio.run(cancelled_after(3))
         assert 3 <= seen < 150, seen
         assert completion(server.port, "Hello")
+
+
+def test_a_package_that_fails_to_load_fails_the_server_with_its_reason(tmp_path) -> None:
+    """The engine process's load error reaches the server as its failure (no traceback to read)."""
+    from onnxgen.genai.engine_process import EngineSpec, ProcessScheduler
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "genai_config.json").write_text("{ not json")
+    scheduler = ProcessScheduler(lambda: EngineSpec(str(broken), device="cpu")).start()
+    try:
+        assert scheduler.wait_loaded(60)
+        assert scheduler.state == "failed"
+        assert "genai_config.json" in scheduler.failure, scheduler.failure
+    finally:
+        scheduler.close(5)
+    assert scheduler._process.exitcode == 0

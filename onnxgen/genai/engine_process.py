@@ -212,7 +212,12 @@ class _RelayedHandle(RequestHandle):
 def engine_main(spec: EngineSpec, commands: Connection, results: Connection) -> None:
     """The engine process's body (module docstring)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    runner = spec.make_runner(_UNBOUNDED_QUEUE)
+    try:
+        runner = spec.make_runner(_UNBOUNDED_QUEUE)
+    except Exception as exc:  # noqa: BLE001 - reported as the engine's failure, not a bare exit code
+        traceback.print_exc(file=sys.stderr)
+        results.send(("state", FAILED, f"{type(exc).__name__}: {exc}", None, ""))
+        return
     outbox = _Outbox(results, runner)
     runner.start()
     runner.wait_loaded()
