@@ -140,6 +140,7 @@ class _Outbox:
         self._items: list[tuple[int, Output | None]] = []
         self._ready = threading.Condition()
         self._closing = False
+        self._sending = threading.Lock()  # one message at a time on the pipe
         self._per_step = runner.delivers_per_step
         runner.after_step = self.flush
         self._thread = threading.Thread(target=self._write, name="onnxgen-engine-writer", daemon=True)
@@ -161,7 +162,7 @@ class _Outbox:
                 self._ready.notify()
 
     def send(self, message: tuple) -> None:
-        with self._ready:
+        with self._sending:
             self._conn.send(message)
 
     def close(self) -> None:
@@ -186,7 +187,9 @@ class _Outbox:
             load = (runner.queue_depth, runner.running)
             try:
                 if items or load != sent:
-                    self._conn.send(("out", items, *load))
+                    # the runner's failure, once it has one (an internal error whose probe failed too)
+                    failure = runner.failure if runner.state == FAILED else None
+                    self.send(("out", items, *load, failure))
                     sent = load
             except (BrokenPipeError, OSError):
                 return  # the parent has gone
@@ -379,7 +382,9 @@ class ProcessScheduler(SchedulerStates):
             except (EOFError, OSError):
                 break
             if message[0] == "out":
-                _, items, self._queue_depth, self._running = message
+                _, items, self._queue_depth, self._running, failure = message
+                if failure is not None:
+                    self._engine_failed(failure)
                 for rid, item in items:
                     handle = self._handles.get(rid) if item is not None else self._handles.pop(rid, None)
                     if handle is not None:
@@ -401,6 +406,14 @@ class ProcessScheduler(SchedulerStates):
             if self._state == LOADING:
                 self._state, self._failure = state, failure
         self._ready.set()
+
+    def _engine_failed(self, failure: str) -> None:
+        """The engine process's runner has failed (it refuses every request from now on)."""
+        with self._lock:
+            if self._state != READY:
+                return
+            self._state, self._failure = FAILED, failure
+        print(f"onnxgen: the engine has failed: {failure}", file=sys.stderr, flush=True)
 
     def _engine_ended(self) -> None:
         process = self._process
