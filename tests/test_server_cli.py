@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
 import signal
 import socket
@@ -23,12 +24,13 @@ from tests.server_helpers import HOST, post, request, running_server, sse_events
 ONNXGEN = [sys.executable, "-m", "onnxgen"]
 
 
-def start(*extra: str) -> tuple[subprocess.Popen, int, list[str]]:
+def start(*extra: str, session: bool = False) -> tuple[subprocess.Popen, int, list[str]]:
     """`onnxgen serve` on the tiny package and a free port; returns once it says it is ready (its
-    stderr lines are collected by a thread)."""
+    stderr lines are collected by a thread). ``session``: in a process group of its own, as a shell
+    runs a foreground job (a terminal's Ctrl-C reaches every process of the group)."""
     process = subprocess.Popen(
         [*ONNXGEN, "serve", "--model", str(tiny_package()), "--port", "0", *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=session,
     )  # fmt: skip
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(iter(process.stderr.readline, "")), daemon=True).start()
@@ -90,11 +92,39 @@ def streams_during(process: subprocess.Popen, port: int, sig: int, batched: bool
     return [bodies[i] for i in sorted(bodies)]
 
 
-@pytest.mark.parametrize("sig,batch", [(signal.SIGTERM, 1), (signal.SIGINT, 1), (signal.SIGTERM, 8)])
-def test_a_signal_during_streams_stops_cleanly(sig: int, batch: int) -> None:
-    process, port, lines = start("--shutdown-grace", "0.2", "--max-num-seqs", str(batch))
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            text = status.read_text()
+        except OSError:
+            continue
+        if re.search(rf"^PPid:\s+{pid}$", text, re.M):
+            found.append(int(status.parent.name))
+    return found
+
+
+@pytest.mark.parametrize(
+    "sig,batch,engine",
+    [(signal.SIGTERM, 1, "off"), (signal.SIGINT, 1, "off"), (signal.SIGTERM, 8, "off"), (signal.SIGINT, 8, "on")],
+)
+def test_a_signal_during_streams_stops_cleanly(sig: int, batch: int, engine: str) -> None:
+    """With the engine in a process of its own, SIGINT goes to the whole process group, as a
+    terminal's Ctrl-C does: the engine process ignores it, the server drains and closes it."""
+    in_process = engine == "on"
+    process, port, lines = start(
+        "--shutdown-grace", "0.2", "--max-num-seqs", str(batch), "--engine-process", engine, session=in_process
+    )
+    engines = children(process.pid) if in_process else []
     try:
+        if in_process:
+            assert engines, "no engine process"  # (and multiprocessing's resource tracker)
+            signal_group = process.send_signal
+            process.send_signal = lambda s: os.killpg(process.pid, s)  # type: ignore[method-assign]
         bodies = streams_during(process, port, sig, batched=batch > 1)
+        if in_process:
+            process.send_signal = signal_group  # type: ignore[method-assign]
         code = process.wait(30)
     finally:
         if process.poll() is None:
@@ -102,6 +132,8 @@ def test_a_signal_during_streams_stops_cleanly(sig: int, batch: int) -> None:
     log = "".join(lines)
     assert code == 0, log[-2000:]
     assert "Traceback" not in log and "stopped" in log
+    for pid in engines:  # the engine process (and the tracker) have ended with the server
+        assert not Path(f"/proc/{pid}").exists() or "State:\tZ" in Path(f"/proc/{pid}/status").read_text()
     assert len(bodies) == 3
     outcomes = []
     for status, data in bodies:  # every stream is whole: finished, or cut with an error event
