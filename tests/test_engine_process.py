@@ -245,3 +245,19 @@ def test_a_package_that_fails_to_load_fails_the_server_with_its_reason(tmp_path)
     finally:
         scheduler.close(5)
     assert scheduler._process.exitcode == 0
+
+
+def test_a_bug_relaying_outputs_fails_the_server_instead_of_hanging(monkeypatch: pytest.MonkeyPatch) -> None:
+    from onnxgen.genai import engine_process
+
+    with serve(1) as server:
+        assert completion(server.port, "Hello")
+
+        def broken(item):
+            raise RuntimeError("a relaying bug")
+
+        monkeypatch.setattr(engine_process, "_decoded", broken)
+        status, answer = post(server.port, "/v1/completions", {"prompt": "Hello", "max_tokens": 4})
+        assert status in (500, 503), answer
+        assert server.scheduler.state == "failed"
+        assert "internal error relaying the engine's outputs" in server.scheduler.failure

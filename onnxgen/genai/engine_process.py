@@ -376,11 +376,22 @@ class ProcessScheduler(SchedulerStates):
             pass  # the engine process has ended: the reader reports it
 
     def _read(self, results: Connection, spec: EngineSpec) -> None:
+        try:
+            self._relay(results, spec)
+        except Exception as exc:  # noqa: BLE001 - a bug here must not leave requests waiting forever
+            traceback.print_exc(file=sys.stderr)
+            self._engine_failed(f"internal error relaying the engine's outputs: {type(exc).__name__}: {exc}")
+            self._end_all(SchedulerUnavailableError(self._unavailable()))
+            self._process.terminate()
+        self._engine_ended()
+
+    def _relay(self, results: Connection, spec: EngineSpec) -> None:
+        """Hands each message of the engine process to its handles, until the pipe closes."""
         while True:
             try:
                 message = results.recv()
             except (EOFError, OSError):
-                break
+                return
             if message[0] == "out":
                 _, items, self._queue_depth, self._running, failure = message
                 if failure is not None:
@@ -391,7 +402,6 @@ class ProcessScheduler(SchedulerStates):
                         handle._push(_decoded(item))
             elif message[0] == "state":
                 self._loaded(spec, *message[1:])
-        self._engine_ended()
 
     def _loaded(self, spec: EngineSpec, state: str, failure: str | None, limit: int | None, description: str) -> None:
         text = None
