@@ -82,19 +82,25 @@ class Server:
     def __init__(
         self,
         options: ServeOptions,
-        make_generator: Callable[[], Generator],
+        make_generator: Callable[[], Generator] | None,
         *,
         announce: bool = True,
         engine_spec: Callable[[], EngineSpec] | None = None,
     ) -> None:
+        """``make_generator`` builds the Generator on the engine thread; ``engine_spec`` says what an
+        engine process builds instead, where ``options.in_engine_process`` (one of the two may be
+        None where the options leave no choice)."""
+        in_process = engine_spec is not None and options.in_engine_process
+        if options.engine_process is True and engine_spec is None:
+            raise ValueError("engine_process=True needs an engine_spec (what the engine process builds)")
+        if not in_process and make_generator is None:
+            raise ValueError("the engine runs on a thread here (engine_process off), which needs make_generator")
         self.options = options
         self.announce = announce
         self.socket = bind(options.host, options.port)
         self.port = self.socket.getsockname()[1]
         self.scheduler: EngineThreadScheduler | ProcessScheduler
-        if options.engine_process is True and engine_spec is None:
-            raise ValueError("engine_process=True needs an engine_spec (what the engine process builds)")
-        if engine_spec is not None and options.in_engine_process:
+        if in_process:
             self.scheduler = ProcessScheduler(engine_spec, max_queue=options.max_queue)
         elif options.batch_size > 1:
             self.scheduler = BatchScheduler(
