@@ -132,6 +132,12 @@ def skip_norm(ctx: RuleContext) -> list[TensorInfo | None]:
     return [ctx.out(shape, dtype), ctx.out(stat, FLOAT), ctx.out(stat, FLOAT), ctx.out(shape, dtype)]
 
 
+@rule("LinearAttentionGate", domain=MS)
+def linear_attention_gate(ctx: RuleContext) -> list[TensorInfo | None]:
+    shape, dtype = ctx.shape(0), ctx.dtype(0)
+    return [ctx.out(shape, dtype), ctx.out(shape, dtype)]
+
+
 @rule("MatMulNBits", domain=MS)
 def matmul_nbits(ctx: RuleContext) -> list[TensorInfo | None]:
     a = ctx.shape(0)

@@ -174,7 +174,7 @@ def cast(ctx: RuleContext) -> list[TensorInfo | None]:
 
 
 @rule("Clip", "Dropout", "CumSum", "CumProd")
-@rule("QuickGelu", "FastGelu", "BiasGelu", domain=MS)
+@rule("QuickGelu", "FastGelu", "BiasGelu", "GatedRMSNorm", "GatedAdd", domain=MS)
 def first_input_shape(ctx: RuleContext) -> list[TensorInfo | None]:
     shape = ctx.shape(0)
     outs: list[TensorInfo | None] = [ctx.out(shape, ctx.dtype(0))]
