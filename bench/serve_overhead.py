@@ -184,8 +184,7 @@ def main() -> int:
         api_run(generator, ids, args.new_tokens)  # warm-up (on CUDA: the recordings)
         engines = args.engine.split(",")
         options = ServeOptions(model_name="bench", port=0, device=args.device, max_num_seqs=args.max_num_seqs)
-        spec = EngineSpec(str(package), device=args.device, threads=ThreadOptions(num_threads=args.threads),
-                          max_seqs=args.max_num_seqs)  # fmt: skip
+        spec = EngineSpec(str(package), device=args.device, threads=ThreadOptions(num_threads=args.threads))
         process = None
         if "process" in engines:
             process = start_server(replace(options, engine_process=True), None, lambda: spec)

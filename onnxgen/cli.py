@@ -374,11 +374,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return Generator(package, device=args.device, kv=args.kv, capture=args.capture, threads=threads)
 
     def engine_spec() -> EngineSpec:  # called when run() starts the engine process
-        return EngineSpec(
-            str(package), device=args.device, kv=args.kv, capture=args.capture, threads=threads,
-            max_seqs=options.batch_size, max_model_len=options.max_model_len,
-            prefix_caching=options.prefix_caching, prefill_budget=options.max_prefill_tokens,
-        )  # fmt: skip
+        return EngineSpec(str(package), device=args.device, kv=args.kv, capture=args.capture, threads=threads)
 
     # the port first: one that is taken fails before any pull
     server = Server(options, make_generator, engine_spec=engine_spec)

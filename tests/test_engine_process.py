@@ -30,7 +30,7 @@ def serve(max_num_seqs: int, max_queue: int = 64):
     options = ServeOptions(
         model_name=MODEL, port=0, max_num_seqs=max_num_seqs, max_queue=max_queue, engine_process=True
     )
-    spec = EngineSpec(str(tiny_package()), device="cpu", max_seqs=max_num_seqs)
+    spec = EngineSpec(str(tiny_package()), device="cpu")
     return running_server(options, None, engine_spec=lambda: spec)
 
 
@@ -161,7 +161,7 @@ def test_on_cuda_the_engine_process_serves_the_captured_generators_text(qwen_sha
     expected = ["".join(event.text for event in generator.events(p, params)) for p in ids]
     del generator
     options = ServeOptions(model_name=MODEL, port=0, device="cuda", max_num_seqs=4, engine_process=True)
-    spec = EngineSpec(str(package), device="cuda", max_seqs=4)
+    spec = EngineSpec(str(package), device="cuda")
     with running_server(options, None, engine_spec=lambda: spec) as server:
         texts: dict[int, str] = {}
 

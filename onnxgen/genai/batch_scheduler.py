@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from onnxgen.errors import OnnxgenError
 from onnxgen.genai.batched import BatchedDecoder
 from onnxgen.genai.sampling import SamplingParams
-from onnxgen.genai.scheduler import READY, EngineThreadScheduler, Output, RequestHandle
+from onnxgen.genai.scheduler import READY, EngineThreadScheduler, Output, RequestHandle, SerialScheduler
 from onnxgen.genai.sequence import Sequence
 from onnxgen.genai.text_stream import TextStream
 
@@ -254,3 +254,24 @@ class BatchScheduler(EngineThreadScheduler):
             if handle in self._partial:
                 self._partial.remove(handle)
         self._end(handle)
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    """Which runner decodes the requests: one at a time (``max_seqs`` 1, SerialScheduler) or
+    continuous batching of ``max_seqs`` sequences (BatchScheduler, with its ``max_model_len``,
+    ``prefix_caching`` and ``prefill_budget``). The one choice for a runner on the server's
+    thread and one in an engine process (engine_process.py)."""
+
+    max_seqs: int = 1
+    max_model_len: int | None = None
+    prefix_caching: bool = True
+    prefill_budget: int | None = None
+
+    def make(self, make_generator: Callable[[], Generator], *, max_queue: int) -> EngineThreadScheduler:
+        if self.max_seqs > 1:
+            return BatchScheduler(
+                make_generator, max_queue=max_queue, max_seqs=self.max_seqs, max_model_len=self.max_model_len,
+                prefix_caching=self.prefix_caching, prefill_budget=self.prefill_budget,
+            )  # fmt: skip
+        return SerialScheduler(make_generator, max_queue=max_queue)

@@ -7,8 +7,8 @@ thread waits to launch its next step. In two processes they run side by side; wh
 them is small: a request's checked prompt ids and sampling parameters one way, its outputs (a
 token's event, a few bytes of text) the other.
 
-The child (spawned, never forked: a forked CUDA context is unusable) builds the runner the
-``EngineSpec`` describes (SerialScheduler or BatchScheduler over a Generator) and runs it as the
+The child (spawned, never forked: a forked CUDA context is unusable) builds the Generator the
+``EngineSpec`` describes and the runner its ``RunnerOptions`` choose, and runs it as the
 in-process server would, with one difference: its request handles send their outputs to a writer
 thread, which pickles whatever has accumulated into one message (a token's output as a plain
 tuple), instead of waking an event loop.
@@ -37,9 +37,10 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onnxgen.errors import OnnxgenError
+from onnxgen.genai.batch_scheduler import RunnerOptions
 from onnxgen.genai.events import GenerationEvent
 from onnxgen.genai.prompt_text import PromptText
 from onnxgen.genai.scheduler import (
@@ -58,40 +59,28 @@ from onnxgen.genai.scheduler import (
 )
 from onnxgen.threads import ThreadOptions
 
+if TYPE_CHECKING:
+    from onnxgen.genai.generator import Generator
+
 _UNBOUNDED_QUEUE = 1 << 30  # the child's own queue: the parent bounds it (max_queue)
 
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """What the engine process builds: a Generator for ``package`` (``device``, ``kv``, ``capture``,
-    ``threads``: Generator's arguments) and its runner: one request at a time when ``max_seqs`` is 1,
-    else continuous batching with BatchScheduler's ``max_model_len``, ``prefix_caching`` and
-    ``prefill_budget``."""
+    """The Generator the engine process builds: one for ``package`` with ``device``, ``kv``,
+    ``capture`` and ``threads`` (Generator's arguments). Its runner is the ``RunnerOptions``
+    handed to ProcessScheduler beside it."""
 
     package: str
     device: str = "cpu"
     kv: str = "auto"
     capture: str | None = None
     threads: ThreadOptions | None = None
-    max_seqs: int = 1
-    max_model_len: int | None = None
-    prefix_caching: bool = True
-    prefill_budget: int | None = None
 
-    def make_runner(self, max_queue: int) -> EngineThreadScheduler:
-        from onnxgen.genai.batch_scheduler import BatchScheduler
+    def make_generator(self) -> Generator:
         from onnxgen.genai.generator import Generator
-        from onnxgen.genai.scheduler import SerialScheduler
 
-        def make_generator() -> Generator:
-            return Generator(self.package, device=self.device, kv=self.kv, capture=self.capture, threads=self.threads)
-
-        if self.max_seqs > 1:
-            return BatchScheduler(
-                make_generator, max_queue=max_queue, max_seqs=self.max_seqs, max_model_len=self.max_model_len,
-                prefix_caching=self.prefix_caching, prefill_budget=self.prefill_budget,
-            )  # fmt: skip
-        return SerialScheduler(make_generator, max_queue=max_queue)
+        return Generator(self.package, device=self.device, kv=self.kv, capture=self.capture, threads=self.threads)
 
 
 # -- the child ---------------------------------------------------------------------------------
@@ -212,11 +201,11 @@ class _RelayedHandle(RequestHandle):
         self._outbox.put(self.rid, item)
 
 
-def engine_main(spec: EngineSpec, commands: Connection, results: Connection) -> None:
+def engine_main(spec: EngineSpec, runner_options: RunnerOptions, commands: Connection, results: Connection) -> None:
     """The engine process's body (module docstring)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        runner = spec.make_runner(_UNBOUNDED_QUEUE)
+        runner = runner_options.make(spec.make_generator, max_queue=_UNBOUNDED_QUEUE)
     except Exception as exc:  # noqa: BLE001 - reported as the engine's failure, not a bare exit code
         traceback.print_exc(file=sys.stderr)
         results.send(("state", FAILED, f"{type(exc).__name__}: {exc}", None, ""))
@@ -260,15 +249,19 @@ def engine_main(spec: EngineSpec, commands: Connection, results: Connection) -> 
 
 
 class ProcessScheduler(SchedulerStates):
-    """The scheduler protocol over an engine process (module docstring). ``make_spec`` is called
-    by ``start()`` (the CLI resolves the package between making the server and starting it);
-    ``max_queue``: requests that may wait, as in EngineThreadScheduler."""
+    """The scheduler protocol over an engine process (module docstring) that runs ``runner`` over
+    the Generator of the EngineSpec ``make_spec`` returns (called by ``start()``: the CLI resolves
+    the package between making the server and starting it); ``max_queue``: requests that may wait,
+    as in EngineThreadScheduler."""
 
-    def __init__(self, make_spec: Callable[[], EngineSpec], *, max_queue: int = 64) -> None:
+    def __init__(
+        self, make_spec: Callable[[], EngineSpec], runner: RunnerOptions | None = None, *, max_queue: int = 64
+    ) -> None:
         if max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
         self.max_queue = max_queue
         self._make_spec = make_spec
+        self._runner = runner or RunnerOptions()
         self._state = LOADING
         self._failure: str | None = None
         self._text: PromptText | None = None
@@ -290,7 +283,7 @@ class ProcessScheduler(SchedulerStates):
         commands_in, commands_out = context.Pipe(duplex=False)
         results_in, results_out = context.Pipe(duplex=False)
         self._process = context.Process(
-            target=engine_main, args=(spec, commands_in, results_out), name="onnxgen-engine", daemon=True
+            target=engine_main, args=(spec, self._runner, commands_in, results_out), name="onnxgen-engine", daemon=True
         )
         self._process.start()
         commands_in.close()

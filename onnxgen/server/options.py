@@ -7,6 +7,10 @@ environment variable, no global (tests/test_layering.py checks the environment r
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from onnxgen.genai.batch_scheduler import RunnerOptions
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,18 @@ class ServeOptions:
     prefix_caching: bool = True
     max_prefill_tokens: int | None = None
     engine_process: bool | None = None
+
+    @property
+    def runner(self) -> RunnerOptions:
+        """The runner these options ask for (genai/batch_scheduler.py)."""
+        from onnxgen.genai.batch_scheduler import RunnerOptions
+
+        return RunnerOptions(
+            max_seqs=self.batch_size,
+            max_model_len=self.max_model_len,
+            prefix_caching=self.prefix_caching,
+            prefill_budget=self.max_prefill_tokens,
+        )
 
     @property
     def in_engine_process(self) -> bool:

@@ -32,9 +32,8 @@ from typing import TYPE_CHECKING
 import uvicorn
 
 from onnxgen.errors import OnnxgenError
-from onnxgen.genai.batch_scheduler import BatchScheduler
 from onnxgen.genai.engine_process import EngineSpec, ProcessScheduler
-from onnxgen.genai.scheduler import FAILED, LOADING, EngineThreadScheduler, SerialScheduler
+from onnxgen.genai.scheduler import FAILED, LOADING, EngineThreadScheduler
 from onnxgen.server.app import ServerState, create_app
 from onnxgen.server.options import ServeOptions
 
@@ -101,15 +100,9 @@ class Server:
         self.port = self.socket.getsockname()[1]
         self.scheduler: EngineThreadScheduler | ProcessScheduler
         if in_process:
-            self.scheduler = ProcessScheduler(engine_spec, max_queue=options.max_queue)
-        elif options.batch_size > 1:
-            self.scheduler = BatchScheduler(
-                make_generator, max_queue=options.max_queue, max_seqs=options.batch_size,
-                max_model_len=options.max_model_len, prefix_caching=options.prefix_caching,
-                prefill_budget=options.max_prefill_tokens,
-            )  # fmt: skip
+            self.scheduler = ProcessScheduler(engine_spec, options.runner, max_queue=options.max_queue)
         else:
-            self.scheduler = SerialScheduler(make_generator, max_queue=options.max_queue)
+            self.scheduler = options.runner.make(make_generator, max_queue=options.max_queue)
         self.state = ServerState(options, self.scheduler)
         self.fatal: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
