@@ -271,7 +271,8 @@ class ProcessScheduler(SchedulerStates):
         self._running = 0
         self._handles: dict[int, RequestHandle] = {}
         self._next_id = 0
-        self._lock = threading.Lock()  # state, handles, ids, and the command pipe
+        self._lock = threading.Lock()  # state, handles and ids
+        self._sending = threading.Lock()  # one command at a time on the pipe (loop, main and reader threads)
         self._ready = threading.Event()
         self._process: Any = None
         self._commands: Connection | None = None
@@ -364,7 +365,8 @@ class ProcessScheduler(SchedulerStates):
         if commands is None:
             return
         try:
-            commands.send(message)
+            with self._sending:
+                commands.send(message)
         except (BrokenPipeError, OSError):
             pass  # the engine process has ended: the reader reports it
 
