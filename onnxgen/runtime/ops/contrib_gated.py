@@ -19,15 +19,11 @@ from onnxgen.runtime.ops.registry import MS_DOMAIN, implements
 _GATE_ACTIVATIONS = {"silu": F.silu, "swish": F.silu, "sigmoid": torch.sigmoid}
 
 
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 @implements("GatedRMSNorm", domain=MS_DOMAIN)
 def gated_rms_norm(ctx: NodeContext, x: torch.Tensor, scale: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """Y = X * rsqrt(mean(X^2) + epsilon) * scale * activation(gate), the mean over each group of
     C = len(scale) trailing elements (a per-head norm on a packed [..., H * C] tensor)."""
-    activation = _text(ctx.attr("activation", "silu"))
+    activation = ctx.attr("activation", "silu")
     if activation not in _GATE_ACTIVATIONS:
         raise ctx.fail(f"activation {activation!r} is not one of {', '.join(sorted(_GATE_ACTIVATIONS))}")
     eps = float(ctx.attr("epsilon", 1e-5))
