@@ -781,6 +781,38 @@ def test_matmul_nbits_prompt_chunks_go_to_the_session_scratch(device: str) -> No
         torch.testing.assert_close(left, weight[[20, 21, 22, 23, 19]], rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.parametrize(
+    ("n", "fit", "step"),
+    [
+        (17920, 10922, 8960),  # a 1.5B-shape gate_up in a 16 Mi-element scratch: two equal chunks
+        (151936, 10922, 10880),  # 14 chunks of whole 64-row tiles
+        (896, 10000, 896),  # fits whole
+        (24, 5, 5),  # a scratch narrower than one 64-row tile keeps its own size
+        (4097, 4096, 2112),  # two chunks, not 4096 + 1
+    ],
+)
+def test_dequant_chunks_are_whole_tiles(n: int, fit: int, step: int) -> None:
+    """Chunks of a weight too large for the scratch keep cuBLAS's operands 16-byte aligned (rows a
+    multiple of 64) and are as few and as even as the scratch allows."""
+    from onnxgen.runtime.gpu.linear_q4 import chunk_rows
+
+    assert chunk_rows(n, fit) == step
+
+
+def test_dequant_scratch_fits_a_layer_weight_whole() -> None:
+    """The session's scratch holds the largest layer weight whole where it is at most 32 Mi
+    elements (a 1.5B shape's fused gate/up, 17,920 x 1,536), else 16 Mi elements at most (the
+    0.5B shape's lm_head goes through in chunks either way)."""
+    from onnxgen.runtime.gpu.linear_q4 import scratch_elements
+
+    qwen_05b = [1152 * 896, 896 * 896, 9728 * 896, 896 * 4864, 151936 * 896]
+    qwen_15b = [2048 * 1536, 1536 * 1536, 17920 * 1536, 1536 * 8960, 151936 * 1536]
+    assert scratch_elements(qwen_05b) == 1 << 24
+    assert scratch_elements(qwen_15b) == 17920 * 1536
+    assert scratch_elements([200 * 24]) == 200 * 24
+    assert scratch_elements([]) == 0
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_session_holds_one_dequant_scratch() -> None:

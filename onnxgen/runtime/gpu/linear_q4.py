@@ -434,7 +434,20 @@ def _gemm_serves_short_prompt(m: int, k: int) -> bool:
 
 
 DEQUANT_ROWS_ELEMENTS = 1 << 25  # weight elements dequantized at once (64 MiB in fp16): bounds the buffer
-SCRATCH_ELEMENTS = 1 << 24  # the most a session's DequantScratch holds (32 MiB in fp16)
+SCRATCH_ELEMENTS = 1 << 24  # a session's DequantScratch holds this much (32 MiB in fp16) at most,
+SCRATCH_WHOLE_ELEMENTS = 1 << 25  # or its largest weight up to this (64 MiB), which then fits whole
+
+
+def scratch_elements(weights: list[int]) -> int:
+    """The size of a session's DequantScratch for 4-bit weights of these many elements: the largest
+    (at most SCRATCH_ELEMENTS), or the largest of at most SCRATCH_WHOLE_ELEMENTS where that is
+    more. A weight that fits whole is multiplied in one GEMM, without chunks whose products are
+    each copied into the result; the largest ones (an lm_head, multiplied by many rows only in
+    batched steps) go through it in chunks."""
+    if not weights:
+        return 0
+    whole = max((w for w in weights if w <= SCRATCH_WHOLE_ELEMENTS), default=0)
+    return max(min(max(weights), SCRATCH_ELEMENTS), whole)
 
 
 class DequantScratch:
@@ -485,7 +498,7 @@ def _dequant_matmul(
 ) -> torch.Tensor:
     """A @ W^T with W dequantized a chunk of rows at a time, into ``scratch`` where it serves."""
     fit = scratch.rows_for(k, a2.dtype, a2.device) if scratch is not None else 0
-    step = min(n, fit) if fit else max(16, DEQUANT_ROWS_ELEMENTS // k // 16 * 16)
+    step = chunk_rows(n, fit if fit else max(16, DEQUANT_ROWS_ELEMENTS // k))
 
     def chunk(lo: int, hi: int) -> torch.Tensor:
         into = scratch.rows_view(hi - lo, k) if fit else None
@@ -499,6 +512,24 @@ def _dequant_matmul(
         hi = min(n, lo + step)
         out[:, lo:hi] = _linear(a2, chunk(lo, hi), bias[lo:hi] if bias is not None else None)
     return out
+
+
+CHUNK_ALIGN = 64  # rows: each chunk's output is [M, rows], and cuBLAS takes its Hopper kernels only
+# where every leading dimension keeps 16-byte alignment (an odd chunk width fell back to an sm80
+# "align2" kernel: docs/benchmarks/2026-12-04-h200-int4-prefill.md)
+
+
+def chunk_rows(n: int, fit: int) -> int:
+    """Rows per chunk of an N-row weight when at most ``fit`` rows fit at once: the fewest chunks,
+    of equal size rounded up to CHUNK_ALIGN rows (n itself where it fits)."""
+    if n <= fit:
+        return n
+    if fit < CHUNK_ALIGN:
+        return fit
+    chunks = -(-n // fit)
+    even = -(-n // chunks)
+    step = -(-even // CHUNK_ALIGN) * CHUNK_ALIGN
+    return step if step <= fit else fit // CHUNK_ALIGN * CHUNK_ALIGN
 
 
 def _linear(a2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -272,15 +272,15 @@ SCRATCH_ATTR = "_q4_scratch"  # NodeContext.__dict__ key of the session's Dequan
 def attach_q4_scratch(program: Any) -> int:
     """On CUDA, where prompts may dequantize 4-bit weights (option ``q4_prompt`` not ``gemm``, the
     packed kernels on): one DequantScratch for the whole session, sized for its largest 4-bit
-    weight (at most linear_q4.SCRATCH_ELEMENTS), allocated now, outside any capture, and handed to
-    every MatMulNBits and MatMulNBitsGroup node. Returns its size in elements (0: none)."""
+    weights (linear_q4.scratch_elements), allocated now, outside any capture, and handed to every
+    MatMulNBits and MatMulNBitsGroup node. Returns its size in elements (0: none)."""
     opts = options.current()
     device = getattr(program, "device", None)
     if device is None or device.type != "cuda" or not opts.triton_q4 or opts.q4_prompt == "gemm":
         return 0
-    from onnxgen.runtime.gpu.linear_q4 import SCRATCH_ELEMENTS, DequantScratch
+    from onnxgen.runtime.gpu.linear_q4 import DequantScratch, scratch_elements
 
-    nodes, largest, dtype = [], 0, None
+    nodes, sizes, dtype = [], [], None
     for node in program.nodes:
         ctx = node.ctx
         if (ctx.op_type, ctx.domain) not in (("MatMulNBits", MS_DOMAIN), ("MatMulNBitsGroup", "onnxgen")):
@@ -293,11 +293,12 @@ def attach_q4_scratch(program: Any) -> int:
         if not isinstance(scales, torch.Tensor) or not scales.is_floating_point():
             continue
         nodes.append(ctx)
-        largest = max(largest, n * int(ctx.attrs.get("K", 0)))
+        sizes.append(n * int(ctx.attrs.get("K", 0)))
         dtype = dtype or scales.dtype
-    if not nodes or not largest:
+    elements = scratch_elements(sizes)
+    if not nodes or not elements:
         return 0
-    scratch = DequantScratch(min(largest, SCRATCH_ELEMENTS), dtype, device)
+    scratch = DequantScratch(elements, dtype, device)
     for ctx in nodes:
         ctx.__dict__[SCRATCH_ATTR] = scratch
     return scratch.buffer.numel()
