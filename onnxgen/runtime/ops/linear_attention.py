@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from onnxgen.runtime.node_contract import NodeContext
-from onnxgen.runtime.ops.registry import implements
+from onnxgen.runtime.ops.registry import MS_DOMAIN, implements
 
 _RULES = ("linear", "gated", "delta", "gated_delta")
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -120,12 +120,47 @@ def linear_attention(
     decay: torch.Tensor | None = None,
     beta: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    return _linear_attention(ctx, query, key, value, past_state, decay, beta, inverse_gqa=False, window=0)
+
+
+@implements("LinearAttention", domain=MS_DOMAIN)
+def linear_attention_ms(
+    ctx: NodeContext,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    past_state: torch.Tensor | None = None,
+    decay: torch.Tensor | None = None,
+    beta: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """onnxruntime's form: also inverse GQA (more KV heads than query heads, one output head per
+    KV head) and ``state_window`` (the states after each of the last W tokens, for speculative
+    decoding)."""
+    window = int(ctx.attr("state_window", 0))
+    if not 0 <= window <= 8:
+        raise ctx.fail(f"state_window must be in [0, 8], got {window}")
+    return _linear_attention(ctx, query, key, value, past_state, decay, beta, inverse_gqa=True, window=window)
+
+
+def _linear_attention(
+    ctx: NodeContext,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    past_state: torch.Tensor | None,
+    decay: torch.Tensor | None,
+    beta: torch.Tensor | None,
+    *,
+    inverse_gqa: bool,
+    window: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
     rule = ctx.attr("update_rule", "gated_delta")
     hq, hkv = int(ctx.require("q_num_heads")), int(ctx.require("kv_num_heads"))
     if rule not in _RULES:
         raise ctx.fail(f"unknown update_rule {rule!r}")
-    if hq <= 0 or hkv <= 0 or hq % hkv:
-        raise ctx.fail(f"q_num_heads {hq} must be a positive multiple of kv_num_heads {hkv}")
+    if hq <= 0 or hkv <= 0 or (hq % hkv and not (inverse_gqa and hkv % hq == 0)):
+        expected = "a positive multiple or divisor" if inverse_gqa else "a positive multiple"
+        raise ctx.fail(f"q_num_heads {hq} must be {expected} of kv_num_heads {hkv}")
     gated, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
     if gated != (decay is not None):
         raise ctx.fail(f"update_rule {rule!r} {'needs' if gated else 'forbids'} the decay input")
@@ -135,11 +170,15 @@ def linear_attention(
     b, t, _ = query.shape
     d_k = query.shape[-1] // hq
     d_v = value.shape[-1] // hkv
-    group = hq // hkv
     scale = ctx.attr("scale", 0.0) or 1.0 / math.sqrt(d_k)
     f32 = torch.float32 if query.dtype != torch.float64 else torch.float64
     # the recurrence accumulates over every token: keep it in fp32 whatever the activations
-    q = _heads(query, hq).to(f32).reshape(b, hkv, group, t, d_k)
+    q = _heads(query, hq).to(f32)
+    if hkv > hq:  # inverse GQA: KV head h reads query head h // (hkv / hq)
+        q = q.repeat_interleave(hkv // hq, dim=1)
+    heads_out = max(hq, hkv)
+    group = heads_out // hkv
+    q = q.reshape(b, hkv, group, t, d_k)
     k = _heads(key, hkv).to(f32)
     v = _heads(value, hkv).to(f32)
     per_dim = decay is not None and decay.shape[-1] == hkv * d_k and decay.shape[-1] != hkv
@@ -148,20 +187,45 @@ def linear_attention(
         g = _heads(decay, hkv).to(f32) if per_dim else decay.to(f32).transpose(1, 2)
     bt = beta.to(f32).transpose(1, 2) if beta is not None else None  # (B, H_kv|1, T)
 
+    state_shape = (b, hkv, d_k, d_v)
     if past_state is not None:
-        state = past_state.to(f32)
+        expected = (window, *state_shape) if window else state_shape
+        if tuple(past_state.shape) != expected:
+            raise ctx.fail(f"past_state has shape {tuple(past_state.shape)}; expected {expected}")
+        state = (past_state[-1] if window else past_state).to(f32)
         state_dtype = past_state.dtype
     else:
-        state = torch.zeros(b, hkv, d_k, d_v, dtype=f32, device=query.device)
+        state = torch.zeros(state_shape, dtype=f32, device=query.device)
         state_dtype = query.dtype
-    if t > 1 and not per_dim:
+    if window > t + 1:
+        raise ctx.fail(f"state_window {window} reaches before this call's {t} tokens and the state it starts from")
+    # tokens before the window run in one pass; the window's tokens one at a time, each state kept
+    head = t - window if window else t
+    slots = [state] if window and head < 0 else []
+    head = max(head, 0)
+    if head > 1 and not per_dim:
         chunk = max(int(ctx.attr("chunk_size", 64)), 1)
-        out, state = _chunked(q, k, v, g, bt, state, chunk)
+        out, state = _chunked(q[:, :, :, :head], k[:, :, :head], v[:, :, :head], _cut(g, 0, head),
+                              _cut(bt, 0, head), state, chunk)  # fmt: skip
     else:
-        out, state = _sequential(q, k, v, g, bt, state)
+        out, state = _sequential(q[:, :, :, :head], k[:, :, :head], v[:, :, :head], _cut(g, 0, head),
+                                 _cut(bt, 0, head), state)  # fmt: skip
+    outs = [out]
+    for i in range(head, t) if window else ():
+        one, state = _sequential(q[:, :, :, i : i + 1], k[:, :, i : i + 1], v[:, :, i : i + 1], _cut(g, i, i + 1),
+                                 _cut(bt, i, i + 1), state)  # fmt: skip
+        outs.append(one)
+        slots.append(state)
+    out = torch.cat(outs, dim=3) if len(outs) > 1 else out
     out = out * scale  # (B, H_kv, G, T, d_v)
-    out = out.reshape(b, hq, t, d_v).transpose(1, 2).reshape(b, t, hq * d_v)
-    return out.to(query.dtype), state.to(state_dtype)
+    out = out.reshape(b, heads_out, t, d_v).transpose(1, 2).reshape(b, t, heads_out * d_v)
+    present = torch.stack(slots[-window:]) if window else state
+    return out.to(query.dtype), present.to(state_dtype)
+
+
+def _cut(x: torch.Tensor | None, lo: int, hi: int) -> torch.Tensor | None:
+    """Tokens lo..hi of a decay or beta (token axis 2)."""
+    return None if x is None else x[:, :, lo:hi]
 
 
 @implements("CausalConvWithState", since=27)
@@ -172,20 +236,103 @@ def causal_conv_with_state(
     bias: torch.Tensor | None = None,
     past_state: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    return _causal_conv(ctx, x, weight, bias, past_state, dilation=1, window=0)
+
+
+# onnxruntime's attributes that only its CUDA kernel implements, with their defaults
+_CUDA_ONLY_CONV_ATTRS = {
+    "state_length": 0,
+    "state_channels_last": -1,
+    "input_channel_offset": 0,
+    "input_channels": 0,
+    "state_update_capacity": 0,
+}
+
+
+@implements("CausalConvWithState", domain=MS_DOMAIN)
+def causal_conv_with_state_ms(
+    ctx: NodeContext,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    past_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """onnxruntime's form: also ``dilation``, ``channels_last`` (activations and state
+    sequence-major, any number of trailing channel axes) and ``state_window`` (the carry after
+    each of the last W positions). The 1-D form only, as Gated DeltaNet and Mamba exports use it."""
+    ndim = int(ctx.attr("ndim", 1))
+    if ndim != 1:
+        raise ctx.fail(f"ndim {ndim}: only the 1-D causal convolution (ndim 1) is implemented")
+    for name, default in _CUDA_ONLY_CONV_ATTRS.items():
+        if int(ctx.attr(name, default)) != default:
+            raise ctx.fail(f"attribute {name} (onnxruntime's CUDA-only extended path) is not supported; "
+                           f"expected its default {default}")  # fmt: skip
+    dilation, window = int(ctx.attr("dilation", 1)), int(ctx.attr("state_window", 0))
+    if dilation < 1:
+        raise ctx.fail(f"dilation must be >= 1, got {dilation}")
+    if not 0 <= window <= 8:
+        raise ctx.fail(f"state_window must be in [0, 8], got {window}")
+    if not int(ctx.attr("channels_last", 0)):
+        return _causal_conv(ctx, x, weight, bias, past_state, dilation=dilation, window=window)
+    if x.dim() < 3:
+        raise ctx.fail(f"channels_last input must be (batch, sequence, channels...), got shape {tuple(x.shape)}")
+    lead, channel_axes = x.shape[:2], x.shape[2:]
+    past = None if past_state is None else _channels_first(past_state, len(channel_axes))
+    y, present = _causal_conv(ctx, _channels_first(x, len(channel_axes)), weight, bias, past, dilation=dilation,
+                              window=window)  # fmt: skip
+    y = y.transpose(1, 2).reshape(*lead, *channel_axes)
+    present = present.transpose(-1, -2)
+    return y, present.reshape(*present.shape[:-1], *channel_axes).contiguous()
+
+
+def _channels_first(t: torch.Tensor, channel_axes: int) -> torch.Tensor:
+    """(..., L, d_1, ..., d_n) -> (..., C, L), C = d_1 * ... * d_n."""
+    return t.flatten(-channel_axes).transpose(-1, -2)
+
+
+def _causal_conv(
+    ctx: NodeContext,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    past_state: torch.Tensor | None,
+    *,
+    dilation: int,
+    window: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (B, C, T) and the carry (B, C, (k - 1) * dilation), or (W, B, C, ...) with a window of
+    W carries of which the last is read: y (B, C, T) and the new carry (or carries)."""
     activation = ctx.attr("activation", "none")
     if activation not in ("none", "silu", "swish"):
         raise ctx.fail(f"unknown activation {activation!r}")
+    if x.dim() != 3:
+        raise ctx.fail(f"input must be (batch, channels, length), got shape {tuple(x.shape)}")
     batch, channels, length = x.shape
     k = weight.shape[-1]
+    carry = (k - 1) * dilation
+    if tuple(weight.shape) != (channels, 1, k):
+        raise ctx.fail(f"weight has shape {tuple(weight.shape)}; a depthwise kernel is ({channels}, 1, k)")
+    expected = (window, batch, channels, carry) if window else (batch, channels, carry)
     if past_state is None:
-        past_state = x.new_zeros(batch, channels, k - 1)
-    padded = torch.cat([past_state.to(x.dtype), x], dim=2)
+        past = x.new_zeros(batch, channels, carry)
+    elif tuple(past_state.shape) != expected:
+        raise ctx.fail(f"past_state has shape {tuple(past_state.shape)}; expected {expected}")
+    else:
+        past = past_state[-1] if window else past_state
+    if window > length + 1:
+        raise ctx.fail(f"state_window {window} reaches before this call's {length} positions and its carry")
+    padded = torch.cat([past.to(x.dtype), x], dim=2)
     # depthwise conv in fp32 for half types: CPU half conv is slow or missing, and the sum over k
     # taps should not round at every step
     cd = torch.float32 if x.dtype in _LOW_PRECISION else x.dtype
-    y = F.conv1d(padded.to(cd), weight.to(cd), None if bias is None else bias.to(cd), groups=channels)
+    y = F.conv1d(padded.to(cd), weight.to(cd), None if bias is None else bias.to(cd), groups=channels,
+                 dilation=dilation)  # fmt: skip
     y = y.to(x.dtype)
     if activation != "none":
         y = F.silu(y.to(cd)).to(x.dtype)
-    present = padded[:, :, padded.shape[2] - (k - 1) :]
-    return y, present.contiguous()
+    if not window:
+        return y, padded[:, :, padded.shape[2] - carry :].contiguous()
+    # slot j: the carry after position T - W + j, i.e. the `carry` values of the padded input that
+    # end there (slot W - 1 is the plain present state; a slot at position -1 is the past itself)
+    ends = range(length - window + 1 + carry, length + 1 + carry)
+    return y, torch.stack([padded[:, :, end - carry : end] for end in ends])

@@ -1,4 +1,5 @@
-"""Shape rules for the recurrent-state ops (LinearAttention, CausalConvWithState), the preview
+"""Shape rules for the recurrent-state ops (LinearAttention, CausalConvWithState, in the ONNX and
+com.microsoft forms), the preview
 FlexAttention, the ai.onnx.ml ops and TfIdfVectorizer (implementations in ops/linear_attention.py,
 ops/flex_attention.py, ops/ml.py)."""
 
@@ -41,6 +42,34 @@ def causal_conv_with_state(ctx: RuleContext) -> list[TensorInfo | None]:
     b, c, _ = ctx.shape(0)
     k = ctx.shape(1)[2]
     return [ctx.out(ctx.shape(0), ctx.dtype(0)), ctx.out([b, c, ctx.dim(ctx.e(k) - 1)], ctx.dtype(0))]
+
+
+@rule("LinearAttention", domain="com.microsoft")
+def linear_attention_ms(ctx: RuleContext) -> list[TensorInfo | None]:
+    """onnxruntime's form: one output head per query head, or per KV head under inverse GQA; with
+    state_window W the state gains a leading axis of W."""
+    b, t, q_hidden = ctx.shape(0)
+    hq, hkv = int(ctx.attr("q_num_heads")), int(ctx.attr("kv_num_heads"))
+    d_k = _per_head(ctx, q_hidden, hq)
+    d_v = _per_head(ctx, ctx.shape(2)[2], hkv)
+    window = int(ctx.attr("state_window", 0) or 0)
+    state_dtype = ctx.dtype(3) if ctx.has(3) else ctx.dtype(0)
+    state = [b, hkv, d_k, d_v]
+    return [
+        ctx.out([b, t, ctx.dim(ctx.e(d_v) * max(hq, hkv))], ctx.dtype(0)),
+        ctx.out([window, *state] if window else state, state_dtype),
+    ]
+
+
+@rule("CausalConvWithState", domain="com.microsoft")
+def causal_conv_with_state_ms(ctx: RuleContext) -> list[TensorInfo | None]:
+    """onnxruntime's form: the carry holds (k - 1) * dilation positions, channels-first
+    (B, C, L) or channels-last (B, L, d_1, ..., d_n); state_window W adds a leading axis of W."""
+    x = ctx.shape(0)
+    carry = ctx.dim((ctx.e(ctx.shape(1)[2]) - 1) * int(ctx.attr("dilation", 1) or 1))
+    state = [x[0], carry, *x[2:]] if int(ctx.attr("channels_last", 0) or 0) else [x[0], x[1], carry]
+    window = int(ctx.attr("state_window", 0) or 0)
+    return [ctx.out(x, ctx.dtype(0)), ctx.out([window, *state] if window else state, ctx.dtype(0))]
 
 
 @rule("FlexAttention", domain="ai.onnx.preview")
