@@ -132,6 +132,11 @@ def skip_norm(ctx: RuleContext) -> list[TensorInfo | None]:
     return [ctx.out(shape, dtype), ctx.out(stat, FLOAT), ctx.out(stat, FLOAT), ctx.out(shape, dtype)]
 
 
+@rule("MoE", domain=MS)
+def moe(ctx: RuleContext) -> list[TensorInfo | None]:
+    return [ctx.out(ctx.shape(0), ctx.dtype(0))]
+
+
 @rule("LinearAttentionGate", domain=MS)
 def linear_attention_gate(ctx: RuleContext) -> list[TensorInfo | None]:
     shape, dtype = ctx.shape(0), ctx.dtype(0)
