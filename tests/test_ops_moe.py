@@ -143,3 +143,87 @@ def test_moe_refuses_what_it_does_not_implement(attrs: dict, message: str) -> No
     model, feeds = _moe((2,), 16, 32, 24, F32, **attrs)
     with pytest.raises(OnnxgenError, match=message):
         onnxgen_run(model, feeds)
+
+
+# ---------------------------------------------------------------- QMoE (integer-quantized experts)
+
+
+def _quantize(w: np.ndarray, bits: int, block: int, zero_points: bool):
+    """Experts' [E, N, K] float weights as QMoE's codes [E, N, K * bits / 8], scales [E, N, K / block]
+    (per row [E, N] where block is 0) and packed zero points (or None: 2^(bits - 1))."""
+    e, n, k = w.shape
+    size = block or k
+    blocks = w.reshape(e, n, k // size, size)
+    top = (1 << bits) - 1
+    if zero_points:
+        lo, hi = blocks.min(-1), blocks.max(-1)
+        scale = np.maximum(hi - lo, 1e-6) / top
+        zero = np.clip(np.round(-lo / scale), 0, top).astype(np.int32)
+    else:
+        scale = np.maximum(np.abs(blocks).max(-1), 1e-6) / (1 << (bits - 1))
+        zero = np.full(scale.shape, 1 << (bits - 1), np.int32)
+    q = np.clip(np.round(blocks / scale[..., None]) + zero[..., None], 0, top).astype(np.uint8).reshape(e, n, k)
+    pack = (lambda a: (a[..., 0::2] | (a[..., 1::2] << 4)).astype(np.uint8)) if bits == 4 else (lambda a: a)  # noqa: E731
+    codes = pack(q)
+    if not block:
+        scale, zero = scale[..., 0], zero[..., 0]
+        zp = pack(np.pad(zero, ((0, 0), (0, zero.shape[-1] % 2 if bits == 4 else 0))).astype(np.uint8))
+    else:
+        zp = pack(np.pad(zero, ((0, 0), (0, 0), (0, zero.shape[-1] % 2 if bits == 4 else 0))).astype(np.uint8))
+    return codes, scale, (zp if zero_points else None)
+
+
+def _qmoe(tokens: int, dtype: int, *, bits: int, block: int, zero_points: bool, fusion: int = 1, seed: int = 0,
+          **attrs):  # fmt: skip
+    """QMoE (swiglu, 8 experts, top 2 renormalized unless attrs say otherwise) and its feeds."""
+    rng = np.random.default_rng(seed)
+    np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
+    e, hidden, inter = 8, 64, 32
+    feeds = {
+        "x": rng.standard_normal((tokens, hidden)).astype(np_dtype),
+        "router": (2 * rng.standard_normal((tokens, e))).astype(np_dtype),
+    }
+    names = ["x", "router"]
+    for fc, (n, k) in (("fc1", (2 * inter, hidden)), ("fc2", (hidden, inter))):
+        codes, scale, zp = _quantize(rng.standard_normal((e, n, k)) / np.sqrt(k), bits, block, zero_points)
+        feeds[f"{fc}_w"], feeds[f"{fc}_s"] = codes, scale.astype(np_dtype)
+        if zp is not None:
+            feeds[f"{fc}_zp"] = zp
+    names = ["x", "router", "fc1_w", "fc1_s", "", "fc2_w", "fc2_s", "", "", "", ""]
+    if zero_points:
+        names += ["fc1_zp", "fc2_zp"]
+    attrs = {"activation_type": "swiglu", "k": 2, "normalize_routing_weights": 1, **attrs}
+    if block:
+        attrs["block_size"] = block
+    node = helper.make_node("QMoE", names, ["y"], domain="com.microsoft", expert_weight_bits=bits,
+                            swiglu_fusion=fusion, **attrs)  # fmt: skip
+    inputs = [helper.make_tensor_value_info(n, dtype if n in ("x", "router") or n.endswith("_s") else
+                                            TensorProto.UINT8, list(feeds[n].shape)) for n in names if n]  # fmt: skip
+    return make_model([node], inputs, [helper.make_tensor_value_info("y", dtype, None)]), feeds
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    ("tokens", "bits", "block", "zero_points", "dtype"),
+    [
+        (1, 4, 32, False, F32),  # a decode step over block-wise 4-bit experts (the builder's int4 form)
+        (12, 4, 32, False, F32),  # a prompt: grouped by expert
+        (3, 4, 16, True, F32),  # zero points
+        (10, 8, 32, True, F32),  # 8-bit
+        (2, 4, 0, True, F32),  # per-row scales (no block_size)
+        (9, 4, 32, False, F16),
+    ],
+)
+def test_qmoe_matches_onnxruntime(device, tokens, bits, block, zero_points, dtype) -> None:
+    model, feeds = _qmoe(tokens, dtype, bits=bits, block=block, zero_points=zero_points)
+    expected = ort_run(model, feeds)[0]
+    actual = onnxgen_run(model, feeds, device)[0]
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    tol = 1e-5 if dtype == F32 else 2e-3
+    np.testing.assert_allclose(actual.astype(np.float32), expected.astype(np.float32), rtol=tol, atol=tol)
+
+
+def test_qmoe_refuses_other_quantizations() -> None:
+    model, feeds = _qmoe(2, F32, bits=4, block=32, zero_points=False, quant_type="fp8")
+    with pytest.raises(OnnxgenError, match="only integer quantization"):
+        onnxgen_run(model, feeds)

@@ -1,5 +1,6 @@
-"""Mixture of experts (com.microsoft MoE): routing, each token's top-k expert FFNs and their
-weighted sum, as onnxruntime-genai's builder writes it for MoE decoders.
+"""Mixture of experts (com.microsoft MoE, and QMoE over integer-quantized experts): routing, each
+token's top-k expert FFNs and their weighted sum, as onnxruntime-genai's builder writes them for
+MoE decoders (QMoE for int4 experts).
 
 Routing: softmax over each token's router logits, the top k experts, their probabilities
 renormalized to sum to one where ``normalize_routing_weights`` is set. Expert e's FFN is
@@ -59,6 +60,128 @@ def moe(
     fc3_weights: torch.Tensor | None = None,
     fc3_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    if fc2_weights is None:
+        raise ctx.fail("fc2_experts_weights is required")
+    experts = _DenseExperts({"fc1": fc1_weights, "fc2": fc2_weights, "fc3": fc3_weights},
+                            {"fc1": fc1_bias, "fc2": fc2_bias, "fc3": fc3_bias})  # fmt: skip
+    return _mixture(ctx, x, router_probs, experts)
+
+
+@implements("QMoE", domain=MS_DOMAIN)
+def qmoe(
+    ctx: NodeContext,
+    x: torch.Tensor,
+    router_probs: torch.Tensor,
+    fc1_weights: torch.Tensor,
+    fc1_scales: torch.Tensor | None = None,
+    fc1_bias: torch.Tensor | None = None,
+    fc2_weights: torch.Tensor | None = None,
+    fc2_scales: torch.Tensor | None = None,
+    fc2_bias: torch.Tensor | None = None,
+    fc3_weights: torch.Tensor | None = None,
+    fc3_scales: torch.Tensor | None = None,
+    fc3_bias: torch.Tensor | None = None,
+    fc1_zero_points: torch.Tensor | None = None,
+    fc2_zero_points: torch.Tensor | None = None,
+    fc3_zero_points: torch.Tensor | None = None,
+    router_weights: torch.Tensor | None = None,
+    *rest: torch.Tensor | None,
+) -> torch.Tensor:
+    """MoE over integer-quantized experts (quant_type 'int', 4 or 8 bits, per row or per block
+    along K): each call dequantizes only the experts it runs (the gathered pairs, or one expert at
+    a time), so no dequantized copy of an expert outlives the call."""
+    quant = ctx.attr("quant_type", "int")
+    if quant != "int":
+        raise ctx.fail(f"quant_type {quant!r}: only integer quantization ('int') is implemented")
+    if int(ctx.attr("weights_prepacked", -1)) == 1:
+        raise ctx.fail("weights_prepacked 1 (an execution provider's prepacked layout) is not supported; expected "
+                       "the raw [experts, N, K * bits / 8] layout (0)")  # fmt: skip
+    if router_weights is not None or any(extra is not None for extra in rest):
+        raise ctx.fail("router_weights and the fp4/fp8 global and activation scales are not implemented")
+    if fc2_weights is None or fc1_scales is None or fc2_scales is None:
+        raise ctx.fail("fc2_experts_weights, fc1_scales and fc2_scales are required for quant_type 'int'")
+    if fc3_weights is not None and fc3_scales is None:
+        raise ctx.fail("fc3_experts_weights needs fc3_scales")
+    default_bits = int(ctx.attr("expert_weight_bits", 4))
+    bits = {fc: int(ctx.attr(f"{fc}_expert_weight_bits", default_bits)) for fc in ("fc1", "fc2", "fc3")}
+    for fc, b in bits.items():
+        if b not in (4, 8):
+            raise ctx.fail(f"{fc} has {b}-bit weights; onnxgen's QMoE takes 4 or 8 bits")
+    block = int(ctx.attr("block_size", 0) or 0)
+    if block and (block < 16 or block & (block - 1)):
+        raise ctx.fail(f"block_size {block} must be a power of two >= 16")
+    experts = _QuantExperts(
+        {"fc1": fc1_weights, "fc2": fc2_weights, "fc3": fc3_weights},
+        {"fc1": fc1_scales, "fc2": fc2_scales, "fc3": fc3_scales},
+        {"fc1": fc1_zero_points, "fc2": fc2_zero_points, "fc3": fc3_zero_points},
+        {"fc1": fc1_bias, "fc2": fc2_bias, "fc3": fc3_bias},
+        bits, block, x.shape[-1],
+    )  # fmt: skip
+    return _mixture(ctx, x, router_probs, experts)
+
+
+class _DenseExperts:
+    """Expert weights as stored: [experts, N, K] per projection."""
+
+    def __init__(self, weights: dict[str, torch.Tensor | None], biases: dict[str, torch.Tensor | None]):
+        self.weights, self.biases = weights, biases
+
+    def count(self) -> int:
+        return self.weights["fc1"].shape[0]
+
+    def shape(self, fc: str) -> tuple[int, int] | None:
+        w = self.weights[fc]
+        return None if w is None else (w.shape[1], w.shape[2])
+
+    def weight(self, fc: str, index: torch.Tensor | int) -> torch.Tensor:
+        return self.weights[fc][index].float()
+
+    def bias(self, fc: str, index: torch.Tensor | int) -> torch.Tensor | None:
+        b = self.biases[fc]
+        return None if b is None else b[index].float()
+
+
+class _QuantExperts(_DenseExperts):
+    """Expert weights as QMoE stores them: [experts, N, K * bits / 8] codes (two 4-bit codes per
+    byte, the low nibble first), scales per row [experts, N] or per block [experts, N, K / block],
+    zero points packed like the codes (default 2^(bits - 1)); dequantized per call."""
+
+    def __init__(self, codes, scales, zeros, biases, bits: dict[str, int], block: int, hidden: int):
+        super().__init__(codes, biases)
+        self.scales, self.zeros, self.bits, self.block = scales, zeros, bits, block
+        self.inner = {"fc1": hidden, "fc2": codes["fc2"].shape[2] * 8 // bits["fc2"], "fc3": hidden}
+
+    def shape(self, fc: str) -> tuple[int, int] | None:
+        w = self.weights[fc]
+        return None if w is None else (w.shape[1], self.inner[fc])
+
+    def weight(self, fc: str, index: torch.Tensor | int) -> torch.Tensor:
+        bits, k = self.bits[fc], self.inner[fc]
+        q = _unpack(self.weights[fc][index], bits)[..., :k].float()  # (..., N, K)
+        scale = self.scales[fc][index].float()
+        column_wise = scale.dim() == q.dim() - 1  # one scale per row
+        if column_wise:
+            scale = scale.unsqueeze(-1)
+        zero_codes = self.zeros[fc]
+        if zero_codes is None:
+            zero = torch.full_like(scale, float(1 << (bits - 1)))
+        elif column_wise:  # (..., ceil(N * bits / 8)): one zero point per row
+            zero = _unpack(zero_codes[index], bits)[..., : q.shape[-2]].unsqueeze(-1).float()
+        else:  # (..., N, ceil(blocks * bits / 8))
+            zero = _unpack(zero_codes[index], bits)[..., : scale.shape[-1]].float()
+        block = k // scale.shape[-1]
+        return (q - zero.repeat_interleave(block, dim=-1)) * scale.repeat_interleave(block, dim=-1)
+
+
+def _unpack(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """uint8 codes (..., B) as integers (..., B * 8 / bits): 4-bit codes low nibble first."""
+    if bits == 8:
+        return codes.to(torch.int32)
+    wide = codes.to(torch.int32)
+    return torch.stack((wide & 0xF, wide >> 4), dim=-1).flatten(-2)
+
+
+def _mixture(ctx: NodeContext, x: torch.Tensor, router_probs: torch.Tensor, experts: _DenseExperts) -> torch.Tensor:
     kind = ctx.attr("activation_type", "relu")
     if kind not in _ACTIVATIONS:
         raise ctx.fail(f"activation_type {kind!r} is not one of {', '.join(_ACTIVATIONS)} (onnxgen's MoE)")
@@ -66,26 +189,24 @@ def moe(
         raise ctx.fail("use_sparse_mixer (Phi-3.5-MoE's sparse mixer routing) is not implemented")
     if int(ctx.attr("swiglu_limit_after_activation", 0)):
         raise ctx.fail("swiglu_limit_after_activation (onnxruntime's CUDA-only clamp) is not implemented")
-    if fc2_weights is None:
-        raise ctx.fail("fc2_experts_weights is required")
     fusion = int(ctx.attr("swiglu_fusion", 0))
     if fusion not in (0, 1, 2):
         raise ctx.fail(f"swiglu_fusion must be 0, 1 or 2, got {fusion}")
     hidden = x.shape[-1]
     rows = x.reshape(-1, hidden)
-    experts = fc1_weights.shape[0]
+    count = experts.count()
     k = int(ctx.attr("k", 1))
-    if router_probs.shape != (rows.shape[0], experts):
-        raise ctx.fail(f"router_probs has shape {list(router_probs.shape)}; expected [{rows.shape[0]}, {experts}] "
+    if router_probs.shape != (rows.shape[0], count):
+        raise ctx.fail(f"router_probs has shape {list(router_probs.shape)}; expected [{rows.shape[0]}, {count}] "
                        "(one row per token, one column per expert)")  # fmt: skip
-    if not 1 <= k <= experts:
-        raise ctx.fail(f"k {k} must be between 1 and the {experts} experts")
+    if not 1 <= k <= count:
+        raise ctx.fail(f"k {k} must be between 1 and the {count} experts")
     fused = kind == "swiglu" and fusion in (1, 2)
-    if kind == "swiglu" and not fused and fc3_weights is None:
+    if kind == "swiglu" and not fused and experts.shape("fc3") is None:
         raise ctx.fail("swiglu with swiglu_fusion 0 takes its up projection from fc3_experts_weights, which is missing")
-    if fc1_weights.shape[-1] != hidden or fc2_weights.shape[0] != experts or fc2_weights.shape[1] != hidden:
-        raise ctx.fail(f"expert weights fc1 {list(fc1_weights.shape)} and fc2 {list(fc2_weights.shape)} do not "
-                       f"match hidden size {hidden} and {experts} experts")  # fmt: skip
+    fc1, fc2 = experts.shape("fc1"), experts.shape("fc2")
+    if fc1 is None or fc2 is None or fc1[1] != hidden or fc2[0] != hidden:
+        raise ctx.fail(f"expert weights fc1 {fc1} and fc2 {fc2} (N, K) do not match hidden size {hidden}")
     limit = ctx.attr("swiglu_limit", None)
     params = _Params(
         kind, fusion if fused else 0, float(ctx.attr("activation_alpha", 1.0)), float(ctx.attr("activation_beta", 0.0)),
@@ -96,12 +217,11 @@ def moe(
     weights, chosen = probs.topk(k, dim=-1)  # (T, k)
     if int(ctx.attr("normalize_routing_weights", 0)):
         weights = weights / weights.sum(dim=-1, keepdim=True)
-    fc = (fc1_weights, fc1_bias, fc2_weights, fc2_bias, fc3_weights, fc3_bias)
     xf = rows.float()
-    if rows.shape[0] * k <= experts:
-        out = _gathered(xf, chosen, weights, fc, params)
+    if rows.shape[0] * k <= count:
+        out = _gathered(xf, chosen, weights, experts, params)
     else:
-        out = _grouped(xf, chosen, weights, fc, params)
+        out = _grouped(xf, chosen, weights, experts, params)
     return out.to(x.dtype).reshape(x.shape)
 
 
@@ -119,34 +239,37 @@ class _Params:
         return h, None
 
 
-def _gathered(xf, chosen, weights, fc, p: _Params) -> torch.Tensor:
-    """Each (token, expert) pair's weights gathered by index: no host read, fixed shapes."""
-    w1, b1, w2, b2, w3, b3 = fc
-    pairs = chosen.reshape(-1)  # (T * k)
-    xk = xf.repeat_interleave(chosen.shape[1], dim=0)  # (T * k, H)
-    h = torch.einsum("pfh,ph->pf", w1[pairs].float(), xk)
-    if b1 is not None:
-        h = h + b1[pairs].float()
-    gate, up = p.split(h)
+def _ffn(xe: torch.Tensor, experts: _DenseExperts, index: torch.Tensor | int, p: _Params) -> torch.Tensor:
+    """fc2(act(fc1 x)) for rows xe, through one expert (index an int) or each row's own (index a
+    tensor of one expert per row)."""
+    per_row = isinstance(index, torch.Tensor)
+
+    def project(fc: str, inputs: torch.Tensor) -> torch.Tensor:
+        w = experts.weight(fc, index)
+        y = torch.einsum("pnk,pk->pn", w, inputs) if per_row else inputs @ w.T
+        b = experts.bias(fc, index)
+        return y if b is None else y + b
+
+    gate, up = p.split(project("fc1", xe))
     if p.kind == "swiglu" and up is None:
-        up = torch.einsum("pfh,ph->pf", w3[pairs].float(), xk)
-        if b3 is not None:
-            up = up + b3[pairs].float()
-    a = _activation(p.kind, gate, up, p.alpha, p.beta, p.limit)
-    y = torch.einsum("phf,pf->ph", w2[pairs].float(), a)
-    if b2 is not None:
-        y = y + b2[pairs].float()
+        up = project("fc3", xe)
+    return project("fc2", _activation(p.kind, gate, up, p.alpha, p.beta, p.limit))
+
+
+def _gathered(xf, chosen, weights, experts: _DenseExperts, p: _Params) -> torch.Tensor:
+    """Each (token, expert) pair's weights gathered by index: no host read, fixed shapes."""
+    xk = xf.repeat_interleave(chosen.shape[1], dim=0)  # (T * k, H)
+    y = _ffn(xk, experts, chosen.reshape(-1), p)
     return (y.reshape(*chosen.shape, -1) * weights.unsqueeze(-1)).sum(dim=1)
 
 
-def _grouped(xf, chosen, weights, fc, p: _Params) -> torch.Tensor:
+def _grouped(xf, chosen, weights, experts: _DenseExperts, p: _Params) -> torch.Tensor:
     """Tokens grouped by expert: one GEMM per expert that any token chose (reads the routing)."""
-    w1, b1, w2, b2, w3, b3 = fc
     out = torch.zeros_like(xf)
     token_of_pair = torch.arange(chosen.shape[0], device=xf.device).repeat_interleave(chosen.shape[1])
     flat_expert, flat_weight = chosen.reshape(-1), weights.reshape(-1)
     order = torch.argsort(flat_expert, stable=True)
-    counts = torch.bincount(flat_expert, minlength=w1.shape[0]).tolist()
+    counts = torch.bincount(flat_expert, minlength=experts.count()).tolist()
     start = 0
     for e, count in enumerate(counts):
         if not count:
@@ -154,17 +277,5 @@ def _grouped(xf, chosen, weights, fc, p: _Params) -> torch.Tensor:
         pick = order[start : start + count]
         start += count
         tokens = token_of_pair[pick]
-        xe = xf[tokens]
-        h = xe @ w1[e].float().T
-        if b1 is not None:
-            h = h + b1[e].float()
-        gate, up = p.split(h)
-        if p.kind == "swiglu" and up is None:
-            up = xe @ w3[e].float().T
-            if b3 is not None:
-                up = up + b3[e].float()
-        y = _activation(p.kind, gate, up, p.alpha, p.beta, p.limit) @ w2[e].float().T
-        if b2 is not None:
-            y = y + b2[e].float()
-        out.index_add_(0, tokens, y * flat_weight[pick].unsqueeze(-1))
+        out.index_add_(0, tokens, _ffn(xf[tokens], experts, e, p) * flat_weight[pick].unsqueeze(-1))
     return out

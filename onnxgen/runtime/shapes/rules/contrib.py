@@ -132,7 +132,7 @@ def skip_norm(ctx: RuleContext) -> list[TensorInfo | None]:
     return [ctx.out(shape, dtype), ctx.out(stat, FLOAT), ctx.out(stat, FLOAT), ctx.out(shape, dtype)]
 
 
-@rule("MoE", domain=MS)
+@rule("MoE", "QMoE", domain=MS)
 def moe(ctx: RuleContext) -> list[TensorInfo | None]:
     return [ctx.out(ctx.shape(0), ctx.dtype(0))]
 
