@@ -53,11 +53,30 @@ class _Checker:
         return ModelLoadError(f"{self.file}: {message}")
 
     def run(self) -> None:
+        self.check_recurrent_states()
         self.check_names()
         self.check_layers()
         self.check_shapes()
         self.check_context()
         self.check_share_buffer()
+
+    def check_recurrent_states(self) -> None:
+        """A hybrid decoder feeds fixed-size states (a causal convolution's carry, a linear
+        attention's recurrent state) from graph inputs beside its KV cache; the generation engine
+        keeps KV caches only, so it refuses the package instead of failing at the first step."""
+        stateful = {"CausalConvWithState": 3, "LinearAttention": 3}
+        states = sorted(
+            node.input[stateful[node.op_type]]
+            for node in self.nodes
+            if node.op_type in stateful and len(node.input) > stateful[node.op_type]
+            and node.input[stateful[node.op_type]] in self.inputs
+        )  # fmt: skip
+        if states:
+            raise self.fail(
+                f"the decoder graph carries recurrent states besides its KV cache ({_listing(states)}): a hybrid "
+                "(linear-attention) decoder, which onnxgen's generation engine does not run yet; its graph runs "
+                "step by step through onnxgen.runtime.InferenceSession"
+            )
 
     # -- names -----------------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxgen.models.builder_gqa import build_gqa
+from onnxgen.models.builder_hybrid import build_hybrid
 from onnxgen.models.builder_parts import BuildError, BuildOptions, DecoderGraph, Progress, rotary_dim
 from onnxgen.models.builder_standard import build_standard
 from onnxgen.models.config import DecoderConfig, WeightSource
@@ -49,7 +50,10 @@ def build_package(
     writer = GraphWriter(out / MODEL_FILE)
     try:
         graph = DecoderGraph(writer, source, options, progress)
-        (build_gqa if attention == "gqa" else build_standard)(graph)
+        if config.layer_types:
+            build_hybrid(graph)
+        else:
+            (build_gqa if attention == "gqa" else build_standard)(graph)
         writer.save(config.name or config.architecture or "decoder", doc=f"onnxgen {attention} {precision} {device}")
     except BaseException:
         writer.abort()
@@ -74,6 +78,8 @@ def _options(
             f"num_attention_heads {config.num_attention_heads} is not a multiple of "
             f"num_key_value_heads {config.num_key_value_heads}"
         )
+    if config.layer_types and attention != "gqa":
+        raise BuildError("hybrid (linear-attention) decoders are built in the gqa layout only (--attention gqa)")
     rotary_dim(config)  # validates
     length = context_length or config.max_position_embeddings
     if length <= 0:

@@ -14,6 +14,7 @@ import numpy as np
 from onnx import TensorProto
 
 from onnxgen.models.builder_parts import DecoderGraph, rotary_frequencies
+from onnxgen.models.graph_writer import GraphWriter
 
 
 def build_gqa(g: DecoderGraph) -> None:
@@ -23,14 +24,7 @@ def build_gqa(g: DecoderGraph) -> None:
     g.declare_logits()
     kv = g.declare_kv_io()
 
-    # Mask → the two lengths GroupQueryAttention wants.
-    one = w.const([1])
-    mask_sum = w.op("ReduceSum", "attention_mask", one, name="/model/attn_mask/ReduceSum", keepdims=0)
-    seqlens = w.op("Sub", mask_sum, w.const(1), name="/model/attn_mask/Sub")
-    seqlens_k = w.op("Cast", seqlens, name="/model/attn_mask/seqlens_k", to=TensorProto.INT32)
-    mask_shape = w.op("Shape", "attention_mask", name="/model/attn_mask/Shape")
-    total = w.op("Gather", mask_shape, w.const(1), name="/model/attn_mask/Gather", axis=0)
-    total_len = w.op("Cast", total, name="/model/attn_mask/total_seq_len", to=TensorProto.INT32)
+    seqlens_k, total_len = attention_lengths(w)
 
     angles = rotary_frequencies(c, g.opt.context_length)
     cos_cache = w.initializer("cos_cache", np.cos(angles).astype(g.opt.io_dtype))
@@ -55,7 +49,7 @@ def build_gqa(g: DecoderGraph) -> None:
                 stash_type=1,
             )
         else:
-            h, residual = _skip_norm(g, layer_out, residual, ln_in, p + "input_layernorm/SkipLayerNorm", eps)
+            h, residual = skip_norm(g, layer_out, residual, ln_in, p + "input_layernorm/SkipLayerNorm", eps)
 
         attn = p + "self_attn."
         q = g.linear(h, attn + "q_proj", bias=c.attention_bias)
@@ -79,7 +73,7 @@ def build_gqa(g: DecoderGraph) -> None:
         o = g.linear(gqa_out, attn + "o_proj")
 
         ln_post = g.float_weight(p + "post_attention_layernorm.weight", g.fetch(p + "post_attention_layernorm.weight"))
-        h2, residual = _skip_norm(g, o, residual, ln_post, p + "post_attention_layernorm/SkipLayerNorm", eps)
+        h2, residual = skip_norm(g, o, residual, ln_post, p + "post_attention_layernorm/SkipLayerNorm", eps)
         layer_out = g.mlp(h2, i)
 
     norm = g.float_weight("model.norm.weight", g.fetch("model.norm.weight"))
@@ -93,7 +87,18 @@ def build_gqa(g: DecoderGraph) -> None:
     g.lm_head(final, table)
 
 
-def _skip_norm(g: DecoderGraph, x: str, skip: str, gamma: str, name: str, eps: float) -> tuple[str, str]:
+def attention_lengths(w: GraphWriter) -> tuple[str, str]:
+    """The attention mask as the two lengths GroupQueryAttention wants: seqlens_k = sum(mask, 1) - 1
+    and total_sequence_length = mask.shape[1] (int32)."""
+    mask_sum = w.op("ReduceSum", "attention_mask", w.const([1]), name="/model/attn_mask/ReduceSum", keepdims=0)
+    seqlens = w.op("Sub", mask_sum, w.const(1), name="/model/attn_mask/Sub")
+    seqlens_k = w.op("Cast", seqlens, name="/model/attn_mask/seqlens_k", to=TensorProto.INT32)
+    mask_shape = w.op("Shape", "attention_mask", name="/model/attn_mask/Shape")
+    total = w.op("Gather", mask_shape, w.const(1), name="/model/attn_mask/Gather", axis=0)
+    return seqlens_k, w.op("Cast", total, name="/model/attn_mask/total_seq_len", to=TensorProto.INT32)
+
+
+def skip_norm(g: DecoderGraph, x: str, skip: str, gamma: str, name: str, eps: float) -> tuple[str, str]:
     """SkipSimplifiedLayerNormalization: returns (normalized, x + skip) — the new residual stream."""
     out, _, _, summed = g.w.node(
         "SkipSimplifiedLayerNormalization",

@@ -14,6 +14,30 @@ from typing import Any, Protocol
 import numpy as np
 
 
+@dataclass(frozen=True)
+class LinearAttentionSpec:
+    """The Gated DeltaNet layers of a hybrid decoder: a depthwise causal convolution over the
+    concatenated q/k/v projections, then the gated delta rule over per-head recurrent states."""
+
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_key_heads * self.key_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_value_heads * self.value_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_dim + self.value_dim
+
+
 @dataclass
 class DecoderConfig:
     architecture: str  # family as the source names it ("llama", "qwen2"); informative only
@@ -36,6 +60,15 @@ class DecoderConfig:
     eos_token_id: list[int] = field(default_factory=list)
     pad_token_id: int | None = None
     name: str = ""  # display name for packages and progress (never used to pick behaviour)
+    # hybrid decoders: "full_attention" or "linear_attention" per layer (empty: every layer full)
+    layer_types: list[str] = field(default_factory=list)
+    linear_attention: LinearAttentionSpec | None = None
+    attn_output_gate: bool = False  # q_proj also yields a per-head gate: output * sigmoid(gate)
+    qk_norm: bool = False  # RMSNorm over each head of q and k before the rotary embedding
+    norm_offset: float = 0.0  # RMSNorm multiplies by (norm_offset + weight): 1.0 for zero-centred weights
+
+    def is_linear(self, layer: int) -> bool:
+        return bool(self.layer_types) and self.layer_types[layer] == "linear_attention"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -58,17 +91,29 @@ class WeightSource(Protocol):
     def get(self, name: str) -> np.ndarray: ...
 
 
+LINEAR_ATTENTION_WEIGHTS = (
+    "in_proj_qkv.weight", "in_proj_z.weight", "in_proj_b.weight", "in_proj_a.weight", "conv1d.weight", "dt_bias",
+    "A_log", "norm.weight", "out_proj.weight",
+)  # fmt: skip
+
+
 def iter_layer_names(config: DecoderConfig) -> Iterator[str]:
     """Every weight name a complete source must provide, in build order."""
     yield "model.embed_tokens.weight"
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
         yield p + "input_layernorm.weight"
-        for proj in ("q", "k", "v"):
-            yield p + f"self_attn.{proj}_proj.weight"
-            if config.attention_bias:
-                yield p + f"self_attn.{proj}_proj.bias"
-        yield p + "self_attn.o_proj.weight"
+        if config.is_linear(i):
+            yield from (p + "linear_attn." + name for name in LINEAR_ATTENTION_WEIGHTS)
+        else:
+            for proj in ("q", "k", "v"):
+                yield p + f"self_attn.{proj}_proj.weight"
+                if config.attention_bias:
+                    yield p + f"self_attn.{proj}_proj.bias"
+            if config.qk_norm:
+                yield p + "self_attn.q_norm.weight"
+                yield p + "self_attn.k_norm.weight"
+            yield p + "self_attn.o_proj.weight"
         yield p + "post_attention_layernorm.weight"
         for proj in ("gate", "up", "down"):
             yield p + f"mlp.{proj}_proj.weight"
@@ -81,10 +126,28 @@ def weight_shapes(config: DecoderConfig) -> dict[str, tuple[int, ...]]:
     """The HF-layout shape of every weight iter_layer_names names, in the same order."""
     c = config
     q_out, kv_out = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    la = c.linear_attention
+    linear = {}
+    if la is not None:
+        h, nv = c.hidden_size, la.num_value_heads
+        linear = {
+            "linear_attn.in_proj_qkv.weight": (la.conv_dim, h),
+            "linear_attn.in_proj_z.weight": (la.value_dim, h),
+            "linear_attn.in_proj_b.weight": (nv, h),
+            "linear_attn.in_proj_a.weight": (nv, h),
+            "linear_attn.conv1d.weight": (la.conv_dim, 1, la.conv_kernel),
+            "linear_attn.dt_bias": (nv,),
+            "linear_attn.A_log": (nv,),
+            "linear_attn.norm.weight": (la.value_head_dim,),
+            "linear_attn.out_proj.weight": (h, la.value_dim),
+        }
     by_suffix = {
+        **linear,
+        "self_attn.q_norm.weight": (c.head_dim,),
+        "self_attn.k_norm.weight": (c.head_dim,),
         "input_layernorm.weight": (c.hidden_size,),
         "post_attention_layernorm.weight": (c.hidden_size,),
-        "self_attn.q_proj.weight": (q_out, c.hidden_size),
+        "self_attn.q_proj.weight": (q_out * (2 if c.attn_output_gate else 1), c.hidden_size),
         "self_attn.k_proj.weight": (kv_out, c.hidden_size),
         "self_attn.v_proj.weight": (kv_out, c.hidden_size),
         "self_attn.q_proj.bias": (q_out,),

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from onnxgen.errors import ModelLoadError
-from onnxgen.models.config import DecoderConfig
+from onnxgen.models.config import DecoderConfig, LinearAttentionSpec
 
 _DTYPES = {
     "F64": np.float64,
@@ -86,7 +86,8 @@ class HFSource:
         if not self._files:
             raise ModelLoadError(f"{self.directory} has no *.safetensors files")
         self._check_index()
-        self.config = config_from_hf(raw, gen, set(self._files))
+        shapes = {name: tuple(file.entries[name]["shape"]) for name, file in self._files.items()}
+        self.config = config_from_hf(raw, gen, set(self._files), shapes)
 
     def _check_index(self) -> None:
         """A sharded checkpoint's index must not name tensors that no shard holds."""
@@ -108,8 +109,18 @@ class HFSource:
         return file.get(name).astype(np.float32, copy=False)
 
 
-def config_from_hf(raw: dict[str, Any], gen: dict[str, Any], names: set[str]) -> DecoderConfig:
-    """DecoderConfig from config.json (+ generation_config.json), checked against the tensor names."""
+# transformers picks a model's modelling code by its config's model_type; these families' RMSNorm
+# weights are zero-centred (the norm multiplies by 1 + weight), a fact of that code that config.json
+# does not state
+_ZERO_CENTRED_NORMS = {"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}
+_LAYER_TYPES = ("full_attention", "linear_attention")
+
+
+def config_from_hf(
+    raw: dict[str, Any], gen: dict[str, Any], names: set[str], shapes: dict[str, tuple[int, ...]] | None = None
+) -> DecoderConfig:
+    """DecoderConfig from config.json (+ generation_config.json), checked against the tensor names
+    (and, where given, their shapes)."""
     text = raw.get("text_config")
     if isinstance(text, dict):  # multimodal wrappers nest the decoder
         raw = {**raw, **text}
@@ -141,15 +152,38 @@ def config_from_hf(raw: dict[str, Any], gen: dict[str, Any], names: set[str]) ->
         return [int(v) for v in (value if isinstance(value, list) else [value])]
 
     bos, pad = token_ids("bos_token_id"), token_ids("pad_token_id")
+    layers = int(need("num_hidden_layers"))
+    head_dim = int(raw.get("head_dim") or hidden // heads)
+    layer_types = [str(t) for t in raw.get("layer_types") or []]
+    linear = None
+    if "linear_attention" in layer_types:
+        unknown = sorted(set(layer_types) - set(_LAYER_TYPES))
+        if unknown or len(layer_types) != layers:
+            extra = f" with {', '.join(unknown)}" if unknown else ""
+            raise ModelLoadError(
+                f"layer_types must name {layers} layers, each one of {', '.join(_LAYER_TYPES)}; "
+                f"got {len(layer_types)}{extra}"
+            )
+        linear = LinearAttentionSpec(
+            num_key_heads=int(need("linear_num_key_heads")),
+            num_value_heads=int(need("linear_num_value_heads")),
+            key_head_dim=int(need("linear_key_head_dim")),
+            value_head_dim=int(need("linear_value_head_dim")),
+            conv_kernel=int(need("linear_conv_kernel_dim")),
+        )
+    else:
+        layer_types = []
+    full = next((i for i in range(layers) if not layer_types or layer_types[i] == "full_attention"), 0)
+    q_rows = (shapes or {}).get(f"model.layers.{full}.self_attn.q_proj.weight", (0,))[0]
     return DecoderConfig(
         architecture=str(raw.get("model_type", "")),
         vocab_size=int(need("vocab_size")),
         hidden_size=hidden,
         intermediate_size=int(need("intermediate_size")),
-        num_hidden_layers=int(need("num_hidden_layers")),
+        num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
-        head_dim=int(raw.get("head_dim") or hidden // heads),
+        head_dim=head_dim,
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
         rope_theta=float(theta),
         max_position_embeddings=int(need("max_position_embeddings")),
@@ -162,4 +196,10 @@ def config_from_hf(raw: dict[str, Any], gen: dict[str, Any], names: set[str]) ->
         eos_token_id=token_ids("eos_token_id"),
         pad_token_id=pad[0] if pad else None,
         name=str(raw.get("_name_or_path", "")),
+        layer_types=layer_types,
+        linear_attention=linear,
+        # a q_proj twice the heads' width also yields each head's output gate
+        attn_output_gate=q_rows == 2 * heads * head_dim,
+        qk_norm=f"model.layers.{full}.self_attn.q_norm.weight" in names,
+        norm_offset=1.0 if raw.get("model_type") in _ZERO_CENTRED_NORMS else 0.0,
     )

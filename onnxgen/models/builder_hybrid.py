@@ -1,0 +1,192 @@
+"""The hybrid flavour: decoders whose layers are either full attention or Gated DeltaNet linear
+attention (config.layer_types), written with com.microsoft ops as onnxruntime-genai's builder
+writes them.
+
+Full-attention layers are the `gqa` flavour's, plus what these models add: an RMSNorm over each
+head of q and k (qk_norm), and a per-head output gate taken from a q_proj twice the heads' width
+(attn_output_gate: the attention output times sigmoid(gate)). A Gated DeltaNet layer:
+
+    qkv = in_proj_qkv(h)          CausalConvWithState (channels last, SiLU) over it, carrying the
+                                  last k - 1 positions in past.N.conv / present.N.conv
+    q, k, v = split(qkv)          q and k L2-normalised per head (epsilon inside), k repeated to
+                                  the value heads where there are more of them
+    decay, beta = LinearAttentionGate(in_proj_a(h), dt_bias, -exp(A_log), in_proj_b(h))
+    o = LinearAttention(q, k, v, past.N.recurrent, decay, beta)   (gated delta rule; query heads
+                                  shared by value heads as inverse GQA)
+    out_proj(GatedRMSNorm(o, norm.weight, in_proj_z(h)))
+
+Every RMSNorm multiplies by (norm_offset + weight), folded into its weight here. Rotary positions
+come from the attention mask as in the `gqa` flavour: a text-only package, whose three multimodal
+position rows would all be equal, so the rotation is the plain partial one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto
+
+from onnxgen.models.builder_gqa import attention_lengths, skip_norm
+from onnxgen.models.builder_parts import BuildError, DecoderGraph, rotary_frequencies
+
+MS = "com.microsoft"
+
+
+def state_io_names(layer: int) -> tuple[str, str, str, str]:
+    """A Gated DeltaNet layer's carried state: (past conv, past recurrent, present conv, present recurrent)."""
+    return f"past.{layer}.conv", f"past.{layer}.recurrent", f"present.{layer}.conv", f"present.{layer}.recurrent"
+
+
+def build_hybrid(g: DecoderGraph) -> None:
+    c, w = g.config, g.w
+    la = c.linear_attention
+    if la is None:
+        raise BuildError("a hybrid build needs the linear-attention layers' dimensions (config.linear_attention)")
+    w.add_input("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"])
+    w.add_input("attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"])
+    g.declare_logits()
+    kv = _declare_io(g)
+    seqlens_k, total_len = attention_lengths(w)
+    angles = rotary_frequencies(c, g.opt.context_length)
+    cos_cache = w.initializer("cos_cache", np.cos(angles).astype(g.opt.io_dtype))
+    sin_cache = w.initializer("sin_cache", np.sin(angles).astype(g.opt.io_dtype))
+    del angles
+
+    x, table = g.embedding("input_ids")
+    residual, layer_out = x, None
+    eps = float(c.rms_norm_eps)
+    for i in range(c.num_hidden_layers):
+        p = f"model.layers.{i}."
+        ln_in = _norm_weight(g, p + "input_layernorm.weight")
+        if layer_out is None:
+            h = w.op("SimplifiedLayerNormalization", x, ln_in, name=p + "input_layernorm/SimplifiedLayerNorm",
+                     axis=-1, epsilon=eps, stash_type=1)  # fmt: skip
+        else:
+            h, residual = skip_norm(g, layer_out, residual, ln_in, p + "input_layernorm/SkipLayerNorm", eps)
+        if c.is_linear(i):
+            mixed = _gated_delta_net(g, h, i)
+        else:
+            mixed = _full_attention(g, h, i, kv[i], seqlens_k, total_len, cos_cache, sin_cache)
+        ln_post = _norm_weight(g, p + "post_attention_layernorm.weight")
+        h2, residual = skip_norm(g, mixed, residual, ln_post, p + "post_attention_layernorm/SkipLayerNorm", eps)
+        layer_out = g.mlp(h2, i)
+
+    norm = _norm_weight(g, "model.norm.weight")
+    final = w.node("SkipSimplifiedLayerNormalization", [layer_out, residual, norm], name="/model/norm/SkipLayerNorm",
+                   domain=MS, epsilon=eps)[0]  # fmt: skip
+    g.lm_head(final, table)
+
+
+def _declare_io(g: DecoderGraph) -> dict[int, tuple[str, str, str, str]]:
+    """Per layer: the KV cache of a full-attention layer, the conv and recurrent states of a Gated
+    DeltaNet layer (fixed sizes: [batch, k - 1, conv channels] and [batch, value heads, key dim,
+    value dim])."""
+    c, w, la = g.config, g.w, g.config.linear_attention
+    assert la is not None
+    io: dict[int, tuple[str, str, str, str]] = {}
+    for i in range(c.num_hidden_layers):
+        if c.is_linear(i):
+            names = state_io_names(i)
+            conv = ["batch_size", la.conv_kernel - 1, la.conv_dim]
+            recurrent = ["batch_size", la.num_value_heads, la.key_head_dim, la.value_head_dim]
+            for name, shape in zip(names, (conv, recurrent, conv, recurrent)):
+                (w.add_input if name.startswith("past") else w.add_output)(name, g.opt.io_type, shape)
+        else:
+            names = (f"past_key_values.{i}.key", f"past_key_values.{i}.value", f"present.{i}.key", f"present.{i}.value")
+            for name in names:
+                length = "past_sequence_length" if name.startswith("past") else "total_sequence_length"
+                shape = ["batch_size", c.num_key_value_heads, length, c.head_dim]
+                (w.add_input if name.startswith("past") else w.add_output)(name, g.opt.io_type, shape)
+        io[i] = names
+    return io
+
+
+def _norm_weight(g: DecoderGraph, name: str) -> str:
+    return g.float_weight(name, g.config.norm_offset + g.fetch(name))
+
+
+def _heads_norm(g: DecoderGraph, x: str, heads: int, dim: int, weight: str, name: str) -> str:
+    """RMSNorm over each head of a packed [B, S, heads * dim] tensor."""
+    w = g.w
+    split = w.op("Reshape", x, w.const([0, 0, heads, dim]), name=name + "/Reshape")
+    normed = w.op("SimplifiedLayerNormalization", split, _norm_weight(g, weight), name=name + "/SimplifiedLayerNorm",
+                  axis=-1, epsilon=float(g.config.rms_norm_eps), stash_type=1)  # fmt: skip
+    return w.op("Reshape", normed, w.const([0, 0, heads * dim]), name=name + "/Reshape_out")
+
+
+def _full_attention(g, h, layer, kv, seqlens_k, total_len, cos_cache, sin_cache) -> str:
+    c, w = g.config, g.w
+    attn = f"model.layers.{layer}.self_attn."
+    heads, hd = c.num_attention_heads, c.head_dim
+    q = g.linear(h, attn + "q_proj", bias=c.attention_bias)
+    gate = None
+    if c.attn_output_gate:  # per head: [query (hd) | gate (hd)]
+        both = w.op("Reshape", q, w.const([0, 0, heads, 2 * hd]), name=attn + "q_gate/Reshape")
+        q_heads, gate_heads = w.node("Split", [both, w.const([hd, hd])], num_outputs=2,
+                                     name=attn + "q_gate/Split", axis=-1)  # fmt: skip
+        q = w.op("Reshape", q_heads, w.const([0, 0, heads * hd]), name=attn + "q/Reshape")
+        gate = w.op("Reshape", gate_heads, w.const([0, 0, heads * hd]), name=attn + "gate/Reshape")
+    k = g.linear(h, attn + "k_proj", bias=c.attention_bias)
+    v = g.linear(h, attn + "v_proj", bias=c.attention_bias)
+    if c.qk_norm:
+        q = _heads_norm(g, q, heads, hd, attn + "q_norm.weight", attn + "q_norm")
+        k = _heads_norm(g, k, c.num_key_value_heads, hd, attn + "k_norm.weight", attn + "k_norm")
+    past_k, past_v, present_k, present_v = kv
+    out = w.node(
+        "GroupQueryAttention", [q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache],
+        name=attn + "GroupQueryAttention", domain=MS, outputs=[attn + "GroupQueryAttention/output_0", present_k,
+        present_v], num_heads=heads, kv_num_heads=c.num_key_value_heads, scale=float(1.0 / np.sqrt(hd)),
+        do_rotary=1, rotary_interleaved=int(c.rope_interleaved), local_window_size=-1, softcap=0.0,
+    )[0]  # fmt: skip
+    if gate is not None:
+        out = w.op("Mul", out, w.op("Sigmoid", gate, name=attn + "gate/Sigmoid"), name=attn + "gate/Mul")
+    return g.linear(out, attn + "o_proj")
+
+
+def _gated_delta_net(g: DecoderGraph, h: str, layer: int) -> str:
+    c, w, la = g.config, g.w, g.config.linear_attention
+    assert la is not None
+    p = f"model.layers.{layer}.linear_attn."
+    past_conv, past_rec, present_conv, present_rec = state_io_names(layer)
+    qkv = g.linear(h, p + "in_proj_qkv")
+    z = g.linear(h, p + "in_proj_z")
+    b = g.linear(h, p + "in_proj_b")
+    a = g.linear(h, p + "in_proj_a")
+    conv_w = g.float_weight(p + "conv1d.weight", g.fetch(p + "conv1d.weight"))
+    mixed = w.node("CausalConvWithState", [qkv, conv_w, "", past_conv], name=p + "conv1d", domain=MS,
+                   outputs=[p + "conv1d/output_0", present_conv], activation="silu", channels_last=1)[0]  # fmt: skip
+    sizes = w.const([la.key_dim, la.key_dim, la.value_dim])
+    q, k, v = w.node("Split", [mixed, sizes], 3, name=p + "qkv/Split", axis=-1)
+    q = _l2_heads(g, q, la.num_key_heads, la.key_head_dim, p + "q_l2norm")
+    k = _l2_heads(g, k, la.num_key_heads, la.key_head_dim, p + "k_l2norm")
+    repeat = la.num_value_heads // la.num_key_heads
+    if repeat > 1:  # each key head serves `repeat` value heads, in order (the query's inverse GQA)
+        k5 = w.op("Reshape", k, w.const([0, 0, la.num_key_heads, 1, la.key_head_dim]), name=p + "k_repeat/Reshape")
+        tiled = w.op("Tile", k5, w.const([1, 1, 1, repeat, 1]), name=p + "k_repeat/Tile")
+        k = w.op("Reshape", tiled, w.const([0, 0, la.value_dim // la.value_head_dim * la.key_head_dim]),
+                 name=p + "k_repeat/Reshape_out")  # fmt: skip
+    dt_bias = g.float_weight(p + "dt_bias", g.fetch(p + "dt_bias"))
+    decay_scale = g.float_weight(p + "A_log.decay_scale", -np.exp(g.fetch(p + "A_log")))
+    decay, beta = w.node("LinearAttentionGate", [a, dt_bias, decay_scale, b], 2, name=p + "gate", domain=MS)
+    o = w.node(
+        "LinearAttention", [q, k, v, past_rec, decay, beta], name=p + "LinearAttention", domain=MS,
+        outputs=[p + "LinearAttention/output_0", present_rec], q_num_heads=la.num_key_heads,
+        kv_num_heads=la.num_value_heads, update_rule="gated_delta",
+    )[0]  # fmt: skip
+    norm_w = g.float_weight(p + "norm.weight", g.fetch(p + "norm.weight"))
+    normed = w.op("GatedRMSNorm", o, norm_w, z, name=p + "norm", domain=MS, activation="silu",
+                  epsilon=float(c.rms_norm_eps))  # fmt: skip
+    return g.linear(normed, p + "out_proj")
+
+
+L2_NORM_EPS = 1e-6  # inside the square root, as the reference Gated DeltaNet normalizes q and k
+
+
+def _l2_heads(g: DecoderGraph, x: str, heads: int, dim: int, name: str) -> str:
+    """x / sqrt(sum(x^2) + L2_NORM_EPS) per head: with the epsilon, not LpNormalization, whose
+    plain norm departs from the reference where a head's activations are small."""
+    w = g.w
+    split = w.op("Reshape", x, w.const([0, 0, heads, dim]), name=name + "/Reshape")
+    squares = w.op("ReduceSumSquare", split, w.const([-1]), name=name + "/ReduceSumSquare", keepdims=1)
+    norm = w.op("Sqrt", w.op("Add", squares, g.io_const(L2_NORM_EPS), name=name + "/Add"), name=name + "/Sqrt")
+    normed = w.op("Div", split, norm, name=name + "/Div")
+    return w.op("Reshape", normed, w.const([0, 0, heads * dim]), name=name + "/Reshape_out")

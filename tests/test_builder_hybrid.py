@@ -1,0 +1,158 @@
+"""Hybrid decoders (Gated DeltaNet + gated full attention, transformers' Qwen3_5ForCausalLM)
+through onnxgen's builder (models/builder_hybrid.py).
+
+Oracle: transformers (fp32, CPU) on the same tiny random checkpoint: the package's logits over a
+prompt and then over decode steps that carry the KV caches and the conv / recurrent states equal
+transformers' logits of the whole sequence at those positions. onnxruntime 1.32's CPU build runs
+the same package as a second oracle of the graph (its contrib kernels for every op used).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from onnxgen.models.builder import BuildError, build_package
+from onnxgen.models.hf_source import HFSource
+
+transformers = pytest.importorskip("transformers")
+if not hasattr(transformers, "Qwen3_5ForCausalLM"):
+    pytest.skip("this transformers has no Qwen3_5ForCausalLM", allow_module_level=True)
+
+PROMPT = [3, 17, 91, 5, 44, 120, 8]
+DECODE = [61, 2, 99]
+
+
+def tiny_checkpoint(directory: Path, *, value_heads: int, tied: bool) -> Path:
+    """A 4-layer Qwen3.5-shaped checkpoint (3 Gated DeltaNet layers, then full attention; partial
+    rotary, q/k norms, the output gate), random weights including the norms' zero-centred ones.
+    head_dim 64: a quarter of it rotates, 16 dimensions, the least onnxruntime's GroupQueryAttention
+    takes (its cos cache width must be a multiple of 8)."""
+    config = transformers.Qwen3_5TextConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, linear_num_key_heads=2, linear_num_value_heads=value_heads,
+        linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=4, max_position_embeddings=256,
+        layer_types=["linear_attention"] * 3 + ["full_attention"], tie_word_embeddings=tied, eos_token_id=1,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                         "mrope_section": [3, 3, 2], "mrope_interleaved": True},
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.Qwen3_5ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith(("dt_bias", "A_log")):
+                param.copy_(0.3 * torch.randn_like(param))
+    model.save_pretrained(directory)
+    return directory
+
+
+def hf_logits(directory: Path, ids: list[int]) -> np.ndarray:
+    model = transformers.Qwen3_5ForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].numpy()
+
+
+class Stepper:
+    """Drives a hybrid package step by step: KV caches grow, conv and recurrent states carry."""
+
+    def __init__(self, package: Path, run):
+        self.model = onnx.load(str(package / "model.onnx"), load_external_data=False)
+        self.run = run
+        self.state: dict[str, np.ndarray] = {}
+        for vi in self.model.graph.input:
+            if vi.name.startswith("past"):
+                dims = [d.dim_value if d.HasField("dim_value") else 0 for d in vi.type.tensor_type.shape.dim]
+                dims[0] = 1
+                self.state[vi.name] = np.zeros(dims, np.float32)
+        self.length = 0
+
+    def step(self, ids: list[int]) -> np.ndarray:
+        feeds = {
+            "input_ids": np.array([ids], np.int64),
+            "attention_mask": np.ones((1, self.length + len(ids)), np.int64),
+        }
+        outs = self.run({**feeds, **self.state})
+        names = [o.name for o in self.model.graph.output]
+        values = dict(zip(names, outs))
+        for name, value in values.items():
+            if name.startswith("present"):
+                self.state["past_key_values" + name[len("present") :] if name.endswith(("key", "value"))
+                           else "past" + name[len("present") :]] = value  # fmt: skip
+        self.length += len(ids)
+        return values["logits"][0]
+
+
+@pytest.fixture(scope="module", params=[(2, False), (4, True)], ids=["heads-equal", "more-value-heads-tied"])
+def hybrid(request, tmp_path_factory):
+    value_heads, tied = request.param
+    root = tmp_path_factory.mktemp("hybrid")
+    checkpoint = tiny_checkpoint(root / "hf", value_heads=value_heads, tied=tied)
+    package = build_package(HFSource(checkpoint), root / "pkg", precision="fp32")
+    return checkpoint, package
+
+
+def _onnxgen_run(package: Path):
+    from onnxgen.runtime import InferenceSession
+
+    session = InferenceSession(str(package / "model.onnx"))
+    return lambda feeds: session.run(None, feeds)
+
+
+def _ort_run(package: Path):
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(package / "model.onnx"), providers=["CPUExecutionProvider"])
+    return lambda feeds: session.run(None, feeds)
+
+
+@pytest.mark.parametrize("engine", ["onnxgen", "onnxruntime"])
+def test_hybrid_package_matches_transformers(hybrid, engine: str) -> None:
+    checkpoint, package = hybrid
+    expected = hf_logits(checkpoint, PROMPT + DECODE)
+    stepper = Stepper(package, (_onnxgen_run if engine == "onnxgen" else _ort_run)(package))
+    rows = [stepper.step(PROMPT)] + [stepper.step([t]) for t in DECODE]
+    actual = np.concatenate(rows, axis=0)
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_hybrid_config_is_read_from_the_checkpoint(hybrid) -> None:
+    checkpoint, _ = hybrid
+    config = HFSource(checkpoint).config
+    assert config.layer_types == ["linear_attention"] * 3 + ["full_attention"]
+    assert (
+        config.linear_attention is not None
+        and config.linear_attention.conv_dim == 2 * 16 + 8 * config.linear_attention.num_value_heads
+    )
+    assert config.attn_output_gate and config.qk_norm and config.norm_offset == 1.0
+    assert config.partial_rotary_factor == 0.25
+
+
+def test_hybrid_states_keep_fixed_shapes(hybrid) -> None:
+    """The Gated DeltaNet layers' carried states are declared with fixed sizes (batch aside): the
+    capture classifier sees nothing in them that grows with the sequence."""
+    _, package = hybrid
+    model = onnx.load(str(package / "model.onnx"), load_external_data=False)
+    states = {vi.name: [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in model.graph.input
+              if vi.name.endswith((".conv", ".recurrent"))}  # fmt: skip
+    assert set(states) == {f"past.{i}.{kind}" for i in range(3) for kind in ("conv", "recurrent")}
+    assert all(all(isinstance(d, int) for d in dims[1:]) for dims in states.values()), states
+
+
+def test_hybrid_refuses_the_standard_layout(hybrid, tmp_path) -> None:
+    checkpoint, _ = hybrid
+    with pytest.raises(BuildError, match="gqa layout only"):
+        build_package(HFSource(checkpoint), tmp_path / "std", attention="standard")
+
+
+def test_the_generation_engine_refuses_a_hybrid_package_by_name(hybrid) -> None:
+    """The engine keeps KV caches only: it names the recurrent states it cannot carry, at load."""
+    from onnxgen.errors import ModelLoadError
+    from onnxgen.genai import Generator
+
+    _, package = hybrid
+    with pytest.raises(ModelLoadError, match=r"recurrent states besides its KV cache \(past\.0\.conv"):
+        Generator(package, "cpu")
