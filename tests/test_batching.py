@@ -33,6 +33,8 @@ class _Config:
     num_layers = 2
     num_kv_heads = 1
     head_size = 2
+    kv_layer_ids = range(2)
+    carried = ()
 
     @staticmethod
     def past_key_name(layer: int) -> str:

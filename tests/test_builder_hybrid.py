@@ -37,6 +37,7 @@ def tiny_checkpoint(directory: Path, *, value_heads: int, tied: bool) -> Path:
         num_key_value_heads=2, head_dim=64, linear_num_key_heads=2, linear_num_value_heads=value_heads,
         linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=4, max_position_embeddings=256,
         layer_types=["linear_attention"] * 3 + ["full_attention"], tie_word_embeddings=tied, eos_token_id=1,
+        initializer_range=0.2,  # larger than the default, so that every layer sways the next token
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
                          "mrope_section": [3, 3, 2], "mrope_interleaved": True},
     )  # fmt: skip
@@ -148,11 +149,29 @@ def test_hybrid_refuses_the_standard_layout(hybrid, tmp_path) -> None:
         build_package(HFSource(checkpoint), tmp_path / "std", attention="standard")
 
 
-def test_the_generation_engine_refuses_a_hybrid_package_by_name(hybrid) -> None:
-    """The engine keeps KV caches only: it names the recurrent states it cannot carry, at load."""
-    from onnxgen.errors import ModelLoadError
-    from onnxgen.genai import Generator
+def _word_tokenizer(package: Path, vocab_size: int) -> None:
+    """A word-level vocabulary "<tN>": the engine wants tokenizer files; these tests feed ids."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
 
-    _, package = hybrid
-    with pytest.raises(ModelLoadError, match=r"recurrent states besides its KV cache \(past\.0\.conv"):
-        Generator(package, "cpu")
+    backend = Tokenizer(models.WordLevel({f"<t{i}>": i for i in range(vocab_size)}, unk_token="<t0>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.save(str(package / "tokenizer.json"))
+
+
+@pytest.mark.parametrize("kv", ["auto", "static"])
+def test_generator_greedy_equals_transformers(hybrid, kv: str) -> None:
+    """The generation engine carries the conv and recurrent states beside the KV cache (growing
+    and static caches): its greedy tokens equal transformers' generate."""
+    from onnxgen.genai import Generator, SamplingParams
+
+    checkpoint, package = hybrid
+    _word_tokenizer(package, 128)
+    model = transformers.Qwen3_5ForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None  # run on through EOS, as ignore_eos does (without forbidding it)
+    with torch.no_grad():
+        out = model.generate(torch.tensor([PROMPT]), do_sample=False, max_new_tokens=12)
+    expected = out[0, len(PROMPT) :].tolist()
+    generator = Generator(package, "cpu", kv=kv)
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    assert list(generator.generate_ids(PROMPT, params)) == expected
+    assert list(generator.generate_ids(PROMPT, params)) == expected  # the states start from zero again

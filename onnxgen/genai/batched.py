@@ -119,6 +119,12 @@ class BatchedDecoder:
             raise BatchingNotSupportedError(
                 "batched decoding needs an attention_mask input (it carries each sequence's length)"
             )
+        if config.carried:
+            raise BatchingNotSupportedError(
+                "batched decoding keeps KV caches only; this hybrid decoder also carries per-sequence states "
+                f"({', '.join(s.past for s in config.carried[:2])}, ...): serve it one request at a time "
+                "(--max-num-seqs 1)"
+            )
         if not past_feeds_attention_in_place(engine.session.model.graph, config):
             raise BatchingNotSupportedError(
                 "batched decoding needs GroupQueryAttention (com.microsoft) reading the past KV inputs directly, "

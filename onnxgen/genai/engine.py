@@ -125,7 +125,7 @@ class DecodeEngine:
         self.logits_row = LOGITS_ROW_INPUT if LOGITS_ROW_INPUT in inputs else None
         self._rows: torch.Tensor | None = None  # see _row_feed
         self._row_zero: torch.Tensor | None = None
-        self._past = inputs[config.past_key_name(0)]
+        self._past = inputs[config.past_key_name(next(iter(config.kv_layer_ids), 0))]
         self.kv_dtype = ONNX_TO_TORCH[self._past.elem_type]
         if kv == "auto":
             # a shared-buffer package gets the static cache where its decode step is captured (CUDA) or
@@ -641,8 +641,10 @@ class DecodeEngine:
         for lo in range(0, n, self.captured_prefill_max):
             real = min(self.captured_prefill_max, n - lo)
             size = max(self.captured_prefill_min, 1 << (real - 1).bit_length())
-            if kv.length + size > kv.capacity:
-                size = real  # no room for the padding: this chunk runs at its own length
+            if kv.length + size > kv.capacity or self.config.carried:
+                # no room for the padding, or carried states (a hybrid decoder), which would fold
+                # the padding tokens in for good: this chunk runs at its own length
+                size = real
             chunk = ids[:, lo : lo + real]
             if size > real:
                 chunk = torch.cat((chunk, chunk.new_zeros((1, size - real))), dim=1)

@@ -10,6 +10,7 @@ from typing import Any
 
 from onnxgen.genai.engine import DecodeEngine, engine_model
 from onnxgen.genai.events import GenerationEvent
+from onnxgen.genai.graph_layout import with_graph_layout
 from onnxgen.genai.package import PackageConfig, load_package_config
 from onnxgen.genai.package_checks import check_package
 from onnxgen.genai.prompt_text import PromptText, PromptTooLongError
@@ -67,6 +68,7 @@ class Generator:
         # the package is checked against the graph proto before any weight is read (and read once)
         proto, model_dir = (session.model, None) if session is not None else load_model(self.config.model_file)
         check_package(self.config, proto)
+        self.config = with_graph_layout(self.config, proto)  # KV layers and carried states, from the graph
         self.text = PromptText(self.config)
         self.tokenizer = self.text.tokenizer
         if session is None:

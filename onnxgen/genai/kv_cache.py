@@ -35,7 +35,7 @@ def past_feeds_attention_in_place(graph: Any, config: PackageConfig) -> bool:
     A graph that concatenates past and new rows itself (the standard layout) would read the
     spare rows as history, so it keeps DynamicKV."""
     wanted: dict[str, int] = {}
-    for layer in range(config.num_layers):
+    for layer in config.kv_layer_ids:
         wanted[config.past_key_name(layer)] = 3
         wanted[config.past_value_name(layer)] = 4
     seen: set[str] = set()
@@ -51,6 +51,27 @@ def past_feeds_attention_in_place(graph: Any, config: PackageConfig) -> bool:
     return seen == set(wanted)
 
 
+class CarriedStates:
+    """The fixed-size states a hybrid decoder carries beside its KV cache (PackageConfig.carried):
+    zeros before the first step, each step's present copied into the past buffer it came from, so
+    the buffers keep their addresses (what a recorded step reads) for the whole generation.
+    Unlike a KV cache, a state cannot be masked back: a step's tokens are folded in for good."""
+
+    def __init__(self, config: PackageConfig, dtype: torch.dtype, device: torch.device, batch: int = 1):
+        self.buffers = {s.past: torch.zeros((batch, *s.shape), dtype=dtype, device=device) for s in config.carried}
+        self._pairs = [(s.present, self.buffers[s.past]) for s in config.carried]
+
+    def reset(self) -> None:
+        for buffer in self.buffers.values():
+            buffer.zero_()
+
+    def update(self, outputs: dict[str, torch.Tensor]) -> None:
+        for present, buffer in self._pairs:
+            out = outputs[present]
+            if out.data_ptr() != buffer.data_ptr():
+                buffer.copy_(out)
+
+
 class DynamicKV:
     kind = "dynamic"
 
@@ -59,23 +80,25 @@ class DynamicKV:
         self.length = 0
         shape = (batch, config.num_kv_heads, 0, config.head_size)
         self.past = {}
-        for layer in range(config.num_layers):
+        for layer in config.kv_layer_ids:
             self.past[config.past_key_name(layer)] = torch.zeros(shape, dtype=dtype, device=device)
             self.past[config.past_value_name(layer)] = torch.zeros(shape, dtype=dtype, device=device)
         self.device = device
         self.batch = batch
+        self.states = CarriedStates(config, dtype, device, batch)
 
     def attention_mask(self, new_tokens: int) -> torch.Tensor:
         return torch.ones((self.batch, self.length + new_tokens), dtype=torch.int64, device=self.device)
 
     def feeds(self) -> dict[str, torch.Tensor]:
-        return dict(self.past)
+        return {**self.past, **self.states.buffers}
 
     def update(self, outputs: dict[str, torch.Tensor], new_tokens: int) -> None:
         c = self.config
-        for layer in range(c.num_layers):
+        for layer in c.kv_layer_ids:
             self.past[c.past_key_name(layer)] = outputs[c.present_key_name(layer)]
             self.past[c.past_value_name(layer)] = outputs[c.present_value_name(layer)]
+        self.states.update(outputs)
         self.length += new_tokens
 
 
@@ -100,8 +123,9 @@ class GrowingKV:
         self.reallocations = 0
         self.buffers: dict[str, torch.Tensor] = {}
         self._names = [
-            (config.past_key_name(layer), config.present_key_name(layer)) for layer in range(config.num_layers)
-        ] + [(config.past_value_name(layer), config.present_value_name(layer)) for layer in range(config.num_layers)]
+            (config.past_key_name(layer), config.present_key_name(layer)) for layer in config.kv_layer_ids
+        ] + [(config.past_value_name(layer), config.present_value_name(layer)) for layer in config.kv_layer_ids]
+        self.states = CarriedStates(config, dtype, device, batch)
         self._grow(self.min_capacity)
 
     def _grow(self, needed: int) -> None:
@@ -128,9 +152,10 @@ class GrowingKV:
         return torch.ones((self.batch, end), dtype=torch.int64, device=self.device)
 
     def feeds(self) -> dict[str, torch.Tensor]:
-        return dict(self.buffers)
+        return {**self.buffers, **self.states.buffers}
 
     def update(self, outputs: dict[str, torch.Tensor], new_tokens: int) -> None:
+        self.states.update(outputs)
         for past, present in self._names:
             out = outputs[present]
             buffer = self.buffers[past]
@@ -153,14 +178,15 @@ class StaticKV:
         self.batch = batch
         shape = (batch, config.num_kv_heads, capacity, config.head_size)
         self.buffers = {}
-        for layer in range(config.num_layers):
+        for layer in config.kv_layer_ids:
             self.buffers[config.past_key_name(layer)] = torch.zeros(shape, dtype=dtype, device=device)
             self.buffers[config.past_value_name(layer)] = torch.zeros(shape, dtype=dtype, device=device)
         self.mask = torch.zeros((batch, capacity), dtype=torch.int64, device=device)
+        self.states = CarriedStates(config, dtype, device, batch)
         # (present output name, the past buffer it must land in), made once: update() runs every step
         self._pairs = [
             (present, self.buffers[past])
-            for layer in range(config.num_layers)
+            for layer in config.kv_layer_ids
             for past, present in (
                 (config.past_key_name(layer), config.present_key_name(layer)),
                 (config.past_value_name(layer), config.present_value_name(layer)),
@@ -174,6 +200,7 @@ class StaticKV:
         before any step attends to it (a caller that reads only unmasked rows, batched.py)."""
         self.length = 0
         self.mask.zero_()
+        self.states.reset()  # a state has no rows to hide: it starts from zeros again
         if zero_rows:
             for buffer in self.buffers.values():
                 buffer.zero_()
@@ -183,7 +210,8 @@ class StaticKV:
         """The graph-input symbols a static cache fixes (the KV buffer length and the mask width):
         what a capture runtime pins for it. ``inputs``: value infos with .name and .shape."""
         shapes = {i.name: i.shape or [] for i in inputs}
-        dims = shapes.get(config.past_key_name(0), [])[2:3] + shapes.get(config.io.attention_mask, [])[1:2]
+        first = config.past_key_name(next(iter(config.kv_layer_ids), 0))
+        dims = shapes.get(first, [])[2:3] + shapes.get(config.io.attention_mask, [])[1:2]
         return {d for d in dims if isinstance(d, str)}
 
     def attention_mask(self, new_tokens: int, set_rows: bool = True) -> torch.Tensor:
@@ -201,9 +229,10 @@ class StaticKV:
         self.mask[:, start : start + count] = 0
 
     def feeds(self) -> dict[str, torch.Tensor]:
-        return dict(self.buffers)
+        return {**self.buffers, **self.states.buffers}
 
     def update(self, outputs: dict[str, torch.Tensor], new_tokens: int) -> None:
+        self.states.update(outputs)
         for present, buffer in self._pairs:
             out = outputs[present]
             if out.data_ptr() != buffer.data_ptr():

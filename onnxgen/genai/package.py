@@ -29,6 +29,17 @@ class DecoderIO:
     given: frozenset[str] = frozenset()
 
 
+@dataclass(frozen=True)
+class CarriedState:
+    """A fixed-size state a hybrid decoder carries from step to step beside its KV cache (a causal
+    convolution's last positions, a linear attention's recurrent state): fed as ``past``, returned
+    as ``present``, shaped [batch, *shape]."""
+
+    past: str
+    present: str
+    shape: tuple[int, ...]
+
+
 @dataclass
 class PackageConfig:
     directory: Path
@@ -48,6 +59,14 @@ class PackageConfig:
     io: DecoderIO
     search: dict[str, Any] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict)
+    # from the graph (graph_layout.with_graph_layout): the layers that have a KV cache (None: every
+    # one) and the states carried beside it
+    kv_layers: tuple[int, ...] | None = None
+    carried: tuple[CarriedState, ...] = ()
+
+    @property
+    def kv_layer_ids(self) -> range | tuple[int, ...]:
+        return range(self.num_layers) if self.kv_layers is None else self.kv_layers
 
     @property
     def config_file(self) -> Path:

@@ -16,6 +16,7 @@ from typing import Any
 import onnx
 
 from onnxgen.errors import ModelLoadError
+from onnxgen.genai.graph_layout import carried_states, with_graph_layout
 from onnxgen.genai.package import PackageConfig
 
 MS_DOMAIN = "com.microsoft"
@@ -40,7 +41,7 @@ def _listing(names: list[str], limit: int = 8) -> str:
 
 class _Checker:
     def __init__(self, config: PackageConfig, model: onnx.ModelProto):
-        self.config = config
+        self.config = with_graph_layout(config, model)
         graph = model.graph
         self.initializers = {t.name: t for t in graph.initializer}
         # graph inputs that an initializer backs are optional: nobody has to feed them
@@ -48,35 +49,17 @@ class _Checker:
         self.outputs = {v.name: v for v in graph.output}
         self.nodes = list(graph.node)
         self.file = config.config_file
+        self.model = model
 
     def fail(self, message: str) -> ModelLoadError:
         return ModelLoadError(f"{self.file}: {message}")
 
     def run(self) -> None:
-        self.check_recurrent_states()
         self.check_names()
         self.check_layers()
         self.check_shapes()
         self.check_context()
         self.check_share_buffer()
-
-    def check_recurrent_states(self) -> None:
-        """A hybrid decoder feeds fixed-size states (a causal convolution's carry, a linear
-        attention's recurrent state) from graph inputs beside its KV cache; the generation engine
-        keeps KV caches only, so it refuses the package instead of failing at the first step."""
-        stateful = {"CausalConvWithState": 3, "LinearAttention": 3}
-        states = sorted(
-            node.input[stateful[node.op_type]]
-            for node in self.nodes
-            if node.op_type in stateful and len(node.input) > stateful[node.op_type]
-            and node.input[stateful[node.op_type]] in self.inputs
-        )  # fmt: skip
-        if states:
-            raise self.fail(
-                f"the decoder graph carries recurrent states besides its KV cache ({_listing(states)}): a hybrid "
-                "(linear-attention) decoder, which onnxgen's generation engine does not run yet; its graph runs "
-                "step by step through onnxgen.runtime.InferenceSession"
-            )
 
     # -- names -----------------------------------------------------------------------------------
 
@@ -94,11 +77,12 @@ class _Checker:
         for key, name in (("attention_mask", io.attention_mask), ("position_ids", io.position_ids)):
             if name and key in given:  # a default name is fed only where the graph has it
                 self._need(f"{ins}.{key}", name, self.inputs, "input")
-        self._need(f"{ins}.past_key_names", io.past_key % 0, self.inputs, "input")
-        self._need(f"{ins}.past_value_names", io.past_value % 0, self.inputs, "input")
+        first = next(iter(self.config.kv_layer_ids), 0)  # a hybrid decoder's first layers may have no KV
+        self._need(f"{ins}.past_key_names", io.past_key % first, self.inputs, "input")
+        self._need(f"{ins}.past_value_names", io.past_value % first, self.inputs, "input")
         self._need(f"{outs}.logits", io.logits, self.outputs, "output")
-        self._need(f"{outs}.present_key_names", io.present_key % 0, self.outputs, "output")
-        self._need(f"{outs}.present_value_names", io.present_value % 0, self.outputs, "output")
+        self._need(f"{outs}.present_key_names", io.present_key % first, self.outputs, "output")
+        self._need(f"{outs}.present_value_names", io.present_value % first, self.outputs, "output")
 
     def _layers_in_graph(self, pattern: str, pool: dict[str, Any]) -> list[int]:
         before, after = pattern.split("%d")
@@ -108,13 +92,17 @@ class _Checker:
     def check_layers(self) -> None:
         c, io = self.config, self.config.io
         layers = self._layers_in_graph(io.past_key, self.inputs)
-        if len(layers) != c.num_layers or layers != list(range(len(layers))):
+        # a hybrid decoder's linear-attention layers carry fixed-size states instead of a KV cache
+        states = carried_states(self.model)
+        hybrid_ok = bool(states) and layers and layers[-1] < c.num_layers
+        if not hybrid_ok and (len(layers) != c.num_layers or layers != list(range(len(layers)))):
             raise self.fail(
                 f"model.decoder.num_hidden_layers is {c.num_layers}, but the decoder has {len(layers)} layers "
                 f"(KV inputs {_listing([io.past_key % i for i in layers], 3)})"
             )
         fed = {io.input_ids, *(io.past_key % i for i in layers), *(io.past_value % i for i in layers)}
         fed |= {n for n in (io.attention_mask, io.position_ids) if n}
+        fed |= {state.past for state in states}
         for layer in layers:
             self._need("model.decoder.inputs.past_value_names", io.past_value % layer, self.inputs, "input")
             self._need("model.decoder.outputs.present_key_names", io.present_key % layer, self.outputs, "output")
@@ -123,7 +111,7 @@ class _Checker:
         if unfed:
             raise self.fail(
                 f"the decoder graph has input(s) {_listing(unfed)} that model.decoder.inputs does not map; "
-                "onnxgen feeds input_ids, attention_mask, position_ids and the past KV only"
+                "onnxgen feeds input_ids, attention_mask, position_ids, the past KV and carried layer states only"
             )
 
     # -- sizes -----------------------------------------------------------------------------------
@@ -139,10 +127,11 @@ class _Checker:
         c, io = self.config, self.config.io
         self._compare("model.vocab_size", c.vocab_size, io.logits, _shape(self.outputs[io.logits]), -1,
                       "the logits' last dimension is")  # fmt: skip
-        kv = [(io.past_key % i, self.inputs) for i in range(c.num_layers)]
-        kv += [(io.past_value % i, self.inputs) for i in range(c.num_layers)]
-        kv += [(io.present_key % i, self.outputs) for i in range(c.num_layers)]
-        kv += [(io.present_value % i, self.outputs) for i in range(c.num_layers)]
+        layers = self._layers_in_graph(io.past_key, self.inputs)
+        kv = [(io.past_key % i, self.inputs) for i in layers]
+        kv += [(io.past_value % i, self.inputs) for i in layers]
+        kv += [(io.present_key % i, self.outputs) for i in layers]
+        kv += [(io.present_value % i, self.outputs) for i in layers]
         for name, pool in kv:  # [batch, kv heads, sequence, head size]
             shape = _shape(pool[name])
             if shape is not None and len(shape) != 4:
@@ -179,9 +168,10 @@ class _Checker:
     def check_context(self) -> None:
         c, io = self.config, self.config.io
         limits = self._position_tables()
-        shape = _shape(self.inputs[io.past_key % 0])
+        first = io.past_key % next(iter(c.kv_layer_ids), 0)
+        shape = _shape(self.inputs[first]) if first in self.inputs else None
         if shape is not None and isinstance(shape[2], int) and shape[2] > 0:
-            limits.append((f"KV input {io.past_key % 0} (a fixed buffer)", shape[2]))
+            limits.append((f"KV input {first} (a fixed buffer)", shape[2]))
         for what, rows in limits:
             if c.context_length > rows:
                 raise self.fail(
@@ -207,7 +197,7 @@ def growing_kv(config: PackageConfig, nodes: list[onnx.NodeProto]) -> str | None
     returns a new, longer tensor each step."""
     producers = {out: node for node in nodes for out in node.output}
     io = config.io
-    for layer in range(config.num_layers):
+    for layer in config.kv_layer_ids:
         for slot, present, past in ((1, io.present_key % layer, io.past_key % layer),
                                     (2, io.present_value % layer, io.past_value % layer)):  # fmt: skip
             node = producers.get(present)

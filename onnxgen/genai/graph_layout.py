@@ -1,0 +1,61 @@
+"""What a package's decoder graph carries between steps, read from the graph itself: the layers
+that have a KV cache, and the fixed-size states of hybrid decoders (CausalConvWithState's carry,
+LinearAttention's recurrent state) that a step reads from a graph input and returns as an output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import onnx
+
+from onnxgen.errors import ModelLoadError
+from onnxgen.genai.package import CarriedState, PackageConfig
+
+# stateful op type -> (index of its past-state input, index of its present-state output)
+STATEFUL_OPS = {"CausalConvWithState": (3, 1), "LinearAttention": (3, 1)}
+
+
+def carried_states(model: onnx.ModelProto) -> list[CarriedState]:
+    """The states a step carries: each stateful node's past input that is a graph input, paired
+    with its present output, which must be a graph output; shapes from the graph input (every
+    dimension after the batch fixed)."""
+    graph = model.graph
+    initializers = {t.name for t in graph.initializer}
+    inputs = {v.name: v for v in graph.input if v.name not in initializers}
+    outputs = {v.name for v in graph.output}
+    states = []
+    for node in graph.node:
+        slots = STATEFUL_OPS.get(node.op_type)
+        if slots is None or len(node.input) <= slots[0] or node.input[slots[0]] not in inputs:
+            continue
+        past, present = node.input[slots[0]], node.output[slots[1]] if len(node.output) > slots[1] else ""
+        if present not in outputs:
+            raise ModelLoadError(
+                f"{node.op_type} node {node.name!r} reads the state {past!r} from a graph input but its updated "
+                "state is not a graph output, so nothing could carry it to the next step"
+            )
+        dims = inputs[past].type.tensor_type.shape.dim
+        shape = [d.dim_value if d.HasField("dim_value") else None for d in dims][1:]
+        if not dims or any(d is None or d <= 0 for d in shape):
+            raise ModelLoadError(
+                f"the carried state {past!r} must have a fixed shape after its batch dimension, "
+                f"got {[d.dim_param or d.dim_value for d in dims]}"
+            )
+        states.append(CarriedState(past, present, tuple(shape)))  # type: ignore[arg-type]
+    return states
+
+
+def kv_layers(config: PackageConfig, model: onnx.ModelProto) -> tuple[int, ...]:
+    """The layers whose past key is a graph input (a hybrid decoder's linear layers have none)."""
+    before, after = config.io.past_key.split("%d")
+    pattern = re.compile(re.escape(before) + r"(\d+)" + re.escape(after))
+    return tuple(sorted(int(m.group(1)) for vi in model.graph.input if (m := pattern.fullmatch(vi.name))))
+
+
+def with_graph_layout(config: PackageConfig, model: onnx.ModelProto) -> PackageConfig:
+    """``config`` with the graph's KV layers and carried states filled in."""
+    states = tuple(carried_states(model))
+    layers = kv_layers(config, model) if states else None
+    return dataclasses.replace(config, kv_layers=layers, carried=states)
