@@ -175,3 +175,33 @@ def test_generator_greedy_equals_transformers(hybrid, kv: str) -> None:
     params = SamplingParams(max_new_tokens=12, ignore_eos=True)
     assert list(generator.generate_ids(PROMPT, params)) == expected
     assert list(generator.generate_ids(PROMPT, params)) == expected  # the states start from zero again
+
+
+def test_hybrid_decode_step_is_one_recorded_segment(hybrid) -> None:
+    """With a static cache the whole decode step plans as one segment (the conv and recurrent
+    state updates, the gates and norms recorded with the attention), and replaying it (the CPU
+    stand-in for CUDA graphs, verify mode: each replay checked against eager) gives the eager
+    generation's tokens. The captured prompt chunk runs at the prompt's own length, unpadded."""
+    from onnxgen.genai import Generator, SamplingParams
+    from onnxgen.runtime.capture.recorder import ReplayRecorder
+    from onnxgen.runtime.capture.report import analyse
+
+    _, package = hybrid
+    _word_tokenizer(package, 128)
+    model = onnx.load(str(package / "model.onnx"), load_external_data=False)
+    analysis = analyse(model, {"past_sequence_length": 256, "total_sequence_length": 256})
+    (segment,) = analysis.plan.segments
+    recorded = {analysis.plan.nodes[i].op_type for i in segment}
+    assert {"CausalConvWithState", "LinearAttention", "GatedRMSNorm", "GroupQueryAttention"} <= recorded
+    params = SamplingParams(max_new_tokens=10, ignore_eos=True)
+    eager = list(Generator(package, "cpu", kv="static", capture="off").generate_ids(PROMPT, params))
+    captured = Generator(package, "cpu", kv="static", capture="verify", recorder=ReplayRecorder())
+    rows: list[int] = []
+    runtime = captured.engine.prefill_runtime()
+    original = runtime.run
+    runtime.run = lambda feeds, tail=None: rows.append(feeds["input_ids"].shape[1]) or original(feeds, tail)
+    assert list(captured.generate_ids(PROMPT, params)) == eager
+    stats = captured.capture_stats
+    assert stats.segments_per_step == 1 and stats.captured_steps > 0
+    assert stats.invalidations == 0 and stats.recording_failures == 0 and not stats.quarantined
+    assert rows == [len(PROMPT)]  # not padded to 16: padding would be folded into the states
