@@ -1,5 +1,6 @@
-"""Hybrid decoders (Gated DeltaNet + gated full attention, transformers' Qwen3_5ForCausalLM)
-through onnxgen's builder (models/builder_hybrid.py).
+"""Hybrid decoders (Gated DeltaNet + gated full attention, transformers' Qwen3_5ForCausalLM, and
+with every MLP a mixture of experts, Qwen3_5MoeForCausalLM) through onnxgen's builder
+(models/builder_hybrid.py) and generation engine.
 
 Oracle: transformers (fp32, CPU) on the same tiny random checkpoint: the package's logits over a
 prompt and then over decode steps that carry the KV caches and the conv / recurrent states equal
@@ -27,12 +28,16 @@ PROMPT = [3, 17, 91, 5, 44, 120, 8]
 DECODE = [61, 2, 99]
 
 
-def tiny_checkpoint(directory: Path, *, value_heads: int, tied: bool) -> Path:
+def tiny_checkpoint(directory: Path, *, value_heads: int, tied: bool, experts: int = 0) -> Path:
     """A 4-layer Qwen3.5-shaped checkpoint (3 Gated DeltaNet layers, then full attention; partial
     rotary, q/k norms, the output gate), random weights including the norms' zero-centred ones.
     head_dim 64: a quarter of it rotates, 16 dimensions, the least onnxruntime's GroupQueryAttention
     takes (its cos cache width must be a multiple of 8)."""
-    config = transformers.Qwen3_5TextConfig(
+    family = (transformers.Qwen3_5MoeTextConfig, transformers.Qwen3_5MoeForCausalLM) if experts else (
+        transformers.Qwen3_5TextConfig, transformers.Qwen3_5ForCausalLM)  # fmt: skip
+    moe = dict(num_experts=experts, num_experts_per_tok=3, moe_intermediate_size=16, shared_expert_intermediate_size=24)
+    config = family[0](
+        **(moe if experts else {}),
         vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2, head_dim=64, linear_num_key_heads=2, linear_num_value_heads=value_heads,
         linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=4, max_position_embeddings=256,
@@ -42,7 +47,7 @@ def tiny_checkpoint(directory: Path, *, value_heads: int, tied: bool) -> Path:
                          "mrope_section": [3, 3, 2], "mrope_interleaved": True},
     )  # fmt: skip
     torch.manual_seed(0)
-    model = transformers.Qwen3_5ForCausalLM(config).eval()
+    model = family[1](config).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight") or name.endswith(("dt_bias", "A_log")):
@@ -51,8 +56,13 @@ def tiny_checkpoint(directory: Path, *, value_heads: int, tied: bool) -> Path:
     return directory
 
 
+def hf_model(directory: Path) -> torch.nn.Module:
+    model_class = transformers.AutoModelForCausalLM
+    return model_class.from_pretrained(directory, dtype=torch.float32).eval()
+
+
 def hf_logits(directory: Path, ids: list[int]) -> np.ndarray:
-    model = transformers.Qwen3_5ForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    model = hf_model(directory)
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0].numpy()
 
@@ -87,11 +97,15 @@ class Stepper:
         return values["logits"][0]
 
 
-@pytest.fixture(scope="module", params=[(2, False), (4, True)], ids=["heads-equal", "more-value-heads-tied"])
+@pytest.fixture(
+    scope="module",
+    params=[(2, False, 0), (4, True, 0), (4, False, 8)],
+    ids=["heads-equal", "more-value-heads-tied", "moe"],
+)
 def hybrid(request, tmp_path_factory):
-    value_heads, tied = request.param
+    value_heads, tied, experts = request.param
     root = tmp_path_factory.mktemp("hybrid")
-    checkpoint = tiny_checkpoint(root / "hf", value_heads=value_heads, tied=tied)
+    checkpoint = tiny_checkpoint(root / "hf", value_heads=value_heads, tied=tied, experts=experts)
     package = build_package(HFSource(checkpoint), root / "pkg", precision="fp32")
     return checkpoint, package
 
@@ -166,7 +180,7 @@ def test_generator_greedy_equals_transformers(hybrid, kv: str) -> None:
 
     checkpoint, package = hybrid
     _word_tokenizer(package, 128)
-    model = transformers.Qwen3_5ForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    model = hf_model(checkpoint)
     model.generation_config.eos_token_id = None  # run on through EOS, as ignore_eos does (without forbidding it)
     with torch.no_grad():
         out = model.generate(torch.tensor([PROMPT]), do_sample=False, max_new_tokens=12)
@@ -186,13 +200,14 @@ def test_hybrid_decode_step_is_one_recorded_segment(hybrid) -> None:
     from onnxgen.runtime.capture.recorder import ReplayRecorder
     from onnxgen.runtime.capture.report import analyse
 
-    _, package = hybrid
+    checkpoint, package = hybrid
     _word_tokenizer(package, 128)
     model = onnx.load(str(package / "model.onnx"), load_external_data=False)
     analysis = analyse(model, {"past_sequence_length": 256, "total_sequence_length": 256})
     (segment,) = analysis.plan.segments
     recorded = {analysis.plan.nodes[i].op_type for i in segment}
     assert {"CausalConvWithState", "LinearAttention", "GatedRMSNorm", "GroupQueryAttention"} <= recorded
+    assert ("MoE" in recorded) == (HFSource(checkpoint).config.moe is not None)  # routing on the device
     params = SamplingParams(max_new_tokens=10, ignore_eos=True)
     eager = list(Generator(package, "cpu", kv="static", capture="off").generate_ids(PROMPT, params))
     captured = Generator(package, "cpu", kv="static", capture="verify", recorder=ReplayRecorder())

@@ -78,6 +78,10 @@ def _options(
             f"num_attention_heads {config.num_attention_heads} is not a multiple of "
             f"num_key_value_heads {config.num_key_value_heads}"
         )
+    if config.moe is not None and not config.layer_types:
+        raise BuildError("mixture-of-experts decoders are built with linear-attention layers only so far")
+    if config.moe is not None and precision == "int4":
+        raise BuildError("int4 experts (QMoE) are not built yet; build a mixture-of-experts model as fp32 or fp16")
     if config.layer_types and attention != "gqa":
         raise BuildError("hybrid (linear-attention) decoders are built in the gqa layout only (--attention gqa)")
     rotary_dim(config)  # validates

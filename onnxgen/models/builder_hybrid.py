@@ -15,7 +15,9 @@ head of q and k (qk_norm), and a per-head output gate taken from a q_proj twice 
                                   shared by value heads as inverse GQA)
     out_proj(GatedRMSNorm(o, norm.weight, in_proj_z(h)))
 
-Every RMSNorm multiplies by (norm_offset + weight), folded into its weight here. Rotary positions
+Where every layer's MLP is a mixture of experts (config.moe) it is MoE over the routed experts
+plus a shared expert behind a sigmoid gate. Every RMSNorm multiplies by (norm_offset + weight),
+folded into its weight here. Rotary positions
 come from the attention mask as in the `gqa` flavour: a text-only package, whose three multimodal
 position rows would all be equal, so the rotation is the plain partial one.
 """
@@ -68,7 +70,7 @@ def build_hybrid(g: DecoderGraph) -> None:
             mixed = _full_attention(g, h, i, kv[i], seqlens_k, total_len, cos_cache, sin_cache)
         ln_post = _norm_weight(g, p + "post_attention_layernorm.weight")
         h2, residual = skip_norm(g, mixed, residual, ln_post, p + "post_attention_layernorm/SkipLayerNorm", eps)
-        layer_out = g.mlp(h2, i)
+        layer_out = g.mlp(h2, i) if c.moe is None else _mixture_of_experts(g, h2, i)
 
     norm = _norm_weight(g, "model.norm.weight")
     final = w.node("SkipSimplifiedLayerNormalization", [layer_out, residual, norm], name="/model/norm/SkipLayerNorm",
@@ -190,3 +192,37 @@ def _l2_heads(g: DecoderGraph, x: str, heads: int, dim: int, name: str) -> str:
     norm = w.op("Sqrt", w.op("Add", squares, g.io_const(L2_NORM_EPS), name=name + "/Add"), name=name + "/Sqrt")
     normed = w.op("Div", split, norm, name=name + "/Div")
     return w.op("Reshape", normed, w.const([0, 0, heads * dim]), name=name + "/Reshape_out")
+
+
+def _mixture_of_experts(g: DecoderGraph, h: str, layer: int) -> str:
+    """The sparse MLP: MoE (com.microsoft) over the routed experts, plus the shared expert behind
+    sigmoid(shared_expert_gate(h)). The router's logits go to MoE as [tokens, experts] (its softmax
+    and top k are inside); each expert's gate and up projections are written interleaved row by
+    row (swiglu_fusion 1), the one layout onnxruntime's CPU kernel takes."""
+    w, moe = g.w, g.config.moe
+    assert moe is not None
+    p = f"model.layers.{layer}.mlp."
+    logits = g.linear(h, p + "gate")
+    router = w.op("Reshape", logits, w.const([-1, moe.num_experts]), name=p + "router/Reshape")
+    experts = range(moe.num_experts)
+    # [experts, 2 * inter, hidden], rows g0, u0, g1, u1, ... of each expert's gate and up
+    fc1 = np.stack(
+        [np.stack([g.fetch(f"{p}experts.{e}.gate_proj.weight"), g.fetch(f"{p}experts.{e}.up_proj.weight")], axis=1)
+         .reshape(2 * moe.expert_intermediate, -1) for e in experts]
+    )  # fmt: skip
+    fc1_name = g.float_weight(p + "experts.fc1", fc1)
+    del fc1
+    fc2 = np.stack([g.fetch(f"{p}experts.{e}.down_proj.weight") for e in experts])  # [experts, hidden, inter]
+    fc2_name = g.float_weight(p + "experts.fc2", fc2)
+    routed = w.node(
+        "MoE", [h, router, fc1_name, "", fc2_name], name=p + "MoE", domain=MS, k=moe.top_k,
+        normalize_routing_weights=int(moe.normalize), activation_type="swiglu", swiglu_fusion=1,
+        activation_alpha=1.0, activation_beta=0.0,
+    )[0]  # fmt: skip
+    sp = p + "shared_expert."
+    shared_gate = g.linear(h, sp + "gate_proj")
+    act = w.op("Mul", shared_gate, w.op("Sigmoid", shared_gate, name=sp + "act/Sigmoid"), name=sp + "act/Mul")
+    shared = g.linear(w.op("Mul", act, g.linear(h, sp + "up_proj"), name=sp + "Mul"), sp + "down_proj")
+    weight = w.op("Sigmoid", g.linear(h, p + "shared_expert_gate"), name=p + "shared_expert_gate/Sigmoid")
+    gated = w.op("Mul", shared, weight, name=p + "shared_expert_gate/Mul")
+    return w.op("Add", routed, gated, name=p + "Add")

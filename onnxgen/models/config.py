@@ -38,6 +38,18 @@ class LinearAttentionSpec:
         return 2 * self.key_dim + self.value_dim
 
 
+@dataclass(frozen=True)
+class MoESpec:
+    """Every layer's MLP as a mixture of experts: softmax top-k routing over ``num_experts``
+    SwiGLU experts (renormalized where ``normalize``), plus a shared expert behind a sigmoid gate."""
+
+    num_experts: int
+    top_k: int
+    expert_intermediate: int
+    shared_intermediate: int
+    normalize: bool = True
+
+
 @dataclass
 class DecoderConfig:
     architecture: str  # family as the source names it ("llama", "qwen2"); informative only
@@ -66,6 +78,7 @@ class DecoderConfig:
     attn_output_gate: bool = False  # q_proj also yields a per-head gate: output * sigmoid(gate)
     qk_norm: bool = False  # RMSNorm over each head of q and k before the rotary embedding
     norm_offset: float = 0.0  # RMSNorm multiplies by (norm_offset + weight): 1.0 for zero-centred weights
+    moe: MoESpec | None = None  # every layer's MLP a mixture of experts (None: dense MLPs)
 
     def is_linear(self, layer: int) -> bool:
         return bool(self.layer_types) and self.layer_types[layer] == "linear_attention"
@@ -97,6 +110,22 @@ LINEAR_ATTENTION_WEIGHTS = (
 )  # fmt: skip
 
 
+MOE_SHARED_WEIGHTS = (
+    "shared_expert.gate_proj.weight", "shared_expert.up_proj.weight", "shared_expert.down_proj.weight",
+    "shared_expert_gate.weight",
+)  # fmt: skip
+
+
+def moe_weight_names(moe: MoESpec) -> Iterator[str]:
+    """A sparse MLP's weights under its layer's "mlp." prefix, as checkpoints store them (one
+    tensor per expert and projection)."""
+    yield "gate.weight"
+    for e in range(moe.num_experts):
+        for proj in ("gate", "up", "down"):
+            yield f"experts.{e}.{proj}_proj.weight"
+    yield from MOE_SHARED_WEIGHTS
+
+
 def iter_layer_names(config: DecoderConfig) -> Iterator[str]:
     """Every weight name a complete source must provide, in build order."""
     yield "model.embed_tokens.weight"
@@ -115,6 +144,9 @@ def iter_layer_names(config: DecoderConfig) -> Iterator[str]:
                 yield p + "self_attn.k_norm.weight"
             yield p + "self_attn.o_proj.weight"
         yield p + "post_attention_layernorm.weight"
+        if config.moe is not None:
+            yield from (p + "mlp." + name for name in moe_weight_names(config.moe))
+            continue
         for proj in ("gate", "up", "down"):
             yield p + f"mlp.{proj}_proj.weight"
     yield "model.norm.weight"
@@ -141,8 +173,21 @@ def weight_shapes(config: DecoderConfig) -> dict[str, tuple[int, ...]]:
             "linear_attn.norm.weight": (la.value_head_dim,),
             "linear_attn.out_proj.weight": (h, la.value_dim),
         }
+    moe = {}
+    if c.moe is not None:
+        h, e, inter, shared = c.hidden_size, c.moe.num_experts, c.moe.expert_intermediate, c.moe.shared_intermediate
+        moe = {
+            "mlp.gate.weight": (e, h),
+            **{f"mlp.experts.{i}.{proj}_proj.weight": (inter, h) for i in range(e) for proj in ("gate", "up")},
+            **{f"mlp.experts.{i}.down_proj.weight": (h, inter) for i in range(e)},
+            "mlp.shared_expert.gate_proj.weight": (shared, h),
+            "mlp.shared_expert.up_proj.weight": (shared, h),
+            "mlp.shared_expert.down_proj.weight": (h, shared),
+            "mlp.shared_expert_gate.weight": (1, h),
+        }
     by_suffix = {
         **linear,
+        **moe,
         "self_attn.q_norm.weight": (c.head_dim,),
         "self_attn.k_norm.weight": (c.head_dim,),
         "input_layernorm.weight": (c.hidden_size,),

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from onnxgen.errors import ModelLoadError
-from onnxgen.models.config import DecoderConfig, LinearAttentionSpec
+from onnxgen.models.config import DecoderConfig, LinearAttentionSpec, MoESpec
 
 _DTYPES = {
     "F64": np.float64,
@@ -173,6 +173,16 @@ def config_from_hf(
         )
     else:
         layer_types = []
+    moe = None
+    if raw.get("num_experts") and "model.layers.0.mlp.experts.0.gate_proj.weight" in names:
+        moe = MoESpec(
+            num_experts=int(raw["num_experts"]),
+            top_k=int(need("num_experts_per_tok")),
+            expert_intermediate=int(need("moe_intermediate_size")),
+            shared_intermediate=int(need("shared_expert_intermediate_size")),
+            # the routers that omit the key (Qwen3.5-MoE's) renormalize their top k
+            normalize=bool(raw.get("norm_topk_prob", True)),
+        )
     full = next((i for i in range(layers) if not layer_types or layer_types[i] == "full_attention"), 0)
     q_rows = (shapes or {}).get(f"model.layers.{full}.self_attn.q_proj.weight", (0,))[0]
     return DecoderConfig(
@@ -202,4 +212,5 @@ def config_from_hf(
         attn_output_gate=q_rows == 2 * heads * head_dim,
         qk_norm=f"model.layers.{full}.self_attn.q_norm.weight" in names,
         norm_offset=1.0 if raw.get("model_type") in _ZERO_CENTRED_NORMS else 0.0,
+        moe=moe,
     )
