@@ -19,6 +19,7 @@ import torch
 
 from onnxgen.models.builder import BuildError, build_package
 from onnxgen.models.hf_source import HFSource
+from tests.test_capture_runtime import write_word_tokenizer
 
 transformers = pytest.importorskip("transformers")
 if not hasattr(transformers, "Qwen3_5ForCausalLM"):
@@ -163,15 +164,6 @@ def test_hybrid_refuses_the_standard_layout(hybrid, tmp_path) -> None:
         build_package(HFSource(checkpoint), tmp_path / "std", attention="standard")
 
 
-def _word_tokenizer(package: Path, vocab_size: int) -> None:
-    """A word-level vocabulary "<tN>": the engine wants tokenizer files; these tests feed ids."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    backend = Tokenizer(models.WordLevel({f"<t{i}>": i for i in range(vocab_size)}, unk_token="<t0>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    backend.save(str(package / "tokenizer.json"))
-
-
 @pytest.mark.parametrize("kv", ["auto", "static"])
 def test_generator_greedy_equals_transformers(hybrid, kv: str) -> None:
     """The generation engine carries the conv and recurrent states beside the KV cache (growing
@@ -179,7 +171,7 @@ def test_generator_greedy_equals_transformers(hybrid, kv: str) -> None:
     from onnxgen.genai import Generator, SamplingParams
 
     checkpoint, package = hybrid
-    _word_tokenizer(package, 128)
+    write_word_tokenizer(package, 128)
     model = hf_model(checkpoint)
     model.generation_config.eos_token_id = None  # run on through EOS, as ignore_eos does (without forbidding it)
     with torch.no_grad():
@@ -201,7 +193,7 @@ def test_hybrid_decode_step_is_one_recorded_segment(hybrid) -> None:
     from onnxgen.runtime.capture.report import analyse
 
     checkpoint, package = hybrid
-    _word_tokenizer(package, 128)
+    write_word_tokenizer(package, 128)
     model = onnx.load(str(package / "model.onnx"), load_external_data=False)
     analysis = analyse(model, {"past_sequence_length": 256, "total_sequence_length": 256})
     (segment,) = analysis.plan.segments

@@ -38,7 +38,10 @@ class RandomSource:
             return np.float32(0.1) * values
         if name == "model.embed_tokens.weight":
             return values
-        return values * np.float32(1.0 / np.sqrt(shape[1]))
+        if len(shape) == 1:  # per-head constants of linear-attention layers (dt_bias, A_log)
+            return np.float32(0.1) * values
+        # a linear weight [out, in] or an expert's; a depthwise conv kernel [channels, 1, taps] by its taps
+        return values * np.float32(1.0 / np.sqrt(shape[-1] if len(shape) == 3 and shape[1] == 1 else shape[1]))
 
 
 _TINY = DecoderConfig(
