@@ -212,3 +212,28 @@ def test_hybrid_decode_step_is_one_recorded_segment(hybrid) -> None:
     assert stats.segments_per_step == 1 and stats.captured_steps > 0
     assert stats.invalidations == 0 and stats.recording_failures == 0 and not stats.quarantined
     assert rows == [len(PROMPT)]  # not padded to 16: padding would be folded into the states
+
+
+def test_the_multimodal_wrappers_text_part_builds(tmp_path) -> None:
+    """Published Qwen3.5 checkpoints are Qwen3_5ForConditionalGeneration: the decoder under
+    model.language_model.*, a vision tower under model.visual.*, the text config nested. The
+    package is the text part; its logits equal the wrapper's on text-only input."""
+    text = tiny_checkpoint(tmp_path / "text", value_heads=4, tied=False)
+    text_config = transformers.AutoConfig.from_pretrained(text).to_dict()
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=2,
+                  spatial_merge_size=1, temporal_patch_size=1)  # fmt: skip
+    config = transformers.Qwen3_5Config(text_config=text_config, vision_config=vision, tie_word_embeddings=False)
+    torch.manual_seed(1)
+    wrapper = transformers.Qwen3_5ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, param in wrapper.named_parameters():
+            if name.endswith(("norm.weight", "dt_bias", "A_log")) and "language_model" in name:
+                param.copy_(0.3 * torch.randn_like(param))
+    wrapper.save_pretrained(tmp_path / "wrapper")
+    source = HFSource(tmp_path / "wrapper")
+    assert not any(name.startswith("model.visual") for name in source.names())
+    package = build_package(source, tmp_path / "pkg", precision="fp32")
+    with torch.no_grad():
+        expected = wrapper(input_ids=torch.tensor([PROMPT])).logits[0].numpy()
+    actual = Stepper(package, _onnxgen_run(package)).step(PROMPT)
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)

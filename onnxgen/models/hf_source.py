@@ -67,6 +67,9 @@ class SafetensorsFile:
         return np.array(array)  # a private copy: the map stays read-only
 
 
+TEXT_PREFIX = "model.language_model."
+
+
 class HFSource:
     """Weights and DecoderConfig from a directory written by transformers' save_pretrained."""
 
@@ -79,15 +82,23 @@ class HFSource:
         generation = self.directory / "generation_config.json"
         gen = json.loads(generation.read_text()) if generation.is_file() else {}
         self._files: dict[str, SafetensorsFile] = {}
+        stored: dict[str, str] = {}  # decoder name -> the name in the file
         for path in sorted(self.directory.glob("*.safetensors")):
             file = SafetensorsFile(path)
             for name in file.entries:
                 self._files[name] = file
+                stored[name] = name
         if not self._files:
             raise ModelLoadError(f"{self.directory} has no *.safetensors files")
         self._check_index()
-        shapes = {name: tuple(file.entries[name]["shape"]) for name, file in self._files.items()}
-        self.config = config_from_hf(raw, gen, set(self._files), shapes)
+        if f"{TEXT_PREFIX}embed_tokens.weight" in stored:
+            # a multimodal wrapper's checkpoint (model.language_model.*, model.visual.*): the decoder
+            # is its text part, read under the plain decoder's names; the vision tower is left out
+            stored = {"model." + n[len(TEXT_PREFIX) :]: n for n in stored if n.startswith(TEXT_PREFIX)} | (
+                {"lm_head.weight": "lm_head.weight"} if "lm_head.weight" in stored else {})  # fmt: skip
+        self._stored = stored
+        shapes = {name: tuple(self._files[n].entries[n]["shape"]) for name, n in stored.items()}
+        self.config = config_from_hf(raw, gen, set(stored), shapes)
 
     def _check_index(self) -> None:
         """A sharded checkpoint's index must not name tensors that no shard holds."""
@@ -100,13 +111,13 @@ class HFSource:
             raise ModelLoadError(f"{index}: the shards lack {len(missing)} tensors, e.g. {missing[0]}")
 
     def names(self) -> list[str]:
-        return sorted(self._files)
+        return sorted(self._stored)
 
     def get(self, name: str) -> np.ndarray:
-        file = self._files.get(name)
-        if file is None:
+        stored = self._stored.get(name)
+        if stored is None:
             raise KeyError(name)
-        return file.get(name).astype(np.float32, copy=False)
+        return self._files[stored].get(stored).astype(np.float32, copy=False)
 
 
 # transformers picks a model's modelling code by its config's model_type; these families' RMSNorm
