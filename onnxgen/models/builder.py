@@ -80,8 +80,6 @@ def _options(
         )
     if config.moe is not None and not config.layer_types:
         raise BuildError("mixture-of-experts decoders are built with linear-attention layers only so far")
-    if config.moe is not None and precision == "int4":
-        raise BuildError("int4 experts (QMoE) are not built yet; build a mixture-of-experts model as fp32 or fp16")
     if config.layer_types and attention != "gqa":
         raise BuildError("hybrid (linear-attention) decoders are built in the gqa layout only (--attention gqa)")
     rotary_dim(config)  # validates

@@ -29,6 +29,7 @@ from onnx import TensorProto
 
 from onnxgen.models.builder_gqa import attention_lengths, skip_norm
 from onnxgen.models.builder_parts import BuildError, DecoderGraph, rotary_frequencies
+from onnxgen.models.quantize import quantize_4bit
 
 MS = "com.microsoft"
 
@@ -210,15 +211,20 @@ def _mixture_of_experts(g: DecoderGraph, h: str, layer: int) -> str:
         [np.stack([g.fetch(f"{p}experts.{e}.gate_proj.weight"), g.fetch(f"{p}experts.{e}.up_proj.weight")], axis=1)
          .reshape(2 * moe.expert_intermediate, -1) for e in experts]
     )  # fmt: skip
-    fc1_name = g.float_weight(p + "experts.fc1", fc1)
-    del fc1
     fc2 = np.stack([g.fetch(f"{p}experts.{e}.down_proj.weight") for e in experts])  # [experts, hidden, inter]
-    fc2_name = g.float_weight(p + "experts.fc2", fc2)
-    routed = w.node(
-        "MoE", [h, router, fc1_name, "", fc2_name], name=p + "MoE", domain=MS, k=moe.top_k,
-        normalize_routing_weights=int(moe.normalize), activation_type="swiglu", swiglu_fusion=1,
-        activation_alpha=1.0, activation_beta=0.0,
-    )[0]  # fmt: skip
+    routing = dict(k=moe.top_k, normalize_routing_weights=int(moe.normalize), activation_type="swiglu",
+                   swiglu_fusion=1, activation_alpha=1.0, activation_beta=0.0)  # fmt: skip
+    if g.opt.precision == "int4":
+        q1, q2 = _quantized_experts(g, fc1, p + "experts.fc1"), _quantized_experts(g, fc2, p + "experts.fc2")
+        del fc1, fc2
+        inputs = [h, router, q1[0], q1[1], "", q2[0], q2[1], "", "", "", "", q1[2], q2[2]]
+        routed = w.op("QMoE", *inputs, name=p + "QMoE", domain=MS, expert_weight_bits=4,
+                      block_size=g.opt.block_size, **routing)  # fmt: skip
+    else:
+        fc1_name = g.float_weight(p + "experts.fc1", fc1)
+        fc2_name = g.float_weight(p + "experts.fc2", fc2)
+        del fc1, fc2
+        routed = w.op("MoE", h, router, fc1_name, "", fc2_name, name=p + "MoE", domain=MS, **routing)
     sp = p + "shared_expert."
     shared_gate = g.linear(h, sp + "gate_proj")
     act = w.op("Mul", shared_gate, w.op("Sigmoid", shared_gate, name=sp + "act/Sigmoid"), name=sp + "act/Mul")
@@ -226,3 +232,24 @@ def _mixture_of_experts(g: DecoderGraph, h: str, layer: int) -> str:
     weight = w.op("Sigmoid", g.linear(h, p + "shared_expert_gate"), name=p + "shared_expert_gate/Sigmoid")
     gated = w.op("Mul", shared, weight, name=p + "shared_expert_gate/Mul")
     return w.op("Add", routed, gated, name=p + "Add")
+
+
+def _quantized_experts(g: DecoderGraph, weights: np.ndarray, prefix: str) -> tuple[str, str, str]:
+    """QMoE's 4-bit tensors of experts' [experts, N, K] weights, blocks along K (the builder's
+    block size, as MatMulNBits quantizes): codes [experts, N, K / 2] (low nibble first), scales
+    [experts, N, K / block] and packed zero points [experts, N, ceil(blocks / 2)]; their names."""
+    experts, n, k = weights.shape
+    if k % g.opt.block_size:
+        raise BuildError(f"{prefix}: an expert's in_features {k} is not a multiple of the int4 block size "
+                         f"{g.opt.block_size} (QMoE quantizes whole blocks)")  # fmt: skip
+    codes, scales, zeros = [], [], []
+    for e in range(experts):
+        b, s, z = quantize_4bit(weights[e], g.opt.block_size).matmulnbits_tensors()
+        codes.append(b.reshape(n, -1))
+        scales.append(s.reshape(n, -1))
+        zeros.append(z.reshape(n, -1))
+    return (
+        g.w.initializer(prefix + ".qweight", np.stack(codes)),
+        g.w.initializer(prefix + ".scales", g.cast(prefix + " scales", np.stack(scales))),
+        g.w.initializer(prefix + ".qzeros", np.stack(zeros)),
+    )
