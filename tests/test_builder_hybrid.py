@@ -262,3 +262,17 @@ def test_int4_moe_package_matches_its_dequantized_weights(tmp_path) -> None:
     assert (actual.argmax(-1) == expected.argmax(-1)).all()
     ort = Stepper(q4, _ort_run(q4)).step(ids)
     assert (actual.argmax(-1) == ort.argmax(-1)).mean() >= 0.8
+
+
+def test_fp16_package_stays_close_to_fp32(hybrid, tmp_path) -> None:
+    """fp16 activations and weights (the CUDA precision, run here on the CPU): logits within what
+    fp16 rounding costs over four layers, every row's token the fp32 package's."""
+    checkpoint, package = hybrid
+    half = build_package(HFSource(checkpoint), tmp_path / "fp16", precision="fp16")
+    ids = PROMPT + DECODE
+    expected = Stepper(package, _onnxgen_run(package)).step(ids)
+    stepper = Stepper(half, _onnxgen_run(half))
+    stepper.state = {name: value.astype(np.float16) for name, value in stepper.state.items()}
+    actual = stepper.step(ids).astype(np.float32)
+    assert np.linalg.norm(actual - expected) / np.linalg.norm(expected) < 0.01
+    assert (actual.argmax(-1) == expected.argmax(-1)).all()
