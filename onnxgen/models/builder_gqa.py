@@ -19,17 +19,10 @@ from onnxgen.models.graph_writer import GraphWriter
 
 def build_gqa(g: DecoderGraph) -> None:
     c, w = g.config, g.w
-    w.add_input("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"])
-    w.add_input("attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"])
-    g.declare_logits()
+    declare_token_inputs(g)
     kv = g.declare_kv_io()
-
     seqlens_k, total_len = attention_lengths(w)
-
-    angles = rotary_frequencies(c, g.opt.context_length)
-    cos_cache = w.initializer("cos_cache", np.cos(angles).astype(g.opt.io_dtype))
-    sin_cache = w.initializer("sin_cache", np.sin(angles).astype(g.opt.io_dtype))
-    del angles
+    cos_cache, sin_cache = rotary_caches(g)
 
     x, table = g.embedding("input_ids")
     residual = x
@@ -85,6 +78,22 @@ def build_gqa(g: DecoderGraph) -> None:
         epsilon=eps,
     )[0]
     g.lm_head(final, table)
+
+
+def declare_token_inputs(g: DecoderGraph) -> None:
+    """input_ids and attention_mask in, logits out."""
+    g.w.add_input("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"])
+    g.w.add_input("attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"])
+    g.declare_logits()
+
+
+def rotary_caches(g: DecoderGraph) -> tuple[str, str]:
+    """GroupQueryAttention's cos and sin caches [context_length, rotary_dim / 2]."""
+    angles = rotary_frequencies(g.config, g.opt.context_length)
+    return (
+        g.w.initializer("cos_cache", np.cos(angles).astype(g.opt.io_dtype)),
+        g.w.initializer("sin_cache", np.sin(angles).astype(g.opt.io_dtype)),
+    )
 
 
 def attention_lengths(w: GraphWriter) -> tuple[str, str]:

@@ -25,10 +25,9 @@ position rows would all be equal, so the rotation is the plain partial one.
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto
 
-from onnxgen.models.builder_gqa import attention_lengths, skip_norm
-from onnxgen.models.builder_parts import BuildError, DecoderGraph, rotary_frequencies
+from onnxgen.models.builder_gqa import attention_lengths, declare_token_inputs, rotary_caches, skip_norm
+from onnxgen.models.builder_parts import BuildError, DecoderGraph
 from onnxgen.models.quantize import quantize_4bit
 
 MS = "com.microsoft"
@@ -44,15 +43,10 @@ def build_hybrid(g: DecoderGraph) -> None:
     la = c.linear_attention
     if la is None:
         raise BuildError("a hybrid build needs the linear-attention layers' dimensions (config.linear_attention)")
-    w.add_input("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"])
-    w.add_input("attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"])
-    g.declare_logits()
+    declare_token_inputs(g)
     kv = _declare_io(g)
     seqlens_k, total_len = attention_lengths(w)
-    angles = rotary_frequencies(c, g.opt.context_length)
-    cos_cache = w.initializer("cos_cache", np.cos(angles).astype(g.opt.io_dtype))
-    sin_cache = w.initializer("sin_cache", np.sin(angles).astype(g.opt.io_dtype))
-    del angles
+    cos_cache, sin_cache = rotary_caches(g)
 
     x, table = g.embedding("input_ids")
     residual, layer_out = x, None
