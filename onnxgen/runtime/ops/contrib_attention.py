@@ -1,4 +1,4 @@
-"""com.microsoft attention ops that onnxruntime-genai's model builder writes: GroupQueryAttention, RotaryEmbedding.
+"""com.microsoft attention ops that onnxruntime-genai's model builder writes: GroupQueryAttention, (M)RotaryEmbedding.
 
 GroupQueryAttention keeps its KV cache in one of two layouts, chosen by the past buffer's length:
 
@@ -770,6 +770,38 @@ def _attend(
     return out.to(out_dtype)
 
 
+def _rotary_heads(ctx: NodeContext, x: torch.Tensor, cos_cache: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """x as [B, N, S, H] (a 3-D [B, S, hidden] input split into heads) and the rotary dim R, from
+    the attributes num_heads / rotary_embedding_dim as both rotary contrib ops read them."""
+    num_heads = int(ctx.attr("num_heads", 0))
+    rotary_dim = int(ctx.attr("rotary_embedding_dim", 0))
+    if rotary_dim and not num_heads:
+        raise ctx.fail("num_heads must be set when rotary_embedding_dim is")
+    if x.dim() == 4:
+        head_size = x.shape[-1]
+        xs = x
+    elif x.dim() == 3:
+        batch, seq, hidden = x.shape
+        head_size = hidden // num_heads if rotary_dim else cos_cache.shape[1] * 2
+        xs = x.reshape(batch, seq, hidden // head_size, head_size).transpose(1, 2)
+    else:
+        raise ctx.fail(f"input must be 3D or 4D, got rank {x.dim()}")
+    rotary_dim = rotary_dim or head_size
+    if rotary_dim > head_size or cos_cache.shape[1] * 2 < rotary_dim:
+        raise ctx.fail(f"rotary dim {rotary_dim} does not fit head size {head_size} / caches {list(cos_cache.shape)}")
+    return xs, rotary_dim
+
+
+def _rotated(
+    x: torch.Tensor, xs: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool
+) -> torch.Tensor:
+    """Rotate the heads view ``xs`` of ``x`` by cos/sin [B, S, R/2]; the result in x's layout."""
+    out = apply_rotary(xs, cos.unsqueeze(1), sin.unsqueeze(1), interleaved)
+    if x.dim() == 3:
+        out = out.transpose(1, 2).reshape(x.shape)
+    return out
+
+
 @implements("RotaryEmbedding", domain=MS_DOMAIN)
 def rotary_embedding(
     ctx: NodeContext,
@@ -783,33 +815,64 @@ def rotary_embedding(
     position_ids is [B, S], or one start position for every batch entry. The attributes scale and
     is_packed_batching are ignored, as onnxruntime 1.32's CPU kernel ignores them.
     """
-    interleaved = bool(ctx.attr("interleaved", 0))
-    num_heads = int(ctx.attr("num_heads", 0))
-    rotary_dim = int(ctx.attr("rotary_embedding_dim", 0))
-    if rotary_dim and not num_heads:
-        raise ctx.fail("num_heads must be set when rotary_embedding_dim is")
-    if x.dim() == 4:
-        batch, _, seq, head_size = x.shape
-        xs = x
-    elif x.dim() == 3:
-        batch, seq, hidden = x.shape
-        head_size = hidden // num_heads if rotary_dim else cos_cache.shape[1] * 2
-        xs = x.reshape(batch, seq, hidden // head_size, head_size).transpose(1, 2)
-    else:
-        raise ctx.fail(f"input must be 3D or 4D, got rank {x.dim()}")
-    rotary_dim = rotary_dim or head_size
-    if rotary_dim > head_size or cos_cache.shape[1] * 2 < rotary_dim:
-        raise ctx.fail(f"rotary dim {rotary_dim} does not fit head size {head_size} / caches {list(cos_cache.shape)}")
+    xs, rotary_dim = _rotary_heads(ctx, x, cos_cache)
+    batch, seq = xs.shape[0], xs.shape[2]
     pos = position_ids.to(torch.long)
     if pos.numel() == 1:  # one start position for every batch entry
         pos = (pos.reshape(1, 1) + torch.arange(seq, device=x.device)).expand(batch, seq)
     half = rotary_dim // 2
-    cos = cos_cache[pos, :half].unsqueeze(1)  # [B, 1, S, R/2]
-    sin = sin_cache[pos, :half].unsqueeze(1)
-    out = apply_rotary(xs, cos, sin, interleaved)
-    if x.dim() == 3:
-        out = out.transpose(1, 2).reshape(x.shape)
+    return _rotated(x, xs, cos_cache[pos, :half], sin_cache[pos, :half], bool(ctx.attr("interleaved", 0)))
+
+
+def mrope_select(rows: torch.Tensor, section: list[int], layout: int) -> torch.Tensor:
+    """One cos (or sin) vector per token from the three position streams' rows [3, B, S, R/2]:
+    layout 0 takes contiguous chunks of section[0] / [1] / [2] channels from streams T / H / W;
+    layout 1 starts from T everywhere, then H takes every third channel from 1 below 3 * section[1]
+    and W every third from 2 below 3 * section[2]. Slices only: no index tensor is made per call,
+    so the op records in a CUDA graph."""
+    if layout == 0:
+        t, h = section[0], section[0] + section[1]
+        return torch.cat((rows[0, ..., :t], rows[1, ..., t:h], rows[2, ..., h:]), dim=-1)
+    out = rows[0].clone()
+    out[..., 1 : 3 * section[1] : 3] = rows[1, ..., 1 : 3 * section[1] : 3]
+    out[..., 2 : 3 * section[2] : 3] = rows[2, ..., 2 : 3 * section[2] : 3]
     return out
+
+
+@implements("MRotaryEmbedding", domain=MS_DOMAIN)
+def m_rotary_embedding(
+    ctx: NodeContext,
+    x: torch.Tensor,
+    position_ids: torch.Tensor,
+    cos_cache: torch.Tensor,
+    sin_cache: torch.Tensor,
+) -> torch.Tensor:
+    """com.microsoft MRotaryEmbedding (multimodal RoPE): position_ids [3, B, S] holds the temporal,
+    height and width streams; each indexes the caches and mrope_section / mrope_layout pick, per
+    rotary channel, which stream's angle applies (mrope_select). Text-only streams are equal, and
+    the op is then RotaryEmbedding. scale and is_packed_batching are refused where they would
+    change the result (packed batching is a CUDA-only form)."""
+    section = [int(v) for v in ctx.require("mrope_section")]
+    layout = int(ctx.attr("mrope_layout", 0))
+    if len(section) != 3 or min(section) < 0:
+        raise ctx.fail(f"mrope_section must be 3 non-negative integers, got {section}")
+    if layout not in (0, 1):
+        raise ctx.fail(f"mrope_layout must be 0 (sectioned) or 1 (interleaved), got {layout}")
+    if int(ctx.attr("is_packed_batching", 0)):
+        raise ctx.fail("is_packed_batching=1 (ragged batches) is not supported; feed [B, S] padded batches")
+    if float(ctx.attr("scale", 1.0)) != 1.0:
+        raise ctx.fail(f"scale {ctx.attr('scale', 1.0)} is not supported (only 1.0)")
+    xs, rotary_dim = _rotary_heads(ctx, x, cos_cache)
+    half = rotary_dim // 2
+    if sum(section) != half:
+        raise ctx.fail(f"mrope_section {section} must sum to half the rotary dim ({half})")
+    batch, seq = xs.shape[0], xs.shape[2]
+    if position_ids.dim() != 3 or position_ids.shape[0] != 3 or tuple(position_ids.shape[1:]) != (batch, seq):
+        raise ctx.fail(f"position_ids must be [3, {batch}, {seq}] (T, H, W streams), got {list(position_ids.shape)}")
+    pos = position_ids.to(torch.long)
+    cos = mrope_select(cos_cache[pos, :half], section, layout)
+    sin = mrope_select(sin_cache[pos, :half], section, layout)
+    return _rotated(x, xs, cos, sin, bool(ctx.attr("interleaved", 0)))
 
 
 @implements("MultiHeadAttention", domain=MS_DOMAIN)

@@ -109,7 +109,7 @@ def multi_head_attention(ctx: RuleContext) -> list[TensorInfo | None]:
     ]
 
 
-@rule("RotaryEmbedding", domain=MS)
+@rule("RotaryEmbedding", "MRotaryEmbedding", domain=MS)
 @rule("RotaryEmbedding")
 def rotary(ctx: RuleContext) -> list[TensorInfo | None]:
     return [ctx.out(ctx.shape(0), ctx.dtype(0))]
