@@ -34,15 +34,16 @@ def _model(op: str, names: list[str], feeds: dict[str, np.ndarray], dtype: int, 
 # ---------------------------------------------------------------- LinearAttention
 
 
-def _attention_feeds(rule, hq, hkv, t, dtype, per_dim_decay=False, past=True, window=0, seed=0):
+def _attention_feeds(rule, hq, hkv, t, dtype, per_dim_decay=False, past=True, window=0, seed=0, key_heads=None):
     rng = np.random.default_rng(seed)
     b, d_k, d_v = 2, 4, 3
     np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
-    k = rng.standard_normal((b, t, hkv, d_k))
+    key_heads = key_heads or hkv
+    k = rng.standard_normal((b, t, key_heads, d_k))
     k /= np.linalg.norm(k, axis=-1, keepdims=True)  # delta rules expect L2-normalised keys
     feeds = {
         "q": rng.standard_normal((b, t, hq * d_k)).astype(np_dtype),
-        "k": k.reshape(b, t, hkv * d_k).astype(np_dtype),
+        "k": k.reshape(b, t, key_heads * d_k).astype(np_dtype),
         "v": rng.standard_normal((b, t, hkv * d_v)).astype(np_dtype),
     }
     names = ["q", "k", "v", "past" if past else "", "", ""]
@@ -79,6 +80,26 @@ def test_linear_attention_ms_matches_onnxruntime(device, rule, hq, hkv, per_dim_
     )
     tol = 1e-5 if dtype == F32 else 5e-3
     assert_parity(model, feeds, device, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("t", [7, 1])
+def test_linear_attention_ms_keys_per_query_head(device, t) -> None:
+    """Inverse GQA with the keys packed per query head, as onnxruntime-genai's Qwen3.5 export feeds
+    them (2 key heads, 4 value heads): each key head serves the value heads its query head does."""
+    feeds, names = _attention_feeds("gated_delta", 2, 4, t, F32, key_heads=2, seed=3)
+    model = _model("LinearAttention", names, feeds, F32, q_num_heads=2, kv_num_heads=4, update_rule="gated_delta",
+                   chunk_size=4)  # fmt: skip
+    assert_parity(model, feeds, device, rtol=1e-5, atol=1e-5)
+
+
+def test_linear_attention_ms_refuses_keys_of_another_width() -> None:
+    feeds, names = _attention_feeds("gated_delta", 2, 4, 3, F32, key_heads=3)
+    model = _model("LinearAttention", names, feeds, F32, q_num_heads=2, kv_num_heads=4)
+    with pytest.raises(
+        OnnxgenError, match=r"key has last dimension 12; expected kv_num_heads \* d_k = 4 \* 4 or 2 \* 4"
+    ):
+        onnxgen_run(model, feeds)
 
 
 @pytest.mark.parametrize(("t", "window"), [(5, 3), (5, 5), (4, 5), (1, 2)])

@@ -179,7 +179,15 @@ def _linear_attention(
     heads_out = max(hq, hkv)
     group = heads_out // hkv
     q = q.reshape(b, hkv, group, t, d_k)
-    k = _heads(key, hkv).to(f32)
+    key_heads = key.shape[-1] // d_k
+    if key_heads == hkv:
+        k = _heads(key, hkv).to(f32)
+    elif inverse_gqa and key_heads == hq and hkv > hq and key.shape[-1] == hq * d_k:
+        # keys packed per query head (onnxruntime-genai's Qwen3.5 export): shared like the queries
+        k = _heads(key, hq).to(f32).repeat_interleave(hkv // hq, dim=1)
+    else:
+        allowed = f"{hkv} * {d_k}" + (f" or {hq} * {d_k}" if inverse_gqa and hkv > hq else "")
+        raise ctx.fail(f"key has last dimension {key.shape[-1]}; expected kv_num_heads * d_k = {allowed}")
     v = _heads(value, hkv).to(f32)
     per_dim = decay is not None and decay.shape[-1] == hkv * d_k and decay.shape[-1] != hkv
     g = None  # log decay: per-head scalar (B, H_kv, T) or per-key-dim (B, H_kv, T, d_k)
