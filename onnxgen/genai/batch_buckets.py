@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from onnxgen.genai.graph_layout import position_feed
 from onnxgen.genai.kv_pool import KVPool
 from onnxgen.genai.recorded_ops import RecordedOps
 
@@ -50,6 +51,7 @@ class BucketFeeds:
         input_ids: str,
         attention_mask: str,
         position_ids: str | None,
+        position_streams: int = 0,
         extra: dict[str, torch.Tensor],
         carried: torch.Tensor | None = None,
     ):
@@ -71,7 +73,7 @@ class BucketFeeds:
         self._allowed = torch.zeros((rows, pool.capacity), dtype=torch.bool, device=device)
         self.feeds: dict[str, torch.Tensor] = {input_ids: self.ids, attention_mask: self.mask}
         if position_ids:
-            self.feeds[position_ids] = self.positions
+            self.feeds[position_ids] = position_feed(self.positions, position_streams)
         self.feeds.update(extra)
         self.feeds.update(pool.range_feeds(0, rows))
         self._carried = carried  # the device tokens a row may be fed from (fill's sources)

@@ -343,7 +343,8 @@ class BatchedDecoder:
             io.attention_mask: torch.ones((1, hi), dtype=torch.int64, device=device),
         }
         if engine.has_positions:
-            feeds[io.position_ids] = torch.arange(lo, hi, dtype=torch.int64, device=device).reshape(1, n)
+            positions = torch.arange(lo, hi, dtype=torch.int64, device=device).reshape(1, n)
+            feeds[io.position_ids] = engine.positions_feed(positions)
         if engine.logits_row is not None:
             feeds[engine.logits_row] = self._rows[n - 1 : n]
         past = self.pool.slot_feeds(slot)
@@ -454,6 +455,7 @@ class BatchedDecoder:
             feeds_of = self._group_feeds[(rows, size)] = GroupFeeds(
                 scratch, rows, size, input_ids=io.input_ids, attention_mask=io.attention_mask,
                 position_ids=io.position_ids if engine.has_positions else None, logits_row=engine.logits_row,
+                position_streams=engine.config.position_streams,
             )  # fmt: skip
         feeds = feeds_of.fill(chunks, starts, slots)
         if not feeds_of.checked:
@@ -756,7 +758,8 @@ class BatchedDecoder:
             io.attention_mask: mask.to(device=device, dtype=torch.int64),
         }
         if engine.has_positions:
-            feeds[io.position_ids] = (torch.tensor(ends, dtype=torch.int64) - 1).reshape(rows, 1).to(device)
+            positions = (torch.tensor(ends, dtype=torch.int64) - 1).reshape(rows, 1).to(device)
+            feeds[io.position_ids] = engine.positions_feed(positions)
         if engine.logits_row is not None:
             feeds[engine.logits_row] = self._row_zero
         return feeds
@@ -770,6 +773,7 @@ class BatchedDecoder:
             feeds = self._bucket_feeds[rows] = BucketFeeds(
                 self.pool, rows, input_ids=io.input_ids, attention_mask=io.attention_mask,
                 position_ids=io.position_ids if engine.has_positions else None, extra=extra, carried=self._tokens,
+                position_streams=engine.config.position_streams,
             )  # fmt: skip
         return feeds
 

@@ -26,6 +26,7 @@ import torch
 
 from onnxgen.errors import InvalidInputError
 from onnxgen.genai.decode_tail import GreedyTail, SampledTail
+from onnxgen.genai.graph_layout import position_feed
 from onnxgen.genai.host_read import HostRead, host_read
 from onnxgen.genai.kv_cache import DynamicKV, GrowingKV, StaticKV, past_feeds_attention_in_place
 from onnxgen.genai.package import PackageConfig
@@ -568,9 +569,10 @@ class DecodeEngine:
                 feeds[io.attention_mask] = kv.mask[:, : kv.length + n]
         if self.has_positions:
             if buffers is not None:
-                feeds[io.position_ids] = buffers[1]
+                feeds[io.position_ids] = self.positions_feed(buffers[1])
             else:
-                feeds[io.position_ids] = torch.arange(kv.length, kv.length + n, device=self.device).reshape(1, n)
+                positions = torch.arange(kv.length, kv.length + n, device=self.device).reshape(1, n)
+                feeds[io.position_ids] = self.positions_feed(positions)
         if self.logits_row is not None:
             feeds[self.logits_row] = self._row_feed(real - 1, n)
         feeds.update(kv.feeds())
@@ -585,6 +587,10 @@ class DecodeEngine:
             kv.unmask_rows(kv.length, n - real)  # the padding's rows: invisible to later steps
         sequence.prepared_at = kv.length if tail is not None else None
         return outputs[io.logits][0, 0 if self.logits_row is not None else real - 1]
+
+    def positions_feed(self, positions: torch.Tensor) -> torch.Tensor:
+        """What the graph's position input takes for the [B, S] ``positions`` (graph_layout.position_feed)."""
+        return position_feed(positions, self.config.position_streams)
 
     def _row_feed(self, row: int, n: int) -> torch.Tensor:
         """A [1] int64 device tensor holding ``row``, fed without a copy from the host. A one-row

@@ -9,6 +9,7 @@ import dataclasses
 import re
 
 import onnx
+import torch
 
 from onnxgen.errors import ModelLoadError
 from onnxgen.genai.package import CarriedState, PackageConfig
@@ -54,8 +55,35 @@ def kv_layers(config: PackageConfig, model: onnx.ModelProto) -> tuple[int, ...]:
     return tuple(sorted(int(m.group(1)) for vi in model.graph.input if (m := pattern.fullmatch(vi.name))))
 
 
+def position_streams(config: PackageConfig, model: onnx.ModelProto) -> int:
+    """0 where the position input is [B, S] (or absent); its leading extent where it is
+    [streams, B, S], as multimodal RoPE graphs declare it (MRotaryEmbedding: 3)."""
+    name = config.io.position_ids
+    info = next((v for v in model.graph.input if v.name == name), None) if name else None
+    if info is None or not info.type.tensor_type.HasField("shape"):
+        return 0
+    dims = info.type.tensor_type.shape.dim
+    if len(dims) == 2:
+        return 0
+    if len(dims) == 3 and dims[0].HasField("dim_value") and dims[0].dim_value > 0:
+        return dims[0].dim_value
+    shown = [d.dim_param or d.dim_value for d in dims]
+    raise ModelLoadError(
+        f"the decoder's position input {name!r} has shape {shown}; expected [batch, sequence] or "
+        "[streams, batch, sequence] with a fixed number of streams"
+    )
+
+
+def position_feed(positions: torch.Tensor, streams: int) -> torch.Tensor:
+    """The position feed of a graph with ``streams`` position streams, from the [B, S] positions of
+    a text sequence: every stream the same (a view of ``positions``: writes into it show through,
+    so a buffer a recorded step reads stays the one buffer)."""
+    return positions if not streams else positions.unsqueeze(0).expand(streams, *positions.shape)
+
+
 def with_graph_layout(config: PackageConfig, model: onnx.ModelProto) -> PackageConfig:
-    """``config`` with the graph's KV layers and carried states filled in."""
+    """``config`` with the graph's KV layers, carried states and position streams filled in."""
     states = tuple(carried_states(model))
     layers = kv_layers(config, model) if states else None
-    return dataclasses.replace(config, kv_layers=layers, carried=states)
+    streams = position_streams(config, model)
+    return dataclasses.replace(config, kv_layers=layers, carried=states, position_streams=streams)

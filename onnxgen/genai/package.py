@@ -63,6 +63,9 @@ class PackageConfig:
     # one) and the states carried beside it
     kv_layers: tuple[int, ...] | None = None
     carried: tuple[CarriedState, ...] = ()
+    # position_ids [streams, B, S] (multimodal RoPE: temporal, height, width; a text token's streams
+    # are equal), or 0 for the usual [B, S]
+    position_streams: int = 0
 
     @property
     def kv_layer_ids(self) -> range | tuple[int, ...]:

@@ -142,14 +142,14 @@ class _Checker:
 
     def _position_tables(self) -> list[tuple[str, int]]:
         """(what, rows) of each initializer the graph indexes by position: GroupQueryAttention's and
-        RotaryEmbedding's cos/sin caches, and a table gathered by the position_ids input."""
+        (M)RotaryEmbedding's cos/sin caches, and a table gathered by the position_ids input."""
         tables: list[tuple[str, str]] = []
         positions = self.config.io.position_ids
         for node in self.nodes:
             slots: tuple[int, ...] = ()
             if node.domain == MS_DOMAIN and node.op_type == "GroupQueryAttention":
                 slots = (7, 8)
-            elif node.domain == MS_DOMAIN and node.op_type == "RotaryEmbedding":
+            elif node.domain == MS_DOMAIN and node.op_type in ("RotaryEmbedding", "MRotaryEmbedding"):
                 slots = (2, 3)
             elif node.domain in ("", "ai.onnx") and node.op_type == "Gather" and positions:
                 axis = next((a.i for a in node.attribute if a.name == "axis"), 0)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from onnxgen.genai.graph_layout import position_feed
 from onnxgen.genai.kv_cache import StaticKV
 
 MAX_GROUP_ROWS = 32  # prompts per group at most (the scratch cache holds this many sequences)
@@ -52,6 +53,7 @@ class GroupFeeds:
         input_ids: str,
         attention_mask: str,
         position_ids: str | None,
+        position_streams: int = 0,
         logits_row: str | None,
     ) -> None:
         if rows > scratch.batch:
@@ -75,7 +77,7 @@ class GroupFeeds:
         self._allowed = torch.zeros((rows, scratch.capacity), dtype=torch.bool, device=device)
         self.feeds: dict[str, torch.Tensor] = {input_ids: self.ids, attention_mask: self.mask}
         if position_ids:
-            self.feeds[position_ids] = self.positions
+            self.feeds[position_ids] = position_feed(self.positions, position_streams)
         if logits_row:
             self.feeds[logits_row] = self.last
         self.feeds.update({name: buffer[:rows] for name, buffer in scratch.buffers.items()})
