@@ -156,20 +156,79 @@ def _logits_rows_line(package: Path, onnx_path: Path) -> str:
     return f"prompt logits: computed for every prompt row ({why_not})"
 
 
+KV_KINDS = ("auto", "static", "dynamic")
+
+
+def _kv_binding(package: Path, onnx_path: Path, device: str, kv: str, bind: str | None) -> tuple[str | None, str]:
+    """(the --bind text with a static cache's extents pinned, a line saying which KV cache the plan
+    is for). ``auto`` is what a Generator on ``device`` uses for this package; a static cache
+    fixes the past KV's sequence axis and the mask's width (the buffer's capacity) for the step."""
+    from onnxgen.genai.graph_layout import with_graph_layout
+    from onnxgen.genai.package import load_package_config
+    from onnxgen.genai.package_checks import default_kv_kind, growing_kv, kv_sequence_symbols
+    from onnxgen.runtime.capture.report import parse_bind
+
+    model, _ = load_model(onnx_path)
+    config = with_graph_layout(load_package_config(package), model)
+    past = next(
+        (v for v in model.graph.input if v.name == config.past_key_name(next(iter(config.kv_layer_ids), 0))), None
+    )
+    dims = past.type.tensor_type.shape.dim if past is not None else []
+    fixed = len(dims) > 2 and dims[2].HasField("dim_value") and dims[2].dim_value > 0
+    kind = default_kv_kind(config, device, fixed) if kv == "auto" else kv
+    growing = growing_kv(config, list(model.graph.node)) if kind == "static" else None
+    if growing and kv == "static":
+        raise OnnxgenError(
+            f"--kv static needs a decoder that writes its KV in place into a fixed buffer, but {growing}"
+        )
+    if growing:
+        kind = "dynamic"
+    how = f"what a {device} session uses for this package" if kv == "auto" else "--kv"
+    other = "dynamic" if kind == "static" else "static"
+    line = f"KV cache: {kind} ({how}; --kv {other} for the other plan)"
+    if kind == "dynamic":
+        return bind, line
+    # the buffer of a generation's first static cache (DecodeEngine._static_capacity): larger ones
+    # bind the same extents to another number, which leaves the plan as it is
+    capacity = dims[2].dim_value if fixed else min(config.context_length, 256)
+    given = parse_bind(bind)
+    fixed_names = [name for name in kv_sequence_symbols(config, model) if name not in given]
+    extra = ",".join(f"{name}={capacity}" for name in fixed_names)
+    return ",".join(part for part in (bind, extra) if part) or None, f"{line}, capacity {capacity}"
+
+
 def show_model(
-    target: str, *, capture: bool = False, as_json: bool = False, bind: str | None = None, device: str = "cpu"
+    target: str,
+    *,
+    capture: bool = False,
+    as_json: bool = False,
+    bind: str | None = None,
+    device: str = "cpu",
+    kv: str = "auto",
 ) -> str:
+    if kv not in KV_KINDS:
+        raise OnnxgenError(f"--kv must be one of {', '.join(KV_KINDS)}, got {kv!r}")
     if capture:
         from onnxgen.runtime.capture.report import capture_report
 
         onnx_path, package = _model_path(target)
         if bind:
             _check_bind_names(onnx_path, bind)
+        is_package = package is not None and (package / "genai_config.json").is_file()
+        if not is_package:
+            if kv != "auto":
+                raise OnnxgenError("--kv picks the KV cache of a package's decode step; it needs a package directory")
+            return capture_report(onnx_path, bind=bind, as_json=as_json, device=device)
+        assert package is not None
+        bind, kv_line = _kv_binding(package, onnx_path, device, kv, bind)
         report = capture_report(onnx_path, bind=bind, as_json=as_json, device=device)
-        if package is None or as_json or not (package / "genai_config.json").is_file():
-            return report
-        return f"{report.rstrip()}\n{_logits_rows_line(package, onnx_path)}\n"
-    if bind:
-        raise OnnxgenError("--bind sets symbols of the capture plan; it needs --capture")
+        if as_json:
+            data = json.loads(report)
+            data["kv"] = kv_line.split()[2]
+            return json.dumps(data, indent=2)
+        header, _, rest = report.partition("\n")
+        return f"{header}\n{kv_line}\n{rest.rstrip()}\n{_logits_rows_line(package, onnx_path)}\n"
+    if bind or kv != "auto":
+        raise OnnxgenError("--bind and --kv set up the capture plan; they need --capture")
     summary = model_summary(target, device)
     return json.dumps(summary, indent=2) if as_json else _format(summary)

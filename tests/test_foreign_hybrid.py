@@ -220,3 +220,27 @@ def test_position_streams_must_be_a_fixed_count(family, tmp_path) -> None:
     onnx.save(model, str(tmp_path / "model.onnx"))
     with pytest.raises(ModelLoadError, match=r"position input 'position_ids' has shape \['streams'"):
         Generator(tmp_path, "cpu")
+
+
+def test_show_plans_what_the_device_records_by_default(family, tmp_path) -> None:
+    """`onnxgen show PKG --capture --device cuda` shows the static-KV plan a CUDA session records
+    (one segment); `--kv dynamic` the growing cache's, where the full-attention layer stays eager;
+    on the CPU the default is the growing cache."""
+    import json
+
+    from onnxgen.errors import OnnxgenError
+    from onnxgen.show import show_model
+
+    _, package, _ = family
+    cuda = json.loads(show_model(str(package), capture=True, as_json=True, device="cuda"))
+    assert cuda["kv"] == "static" and cuda["segments"] == 1
+    assert cuda["binding"]["past_sequence_length"] == cuda["binding"]["total_sequence_length"] == 256
+    dynamic = json.loads(show_model(str(package), capture=True, as_json=True, device="cuda", kv="dynamic"))
+    assert dynamic["kv"] == "dynamic" and dynamic["segments"] == 2
+    assert json.loads(show_model(str(package), capture=True, as_json=True))["kv"] == "dynamic"
+    text = show_model(str(package), capture=True, device="cuda")
+    assert "KV cache: static (what a cuda session uses for this package; --kv dynamic for the other plan)" in text
+    bare = tmp_path / "bare.onnx"  # a graph outside any package: no genai_config.json beside it
+    onnx.save(onnx.load(str(package / "model.onnx"), load_external_data=False), str(bare))
+    with pytest.raises(OnnxgenError, match="it needs a package directory"):
+        show_model(str(bare), capture=True, kv="static")

@@ -30,7 +30,7 @@ from onnxgen.genai.graph_layout import position_feed
 from onnxgen.genai.host_read import HostRead, host_read
 from onnxgen.genai.kv_cache import DynamicKV, GrowingKV, StaticKV, past_feeds_attention_in_place
 from onnxgen.genai.package import PackageConfig
-from onnxgen.genai.package_checks import growing_kv
+from onnxgen.genai.package_checks import default_kv_kind, growing_kv
 from onnxgen.genai.prompt_text import PromptTooLongError, checked_prompt_ids  # noqa: F401 - the error re-exported
 from onnxgen.genai.sampling import LogitsSampler, SamplingParams, SamplingPlan, logprobs_of, token_logprob
 from onnxgen.genai.sequence import Sequence
@@ -129,11 +129,7 @@ class DecodeEngine:
         self._past = inputs[config.past_key_name(next(iter(config.kv_layer_ids), 0))]
         self.kv_dtype = ONNX_TO_TORCH[self._past.elem_type]
         if kv == "auto":
-            # a shared-buffer package gets the static cache where its decode step is captured (CUDA) or
-            # where the graph fixes the buffer length; on the CPU a growing cache is faster (its
-            # attention reads the valid rows only; docs/benchmarks/2026-12-02-cpu-foreign.md)
-            fixed = self._fixed_buffer_length is not None
-            kv = "static" if config.share_buffer and (self.device.type != "cpu" or fixed) else "dynamic"
+            kv = default_kv_kind(config, self.device.type, self._fixed_buffer_length is not None)
         if kv not in ("static", "dynamic"):
             raise InvalidInputError(f"kv must be 'auto', 'static' or 'dynamic', got {kv!r}")
         if kv == "static" and not self.has_mask:

@@ -215,6 +215,28 @@ def growing_kv(config: PackageConfig, nodes: list[onnx.NodeProto]) -> str | None
     return None
 
 
+def default_kv_kind(config: PackageConfig, device_type: str, fixed_buffer: bool) -> str:
+    """The KV cache kind ``kv='auto'`` picks: a shared-buffer package gets the static cache where
+    its decode step is captured (CUDA) or where the graph fixes the buffer length; on the CPU a
+    growing cache is faster (its attention reads the valid rows only;
+    docs/benchmarks/2026-12-02-cpu-foreign.md)."""
+    return "static" if config.share_buffer and (device_type != "cpu" or fixed_buffer) else "dynamic"
+
+
+def kv_sequence_symbols(config: PackageConfig, model: onnx.ModelProto) -> list[str]:
+    """The symbolic extents a static cache fixes: the past KV's sequence axis and the attention
+    mask's width (both the buffer's capacity in a static decode step)."""
+    inputs = {v.name: v for v in model.graph.input}
+    wanted = [(config.past_key_name(next(iter(config.kv_layer_ids), 0)), 2), (config.io.attention_mask, 1)]
+    names: list[str] = []
+    for name, axis in wanted:
+        info = inputs.get(name) if name else None
+        dims = info.type.tensor_type.shape.dim if info is not None else []
+        if len(dims) > axis and dims[axis].dim_param and dims[axis].dim_param not in names:
+            names.append(dims[axis].dim_param)
+    return names
+
+
 def check_package(config: PackageConfig, model: onnx.ModelProto) -> None:
     """Raise ModelLoadError, naming genai_config.json and the field, where the config contradicts the graph."""
     _Checker(config, model).run()
