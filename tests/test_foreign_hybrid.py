@@ -244,3 +244,47 @@ def test_show_plans_what_the_device_records_by_default(family, tmp_path) -> None
     onnx.save(onnx.load(str(package / "model.onnx"), load_external_data=False), str(bare))
     with pytest.raises(OnnxgenError, match="it needs a package directory"):
         show_model(str(bare), capture=True, kv="static")
+
+
+def _decode_feeds(package: Path, past: int) -> dict[str, np.ndarray]:
+    """One decode step's feeds after ``past`` tokens (random caches and states, batch 1)."""
+    rng = np.random.default_rng(past)
+    model = onnx.load(str(package / "model.onnx"), load_external_data=False)
+    feeds = {"input_ids": np.array([[5]], np.int64), "attention_mask": np.ones((1, past + 1), np.int64)}
+    positions = next((v for v in model.graph.input if v.name == "position_ids"), None)
+    if positions is not None:  # onnxgen's gqa layout derives positions from the mask
+        rows = len(positions.type.tensor_type.shape.dim)
+        feeds["position_ids"] = np.full((3, 1, 1) if rows == 3 else (1, 1), past, np.int64)
+    for vi in model.graph.input:
+        if vi.name.startswith("past"):
+            dims = [d.dim_value if d.HasField("dim_value") else 0 for d in vi.type.tensor_type.shape.dim]
+            dims[0] = 1
+            if vi.name.endswith((".key", ".value")):
+                dims[2], dims[3] = past, 64
+            feeds[vi.name] = rng.standard_normal(dims).astype(np.float32)
+    return feeds
+
+
+@pytest.mark.parametrize("builder", ["onnxgen", "genai"])
+def test_soundness_oracle_of_the_growing_cache_plan(family, builder: str, tmp_path) -> None:
+    """The capture plan's soundness oracle on both builders' hybrid graphs: the decode step run by
+    onnxruntime at two KV lengths; every node the plan records (growing cache: the classifier
+    decides) keeps the shapes of all its inputs and outputs."""
+    from onnxgen.models.builder import build_package
+    from onnxgen.models.hf_source import HFSource
+    from onnxgen.runtime.capture.report import analyse
+    from onnxgen.runtime.model_io import load_model
+    from tests.shape_helpers import assert_plan_sound, ort_value_shapes, typed_exposed
+
+    checkpoint, package, _ = family
+    if builder == "onnxgen":
+        package = build_package(HFSource(checkpoint), tmp_path / "onnxgen", precision="fp32")
+    model, _ = load_model(package / "model.onnx")
+    analysis = analyse(model)
+    assert len(analysis.plan.segments) == 2  # the one full-attention layer splits the step
+    dtypes = {k: v.dtype for k, v in analysis.shapes.values.items() if v.dtype}
+    exposed = typed_exposed(onnx.load(str(package / "model.onnx"), load_external_data=False), dtypes)
+    runs = [ort_value_shapes(exposed, _decode_feeds(package, past), base_dir=package) for past in (3, 9)]
+    assert runs[0]["logits"] == runs[1]["logits"] and runs[0]["present.3.key"] != runs[1]["present.3.key"]
+    checked = assert_plan_sound(analysis.plan, analysis.shapes.nodes, runs, {t.name for t in model.graph.initializer})
+    assert checked > 50
