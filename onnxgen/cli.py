@@ -351,8 +351,8 @@ def serve_threads(threads, options):  # noqa: ANN001, ANN201 - ThreadOptions, Se
 def cmd_serve(args: argparse.Namespace) -> int:
     from onnxgen.genai.engine_process import EngineSpec
     from onnxgen.genai.generator import Generator
-    from onnxgen.server.options import ServeOptions
-    from onnxgen.server.serve import Server
+    from onnxgen.server.options import ServeOptions, runner_for_package
+    from onnxgen.server.serve import Server, bind
 
     if args.device == "cuda" and (problem := _cuda_missing()):
         raise OnnxgenError(problem)  # before any pull or build of a CUDA package
@@ -376,16 +376,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     def engine_spec() -> EngineSpec:  # called when run() starts the engine process
         return EngineSpec(str(package), device=args.device, kv=args.kv, capture=args.capture, threads=threads)
 
-    # the port first: one that is taken fails before any pull
-    server = Server(options, make_generator, engine_spec=engine_spec)
+    # the port first: one that is taken fails before any pull; the runner once the package is known
+    listening = bind(options.host, options.port)
     package = resolve_model(args.model, args.device, args.precision, args.attention)
+    options, note = runner_for_package(options, package)
+    if note:
+        _eprint(note)
+    server = Server(options, make_generator, engine_spec=engine_spec, listening=listening)
     return server.run()
 
 
 def cmd_show(args: argparse.Namespace) -> int:
     from onnxgen.show import show_model
 
-    print(show_model(args.model, capture=args.capture, as_json=args.json, bind=args.bind, device=args.device))
+    print(
+        show_model(args.model, capture=args.capture, as_json=args.json, bind=args.bind, device=args.device, kv=args.kv)
+    )
     return 0
 
 
@@ -521,6 +527,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_build)
     return parser
 
+    p.add_argument(
+        "--kv", choices=["auto", "static", "dynamic"], default="auto",
+        help="the KV cache of the planned decode step (auto: what a session on --device uses for the package)",
+    )  # fmt: skip
 
 class OutputError(OnnxgenError):
     """stdout cannot take the output (a full disk, a closed descriptor)."""

@@ -276,3 +276,57 @@ def test_fp16_package_stays_close_to_fp32(hybrid, tmp_path) -> None:
     actual = stepper.step(ids).astype(np.float32)
     assert np.linalg.norm(actual - expected) / np.linalg.norm(expected) < 0.01
     assert (actual.argmax(-1) == expected.argmax(-1)).all()
+
+
+def test_serve_falls_back_to_one_request_at_a_time(tmp_path) -> None:
+    """A batching default (the CPU's 8) cannot batch a hybrid decoder: `onnxgen serve` says so once,
+    with the reason, and serves one request at a time; a --max-num-seqs the user gave is kept (the
+    load then fails with the same reason); a dense package keeps its batching."""
+    import re
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from onnxgen.server.options import ServeOptions, runner_for_package
+    from tests.server_helpers import post
+
+    checkpoint = tiny_checkpoint(tmp_path / "hf", value_heads=2, tied=False)
+    package = build_package(HFSource(checkpoint), tmp_path / "pkg", precision="fp32")
+    write_word_tokenizer(package, 128)
+    options, note = runner_for_package(ServeOptions(model_name="m"), package)
+    assert options.batch_size == 1 and "served one request at a time, not 8 at once" in note
+    assert "past.0.conv" in note
+    kept, none = runner_for_package(ServeOptions(model_name="m", max_num_seqs=4), package)
+    assert kept.batch_size == 4 and none is None
+    dense = build_package(HFSource(dense_checkpoint(tmp_path / "dense")), tmp_path / "dense-pkg", precision="fp32")
+    assert runner_for_package(ServeOptions(model_name="m"), dense) == (ServeOptions(model_name="m"), None)
+
+    process = subprocess.Popen([sys.executable, "-m", "onnxgen", "serve", "--model", str(package), "--port", "0"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(iter(process.stderr.readline, "")), daemon=True).start()
+    try:
+        deadline, port = time.monotonic() + 90, None
+        while time.monotonic() < deadline and process.poll() is None and port is None:
+            match = re.search(r"listening on http://127\.0\.0\.1:(\d+)", "".join(lines))
+            port = int(match.group(1)) if match and "ready:" in "".join(lines) else None
+            time.sleep(0.05)
+        assert port is not None, "".join(lines)[-2000:]
+        text = "".join(lines)
+        assert text.count("served one request at a time") == 1 and "one request at a time" in text.split("ready:")[1]
+        status, body = post(port, "/v1/completions", {"prompt": [3, 17, 91], "max_tokens": 4, "ignore_eos": True})
+        assert status == 200 and body["usage"]["completion_tokens"] == 4, body
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def dense_checkpoint(directory: Path) -> Path:
+    """A tiny Qwen2 checkpoint (the dense decoders onnxgen batches)."""
+    config = transformers.Qwen2Config(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                      eos_token_id=1)  # fmt: skip
+    torch.manual_seed(0)
+    transformers.Qwen2ForCausalLM(config).save_pretrained(directory)
+    return directory

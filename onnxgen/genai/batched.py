@@ -41,6 +41,7 @@ import collections
 import time
 from dataclasses import dataclass
 
+import onnx
 import torch
 
 from onnxgen.errors import InvalidInputError, OnnxgenError
@@ -48,6 +49,7 @@ from onnxgen.genai.batch_buckets import BucketFeeds, batch_buckets, bucket_for
 from onnxgen.genai.engine import DecodeEngine
 from onnxgen.genai.kv_cache import StaticKV, past_feeds_attention_in_place
 from onnxgen.genai.kv_pool import KVPool
+from onnxgen.genai.package import PackageConfig
 from onnxgen.genai.prompt_groups import (
     MAX_GROUP_ROWS,
     GroupFeeds,
@@ -94,6 +96,27 @@ DEFAULT_KV_TOKENS = 16384  # KV rows of all slots together when max_model_len is
 CAPTURED_PREFILL_BUDGET = 2048  # prompt tokens per iteration at most, by default, where steps are captured
 
 
+def batching_refusal(config: PackageConfig, model: onnx.ModelProto) -> str | None:
+    """Why BatchedDecoder cannot run this decoder (None: it can), from the package's config (with
+    its graph layout) and graph alone, so that a server can choose its runner before loading."""
+    inputs = {v.name for v in model.graph.input}
+    if not config.io.attention_mask or config.io.attention_mask not in inputs:
+        return "batched decoding needs an attention_mask input (it carries each sequence's length)"
+    if config.carried:
+        return (
+            "batched decoding keeps KV caches only; this hybrid decoder also carries per-sequence states "
+            f"({', '.join(s.past for s in config.carried[:2])}, ...): serve it one request at a time "
+            "(--max-num-seqs 1)"
+        )
+    if not past_feeds_attention_in_place(model.graph, config):
+        return (
+            "batched decoding needs GroupQueryAttention (com.microsoft) reading the past KV inputs directly, "
+            "so that each sequence's rows are written in place at its own length; this graph's attention "
+            "concatenates its own KV cache"
+        )
+    return None
+
+
 class BatchedDecoder:
     """``max_seqs`` sequences at once, each of at most ``max_model_len`` tokens (prompt and new
     tokens; default: DEFAULT_KV_TOKENS shared by the slots, as llama.cpp's server splits its context
@@ -115,22 +138,9 @@ class BatchedDecoder:
             raise InvalidInputError(f"max_seqs must be >= 1, got {max_seqs}")
         if prefill_chunk < 1:
             raise InvalidInputError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
-        if not engine.has_mask:
-            raise BatchingNotSupportedError(
-                "batched decoding needs an attention_mask input (it carries each sequence's length)"
-            )
-        if config.carried:
-            raise BatchingNotSupportedError(
-                "batched decoding keeps KV caches only; this hybrid decoder also carries per-sequence states "
-                f"({', '.join(s.past for s in config.carried[:2])}, ...): serve it one request at a time "
-                "(--max-num-seqs 1)"
-            )
-        if not past_feeds_attention_in_place(engine.session.model.graph, config):
-            raise BatchingNotSupportedError(
-                "batched decoding needs GroupQueryAttention (com.microsoft) reading the past KV inputs directly, "
-                "so that each sequence's rows are written in place at its own length; this graph's attention "
-                "concatenates its own KV cache"
-            )
+        refusal = batching_refusal(config, engine.session.model)
+        if refusal is not None:
+            raise BatchingNotSupportedError(refusal)
         default = max(256, DEFAULT_KV_TOKENS // max_seqs)
         capacity = min(config.context_length, max_model_len or default)
         if capacity < 2:

@@ -6,7 +6,9 @@ environment variable, no global (tests/test_layering.py checks the environment r
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -117,3 +119,25 @@ class ServeOptions:
                 from onnxgen.errors import OnnxgenError
 
                 raise OnnxgenError(message)
+
+
+def runner_for_package(options: ServeOptions, package: Path) -> tuple[ServeOptions, str | None]:
+    """``options`` with the runner this package can have: where batching is the device's default
+    (no --max-num-seqs given) and the package's decoder cannot be batched (batched.batching_refusal:
+    a hybrid's carried states, attention that keeps its own KV), one request at a time, with the
+    line that says so; a --max-num-seqs the user gave is kept (the load then fails with the reason)."""
+    if options.max_num_seqs is not None or options.batch_size <= 1:
+        return options, None
+    import onnx
+
+    from onnxgen.genai.batched import batching_refusal
+    from onnxgen.genai.graph_layout import with_graph_layout
+    from onnxgen.genai.package import load_package_config
+
+    config = load_package_config(package)
+    model = onnx.load(str(config.model_file), load_external_data=False)
+    refusal = batching_refusal(with_graph_layout(config, model), model)
+    if refusal is None:
+        return options, None
+    note = f"onnxgen serve: this model is served one request at a time, not {options.batch_size} at once: {refusal}"
+    return dataclasses.replace(options, max_num_seqs=1), note

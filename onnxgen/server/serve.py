@@ -85,10 +85,12 @@ class Server:
         *,
         announce: bool = True,
         engine_spec: Callable[[], EngineSpec] | None = None,
+        listening: socket.socket | None = None,
     ) -> None:
         """``make_generator`` builds the Generator on the engine thread; ``engine_spec`` says what an
         engine process builds instead, where ``options.in_engine_process`` (one of the two may be
-        None where the options leave no choice)."""
+        None where the options leave no choice). ``listening``: a socket already bound (``bind``),
+        for a caller that must hold its port before it knows its options."""
         in_process = engine_spec is not None and options.in_engine_process
         if options.engine_process is True and engine_spec is None:
             raise ValueError("engine_process=True needs an engine_spec (what the engine process builds)")
@@ -96,7 +98,7 @@ class Server:
             raise ValueError("the engine runs on a thread here (engine_process off), which needs make_generator")
         self.options = options
         self.announce = announce
-        self.socket = bind(options.host, options.port)
+        self.socket = listening if listening is not None else bind(options.host, options.port)
         self.port = self.socket.getsockname()[1]
         self.scheduler: EngineThreadScheduler | ProcessScheduler
         if in_process:
