@@ -278,10 +278,11 @@ def test_fp16_package_stays_close_to_fp32(hybrid, tmp_path) -> None:
     assert (actual.argmax(-1) == expected.argmax(-1)).all()
 
 
-def test_serve_falls_back_to_one_request_at_a_time(tmp_path) -> None:
-    """A batching default (the CPU's 8) cannot batch a hybrid decoder: `onnxgen serve` says so once,
-    with the reason, and serves one request at a time; a --max-num-seqs the user gave is kept (the
-    load then fails with the same reason); a dense package keeps its batching."""
+def test_serve_batches_hybrids_and_falls_back_where_it_cannot_batch(tmp_path) -> None:
+    """The CPU's batching default takes a hybrid decoder (eager batched steps carry its states); a
+    graph the batching runner cannot take (attention that concatenates its own KV) is served one
+    request at a time: `onnxgen serve` says so once, with the reason; a --max-num-seqs the user
+    gave is kept (the load then fails with the same reason)."""
     import re
     import subprocess
     import sys
@@ -291,18 +292,19 @@ def test_serve_falls_back_to_one_request_at_a_time(tmp_path) -> None:
     from onnxgen.server.options import ServeOptions, runner_for_package
     from tests.server_helpers import post
 
-    checkpoint = tiny_checkpoint(tmp_path / "hf", value_heads=2, tied=False)
-    package = build_package(HFSource(checkpoint), tmp_path / "pkg", precision="fp32")
-    write_word_tokenizer(package, 128)
-    options, note = runner_for_package(ServeOptions(model_name="m"), package)
+    hybrid = build_package(HFSource(tiny_checkpoint(tmp_path / "hf", value_heads=2, tied=False)), tmp_path / "pkg",
+                           precision="fp32")  # fmt: skip
+    assert runner_for_package(ServeOptions(model_name="m"), hybrid) == (ServeOptions(model_name="m"), None)
+    standard = build_package(HFSource(dense_checkpoint(tmp_path / "dense")), tmp_path / "std", precision="fp32",
+                             attention="standard")  # fmt: skip
+    write_word_tokenizer(standard, 128)
+    options, note = runner_for_package(ServeOptions(model_name="m"), standard)
     assert options.batch_size == 1 and "served one request at a time, not 8 at once" in note
-    assert "past.0.conv" in note
-    kept, none = runner_for_package(ServeOptions(model_name="m", max_num_seqs=4), package)
+    assert "concatenates its own KV cache" in note
+    kept, none = runner_for_package(ServeOptions(model_name="m", max_num_seqs=4), standard)
     assert kept.batch_size == 4 and none is None
-    dense = build_package(HFSource(dense_checkpoint(tmp_path / "dense")), tmp_path / "dense-pkg", precision="fp32")
-    assert runner_for_package(ServeOptions(model_name="m"), dense) == (ServeOptions(model_name="m"), None)
 
-    process = subprocess.Popen([sys.executable, "-m", "onnxgen", "serve", "--model", str(package), "--port", "0"],
+    process = subprocess.Popen([sys.executable, "-m", "onnxgen", "serve", "--model", str(standard), "--port", "0"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(iter(process.stderr.readline, "")), daemon=True).start()

@@ -96,17 +96,18 @@ DEFAULT_KV_TOKENS = 16384  # KV rows of all slots together when max_model_len is
 CAPTURED_PREFILL_BUDGET = 2048  # prompt tokens per iteration at most, by default, where steps are captured
 
 
-def batching_refusal(config: PackageConfig, model: onnx.ModelProto) -> str | None:
+def batching_refusal(config: PackageConfig, model: onnx.ModelProto, captured: bool = False) -> str | None:
     """Why BatchedDecoder cannot run this decoder (None: it can), from the package's config (with
-    its graph layout) and graph alone, so that a server can choose its runner before loading."""
+    its graph layout) and graph alone, so that a server can choose its runner before loading.
+    ``captured``: whether its steps would be recorded (CUDA graphs)."""
     inputs = {v.name for v in model.graph.input}
     if not config.io.attention_mask or config.io.attention_mask not in inputs:
         return "batched decoding needs an attention_mask input (it carries each sequence's length)"
-    if config.carried:
+    if config.carried and captured:
         return (
-            "batched decoding keeps KV caches only; this hybrid decoder also carries per-sequence states "
-            f"({', '.join(s.past for s in config.carried[:2])}, ...): serve it one request at a time "
-            "(--max-num-seqs 1)"
+            "captured batched steps are not built for a hybrid decoder's carried states "
+            f"({', '.join(s.past for s in config.carried[:2])}, ...): batch it with capture off, or serve it "
+            "one request at a time (--max-num-seqs 1)"
         )
     if not past_feeds_attention_in_place(model.graph, config):
         return (
@@ -138,7 +139,7 @@ class BatchedDecoder:
             raise InvalidInputError(f"max_seqs must be >= 1, got {max_seqs}")
         if prefill_chunk < 1:
             raise InvalidInputError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
-        refusal = batching_refusal(config, engine.session.model)
+        refusal = batching_refusal(config, engine.session.model, captured=engine.capture != "off")
         if refusal is not None:
             raise BatchingNotSupportedError(refusal)
         default = max(256, DEFAULT_KV_TOKENS // max_seqs)
@@ -361,6 +362,7 @@ class BatchedDecoder:
         feeds.update(past)
         outputs = engine.session.run_torch(feeds)
         self._keep_in_place(outputs, past)
+        self._keep_states(outputs, past, None)
         self.pool.contents[slot].extend(prompt[lo:hi])
         sequence.prefilled = hi
         if hi < len(prompt):
@@ -594,6 +596,7 @@ class BatchedDecoder:
         feeds.update(past)
         outputs = engine.session.run_torch(feeds)
         self._keep_in_place(outputs, past)
+        self._keep_states(outputs, past, [slot - lo for slot in sorted(by_slot)])
         self.steps += 1
         self.stepped_rows += rows
         order = sorted(by_slot.items())
@@ -839,7 +842,7 @@ class BatchedDecoder:
         """GroupQueryAttention over a shared buffer returns the past views as present; were a
         present output a new tensor, its rows are copied back into the pool."""
         config = self.engine.config
-        for layer in range(config.num_layers):
+        for layer in config.kv_layer_ids:
             for past_name, present_name in (
                 (config.past_key_name(layer), config.present_key_name(layer)),
                 (config.past_value_name(layer), config.present_value_name(layer)),
@@ -847,6 +850,21 @@ class BatchedDecoder:
                 out, view = outputs[present_name], past[past_name]
                 if out.data_ptr() != view.data_ptr():
                     view.copy_(out[:, :, : view.shape[2]])
+
+    def _keep_states(
+        self, outputs: dict[str, torch.Tensor], past: dict[str, torch.Tensor], rows: list[int] | None
+    ) -> None:
+        """A hybrid decoder's carried states after a step, copied into the pool: every row of the
+        step (``rows`` None) or only ``rows``, the running sequences'. An idle slot's row and a
+        slot whose prompt is part computed were fed a dummy token, which a state, unlike a KV
+        cache, would keep: their states stay as they were."""
+        for state in self.engine.config.carried:
+            out, view = outputs[state.present], past[state.past]
+            if rows is None or len(rows) == view.shape[0]:
+                view.copy_(out)
+            else:
+                index = torch.tensor(rows, dtype=torch.int64, device=view.device)
+                view.index_copy_(0, index, out.index_select(0, index))
 
     def _read(self, sequence: Sequence, token_id: int, token: torch.Tensor) -> Read:
         """The sampled token (``token_id`` read on the host from ``token``, checked finite): handed

@@ -17,7 +17,8 @@ cost nothing more). Rows are compared token by token (not in blocks), and at lea
 token is always computed (its logits give the first new token).
 
 Invariants: ``lengths[s] == len(contents[s]) <= capacity``; the rows [0, lengths[s]) of slot s
-hold the KV of ``contents[s]``; a busy slot belongs to exactly one running sequence.
+hold the KV of ``contents[s]``; a busy slot belongs to exactly one running sequence, and its
+carried states (a hybrid decoder's) are those after ``contents[s]``.
 """
 
 from __future__ import annotations
@@ -78,12 +79,19 @@ class KVPool:
         self.slots = slots
         self.capacity = capacity
         self.device = device
-        self.prefix_caching = prefix_caching  # False: every prompt is computed whole
+        # a hybrid decoder's carried states hold all of a slot's tokens, folded in for good: no
+        # prefix of them can be taken back, so such a pool computes every prompt whole
+        self.prefix_caching = prefix_caching and not config.carried  # False: every prompt is computed whole
         shape = (slots, config.num_kv_heads, capacity, config.head_size)
         self.buffers: dict[str, torch.Tensor] = {}
-        for layer in range(config.num_layers):
+        for layer in config.kv_layer_ids:
             self.buffers[config.past_key_name(layer)] = _zeros(shape, dtype, device)
             self.buffers[config.past_value_name(layer)] = _zeros(shape, dtype, device)
+        # per carried state (its past input's name), one buffer [slots, *shape]: zeroed when a slot is
+        # taken, written back after each step for the rows that ran (batched.py)
+        self.states: dict[str, torch.Tensor] = {
+            s.past: _zeros((slots, *s.shape), dtype, device) for s in config.carried
+        }
         self.contents: list[list[int]] = [[] for _ in range(slots)]
         self.busy = [False] * slots
         self._used_at = [0] * slots  # a clock tick per acquire: least recently used first
@@ -100,7 +108,7 @@ class KVPool:
         return self.busy.count(False)
 
     def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self.buffers.values())
+        return sum(b.numel() * b.element_size() for b in (*self.buffers.values(), *self.states.values()))
 
     def acquire(
         self, prompt_ids: list[int], step_range: range = range(0), *, lowest_first: bool = False
@@ -133,6 +141,8 @@ class KVPool:
                 self._copy_rows(best_busy, slot, reused)
                 self.copied_tokens += reused
         self.contents[slot] = list(prompt_ids[:reused])
+        for state in self.states.values():
+            state[slot].zero_()
         self.busy[slot] = True
         self._clock += 1
         self._used_at[slot] = self._clock
@@ -152,9 +162,10 @@ class KVPool:
             buffer[target, :, :rows].copy_(buffer[source, :, :rows])
 
     def slot_feeds(self, slot: int) -> dict[str, torch.Tensor]:
-        """The past inputs of a step of slot ``slot`` alone (a prompt chunk): [1, ...] views."""
-        return {name: buffer[slot : slot + 1] for name, buffer in self.buffers.items()}
+        """The past inputs (KV and carried states) of a step of slot ``slot`` alone (a prompt chunk):
+        [1, ...] views."""
+        return self.range_feeds(slot, slot + 1)
 
     def range_feeds(self, lo: int, hi: int) -> dict[str, torch.Tensor]:
-        """The past inputs of a batched step over slots [lo, hi): views."""
-        return {name: buffer[lo:hi] for name, buffer in self.buffers.items()}
+        """The past inputs (KV and carried states) of a batched step over slots [lo, hi): views."""
+        return {name: buffer[lo:hi] for name, buffer in (*self.buffers.items(), *self.states.items())}

@@ -1,0 +1,130 @@
+"""Continuous batching of hybrid decoders (Gated DeltaNet + full attention, dense and MoE; onnxgen's
+builder and onnxruntime-genai's) on the CPU: the KV pool keeps each slot's conv and recurrent
+states beside its KV rows, and a batched step writes back only the states of the rows that ran.
+
+Oracle: the one-sequence engine loop on the same package (itself checked against transformers in
+test_builder_hybrid.py and test_foreign_hybrid.py): the same tokens, greedy and seeded, whatever
+else is in the batch.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from onnxgen.genai.batched import BatchedDecoder, BatchingNotSupportedError
+from onnxgen.genai.engine import DecodeEngine, engine_model
+from onnxgen.genai.graph_layout import with_graph_layout
+from onnxgen.genai.package import load_package_config
+from onnxgen.genai.sampling import SamplingParams
+from onnxgen.models.builder import build_package
+from onnxgen.models.hf_source import HFSource
+from onnxgen.runtime.model_io import load_model
+from onnxgen.runtime.session import InferenceSession
+
+transformers = pytest.importorskip("transformers")
+if not hasattr(transformers, "Qwen3_5ForCausalLM"):
+    pytest.skip("this transformers has no Qwen3_5ForCausalLM", allow_module_level=True)
+
+VOCAB = 128
+
+
+@pytest.fixture(scope="module", params=["onnxgen-dense", "onnxgen-moe", "genai-dense"])
+def package(request, tmp_path_factory) -> Path:
+    from tests.test_builder_hybrid import tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("batching-hybrid")
+    if request.param == "genai-dense":
+        pytest.importorskip("onnxruntime_genai")
+        from tests.test_foreign_hybrid import genai_build, wrapper_checkpoint
+
+        return genai_build(wrapper_checkpoint(root / "hf", experts=0), root / "pkg", "fp32")
+    experts = 8 if request.param == "onnxgen-moe" else 0
+    checkpoint = tiny_checkpoint(root / "hf", value_heads=4, tied=False, experts=experts)
+    return build_package(HFSource(checkpoint), root / "pkg", precision="fp32")
+
+
+def make_engine(package: Path, **kwargs) -> DecodeEngine:
+    config = load_package_config(package)
+    proto, base = load_model(config.model_file)
+    config = with_graph_layout(config, proto)
+    session = InferenceSession(engine_model(proto, config), device="cpu", base_dir=base)
+    return DecodeEngine(session, config, **kwargs)
+
+
+def serial(engine: DecodeEngine, prompt: list[int], params: SamplingParams) -> list[int]:
+    return list(engine.generate([engine.new_sequence(prompt, params)]))
+
+
+def test_batched_tokens_equal_one_sequence_at_a_time(package: Path) -> None:
+    """Six requests through four slots as room allows (slots reused, so a reused slot's states must
+    start from zero again), prompts in chunks of 8, greedy and seeded sampling."""
+    engine = make_engine(package)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(VOCAB) for _ in range(rng.randint(1, 20))] for _ in range(6)]
+    params = [SamplingParams(max_new_tokens=10, ignore_eos=True)] * 4 + [
+        SamplingParams(temperature=0.9, top_k=20, seed=5 + i, max_new_tokens=10, ignore_eos=True) for i in range(2)
+    ]
+    expected = [serial(engine, p, q) for p, q in zip(prompts, params)]
+    decoder = BatchedDecoder(engine, max_seqs=4, max_model_len=64, prefill_chunk=8)
+    sequences = [engine.new_sequence(p, q) for p, q in zip(prompts, params)]
+    queue = list(sequences)
+    while queue or decoder.admitted:
+        while queue and decoder.room:
+            decoder.admit(queue.pop(0))
+        decoder.iterate()
+    assert [s.generated for s in sequences] == expected
+    assert decoder.steps < sum(len(e) for e in expected) / 2  # the steps really were shared
+    assert decoder.pool.free == 4
+
+
+def test_a_prompt_in_chunks_between_running_rows_keeps_its_states(package: Path) -> None:
+    """A long prompt takes the slot between two running sequences and is computed a chunk per
+    iteration while they decode: every batched step spans its slot with a dummy token, which would
+    fold into its conv and recurrent states were they written back (a KV row is simply overwritten
+    by the next chunk; a state is not)."""
+    engine = make_engine(package)
+    rng = random.Random(1)
+    prompts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (5, 6, 7, 30)]
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (20, 2, 20, 8)]
+    expected = [serial(engine, p, q) for p, q in zip(prompts, params)]
+    decoder = BatchedDecoder(engine, max_seqs=4, max_model_len=64, prefill_chunk=8, prefill_budget=8)
+    sequences = [engine.new_sequence(p, q) for p, q in zip(prompts, params)]
+    for sequence in sequences[:3]:
+        decoder.admit(sequence)
+    slots: dict[int, int] = {}
+    tick = 0
+    while decoder.admitted or tick < 5:
+        if tick == 4:
+            decoder.admit(sequences[3])
+        decoder.iterate()
+        slots.update({i: s.slot for i, s in enumerate(sequences) if s.slot is not None})
+        tick += 1
+    assert slots[3] == slots[1] and slots[0] < slots[3] < slots[2]  # the freed middle slot, between running rows
+    assert [s.generated for s in sequences] == expected
+
+
+def test_hybrid_pool_computes_every_prompt_whole(package: Path) -> None:
+    """A state holds all of a slot's tokens: no prefix of it can be reused, so the pool does not
+    reuse prompt prefixes for such a decoder (a repeated prompt is computed again, same tokens)."""
+    engine = make_engine(package)
+    decoder = BatchedDecoder(engine, max_seqs=2, max_model_len=64)
+    assert not decoder.pool.prefix_caching and set(decoder.pool.states) == {s.past for s in engine.config.carried}
+    params = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    prompt = [3, 17, 91, 5, 44, 120, 8]
+    for _ in range(2):
+        sequence = engine.new_sequence(prompt, params)
+        decoder.admit(sequence)
+        while decoder.admitted:
+            decoder.iterate()
+        assert sequence.stats.cached_tokens == 0 and sequence.generated == serial(engine, prompt, params)
+
+
+def test_captured_batching_of_a_hybrid_is_refused(package: Path) -> None:
+    from onnxgen.runtime.capture.recorder import ReplayRecorder
+
+    engine = make_engine(package, kv="static", capture="verify", recorder=ReplayRecorder())
+    with pytest.raises(BatchingNotSupportedError, match="captured batched steps are not built for a hybrid"):
+        BatchedDecoder(engine, max_seqs=2, max_model_len=64)
