@@ -428,6 +428,26 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    import json
+
+    from onnxgen.genai.verify import VerifySpec, read_prompts, run_verify
+
+    if args.device == "cuda" and (problem := _cuda_missing()):
+        raise OnnxgenError(problem)
+    prompts = read_prompts(args.prompt, args.prompts)
+    spec = VerifySpec(
+        package=Path(args.package).expanduser(), reference=args.reference, device=args.device, capture=args.capture,
+        tokens=args.tokens, chat=args.chat, all_positions=args.all_positions, near_tie=args.near_tie,
+        min_agreement=args.min_agreement, max_kl=args.max_kl, allow_real=args.allow_real,
+        progress=lambda line: _eprint(f"verify: {line}"),
+        **({"prompts": prompts} if prompts else {}),
+    )  # fmt: skip
+    report = run_verify(spec)
+    print(json.dumps(report.as_dict(), indent=2) if args.json else report.table())
+    return 0 if report.passed else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="onnxgen", description="Run ONNX generative models on GPUs and CPUs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -508,6 +528,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bind", default=None, help="NAME=VALUE,... symbol bindings for --capture")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser(
+        "verify",
+        help="check a package against an fp32 (or another) reference by teacher forcing (docs/verify.md); exit 1 "
+        "when it fails",
+    )
+    p.add_argument("package", help="package directory")
+    p.add_argument(
+        "--reference", default="fp32",
+        help="fp32 (default): the same graph in fp32 arithmetic with dequantized weights; eager: the same package's "
+        "eager decode steps; or the directory of another package of the same model",
+    )  # fmt: skip
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument(
+        "--capture", choices=["on", "off"], default=None,
+        help="run the package through the decode engine's one-token steps, captured (on, CUDA only) or eager (off); "
+        "default: one pass over each context",
+    )  # fmt: skip
+    p.add_argument("--prompt", "-p", action="append", help="a prompt (repeatable; default: four built-in prompts)")
+    p.add_argument("--prompts", default=None, help="a file of prompts, one per line (blank lines skipped)")
+    p.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
+    p.add_argument("--tokens", "-n", type=int, default=64, help="greedy tokens the reference records per prompt")
+    p.add_argument("--all-positions", action="store_true", help="score the prompt's positions too")
+    p.add_argument(
+        "--near-tie", type=float, default=0.5,
+        help="a disagreement is a near-tie when the reference prefers its token over the package's by less than "
+        "this many logits (default 0.5)",
+    )  # fmt: skip
+    p.add_argument(
+        "--min-agreement", type=float, default=0.9, help="fail below this top-1 agreement (default 0.9)"
+    )
+    p.add_argument("--max-kl", type=float, default=None, help="fail above this mean KL divergence, in nats")
+    p.add_argument(
+        "--allow-real", action="store_true",
+        help="report real disagreements without failing (a reference with other weights: int4 against an fp32 build)",
+    )  # fmt: skip
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("pull", help="fetch a registry model and build its package; prints the package directory")
     p.add_argument("name")
