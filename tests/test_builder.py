@@ -226,6 +226,17 @@ def test_fp16_close_to_fp32(packages, name, attention):
     assert _relative_error(fp16, fp32) < 5e-3
 
 
+@pytest.mark.parametrize("attention", ["gqa", "standard"])
+def test_fp16_tokens_part_from_fp32_only_at_near_ties(packages, attention):
+    """The fp32 teacher-forcing oracle (onnxgen verify) on the fp16 graph: every position's argmax is the
+    fp32 computation's, or the fp32 logits put the two tokens within a near-tie (0.5 logits)."""
+    from onnxgen.genai.verify import VerifySpec, run_verify
+
+    package = packages("tiny-llama", "fp16", attention=attention)
+    report = run_verify(VerifySpec(package, prompts=[PROMPT, DECODE], tokens=24, all_positions=True))
+    assert report.passed and report.agreement.real_disagreements == 0, report.table()
+
+
 def test_matmulnbits_packing_matches_spec():
     """onnxruntime's MatMulNBits on our packed tensors equals x @ W_deq^T, W_deq unpacked here from the spec."""
     from onnx import TensorProto, helper
