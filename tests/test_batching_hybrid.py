@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from onnxgen.genai.batched import BatchedDecoder, BatchingNotSupportedError
+from onnxgen.genai.batched import BatchedDecoder
 from onnxgen.genai.engine import DecodeEngine, engine_model
 from onnxgen.genai.graph_layout import with_graph_layout
 from onnxgen.genai.package import load_package_config
@@ -122,9 +122,37 @@ def test_hybrid_pool_computes_every_prompt_whole(package: Path) -> None:
         assert sequence.stats.cached_tokens == 0 and sequence.generated == serial(engine, prompt, params)
 
 
-def test_captured_batching_of_a_hybrid_is_refused(package: Path) -> None:
+def test_captured_batched_steps_give_the_same_tokens(package: Path) -> None:
+    """Captured (CPU stand-in recorder, verify mode: every replay also run eagerly on copies and
+    compared bit for bit): the decode step recorded per bucket with the states' write-back, every
+    prompt computed alone and unpadded in the scratch cache (no prompt groups: a padded row would
+    fold into its states), landing in its slot with its states; arrivals that change buckets, a
+    long prompt in chunks, greedy and seeded, after recording every shape first."""
     from onnxgen.runtime.capture.recorder import ReplayRecorder
 
-    engine = make_engine(package, kv="static", capture="verify", recorder=ReplayRecorder())
-    with pytest.raises(BatchingNotSupportedError, match="captured batched steps are not built for a hybrid"):
-        BatchedDecoder(engine, max_seqs=2, max_model_len=64)
+    plain = make_engine(package)
+    rng = random.Random(2)
+    prompts = [[rng.randrange(VOCAB) for _ in range(rng.randint(2, 12))] for _ in range(5)] + [[7] * 40]
+    params = [SamplingParams(max_new_tokens=9, ignore_eos=True)] * 4 + [
+        SamplingParams(temperature=0.8, top_k=30, seed=7 + i, max_new_tokens=9, ignore_eos=True) for i in range(2)
+    ]
+    expected = [serial(plain, p, q) for p, q in zip(prompts, params)]
+    engine = make_engine(package, kv="static", capture="verify", recorder=ReplayRecorder(), verify_steps=10_000)
+    decoder = BatchedDecoder(engine, max_seqs=4, max_model_len=64, prefill_chunk=32)
+    buckets, groups = decoder.shapes_to_record()
+    assert buckets == [1, 2, 4] and groups == []
+    decoder.record_shapes()
+    sequences = [engine.new_sequence(p, q) for p, q in zip(prompts, params)]
+    queue, tick = list(sequences[:2]), 0
+    while queue or decoder.admitted or tick < 4:
+        if tick == 3:
+            queue += sequences[2:]
+        while queue and decoder.room:
+            decoder.admit(queue.pop(0))
+        decoder.iterate()
+        tick += 1
+    assert [s.generated for s in sequences] == expected
+    stats = decoder.capture_stats
+    assert stats.replays > 0 and stats.verified_steps > 0 and stats.invalidations == 0 and not stats.unsupported
+    assert decoder.prompt_groups == 0 and engine.prefill_capture_stats.steps > 0
+    assert sorted(decoder.pool.busy) == [False] * 4

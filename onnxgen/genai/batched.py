@@ -96,19 +96,12 @@ DEFAULT_KV_TOKENS = 16384  # KV rows of all slots together when max_model_len is
 CAPTURED_PREFILL_BUDGET = 2048  # prompt tokens per iteration at most, by default, where steps are captured
 
 
-def batching_refusal(config: PackageConfig, model: onnx.ModelProto, captured: bool = False) -> str | None:
+def batching_refusal(config: PackageConfig, model: onnx.ModelProto) -> str | None:
     """Why BatchedDecoder cannot run this decoder (None: it can), from the package's config (with
-    its graph layout) and graph alone, so that a server can choose its runner before loading.
-    ``captured``: whether its steps would be recorded (CUDA graphs)."""
+    its graph layout) and graph alone, so that a server can choose its runner before loading."""
     inputs = {v.name for v in model.graph.input}
     if not config.io.attention_mask or config.io.attention_mask not in inputs:
         return "batched decoding needs an attention_mask input (it carries each sequence's length)"
-    if config.carried and captured:
-        return (
-            "captured batched steps are not built for a hybrid decoder's carried states "
-            f"({', '.join(s.past for s in config.carried[:2])}, ...): batch it with capture off, or serve it "
-            "one request at a time (--max-num-seqs 1)"
-        )
     if not past_feeds_attention_in_place(model.graph, config):
         return (
             "batched decoding needs GroupQueryAttention (com.microsoft) reading the past KV inputs directly, "
@@ -139,7 +132,7 @@ class BatchedDecoder:
             raise InvalidInputError(f"max_seqs must be >= 1, got {max_seqs}")
         if prefill_chunk < 1:
             raise InvalidInputError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
-        refusal = batching_refusal(config, engine.session.model, captured=engine.capture != "off")
+        refusal = batching_refusal(config, engine.session.model)
         if refusal is not None:
             raise BatchingNotSupportedError(refusal)
         default = max(256, DEFAULT_KV_TOKENS // max_seqs)
@@ -181,6 +174,8 @@ class BatchedDecoder:
         # that say when each host buffer's copy is done (reused: a buffer is read before its next use)
         self._greedy_ops: dict[tuple[int, int], tuple[tuple, RecordedOps]] = {}
         self._copied = [torch.cuda.Event() for _ in range(2)] if pinned else []
+        # a hybrid's captured steps: each bucket's state write-back as recorded ops (_states_back)
+        self._state_ops: dict[int, tuple[tuple[int, ...], RecordedOps]] = {}
         # prompt groups (prompt_groups.py): a scratch cache of group_rows sequences, feeds per (rows, size),
         # each group's first tokens on the device and a pinned host buffer per group of an iteration
         self.group_rows = power_of_two_at_most(min(max_seqs, MAX_GROUP_ROWS))
@@ -265,6 +260,8 @@ class BatchedDecoder:
             return [], []
         engine = self.engine
         # the sizes _group_size can give (a prompt's rest padded up) that fit a slot and the budget
+        if engine.config.carried:  # a hybrid's prompts run alone, unpadded (_next_group)
+            return list(self.buckets), []
         rest = min(self.prefill_chunk, engine.captured_prefill_max)
         padded = power_of_two_at_least(rest, engine.captured_prefill_min)
         largest = min(padded, self.pool.capacity, self.prefill_budget)
@@ -407,7 +404,7 @@ class BatchedDecoder:
         head = self.waiting[0]
         self._start(head)
         size = self._group_size(head)
-        if size is None:
+        if size is None or self.engine.config.carried:  # a padded row would fold into its states
             return [], 0
         if size > budget:
             return None
@@ -550,6 +547,8 @@ class BatchedDecoder:
         start = len(self.pool.contents[slot])
         for name, buffer in self.pool.buffers.items():
             buffer[slot, :, start:hi].copy_(scratch.buffers[name][0, :, start:hi])
+        for name, state in self.pool.states.items():
+            state[slot].copy_(scratch.states.buffers[name][0])
         self.pool.contents[slot].extend(prompt[start:hi])
         sequence.kv = None
         self.prefilling = None
@@ -646,6 +645,8 @@ class BatchedDecoder:
                 ids[slot] = sequence.generated[-1]
                 pool.contents[slot].append(sequence.generated[-1])
         outputs = self._bucket_step(rows, ids, ends, sources)
+        if engine.config.carried:
+            self._states_back(rows, outputs)
         self.steps += 1
         self.stepped_rows += rows
         ordered = [(sequence, slot) for slot, sequence in sorted(members.items())]
@@ -850,6 +851,26 @@ class BatchedDecoder:
                 out, view = outputs[present_name], past[past_name]
                 if out.data_ptr() != view.data_ptr():
                     view.copy_(out[:, :, : view.shape[2]])
+
+    def _states_back(self, rows: int, outputs: dict[str, torch.Tensor]) -> None:
+        """A captured step's carried states into the pool, every row of bucket ``rows``, as recorded
+        ops (one per bucket, over the recording's outputs). Idle rows too: where steps are captured a
+        prompt is computed in a scratch cache and lands in its slot, states included, when it is
+        done, so no slot of the bucket holds a state that a dummy row must not touch (a free slot's
+        is zeroed when it is taken)."""
+        carried = self.engine.config.carried
+        feeds = self._feeds_of(rows).feeds
+        pairs = [(outputs[s.present], feeds[s.past]) for s in carried]
+        key = tuple(out.data_ptr() for out, _ in pairs)
+        entry = self._state_ops.get(rows)
+        if entry is None or entry[0] != key:
+
+            def copy_back() -> None:
+                for out, view in pairs:
+                    view.copy_(out)
+
+            entry = self._state_ops[rows] = (key, RecordedOps(copy_back, self.engine.device))
+        entry[1]()
 
     def _keep_states(
         self, outputs: dict[str, torch.Tensor], past: dict[str, torch.Tensor], rows: list[int] | None
