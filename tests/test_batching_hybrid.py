@@ -106,20 +106,47 @@ def test_a_prompt_in_chunks_between_running_rows_keeps_its_states(package: Path)
     assert [s.generated for s in sequences] == expected
 
 
-def test_hybrid_pool_computes_every_prompt_whole(package: Path) -> None:
-    """A state holds all of a slot's tokens: no prefix of it can be reused, so the pool does not
-    reuse prompt prefixes for such a decoder (a repeated prompt is computed again, same tokens)."""
-    engine = make_engine(package)
+@pytest.mark.parametrize("captured", [False, True], ids=["eager", "captured"])
+def test_a_next_turn_reuses_the_slot_whole_and_nothing_else_is_reused(package: Path, captured: bool) -> None:
+    """A state holds all of its slot's tokens and cannot be cut back to a prefix: a prompt that
+    continues everything a free slot holds (a conversation's next turn) reuses its KV rows and its
+    states; the same prompt again (which shares only part of what the slot holds) is computed
+    whole; and once a captured step has written a dummy row into a free slot's states, nothing is
+    reused from it. Each gives the one-sequence loop's tokens."""
+    from onnxgen.runtime.capture.recorder import ReplayRecorder
+
+    plain = make_engine(package)
+    kwargs = dict(kv="static", capture="verify", recorder=ReplayRecorder(), verify_steps=10_000) if captured else {}
+    engine = make_engine(package, **kwargs)
     decoder = BatchedDecoder(engine, max_seqs=2, max_model_len=64)
-    assert not decoder.pool.prefix_caching and set(decoder.pool.states) == {s.past for s in engine.config.carried}
+    assert set(decoder.pool.states) == {s.past for s in engine.config.carried}
     params = SamplingParams(max_new_tokens=6, ignore_eos=True)
-    prompt = [3, 17, 91, 5, 44, 120, 8]
-    for _ in range(2):
+
+    def run(prompt: list[int], cached: int) -> list[int]:
         sequence = engine.new_sequence(prompt, params)
         decoder.admit(sequence)
         while decoder.admitted:
             decoder.iterate()
-        assert sequence.stats.cached_tokens == 0 and sequence.generated == serial(engine, prompt, params)
+        assert sequence.stats.cached_tokens == cached
+        assert sequence.generated == serial(plain, prompt, params)
+        return sequence.generated
+
+    prompt = [3, 17, 91, 5, 44, 120, 8]
+    reply = run(prompt, 0)
+    run(prompt, 0)  # shares 6 of the 12 ids its slot holds: computed whole
+    turn = prompt + reply + [5, 6]
+    run(turn, len(prompt) + len(reply) - 1)  # the reply's last token was never fed
+    if captured:  # a short and a long sequence side by side: the long one's steps span the freed slot
+        short = engine.new_sequence([9, 9, 9], SamplingParams(max_new_tokens=2, ignore_eos=True))
+        long = engine.new_sequence([4, 4], SamplingParams(max_new_tokens=8, ignore_eos=True))
+        decoder.admit(short)
+        decoder.admit(long)
+        slots = {}
+        while decoder.admitted:
+            decoder.iterate()
+            slots.update({name: s.slot for name, s in (("short", short), ("long", long)) if s.slot is not None})
+        assert slots["short"] < slots["long"] and not decoder.pool.state_held[slots["short"]]
+        run([9, 9, 9] + short.generated + [1], 0)
 
 
 def test_captured_batched_steps_give_the_same_tokens(package: Path) -> None:

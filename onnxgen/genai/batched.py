@@ -530,6 +530,8 @@ class BatchedDecoder:
         reused = sequence.prefilled
         if reused:
             self._copy_prefix(sequence, scratch, 0)
+            for name, state in self.pool.states.items():  # a hybrid's slot: reused whole (kv_pool.py)
+                scratch.states.buffers[name][0].copy_(state[sequence.slot])
             scratch.mask[:, :reused] = 1
             scratch.length = reused
         sequence.kv = scratch
@@ -647,6 +649,9 @@ class BatchedDecoder:
         outputs = self._bucket_step(rows, ids, ends, sources)
         if engine.config.carried:
             self._states_back(rows, outputs)
+            for slot in range(rows):  # a dummy row went into these slots' states
+                if slot not in members:
+                    pool.state_held[slot] = False
         self.steps += 1
         self.stepped_rows += rows
         ordered = [(sequence, slot) for slot, sequence in sorted(members.items())]
@@ -856,8 +861,8 @@ class BatchedDecoder:
         """A captured step's carried states into the pool, every row of bucket ``rows``, as recorded
         ops (one per bucket, over the recording's outputs). Idle rows too: where steps are captured a
         prompt is computed in a scratch cache and lands in its slot, states included, when it is
-        done, so no slot of the bucket holds a state that a dummy row must not touch (a free slot's
-        is zeroed when it is taken)."""
+        done (its slot taken just before), so no slot of the bucket holds a state a running
+        sequence needs; a free slot's held states are marked as gone (_launch)."""
         carried = self.engine.config.carried
         feeds = self._feeds_of(rows).feeds
         pairs = [(outputs[s.present], feeds[s.past]) for s in carried]

@@ -14,11 +14,13 @@ or copies that prefix's rows from a busy slot that holds a longer one (two reque
 system prompt in flight at once), and computes only the rest. A free slot holding nothing useful
 is taken least recently used first, among the idle slots a batched step runs anyway first (they
 cost nothing more). Rows are compared token by token (not in blocks), and at least one prompt
-token is always computed (its logits give the first new token).
+token is always computed (its logits give the first new token). A hybrid decoder's slot also
+holds carried states, which cannot be cut back to a prefix: it is reused only for a prompt that
+continues all it holds (a conversation's next turn), never copied from a busy slot.
 
 Invariants: ``lengths[s] == len(contents[s]) <= capacity``; the rows [0, lengths[s]) of slot s
-hold the KV of ``contents[s]``; a busy slot belongs to exactly one running sequence, and its
-carried states (a hybrid decoder's) are those after ``contents[s]``.
+hold the KV of ``contents[s]``; a busy slot belongs to exactly one running sequence; where
+``state_held[s]``, slot s's carried states are those after ``contents[s]``.
 """
 
 from __future__ import annotations
@@ -79,19 +81,21 @@ class KVPool:
         self.slots = slots
         self.capacity = capacity
         self.device = device
-        # a hybrid decoder's carried states hold all of a slot's tokens, folded in for good: no
-        # prefix of them can be taken back, so such a pool computes every prompt whole
-        self.prefix_caching = prefix_caching and not config.carried  # False: every prompt is computed whole
+        self.prefix_caching = prefix_caching  # False: every prompt is computed whole
         shape = (slots, config.num_kv_heads, capacity, config.head_size)
         self.buffers: dict[str, torch.Tensor] = {}
         for layer in config.kv_layer_ids:
             self.buffers[config.past_key_name(layer)] = _zeros(shape, dtype, device)
             self.buffers[config.past_value_name(layer)] = _zeros(shape, dtype, device)
         # per carried state (its past input's name), one buffer [slots, *shape]: zeroed when a slot is
-        # taken, written back after each step for the rows that ran (batched.py)
+        # taken for a new prompt, written back after each step for the rows that ran (batched.py).
+        # A state holds all of its slot's tokens, folded in for good: it is reused only whole, for
+        # a prompt that continues everything the slot holds, and only while ``state_held[s]`` (no
+        # step has written a dummy row into it since)
         self.states: dict[str, torch.Tensor] = {
             s.past: _zeros((slots, *s.shape), dtype, device) for s in config.carried
         }
+        self.state_held = [True] * slots
         self.contents: list[list[int]] = [[] for _ in range(slots)]
         self.busy = [False] * slots
         self._used_at = [0] * slots  # a clock tick per acquire: least recently used first
@@ -123,9 +127,10 @@ class KVPool:
         if not free:
             raise RuntimeError("no free KV slot")
         limit = len(prompt_ids) - 1 if self.prefix_caching else 0  # at least one prompt token is computed
-        held = {s: min(limit, common_prefix(self.contents[s], prompt_ids)) for s in range(self.slots)}
+        held = {s: self._held(s, prompt_ids, limit) for s in range(self.slots)}
         best_free = max(free, key=lambda s: (held[s], -self._used_at[s]))
-        busy = [s for s in range(self.slots) if self.busy[s]]
+        # a busy slot's states are past its tokens so far: only KV rows can be copied from one
+        busy = [s for s in range(self.slots) if self.busy[s]] if not self.states else []
         best_busy = max(busy, key=lambda s: held[s], default=None)
         if held[best_free] > 0 and (best_busy is None or held[best_busy] <= held[best_free]):
             slot, reused = best_free, held[best_free]
@@ -141,13 +146,23 @@ class KVPool:
                 self._copy_rows(best_busy, slot, reused)
                 self.copied_tokens += reused
         self.contents[slot] = list(prompt_ids[:reused])
-        for state in self.states.values():
-            state[slot].zero_()
+        if not reused:
+            for state in self.states.values():
+                state[slot].zero_()
+        self.state_held[slot] = True
         self.busy[slot] = True
         self._clock += 1
         self._used_at[slot] = self._clock
         self.reused_tokens += reused
         return slot, reused
+
+    def _held(self, slot: int, prompt_ids: list[int], limit: int) -> int:
+        """Prompt rows slot ``slot`` could serve: its common prefix with the prompt (at most
+        ``limit``); with carried states, all it holds or nothing."""
+        shared = min(limit, common_prefix(self.contents[slot], prompt_ids))
+        if self.states and (shared != len(self.contents[slot]) or not self.state_held[slot]):
+            return 0
+        return shared
 
     def release(self, slot: int) -> None:
         """The slot's sequence is over; its rows stay for later prompts with the same prefix."""
