@@ -527,6 +527,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--bind", default=None, help="NAME=VALUE,... symbol bindings for --capture")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument(
+        "--kv", choices=["auto", "static", "dynamic"], default="auto",
+        help="the KV cache of the planned decode step (auto: what a session on --device uses for the package)",
+    )  # fmt: skip
     p.set_defaults(func=cmd_show)
 
     p = sub.add_parser(
@@ -584,10 +588,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_build)
     return parser
 
-    p.add_argument(
-        "--kv", choices=["auto", "static", "dynamic"], default="auto",
-        help="the KV cache of the planned decode step (auto: what a session on --device uses for the package)",
-    )  # fmt: skip
 
 class OutputError(OnnxgenError):
     """stdout cannot take the output (a full disk, a closed descriptor)."""

@@ -228,7 +228,9 @@ def show_model(
             return json.dumps(data, indent=2)
         header, _, rest = report.partition("\n")
         return f"{header}\n{kv_line}\n{rest.rstrip()}\n{_logits_rows_line(package, onnx_path)}\n"
-    if bind or kv != "auto":
-        raise OnnxgenError("--bind and --kv set up the capture plan; they need --capture")
+    if bind:
+        raise OnnxgenError("--bind sets symbols of the capture plan; it needs --capture")
+    if kv != "auto":
+        raise OnnxgenError("--kv picks the KV cache of the capture plan; it needs --capture")
     summary = model_summary(target, device)
     return json.dumps(summary, indent=2) if as_json else _format(summary)
