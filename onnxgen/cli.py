@@ -440,7 +440,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         package=Path(args.package).expanduser(), reference=args.reference, device=args.device, capture=args.capture,
         tokens=args.tokens, chat=args.chat, all_positions=args.all_positions, near_tie=args.near_tie,
         min_agreement=args.min_agreement, max_kl=args.max_kl, allow_real=args.allow_real,
-        progress=lambda line: _eprint(f"verify: {line}"),
+        threads=args.thread_options, progress=lambda line: _eprint(f"verify: {line}"),
         **({"prompts": prompts} if prompts else {}),
     )  # fmt: skip
     report = run_verify(spec)
@@ -567,6 +567,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-real", action="store_true",
         help="report real disagreements without failing (a reference with other weights: int4 against an fp32 build)",
     )  # fmt: skip
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: half the cores)")
+    p.add_argument("--omp-wait-policy", choices=["active", "passive"], default=None, help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(func=cmd_verify)
 

@@ -41,6 +41,7 @@ from onnxgen.genai.verify_report import VerifyReport
 from onnxgen.runtime.fp32_reference import fp32_reference
 from onnxgen.runtime.model_io import load_model
 from onnxgen.runtime.session import InferenceSession, resolve_device
+from onnxgen.threads import ThreadOptions
 
 # The near-tie threshold, in logits: where the reference prefers its token over the path's by less
 # than this, the two tokens are within e^0.5 (about 1.65x) of each other in probability, and the
@@ -71,7 +72,8 @@ class VerifySpec:
     (default: the generated tokens' only). ``recorder``: a CPU stand-in for CUDA graphs (tests).
     ``max_kl``: fail where the mean KL divergence exceeds it (None: no limit). ``allow_real``: real
     disagreements are reported but do not fail (a reference with other weights, where quantization
-    moves logits by more than rounding does)."""
+    moves logits by more than rounding does). ``threads`` (CPU): torch's thread count, as the
+    Generator sets it (onnxgen/threads.py: by default half the cores)."""
 
     package: Path
     reference: str = "fp32"
@@ -86,6 +88,7 @@ class VerifySpec:
     max_kl: float | None = None
     allow_real: bool = False
     kv: str = "auto"
+    threads: ThreadOptions | None = None
     recorder: object = None
     progress: Callable[[str], None] = field(default=lambda line: None)
 
@@ -106,6 +109,8 @@ def run_verify(spec: VerifySpec) -> VerifyReport:
     on bad input; a failed comparison is a report whose ``passed`` is False."""
     _check_numbers(spec)
     device = resolve_device(spec.device)
+    if device.type == "cpu":  # as the Generator does: a full thread pool stalls where cores are shared
+        (spec.threads or ThreadOptions()).apply()
     if spec.capture not in (None, "on", "off"):
         raise VerifyError(f"capture must be 'on', 'off' or None (one pass), got {spec.capture!r}")
     if spec.capture == "on" and device.type != "cuda" and spec.recorder is None:
