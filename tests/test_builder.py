@@ -195,6 +195,59 @@ def test_int4_matches_dequantized_fp32(packages, tmp_path, attention):
     assert np.mean(np.argmax(q4, -1) == np.argmax(fp32, -1)) >= 0.6
 
 
+class GridSource:
+    """The source's linear weights moved onto a 4-bit grid of their own in every block of 32 along K,
+    as a GGUF Q4_1 checkpoint holds them: min + d * code, both ends of the code range used, min and
+    d rounded to fp16 (the embedding kept)."""
+
+    def __init__(self, source: WeightSource) -> None:
+        self.source, self.config = source, source.config
+
+    def names(self) -> list[str]:
+        return self.source.names()
+
+    def get(self, name: str) -> np.ndarray:
+        array = self.source.get(name)
+        if array.ndim != 2 or name == "model.embed_tokens.weight":
+            return array
+        n, k = array.shape
+        blocks = array.reshape(n, k // 32, 32)
+        low = blocks.min(axis=2).astype(np.float16).astype(np.float32)[..., None]
+        step = ((blocks.max(axis=2)[..., None] - low) / 15).astype(np.float16).astype(np.float32)
+        codes = np.clip(np.rint((blocks - low) / step), 0, 15)
+        codes[..., 0], codes[..., 1] = 0, 15
+        return (low + step * codes).reshape(n, k).astype(np.float32)
+
+
+def test_int4_of_weights_on_a_4bit_grid_holds_them_exactly(tmp_path):
+    """A checkpoint that is 4-bit already (blocks of min + d * code): the int4 package keeps its
+    values with float zero points instead of rounding them onto another grid, so its logits are
+    the fp32 build's (onnxruntime, which runs MatMulNBits with float zero points in fp32); its
+    MatMulNBits tensors dequantize to the checkpoint's weights. A 4-bit zero point can place such
+    a grid only where 0 falls on it: rounding the same weights that way moves the logits by
+    several percent."""
+    config = TINY_CONFIGS["tiny-llama"]  # untied: every linear is a MatMulNBits of its own
+    source = GridSource(RandomSource(config, seed=1))
+    fp32 = build_package(source, tmp_path / "fp32", "fp32", "cpu", "gqa", CONTEXT)
+    int4 = build_package(source, tmp_path / "int4", "int4", "cpu", "gqa", CONTEXT)
+    model = onnx.load(str(int4 / "model.onnx"))
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    nodes = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
+    assert nodes and all(inits[n.input[3]].dtype == np.float32 for n in nodes)  # float zero points
+    down = next(n for n in nodes if "layers.1.mlp.down_proj" in n.name)
+    b, scales, zeros = (inits[name] for name in down.input[1:4])
+    codes = np.stack([b & 0x0F, b >> 4], axis=-1).reshape(b.shape[0], -1).astype(np.float32)
+    n_rows, n_blocks = b.shape[0], b.shape[1]
+    deq = (codes.reshape(n_rows, n_blocks, 32) - zeros.reshape(n_rows, n_blocks, 1)) * scales.reshape(
+        n_rows, n_blocks, 1
+    )
+    want = source.get("model.layers.1.mlp.down_proj.weight")
+    np.testing.assert_allclose(deq.reshape(n_rows, -1), want, rtol=0, atol=1e-6 * np.abs(want).max())
+    assert _relative_error(decode_logits(int4, config), decode_logits(fp32, config)) < 1e-4
+    rounded = quantize_4bit(want).dequantize()
+    assert _relative_error(rounded, want) > 0.01  # what the 4-bit zero point form would have held
+
+
 def test_int4_tied_head_close_to_fp32(packages):
     config = TINY_CONFIGS["tiny-qwen2"]  # tied: Gather keeps the float table, the head is quantized
     fp32 = decode_logits(packages("tiny-qwen2"), config)

@@ -328,9 +328,11 @@ REAL_PROMPTS = [
     "The lighthouse keeper climbed the stairs at dusk, as he had every evening for thirty years,",
     "Why does the sky look blue during the day but red at sunset?",
 ]
-# int4 against the fp32 build (other weights: 4-bit rounding moves logits by more than a near-tie),
-# gated on agreement and KL; docs/verify.md has the measured figures these bounds sit under
-BUILD_GATE = ["--min-agreement", "0.7", "--max-kl", "0.5", "--allow-real"]
+# int4 against the fp32 build (other weights: the tied table's 4-bit rounding moves logits by more
+# than a near-tie), gated on agreement and KL; docs/verify.md has the measured figures these bounds
+# sit under, and those of the earlier builder (Q4_1 blocks rounded onto 4-bit zero points), which
+# fail them
+BUILD_GATE = ["--min-agreement", "0.8", "--max-kl", "0.15", "--allow-real"]
 
 
 def real_args(package: Path, *extra: str) -> list[str]:

@@ -16,7 +16,7 @@ from onnx import TensorProto
 from onnxgen.errors import OnnxgenError
 from onnxgen.models.config import DecoderConfig, WeightSource, iter_layer_names
 from onnxgen.models.graph_writer import GraphWriter, onnx_dtype
-from onnxgen.models.quantize import quantize_4bit
+from onnxgen.models.quantize import on_4bit_grid, quantize_4bit
 
 Progress = Callable[[str, int, int], None]  # (what, done, total) in weight tensors
 
@@ -156,15 +156,22 @@ class DecoderGraph:
         n, k = w.shape
         return self._nbits_node(x, self._nbits_initializers(w, prefix), prefix, output, n=n, k=k)
 
-    def _nbits_initializers(self, w: np.ndarray, prefix: str) -> list[str]:
-        """MatMulNBits' B, scales and zero points of W [N, K], written as initializers; their names."""
-        q = quantize_4bit(w, self.opt.block_size)
+    def _nbits_initializers(self, w: np.ndarray, prefix: str, *, packed_zero_points: bool = False) -> list[str]:
+        """MatMulNBits' B, scales and zero points of W [N, K], written as initializers; their names.
+        A weight already on a 4-bit grid per block (a 4-bit checkpoint dequantized) keeps its exact
+        values with float zero points (quantize.on_4bit_grid); any other is quantized with 4-bit
+        ones, as is every weight where ``packed_zero_points`` (GatherBlockQuantized reads the table
+        too, and its zero points must be packed like its codes)."""
+        q = None if packed_zero_points else on_4bit_grid(w, self.opt.block_size)
+        q = q or quantize_4bit(w, self.opt.block_size)
         b, scales, zp = q.matmulnbits_tensors()
+        float_zeros = q.float_zero_points
         del q
+        zeros = self.cast(prefix + ".weight zero points", zp) if float_zeros else zp
         return [
             self.w.initializer(prefix + ".MatMulNBits.qweight", b),
             self.w.initializer(prefix + ".MatMulNBits.scales", self.cast(prefix + ".weight scales", scales)),
-            self.w.initializer(prefix + ".MatMulNBits.qzeros", zp),
+            self.w.initializer(prefix + ".MatMulNBits.qzeros", zeros),
         ]
 
     def _nbits_node(self, x: str, weights: list[str], prefix: str, output: str | None, *, n: int, k: int) -> str:
@@ -231,7 +238,7 @@ class DecoderGraph:
         block/2] is [N, K/2] bytes row by row; the flat scales and zero points are [N, blocks] and
         [N, ceil(blocks/2)]. Both ops read the same initializers, so the codes are stored once."""
         n, k = table.shape
-        weights = self._nbits_initializers(table, "lm_head")
+        weights = self._nbits_initializers(table, "lm_head", packed_zero_points=True)
         self._shared_head = (weights, n, k)
         blocks = k // self.opt.block_size
         rows = [

@@ -1,14 +1,22 @@
 """4-bit block quantization of linear weights, laid out for com.microsoft::MatMulNBits.
 
 A weight W [N, K] (torch.nn.Linear layout: out x in) is split along K into blocks of
-`block_size`; each block gets a float scale and a 4-bit zero point, and each value a 4-bit
-code, so that W[n, k] ~= (code - zero_point) * scale. The range of every block includes 0,
-which keeps zero exactly representable and the zero point inside [0, 15].
+`block_size`; each block gets a float scale and a zero point, and each value a 4-bit code, so
+that W[n, k] ~= (code - zero_point) * scale. Two forms of zero point:
+
+- 4-bit (``quantize_4bit``, the default): the range of every block includes 0, which keeps zero
+  exactly representable and the zero point an integer in [0, 15], packed two per byte.
+- float (``on_4bit_grid``): a block's range is its own [min, max] and the zero point the float
+  -min / scale. A weight that already lies on such a grid in every block (a 4-bit checkpoint
+  dequantized, e.g. GGUF Q4_1, whose blocks are min + d * code) is then held exactly, where the
+  4-bit form would round it onto another grid. It costs a zero point of the scales' dtype per
+  block instead of half a byte.
 
 MatMulNBits layout (bits=4): B [N, n_blocks, block_size/2] uint8 with the lower-k code in the
 low nibble; scales [N * n_blocks]; zero_points [N * ceil(n_blocks/2)] uint8, two blocks per
-byte, low nibble first. The same codes also feed a default-domain DequantizeLinear (opset 21
-blocked, UINT4) for graphs that must avoid contrib ops.
+byte, low nibble first, or [N * n_blocks] of the scales' dtype. The same codes also feed a
+default-domain DequantizeLinear (opset 21 blocked, UINT4; 4-bit zero points only) for graphs that
+must avoid contrib ops.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ _ROWS_PER_CHUNK = 4096  # bounds the temporaries when quantizing an embedding-si
 class Quantized4Bit:
     codes: np.ndarray  # uint8 [N, n_blocks * block_size], values 0..15, K zero-padded to whole blocks
     scales: np.ndarray  # float32 [N, n_blocks]
-    zero_points: np.ndarray  # uint8 [N, n_blocks], values 0..15
+    zero_points: np.ndarray  # uint8 [N, n_blocks], values 0..15; or float32 (on_4bit_grid)
     k: int  # logical in_features (before padding)
     block_size: int
 
@@ -42,9 +50,16 @@ class Quantized4Bit:
         w = (blocks - self.zero_points[:, :, None].astype(np.float32)) * self.scales[:, :, None]
         return w.reshape(self.n, -1)[:, : self.k]
 
+    @property
+    def float_zero_points(self) -> bool:
+        return self.zero_points.dtype != np.uint8
+
     def matmulnbits_tensors(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(B [N, n_blocks, block/2] uint8, scales [N*n_blocks] float32, zero_points [N*ceil(n_blocks/2)] uint8)."""
+        """(B [N, n_blocks, block/2] uint8, scales [N*n_blocks] float32, zero_points
+        [N*ceil(n_blocks/2)] uint8, or [N*n_blocks] float32 where they are float)."""
         b = pack_uint4(self.codes).reshape(self.n, self.n_blocks, self.block_size // 2)
+        if self.float_zero_points:
+            return b, self.scales.reshape(-1).copy(), self.zero_points.reshape(-1).astype(np.float32)
         zp = self.zero_points
         if self.n_blocks % 2:  # pad each row to whole bytes; the pad nibble is never read
             zp = np.concatenate([zp, np.zeros((self.n, 1), np.uint8)], axis=1)
@@ -58,6 +73,8 @@ class Quantized4Bit:
         """
         if self.k % self.block_size:
             raise ValueError(f"in_features {self.k} is not a multiple of block size {self.block_size}")
+        if self.float_zero_points:
+            raise ValueError("DequantizeLinear's UINT4 zero points cannot hold float zero points")
         x = pack_uint4(np.ascontiguousarray(self.codes.T))
         zp = pack_uint4(np.ascontiguousarray(self.zero_points.T))
         return x, np.ascontiguousarray(self.scales.T), zp
@@ -96,4 +113,40 @@ def quantize_4bit(weight: np.ndarray, block_size: int = 32) -> Quantized4Bit:
         codes[rows] = q.reshape(w.shape).astype(np.uint8)
         scales[rows] = scale
         zero_points[rows] = zp.astype(np.uint8)
+    return Quantized4Bit(codes, scales, zero_points, k, block_size)
+
+
+# a value on its block's grid is within this fraction of a step of a grid point (float rounding
+# of the checkpoint's own arithmetic, min + d * code, is far below it)
+GRID_TOLERANCE = 1e-3
+
+
+def on_4bit_grid(weight: np.ndarray, block_size: int = 32) -> Quantized4Bit | None:
+    """W [N, K] with float zero points, where every block of it lies on a 4-bit grid of its own
+    (16 evenly spaced values from its minimum to its maximum, each value within GRID_TOLERANCE of
+    a step of one); None where one block does not (the weight was not 4-bit to begin with, or its
+    blocks are not this block size). K must be whole blocks."""
+    if weight.ndim != 2:
+        raise ValueError(f"expected a 2-D weight, got shape {weight.shape}")
+    n, k = weight.shape
+    if k % block_size:
+        return None
+    n_blocks = k // block_size
+    codes = np.empty((n, k), np.uint8)
+    scales = np.empty((n, n_blocks), np.float32)
+    zero_points = np.empty((n, n_blocks), np.float32)
+    for start in range(0, n, _ROWS_PER_CHUNK):
+        rows = slice(start, min(n, start + _ROWS_PER_CHUNK))
+        blocks = weight[rows].astype(np.float32).reshape(-1, n_blocks, block_size)
+        lo, hi = blocks.min(axis=2), blocks.max(axis=2)
+        scale = ((hi - lo) / 15.0).astype(np.float32)
+        scale = np.where(scale == 0.0, 1.0, scale).astype(np.float32)  # a constant block: code 0 is its value
+        zp = (-lo / scale).astype(np.float32)
+        steps = blocks / scale[:, :, None] + zp[:, :, None]
+        q = np.clip(np.rint(steps), 0, 15)
+        if np.abs(steps - q).max(initial=0.0) > GRID_TOLERANCE:
+            return None
+        codes[rows] = q.reshape(-1, k).astype(np.uint8)
+        scales[rows] = scale
+        zero_points[rows] = zp
     return Quantized4Bit(codes, scales, zero_points, k, block_size)
