@@ -74,10 +74,14 @@ def genai_build(checkpoint: Path, out: Path, precision: str) -> Path:
     return out
 
 
-@pytest.fixture(scope="module", params=[0, 8], ids=["dense", "moe"])
+BOTH = ["dense", "moe"]
+
+
+@pytest.fixture(scope="module")
 def family(request, tmp_path_factory):
+    """(checkpoint, onnxruntime-genai's fp32 package, its directory) of the family in request.param."""
     root = tmp_path_factory.mktemp("foreign-hybrid")
-    checkpoint = wrapper_checkpoint(root / "hf", experts=request.param)
+    checkpoint = wrapper_checkpoint(root / "hf", experts=8 if request.param == "moe" else 0)
     return checkpoint, genai_build(checkpoint, root / "fp32", "fp32"), root
 
 
@@ -105,6 +109,7 @@ def prompt_feeds(package: Path, ids: list[int]) -> dict[str, np.ndarray]:
     return feeds
 
 
+@pytest.mark.parametrize("family", BOTH, indirect=True)
 def test_the_builder_writes_the_forms_this_file_is_about(family) -> None:
     """If onnxruntime-genai's builder changes what it writes, this says so first."""
     _, package, _ = family
@@ -115,6 +120,7 @@ def test_the_builder_writes_the_forms_this_file_is_about(family) -> None:
     assert positions.type.tensor_type.shape.dim[0].dim_value == 3
 
 
+@pytest.mark.parametrize("family", BOTH, indirect=True)
 def test_prompt_logits_match_transformers(family) -> None:
     from onnxgen.runtime import InferenceSession
 
@@ -125,6 +131,7 @@ def test_prompt_logits_match_transformers(family) -> None:
     np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("family", BOTH, indirect=True)
 @pytest.mark.parametrize("kv", ["auto", "static"])
 def test_greedy_tokens_match_transformers_and_onnxruntime_genai(family, kv: str) -> None:
     """The engine feeds the three position streams, carries the channels-first conv states and the
@@ -145,6 +152,7 @@ def test_greedy_tokens_match_transformers_and_onnxruntime_genai(family, kv: str)
     assert ours[: len(theirs)] == theirs
 
 
+@pytest.mark.parametrize("family", ["moe"], indirect=True)
 def test_int4_package_matches_onnxruntime(family) -> None:
     """int4 (MatMulNBits everywhere; the MoE family's routed experts as QMoE): onnxgen's logits are
     onnxruntime's on the same graph at accuracy_level 0, and its greedy tokens onnxruntime-genai's."""
@@ -167,6 +175,7 @@ def test_int4_package_matches_onnxruntime(family) -> None:
     assert ours[: len(theirs)] == theirs
 
 
+@pytest.mark.parametrize("family", BOTH, indirect=True)
 def test_decode_step_is_one_recorded_segment(family) -> None:
     """Static KV: the whole decode step of the foreign graph plans as one segment (routing and
     experts too), and replaying it on the CPU stand-in recorder (verify mode) gives eager's tokens."""
@@ -190,6 +199,7 @@ def test_decode_step_is_one_recorded_segment(family) -> None:
     assert stats.invalidations == 0 and stats.recording_failures == 0 and not stats.quarantined
 
 
+@pytest.mark.parametrize("family", ["dense"], indirect=True)
 def test_a_context_beyond_the_multimodal_rotary_caches_is_refused(family, tmp_path) -> None:
     """MRotaryEmbedding's cos/sin caches bound the positions like RotaryEmbedding's do."""
     import json
@@ -207,6 +217,7 @@ def test_a_context_beyond_the_multimodal_rotary_caches_is_refused(family, tmp_pa
         Generator(tmp_path, "cpu")
 
 
+@pytest.mark.parametrize("family", ["dense"], indirect=True)
 def test_position_streams_must_be_a_fixed_count(family, tmp_path) -> None:
     from onnxgen.errors import ModelLoadError
     from onnxgen.genai import Generator
@@ -222,6 +233,7 @@ def test_position_streams_must_be_a_fixed_count(family, tmp_path) -> None:
         Generator(tmp_path, "cpu")
 
 
+@pytest.mark.parametrize("family", ["moe"], indirect=True)
 def test_show_plans_what_the_device_records_by_default(family, tmp_path) -> None:
     """`onnxgen show PKG --capture --device cuda` shows the static-KV plan a CUDA session records
     (one segment); `--kv dynamic` the growing cache's, where the full-attention layer stays eager;
@@ -265,6 +277,7 @@ def _decode_feeds(package: Path, past: int) -> dict[str, np.ndarray]:
     return feeds
 
 
+@pytest.mark.parametrize("family", BOTH, indirect=True)
 @pytest.mark.parametrize("builder", ["onnxgen", "genai"])
 def test_soundness_oracle_of_the_growing_cache_plan(family, builder: str, tmp_path) -> None:
     """The capture plan's soundness oracle on both builders' hybrid graphs: the decode step run by
