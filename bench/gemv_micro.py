@@ -73,7 +73,9 @@ def time_in_graph(fn, copies: int, replays: int = 20) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", default="qwen2.5-coder-0.5b-instruct", choices=sorted(MODEL_SHAPES))
+    # layer_shapes lists a dense decoder's projections: the hybrid shapes have other layers
+    dense = sorted(name for name, config in MODEL_SHAPES.items() if not config.layer_types)
+    parser.add_argument("--shape", default="qwen2.5-coder-0.5b-instruct", choices=dense)
     parser.add_argument("--quick", action="store_true", help="a smaller sweep")
     parser.add_argument("--block-size", type=int, default=32, help="MatMulNBits block size")
     parser.add_argument(

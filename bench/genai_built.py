@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from bench.peers_decode import write_checkpoint
+from bench.peers_decode import checkpoint_bytes, disk_free, write_checkpoint, write_wrapper_checkpoint
 from onnxgen.models.random_source import MODEL_SHAPES
 
 
@@ -31,12 +31,23 @@ def main() -> None:
     parser.add_argument("--execution", default="cpu", choices=["cpu", "cuda"], help="the builder's -e")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    config = MODEL_SHAPES[args.shape]
     checkpoint = args.out / f"hf-{args.shape}"
     if not (checkpoint / "config.json").is_file():
+        # the checkpoint, its wrapper form for hybrids, the package: each at most the fp16 weights' size
+        copies = 3 if config.layer_types else 2
+        need, free = copies * checkpoint_bytes(config, "fp16"), disk_free(args.out)
+        if need > free:
+            parser.error(f"{args.shape} needs about {need / 1e9:.0f} GB under {args.out}; {free / 1e9:.0f} GB are free")
         print(f"writing a random {args.shape} checkpoint to {checkpoint}", file=sys.stderr)
-        write_checkpoint(MODEL_SHAPES[args.shape], checkpoint, torch.float16, seed=0)
+        write_checkpoint(config, checkpoint, torch.float16, seed=0)
+    if config.layer_types:  # the builder takes hybrids of the Qwen3.5 layout only as the multimodal wrapper
+        wrapper = checkpoint.with_name(checkpoint.name + "-wrapper")
+        if not (wrapper / "config.json").is_file():
+            write_wrapper_checkpoint(config, checkpoint, wrapper, seed=0)
+        checkpoint = wrapper
     package = args.out / f"genai-{args.precision}-{args.execution}"
-    build_with_genai(checkpoint, package, args.precision, args.execution, MODEL_SHAPES[args.shape].vocab_size)
+    build_with_genai(checkpoint, package, args.precision, args.execution, config.vocab_size)
     print(package)
 
 

@@ -26,6 +26,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,15 +78,19 @@ def _run(command: list[str], what: str, env: dict[str, str] | None = None) -> st
     return done.stdout
 
 
-def ensure_gguf(tree: Path, hf_dir: Path, tokenizer_from: Path, workdir: Path, precision: str) -> Path:
-    """The GGUF of the checkpoint in the form for ``precision`` (kept in ``workdir``)."""
+def ensure_gguf(
+    tree: Path, hf_dir: Path, tokenizer_from: Path, workdir: Path, precision: str, converter_args: Sequence[str] = ()
+) -> Path:
+    """The GGUF of the checkpoint in the form for ``precision`` (kept in ``workdir``); ``converter_args``
+    go to convert_hf_to_gguf.py."""
     f16 = workdir / f"llamacpp-{hf_dir.name}-F16.gguf"
     if not f16.is_file():
         view = converter_checkpoint(hf_dir, tokenizer_from, workdir / f"llamacpp-{hf_dir.name}-hf")
         env = {**os.environ, "PYTHONPATH": str(tree / "gguf-py")}
         script = str(tree / "convert_hf_to_gguf.py")
         partial = f16.with_suffix(".partial")
-        _run([sys.executable, script, str(view), "--outtype", "f16", "--outfile", str(partial)], "convert", env)
+        command = [sys.executable, script, str(view), *converter_args, "--outtype", "f16", "--outfile", str(partial)]
+        _run(command, "convert", env)
         partial.rename(f16)
     if precision != "int4":
         return f16

@@ -40,8 +40,49 @@ in torch.compile. A compile failure is reported in the table, not raised.
 
 Bandwidth floor: a decode step must read every weight once; the floor is the bytes of the decoder's
 initializers as stored in the package (tables that only a Gather reads, i.e. the embedding lookup of
-one row, left out; rotary caches counted) divided by the H200's measured copy bandwidth. KV-cache
-reads (under 1 MB at these lengths) are left out.
+one row, left out; rotary caches counted; a mixture of experts' per-expert tensors at top-k / experts
+of their size, what one token's routing reads) divided by the H200's measured copy bandwidth.
+KV-cache and recurrent-state reads (a few MB at these lengths) are left out.
+
+Hybrid shapes (issue 21: qwen3.5-0.8b, qwen3.5-35b-a3b; tiny-qwen3.5, tiny-qwen3.5-moe for smoke runs):
+Gated DeltaNet layers with gated full attention every 4th layer (MODEL_SHAPES says where the widths
+come from). The checkpoint is transformers' Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM (text only;
+hf_config_for checks that the class holds exactly these weights, the routed experts one tensor per
+expert as save_pretrained writes them). Per engine:
+  - ort-genai, ort-genai-graph: onnxgen's builder writes no names for the hybrid graph's recurrent
+    states (past.N.conv, past.N.recurrent) into genai_config.json, and without them onnxruntime-genai
+    0.18 feeds none and fails at the first CausalConvWithState. The bench adds past_conv_names /
+    past_recurrent_names / present_* in the variant's genai_config.json (the row says so); with them
+    onnxruntime-genai runs onnxgen's graph as it is (no position_ids input, channels-last conv
+    states: it takes the states' shapes from the graph), checked on its CPU provider, where its
+    greedy tokens equal onnxgen's. Whether its CUDA provider runs every op there is for the GPU run.
+  - ort-genai-own*, onnxgen-on-genai: onnxruntime-genai 0.18's builder takes this layout only as the
+    multimodal Qwen3_5(Moe)ForConditionalGeneration. The bench writes that form beside the checkpoint
+    from the same tensors (model.language_model.*, lm_head.*), a one-block random vision tower
+    (model.visual.*, TINY_VISION) whose widths differ from the vocabulary (the builder takes any Linear
+    as wide as the vocabulary for the LM head; write_wrapper_checkpoint refuses a clash).
+  - hf-eager: transformers' Qwen3_5(Moe)ForCausalLM; its note says whether flash-linear-attention and
+    causal-conv1d are installed (without them its Gated DeltaNet runs its reference PyTorch code).
+    hf-compile is left out of the issue-21 commands (not tried on a hybrid here).
+  - llama-cpp: the converter of llama-cpp-python 0.3.36's tree registers Qwen3_5ForCausalLM and
+    Qwen3_5MoeForCausalLM (qwen35 / qwen35moe) but stops unless the checkpoint has the published
+    multi-token-prediction head, which random checkpoints lack: hybrids are converted with --no-mtp
+    (converter_flags). Checked on the CPU with a CPU build of that tree and a Qwen2.5 tokenizer.json
+    (--tokenizer-from; the converter pads the vocabulary to the shape's): converter, llama-quantize
+    Q4_0 and llama-bench take both tiny hybrids and the qwen3.5-0.8b shape (this row's path). The
+    35B-A3B shape has no checkpoint to convert (below).
+
+Disk and memory: before anything is written the run estimates what it would write (--plan prints
+it) and refuses early where it would not fit. The fp16 checkpoint of qwen3.5-35b-a3b is about 69 GB,
+more than the GPU machine's 64 GB disk, and its writer would hold it all in memory; an int4-only
+checkpoint is no way out, since onnxruntime-genai's builder, transformers and llama.cpp's converter
+all start from float weights. So for a shape whose checkpoint does not fit (checkpoint_problem) no
+checkpoint is written: onnxgen's package is built straight from RandomSource (the same seeded
+weights, one tensor at a time, unrounded), the engines that read a checkpoint are refused with the
+sizes, and onnxgen, onnxgen-eager, ort-genai-graph and ort-genai run (onnxgen's int4 package of the
+35B-A3B shape is about 21 GB). That build quantizes 35 B weights on one CPU core and runs for many
+minutes, longer than one device call: bench/hybrid_peers_device.sh starts it in the background
+(--build-only) and a later call runs the table on it.
 
 Set-up on the offline GPU machine (facts from ../shared/device/README.md and pack-wheels.sh):
   1. here, from the repo root (downloads the cp312 wheels, about 272 MB, into git-ignored .wc1/ .wc2/ ...):
@@ -58,8 +99,26 @@ Examples (device):
     python3 -m bench.peers_decode --shape qwen2.5-coder-0.5b-instruct --precision fp16
     python3 -m bench.peers_decode --shape qwen2.5-coder-0.5b-instruct --precision int4 --workdir /tmp/peers
     python3 -m bench.peers_decode --shape smollm2-135m-instruct --engines onnxgen,ort-genai-graph --repeats 5
-Smoke run on a CPU (seconds):
+Issue 21 (H200, batch 1, 16-token prompt, 128 new tokens: the defaults), one device call per line, each
+right after the last (the machine keeps /tmp and the background build only while warm):
+    run(command="bash bench/hybrid_peers_device.sh start-35b")                   # first: the 35B build starts
+    run(command="bash .wcK/stash.sh", carry=[".wcK"])                            # K = 1, 2, ... (set-up above)
+    run(command="bash bench/hybrid_peers_device.sh 0.8b fp16")
+    run(command="bash bench/hybrid_peers_device.sh 0.8b int4")
+    run(command="bash bench/hybrid_peers_device.sh 35b")                         # again if it says so
+  which run, with PYTHONPATH and /tmp/site-env.sh as above:
+    python3 -m bench.peers_decode --shape qwen3.5-35b-a3b --precision int4 --engines onnxgen \
+        --workdir /tmp/peers-qwen3.5-35b-a3b --memory-gb 120 --build-only        # in the background (setsid)
+    python3 -m bench.peers_decode --shape qwen3.5-0.8b --precision fp16 --workdir /tmp/peers-qwen3.5-0.8b --engines \
+        onnxgen,onnxgen-eager,ort-genai-graph,ort-genai,ort-genai-own-graph,ort-genai-own,onnxgen-on-genai,hf-eager
+    (the same with --precision int4)
+    python3 -m bench.peers_decode --shape qwen3.5-35b-a3b --precision int4 --workdir /tmp/peers-qwen3.5-35b-a3b \
+        --memory-gb 120 --engines onnxgen,onnxgen-eager,ort-genai-graph,ort-genai
+Smoke runs on a CPU (seconds):
     python -m bench.peers_decode --device cpu --tiny --engines onnxgen,onnxgen-eager,ort-genai,hf-eager
+    python -m bench.peers_decode --device cpu --tiny tiny-qwen3.5 --precision fp32 --new-tokens 16 \
+        --engines onnxgen,onnxgen-eager,ort-genai,ort-genai-own,onnxgen-on-genai,hf-eager
+    python -m bench.peers_decode --device cpu --shape qwen3.5-35b-a3b --precision int4 --plan
 """
 
 from __future__ import annotations
@@ -69,6 +128,7 @@ import contextlib
 import gc
 import inspect
 import json
+import math
 import os
 import platform
 import shutil
@@ -90,6 +150,7 @@ from bench import reproduce_line
 from bench.genai_peer import Run, genai_config_variant, run_genai, run_onnxgen, set_provider_option, timed_runs
 from onnxgen.models.config import DecoderConfig, weight_shapes
 from onnxgen.models.hf_reference import transformers_config
+from onnxgen.models.package_files import TOKENIZER_FILES
 from onnxgen.models.pull import build_from_source, default_precision, is_complete_package
 from onnxgen.models.random_source import MODEL_SHAPES, TINY_CONFIGS, RandomSource
 
@@ -141,6 +202,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--tokenizer-from", type=Path, help="a directory with a real tokenizer.json (for llama.cpp's converter)"
     )  # fmt: skip
     parser.add_argument("--workdir", type=Path, help="keep (and reuse) the checkpoint and packages here")
+    parser.add_argument(
+        "--memory-gb", type=float,
+        help="memory the machine can give, for the fit checks (default: MemAvailable; the GPU machines report "
+        "less at first than they grow to, so pass their size there)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--plan", action="store_true", help="print what the run would write (estimated sizes) and run, then stop"
+    )
+    parser.add_argument(
+        "--build-only", action="store_true",
+        help="write the checkpoint and the packages (and GGUFs) the engines need into --workdir, then stop",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     args.precision = args.precision or default_precision(args.device)
     args.config = TINY_CONFIGS[args.tiny] if args.tiny else MODEL_SHAPES[args.shape]
@@ -153,7 +226,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"prompt + new tokens exceed {args.label}'s context ({args.config.max_position_embeddings})")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda, but torch sees no CUDA device (use --device cpu for a smoke run)")
+    if args.build_only and not args.workdir:
+        parser.error("--build-only needs --workdir (where a later run finds what it built)")
     args.engines = choose_engines(parser, args)
+    workdir = planned_workdir(args)
+    writes = planned_writes(args, workdir)
+    need, free = sum(size for _, size in writes), disk_free(workdir)
+    if need * FIT_MARGIN > free and not args.plan:
+        listed = "; ".join(f"{what} {size / GB:.1f} GB" for what, size in writes)
+        parser.error(f"this run would write about {need / GB:.1f} GB ({listed}), but {free / GB:.1f} GB are free "
+                     f"under {workdir}; choose fewer engines (--engines) or another --workdir")  # fmt: skip
     return args
 
 
@@ -161,6 +243,9 @@ def engine_blocker(engine: str, device: str, args: argparse.Namespace | None = N
     """Why `engine` cannot run here, or None."""
     if engine in CUDA_ONLY and device != "cuda":
         return "CUDA only"
+    if engine in CHECKPOINT_READERS and getattr(args, "config", None) is not None:
+        if problem := checkpoint_problem(args, planned_workdir(args)):
+            return f"it reads the Hugging Face checkpoint, which this run cannot write: {problem}"
     if engine == "llama-cpp":
         from bench.llamacpp_peer import tree_problem
 
@@ -219,21 +304,100 @@ def choose_engines(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
 def hf_config_for(config: DecoderConfig) -> Any:
     """A transformers config of the same architecture, chosen from the layout facts alone."""
     try:
-        return transformers_config(config)
+        return hybrid_text_config(config) if config.layer_types else transformers_config(config)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
 
 
-def check_hf_layout(hf_config: Any, config: DecoderConfig) -> None:
+# the layout transformers' Qwen3.5 text classes hold (anything else would be a different model)
+_QWEN35_LAYOUT = dict(attn_output_gate=True, qk_norm=True, norm_offset=1.0, attention_bias=False,
+                      rope_interleaved=False, hidden_act="silu")  # fmt: skip
+
+
+def mrope_section(config: DecoderConfig) -> list[int]:
+    """The rotary pairs per position stream (temporal, height, width) in the published 11:11:10
+    split. Text-only prompts give the three streams equal positions, so the split does not change
+    the outputs; onnxruntime-genai's builder and llama.cpp's converter read it."""
+    half = int(config.head_dim * config.partial_rotary_factor) // 2
+    first = round(half * 11 / 32)
+    return [first, first, half - 2 * first]
+
+
+def hybrid_text_config(config: DecoderConfig) -> Any:
+    """transformers' Qwen3_5TextConfig (dense MLPs) or Qwen3_5MoeTextConfig (every MLP a mixture
+    of experts) for a hybrid of that layout; ValueError for one that these classes cannot hold."""
+    import transformers
+
+    la, moe = config.linear_attention, config.moe
+    differ = [f"{key}={getattr(config, key)!r}" for key, want in _QWEN35_LAYOUT.items() if getattr(config, key) != want]
+    if la is None or differ or (moe is not None and not moe.normalize):
+        raise ValueError(
+            f"{config.name or config.architecture}: transformers' Qwen3.5 classes hold hybrids with "
+            f"{_QWEN35_LAYOUT} and renormalized top-k routing only; this one has {differ or 'other routing'}"
+        )
+    name = "Qwen3_5MoeTextConfig" if moe is not None else "Qwen3_5TextConfig"
+    if not hasattr(transformers, name):
+        raise ValueError(f"transformers {transformers.__version__} has no {name}")
+    eos = config.eos_token_id
+    facts = dict(
+        vocab_size=config.vocab_size, hidden_size=config.hidden_size, num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads, num_key_value_heads=config.num_key_value_heads,
+        head_dim=config.head_dim, hidden_act=config.hidden_act, rms_norm_eps=config.rms_norm_eps,
+        max_position_embeddings=config.max_position_embeddings, tie_word_embeddings=config.tie_word_embeddings,
+        attention_bias=False, bos_token_id=config.bos_token_id, eos_token_id=eos[0] if len(eos) == 1 else list(eos),
+        pad_token_id=config.pad_token_id, layer_types=list(config.layer_types),
+        linear_num_key_heads=la.num_key_heads, linear_num_value_heads=la.num_value_heads,
+        linear_key_head_dim=la.key_head_dim, linear_value_head_dim=la.value_head_dim,
+        linear_conv_kernel_dim=la.conv_kernel,
+        # the dense class reads it; the MoE class keeps it as an extra key, for loaders that require it
+        intermediate_size=config.intermediate_size,
+        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta,
+                         "partial_rotary_factor": config.partial_rotary_factor,
+                         "mrope_section": mrope_section(config), "mrope_interleaved": True},
+    )  # fmt: skip
+    if moe is not None:
+        facts |= dict(num_experts=moe.num_experts, num_experts_per_tok=moe.top_k,
+                       moe_intermediate_size=moe.expert_intermediate,
+                       shared_expert_intermediate_size=moe.shared_intermediate)  # fmt: skip
+    return getattr(transformers, name)(**facts)
+
+
+def stored_weight_shapes(model: Any, prefix: str = "model.") -> dict[str, tuple[int, ...]]:
+    """The shapes of `model`'s weights under the names save_pretrained writes, decoder names
+    (model.*, lm_head.*) from the decoder under `prefix`. transformers holds a layer's routed
+    experts fused (experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]) and writes one
+    tensor per expert and projection, the names weight_shapes uses."""
+    shapes = {}
+    for name, tensor in model.state_dict().items():
+        if not name.startswith((prefix, "lm_head.")):
+            continue
+        name = "model." + name[len(prefix) :] if name.startswith(prefix) else name
+        shape = tuple(tensor.shape)
+        layer, fused, kind = name.partition(".mlp.experts.")
+        if not fused or kind not in ("gate_up_proj", "down_proj"):
+            shapes[name] = shape
+            continue
+        experts, rows, cols = shape
+        for e in range(experts):
+            if kind == "down_proj":
+                shapes[f"{layer}.mlp.experts.{e}.down_proj.weight"] = (rows, cols)
+            else:
+                shapes[f"{layer}.mlp.experts.{e}.gate_proj.weight"] = (rows // 2, cols)
+                shapes[f"{layer}.mlp.experts.{e}.up_proj.weight"] = (rows // 2, cols)
+    return shapes
+
+
+def check_hf_layout(hf_config: Any, config: DecoderConfig, model_class: Any = None, prefix: str = "model.") -> None:
     """The transformers model of `hf_config` (built on the meta device: no memory) must hold exactly
-    the weights of `config`, in the same shapes, tied the same way; otherwise the chosen class
-    does not express this shape and the comparison would be of two different models."""
+    the weights of `config` (its decoder under `prefix`), in the same shapes, tied the same way;
+    otherwise the chosen class does not express this shape and the comparison would be of two
+    different models."""
     import transformers
 
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(hf_config)
+        model = model_class(hf_config) if model_class else transformers.AutoModelForCausalLM.from_config(hf_config)
     tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
-    theirs = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    theirs = stored_weight_shapes(model, prefix)
     if tied:
         theirs.pop("lm_head.weight", None)  # the embedding table itself
     ours = weight_shapes(config)
@@ -283,6 +447,61 @@ def write_checkpoint(config: DecoderConfig, directory: Path, dtype: torch.dtype,
     write_tokenizer(config, directory)
 
 
+# A vision tower as small as transformers' Qwen3.5 vision classes allow: the wrapper form needs one,
+# and its weights are never read for text. Its widths (32, 64, 3 x 32) must differ from the vocabulary.
+TINY_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=2, spatial_merge_size=1,
+                   temporal_patch_size=1)  # fmt: skip
+
+
+def write_wrapper_checkpoint(config: DecoderConfig, text_dir: Path, directory: Path, seed: int) -> None:
+    """The multimodal wrapper form of the hybrid checkpoint in `text_dir` (onnxruntime-genai 0.18's
+    builder takes Qwen3.5 only as Qwen3_5ForConditionalGeneration / Qwen3_5MoeForConditionalGeneration
+    and exports its text part): the same tensors under model.language_model.* (lm_head.* stays),
+    a tiny random vision tower under model.visual.*, the text config nested."""
+    import transformers
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    moe = config.moe is not None
+    names = ("Qwen3_5MoeConfig", "Qwen3_5MoeForConditionalGeneration") if moe else (
+        "Qwen3_5Config", "Qwen3_5ForConditionalGeneration")  # fmt: skip
+    if not all(hasattr(transformers, name) for name in names):
+        raise SystemExit(f"transformers {transformers.__version__} has no {' / '.join(names)}")
+    config_class, model_class = (getattr(transformers, name) for name in names)
+    vision = TINY_VISION | {"out_hidden_size": config.hidden_size}
+    text = hf_config_for(config).to_dict()
+    wrapper = config_class(text_config=text, vision_config=vision, tie_word_embeddings=config.tie_word_embeddings)
+    wrapper.architectures = [model_class.__name__]
+    # the builder reads the top-level ids where the wrapper sets them
+    wrapper.eos_token_id, wrapper.pad_token_id = text["eos_token_id"], text["pad_token_id"]
+    check_hf_layout(wrapper, config, model_class, prefix="model.language_model.")
+    with torch.device("meta"):
+        meta = model_class(wrapper)
+    lm_head = meta.get_output_embeddings()
+    clash = [
+        name
+        for name, m in meta.named_modules()
+        if isinstance(m, torch.nn.Linear) and m is not lm_head and m.out_features == config.vocab_size
+    ]
+    if clash:
+        raise SystemExit(f"{clash[0]} is as wide as the vocabulary ({config.vocab_size}); onnxruntime-genai's "
+                         "builder would take it for the LM head")  # fmt: skip
+    torch.manual_seed(seed)
+    visual = type(meta.model.visual)(wrapper.vision_config)
+    directory.mkdir(parents=True)
+    wrapper.save_pretrained(directory)
+    tensors = {}
+    with safe_open(str(text_dir / "model.safetensors"), "pt") as stored:
+        dtype = stored.get_tensor(next(iter(stored.keys()))).dtype
+        for name in stored.keys():
+            tensors["model.language_model." + name[len("model.") :] if name.startswith("model.") else name] = (
+                stored.get_tensor(name))  # fmt: skip
+    tensors |= {"model.visual." + name: t.to(dtype) for name, t in visual.state_dict().items()}
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(text_dir / name, directory / name)
+
+
 def check_roundtrip(directory: Path, config: DecoderConfig) -> None:
     """What onnxgen reads back from the checkpoint must be the shape it was written from."""
     from onnxgen.models.hf_source import HFSource
@@ -298,12 +517,23 @@ def check_roundtrip(directory: Path, config: DecoderConfig) -> None:
         raise SystemExit(f"the checkpoint in {directory} does not read back as written: {differ}")
 
 
+def checkpoint_dtype(precision: str) -> torch.dtype:
+    return torch.float32 if precision == "fp32" else torch.float16
+
+
+def checkpoint_dir(args: argparse.Namespace, workdir: Path) -> Path:
+    dtype = checkpoint_dtype(args.precision)
+    return workdir / f"hf-{args.label}-{str(dtype).removeprefix('torch.')}-seed{args.seed}"
+
+
 def ensure_checkpoint(args: argparse.Namespace, workdir: Path) -> Path:
-    dtype = torch.float32 if args.precision == "fp32" else torch.float16
-    directory = workdir / f"hf-{args.label}-{str(dtype).removeprefix('torch.')}-seed{args.seed}"
+    directory = checkpoint_dir(args, workdir)
     if (directory / "model.safetensors").is_file() and (directory / "tokenizer.json").is_file():
         say(f"checkpoint: reusing {directory}")
         return directory
+    if problem := checkpoint_problem(args, workdir):
+        raise SystemExit(f"checkpoint: {problem}")
+    dtype = checkpoint_dtype(args.precision)
     say(f"checkpoint: writing {args.label} random weights ({dtype}) to {directory}")
     start = time.perf_counter()
     partial = directory.with_name(directory.name + ".partial")
@@ -315,18 +545,62 @@ def ensure_checkpoint(args: argparse.Namespace, workdir: Path) -> Path:
     return directory
 
 
-def ensure_package(args: argparse.Namespace, hf_dir: Path, workdir: Path) -> Path:
-    package = workdir / f"pkg-{args.label}-{args.precision}-{args.device}-gqa-seed{args.seed}"
+def ensure_wrapper_checkpoint(args: argparse.Namespace, hf_dir: Path, workdir: Path) -> Path:
+    directory = workdir / f"{hf_dir.name}-wrapper"
+    if (directory / "model.safetensors").is_file():
+        return directory
+    say(f"checkpoint: the multimodal wrapper form (for onnxruntime-genai's builder) into {directory}")
+    partial = directory.with_name(directory.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    write_wrapper_checkpoint(args.config, hf_dir, partial, args.seed)
+    check_roundtrip(partial, args.config)
+    os.replace(partial, directory)
+    return directory
+
+
+def package_dir(args: argparse.Namespace, workdir: Path) -> Path:
+    return workdir / f"pkg-{args.label}-{args.precision}-{args.device}-gqa-seed{args.seed}"
+
+
+def ensure_package(args: argparse.Namespace, hf_dir: Path | None, workdir: Path) -> Path:
+    """onnxgen's package of the checkpoint in `hf_dir`; with none (it would not fit: see
+    checkpoint_problem), of the same RandomSource weights, straight from the source."""
+    package = package_dir(args, workdir)
     if is_complete_package(package):
         say(f"package: reusing {package}")
         return package
     shutil.rmtree(package, ignore_errors=True)
-    say(f"package: building {args.precision}/{args.device}/gqa into {package}")
     start = time.perf_counter()
-    build_from_source(hf_dir, package, precision=args.precision, device=args.device, attention="gqa")
+    if hf_dir is not None:
+        say(f"package: building {args.precision}/{args.device}/gqa into {package}")
+        build_from_source(hf_dir, package, precision=args.precision, device=args.device, attention="gqa")
+    else:
+        build_from_random_source(args, package)
     say(f"package: built in {time.perf_counter() - start:.1f} s")
     check_providers(package, args.device)
     return package
+
+
+def build_from_random_source(args: argparse.Namespace, package: Path) -> None:
+    """onnxgen's builder on RandomSource itself (float32 values, not a checkpoint's fp16-rounded
+    ones), into a .partial directory published whole; progress on stderr every tenth of the tensors."""
+    from onnxgen.models.builder import build_package
+
+    partial = package.with_name(package.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    say(f"package: building {args.precision}/{args.device}/gqa from RandomSource (no checkpoint) into {package}")
+    start = time.perf_counter()
+    shown = [0]
+
+    def progress(name: str, done: int, total: int) -> None:
+        if done * 10 >= (shown[0] + 1) * total:
+            shown[0] = done * 10 // total
+            say(f"package: {done}/{total} tensors ({name}) after {time.perf_counter() - start:.0f} s")
+
+    build_package(RandomSource(args.config, args.seed), partial, precision=args.precision, device=args.device,
+                  attention="gqa", progress=progress)  # fmt: skip
+    write_tokenizer(args.config, partial)
+    os.replace(partial, package)
 
 
 def check_providers(package: Path, device: str) -> None:
@@ -337,26 +611,159 @@ def check_providers(package: Path, device: str) -> None:
         raise SystemExit(f"{package}/genai_config.json names providers {named} for device {device}")
 
 
+# --- what a run writes, and whether it fits ---------------------------------------------------
+
+# engines that read the Hugging Face checkpoint (directly, or through a package or GGUF made from it)
+CHECKPOINT_READERS = frozenset(
+    {"ort-genai-own-graph", "ort-genai-own", "onnxgen-on-genai", "hf-eager", "hf-compile", "llama-cpp"}
+)
+OWN_BUILDER = frozenset({"ort-genai-own-graph", "ort-genai-own", "onnxgen-on-genai"})
+# estimates are within a few percent; the file system and the page cache need room beside them
+FIT_MARGIN = 1.1
+GB = 1e9
+
+
+def parameter_count(config: DecoderConfig) -> int:
+    return sum(math.prod(shape) for shape in weight_shapes(config).values())
+
+
+def checkpoint_bytes(config: DecoderConfig, precision: str) -> int:
+    return parameter_count(config) * checkpoint_dtype(precision).itemsize
+
+
+def package_bytes(config: DecoderConfig, precision: str, device: str) -> int:
+    """About what a package of `config` takes on disk. int4: per matrix element half a byte of
+    code, and per block of 32 a scale in the activations' dtype and half a byte of zero point; the
+    embedding table stays in the activations' dtype (tied: beside a quantized head). fp16 / fp32:
+    every weight in that dtype."""
+    io = 4 if precision == "fp32" or (precision == "int4" and device == "cpu") else 2
+    per_int4 = 0.5 + (io + 0.5) / 32
+    total = 0.0
+    for name, shape in weight_shapes(config).items():
+        matrix = len(shape) == 2 or (len(shape) == 3 and shape[1] != 1)  # not a depthwise conv kernel
+        quantized = precision == "int4" and matrix and name != "model.embed_tokens.weight"
+        total += math.prod(shape) * (per_int4 if quantized else io)
+    if precision == "int4" and config.tie_word_embeddings:
+        total += config.vocab_size * config.hidden_size * per_int4
+    return int(total)
+
+
+def gguf_bytes(config: DecoderConfig, precision: str) -> int:
+    """llama.cpp's F16 GGUF, and for int4 the Q4_0 one beside it (18 bytes per block of 32)."""
+    count = parameter_count(config)
+    return count * 2 + (count * 18 // 32 if precision == "int4" else 0)
+
+
+def disk_free(path: Path) -> int:
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def memory_available() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes (None where there is none)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def planned_workdir(args: argparse.Namespace) -> Path:
+    return args.workdir or Path(tempfile.gettempdir())
+
+
+def checkpoint_problem(args: argparse.Namespace, workdir: Path) -> str | None:
+    """Why the Hugging Face checkpoint cannot be written here (None: it can, or it is there). Its
+    writer holds every tensor in memory at once (safetensors' save_file) and onnxgen's package is
+    built beside it, so both the disk and the memory must hold it."""
+    config, precision = args.config, args.precision
+    directory = checkpoint_dir(args, workdir)
+    if (directory / "model.safetensors").is_file():
+        return None
+    try:
+        (hybrid_text_config if config.layer_types else transformers_config)(config)
+    except (ImportError, ValueError) as exc:  # e.g. a transformers without the Qwen3.5 classes
+        return f"no transformers class to write it with ({exc})"
+    dtype = str(checkpoint_dtype(precision)).removeprefix("torch.")
+    need = checkpoint_bytes(config, precision)
+    package = 0 if is_complete_package(package_dir(args, workdir)) else package_bytes(config, precision, args.device)
+    free = disk_free(workdir)
+    if (need + package) * FIT_MARGIN > free:
+        return (f"the {dtype} checkpoint of {args.label} would take {need / GB:.1f} GB on disk beside onnxgen's "
+                f"package ({package / GB:.1f} GB); {free / GB:.1f} GB are free under {workdir}")  # fmt: skip
+    largest = max(math.prod(shape) for shape in weight_shapes(config).values()) * 4  # one float32 tensor drawn
+    given = getattr(args, "memory_gb", None)
+    memory = int(given * GB) if given else memory_available()
+    if memory is not None and (need + largest) * FIT_MARGIN > memory:
+        return (f"writing the {dtype} checkpoint of {args.label} holds all of it in memory ({need / GB:.1f} GB); "
+                f"{memory / GB:.1f} GB are available")  # fmt: skip
+    return None
+
+
+def planned_writes(args: argparse.Namespace, workdir: Path) -> list[tuple[str, int]]:
+    """(what, estimated bytes) for everything this run would still write to disk, given its engines."""
+    config, precision = args.config, args.precision
+    writes = []
+    with_checkpoint = checkpoint_problem(args, workdir) is None
+    if with_checkpoint and not (checkpoint_dir(args, workdir) / "model.safetensors").is_file():
+        writes.append(("the Hugging Face checkpoint", checkpoint_bytes(config, precision)))
+    if not is_complete_package(package_dir(args, workdir)):
+        how = "" if with_checkpoint else " (from RandomSource: no checkpoint)"
+        writes.append((f"onnxgen's package{how}", package_bytes(config, precision, args.device)))
+    engines = set(args.engines)
+    if with_checkpoint and engines & OWN_BUILDER:
+        if config.layer_types:
+            writes.append(("the checkpoint's multimodal wrapper form", checkpoint_bytes(config, precision)))
+        writes.append(("onnxruntime-genai's own package", package_bytes(config, precision, args.device)))
+    if with_checkpoint and "llama-cpp" in engines:
+        writes.append(("llama.cpp's GGUF(s)", gguf_bytes(config, precision)))
+    return writes
+
+
+def plan_lines(args: argparse.Namespace) -> list[str]:
+    """What the run would write and run, before anything is written (--plan)."""
+    workdir = planned_workdir(args)
+    writes = planned_writes(args, workdir)
+    memory = int(args.memory_gb * GB) if args.memory_gb else memory_available()
+    lines = [f"plan for {args.label} {args.precision} on {args.device}: {parameter_count(args.config) / 1e9:.2f} B "
+             f"parameters; workdir {workdir} ({disk_free(workdir) / GB:.1f} GB free"
+             + (f", {memory / GB:.1f} GB memory available)" if memory is not None else ")")]  # fmt: skip
+    if problem := checkpoint_problem(args, workdir):
+        lines.append(f"  no checkpoint: {problem}")
+    lines += [f"  writes {what}: about {size / GB:.2f} GB" for what, size in writes]
+    lines.append(f"  engines: {', '.join(args.engines) or 'none'}")
+    return lines
+
+
 # --- the weight bytes a decode step reads -------------------------------------------------------
 
 
 def weight_bytes(package: Path) -> tuple[int, int]:
-    """(bytes of every initializer as stored, the same without tables that only a Gather reads)."""
+    """(bytes of every initializer as stored, the bytes one decode step of one sequence reads):
+    tables that only a Gather reads (the embedding lookup, one row per token) are left out, and a
+    mixture of experts' per-expert tensors (first dimension = the experts) count k / experts of
+    their size, the k experts one token is routed to."""
     import onnx
 
     model = onnx.load(str(package / "model.onnx"), load_external_data=False)
     consumers: dict[str, set[str]] = defaultdict(set)
+    routed: dict[str, int] = {}  # an expert tensor's name -> the k of the node that reads it
     for node in model.graph.node:
         for name in node.input:
             consumers[name].add(node.op_type)
-    stored = read = 0
+        if node.op_type in ("MoE", "QMoE"):
+            k = next((a.i for a in node.attribute if a.name == "k"), 1)
+            routed.update({name: k for name in node.input[2:] if name})
+    stored = read = 0.0
     for tensor in model.graph.initializer:
         size = _stored_size(tensor)
         stored += size
-        # a Gather reads one row per token (the embedding lookup), not the table
-        if consumers[tensor.name] and not consumers[tensor.name] <= {"Gather", "GatherBlockQuantized"}:
-            read += size
-    return stored, read
+        if not consumers[tensor.name] or consumers[tensor.name] <= {"Gather", "GatherBlockQuantized"}:
+            continue
+        experts = tensor.dims[0] if tensor.name in routed and len(tensor.dims) >= 2 else 0
+        read += size * min(1.0, routed[tensor.name] / experts) if experts else size
+    return int(stored), int(read)
 
 
 def _stored_size(tensor: Any) -> int:
@@ -377,7 +784,7 @@ def _stored_size(tensor: Any) -> int:
 class Bench:
     args: argparse.Namespace
     workdir: Path
-    hf_dir: Path
+    hf_dir: Path | None  # None where the checkpoint would not fit (checkpoint_problem)
     package: Path
     ids: list[int]
     long_ids: list[int] = field(default_factory=list)  # --long-prompt-tokens ids (empty: not timed)
@@ -471,6 +878,13 @@ def pool_lines(segments: list[dict[str, Any]], largest: int = 4) -> list[str]:
     return lines
 
 
+def checkpoint_of(bench: Bench) -> Path:
+    """The checkpoint an engine reads (engine_blocker refuses those engines where none is written)."""
+    if bench.hf_dir is None:
+        raise RuntimeError("no Hugging Face checkpoint was written in this run (see checkpoint_problem)")
+    return bench.hf_dir
+
+
 def ensure_genai_package(bench: Bench) -> Path:
     """The package onnxruntime-genai's own builder makes from the bench's checkpoint (kept in the workdir)."""
     from bench.genai_built import build_with_genai
@@ -479,9 +893,12 @@ def ensure_genai_package(bench: Bench) -> Path:
     package = bench.workdir / f"genai-own-{args.label}-{args.precision}-{args.device}-seed{args.seed}"
     if is_complete_package(package):
         return package
+    hf_dir = checkpoint_of(bench)
+    # the builder takes hybrids of this layout only in their multimodal wrapper form (its text part exported)
+    source = ensure_wrapper_checkpoint(args, hf_dir, bench.workdir) if args.config.layer_types else hf_dir
     shutil.rmtree(package, ignore_errors=True)
-    say(f"package: onnxruntime-genai's builder, {args.precision}/{args.device}, into {package}")
-    build_with_genai(bench.hf_dir, package, args.precision, args.device, args.config.vocab_size)
+    say(f"package: onnxruntime-genai's builder, {args.precision}/{args.device}, on {source.name} into {package}")
+    build_with_genai(source, package, args.precision, args.device, args.config.vocab_size)
     return package
 
 
@@ -514,21 +931,55 @@ def run_genai_engine(bench: Bench, graph: bool, own: bool = False) -> EngineResu
     args = bench.args
     base = ensure_genai_package(bench) if own else bench.package
     whose = "its own builder's package" if own else "onnxgen's package"
-    package, note = base, f"{whose}, CPU provider, the package's genai_config.json"
+    missing = unnamed_states(base)
+    edits: list[Callable[[dict[str, Any]], None]] = []
+    if missing:
+        # onnxgen's builder leaves the linear-attention states out of genai_config.json; without their
+        # names onnxruntime-genai feeds none of them and the first CausalConvWithState fails
+        edits.append(lambda config: [config["model"]["decoder"][part].update(names) for part, names in missing.items()])
+        whose += " + its state names added to genai_config.json"
+    package, note = base, f"{whose}, CPU provider"
     if args.device == "cuda":
         value = "1" if graph else "0"
-        # a sibling package sharing the weights (hard links) whose genai_config.json sets the option
-        variant = bench.workdir / f"{base.name}-genai-cuda-graph-{value}"
+        edits.append(lambda config: set_provider_option(config, "cuda", "enable_cuda_graph", value))
+        note = f"{whose}, cuda provider, enable_cuda_graph={value}"
+    if edits:
+        # a sibling package sharing the weights (hard links) whose genai_config.json differs
+        variant = bench.workdir / f"{base.name}-genai-variant-{'graph' if graph else 'plain'}"
         shutil.rmtree(variant, ignore_errors=True)
-        genai_config_variant(
-            base, variant, lambda config: set_provider_option(config, "cuda", "enable_cuda_graph", value)
-        )
-        package, note = variant, f"{whose}, cuda provider, enable_cuda_graph={value}"
+        genai_config_variant(base, variant, lambda config: [edit(config) for edit in edits])
+        package = variant
     model = og.Model(str(package))
     runs = timed_runs(lambda: run_genai(model, bench.ids, args.new_tokens), args.repeats, args.warmup_s)
     memory = device_memory_mb(bench)
     long_ttft = long_prompt_ttft(bench, lambda ids, n: run_genai(model, ids, n))
     return EngineResult("", note, runs, long_ttft_ms=long_ttft, memory_mb=memory)
+
+
+# genai_config.json keys of onnxruntime-genai's hybrid packages, by the graph names they pattern
+STATE_KEYS = {
+    "inputs": {"past.%d.conv": "past_conv_names", "past.%d.recurrent": "past_recurrent_names"},
+    "outputs": {"present.%d.conv": "present_conv_names", "present.%d.recurrent": "present_recurrent_names"},
+}
+
+
+def unnamed_states(package: Path) -> dict[str, dict[str, str]]:
+    """The genai_config.json keys naming the package's recurrent-state inputs and outputs
+    (past.N.conv, present.N.recurrent, ...) that its genai_config.json lacks, by section."""
+    import re
+
+    import onnx
+
+    model = onnx.load(str(package / "model.onnx"), load_external_data=False)
+    decoder = json.loads((package / "genai_config.json").read_text())["model"]["decoder"]
+    graph = {"inputs": {v.name for v in model.graph.input}, "outputs": {v.name for v in model.graph.output}}
+    missing: dict[str, dict[str, str]] = {}
+    for part, keys in STATE_KEYS.items():
+        for pattern, key in keys.items():
+            regex = re.escape(pattern).replace("%d", r"\d+")
+            if key not in decoder.get(part, {}) and any(re.fullmatch(regex, name) for name in graph[part]):
+                missing.setdefault(part, {})[key] = pattern
+    return missing
 
 
 class HFRunner:
@@ -542,7 +993,7 @@ class HFRunner:
         self.device = torch.device(args.device)
         self.dtype = torch.float16 if args.device == "cuda" and args.precision != "fp32" else torch.float32
         # loaded as stored, then cast: the same call whatever transformers calls its dtype argument
-        model = transformers.AutoModelForCausalLM.from_pretrained(bench.hf_dir)
+        model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint_of(bench))
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.ids = torch.tensor([bench.ids], dtype=torch.int64, device=self.device)
         config = args.config
@@ -552,6 +1003,8 @@ class HFRunner:
         self.cache_arg = ""
         attention = getattr(self.model.config, "_attn_implementation", None) or "default"
         self.how = f"{self.dtype}".removeprefix("torch.") + f" weights, {attention} attention"
+        if config.layer_types:
+            self.how += ", " + linear_attention_kernels()
         if compiled:
             self._prepare_compile(len(bench.ids) + args.new_tokens)
 
@@ -595,6 +1048,18 @@ class HFRunner:
         return Run(ttft, total - ttft, tokens)
 
 
+def linear_attention_kernels() -> str:
+    """Which Gated DeltaNet kernels transformers can use here: it falls back to its reference
+    PyTorch code (much slower) where flash-linear-attention and causal-conv1d are missing."""
+    import importlib.util
+
+    found = [name for name, module in (("flash-linear-attention", "fla"), ("causal-conv1d", "causal_conv1d"))
+             if importlib.util.find_spec(module) is not None]  # fmt: skip
+    if found:
+        return f"Gated DeltaNet with {' and '.join(found)} installed"
+    return "Gated DeltaNet on transformers' reference PyTorch path (flash-linear-attention, causal-conv1d absent)"
+
+
 def static_cache(model: Any, length: int) -> Any:
     """A StaticCache for batch 1 and `length` positions; the constructor's arguments changed across
     transformers versions, so only those it accepts are passed."""
@@ -618,11 +1083,19 @@ def run_hf_engine(bench: Bench, compiled: bool) -> EngineResult:
     return EngineResult("", note, runs, memory_mb=memory)
 
 
+def converter_flags(config: DecoderConfig) -> list[str]:
+    """llama.cpp's converter for the Qwen3.5 layout (llama-cpp-python 0.3.36's tree) expects the
+    multi-token-prediction head that published checkpoints carry (mtp.*) and stops without it;
+    the bench's random checkpoints have none, so hybrids are converted with --no-mtp."""
+    return ["--no-mtp"] if config.layer_types else []
+
+
 def run_llamacpp_engine(bench: Bench) -> EngineResult:
     from bench.llamacpp_peer import ensure_gguf, median_ms, run_llama_bench
 
     args = bench.args
-    gguf = ensure_gguf(args.llamacpp, bench.hf_dir, args.tokenizer_from, bench.workdir, args.precision)
+    flags = converter_flags(args.config)
+    gguf = ensure_gguf(args.llamacpp, checkpoint_of(bench), args.tokenizer_from, bench.workdir, args.precision, flags)
     threads = torch.get_num_threads()
     with peak_device_use(bench) as peak:
         numbers = run_llama_bench(
@@ -829,7 +1302,8 @@ def report(bench: Bench, results: list[EngineResult]) -> list[str]:
     ]
     lines.append("onnxgen / engine: ratio of decode tok/s (above 1: onnxgen is faster)")
     lines += best_forms(results)
-    weights = f"decoder weights as stored {stored / 1e6:.1f} MB, {read / 1e6:.1f} MB without Gather-only tables"
+    weights = (f"decoder weights as stored {stored / 1e6:.1f} MB, {read / 1e6:.1f} MB read per step (Gather-only "
+               "tables left out" + (", routed experts at top-k of all)" if args.config.moe else ")"))  # fmt: skip
     if floor_ms:
         ours = next((r for r in results if r.name == "onnxgen" and r.ok), None)
         lines.append(
@@ -856,18 +1330,35 @@ def report(bench: Bench, results: list[EngineResult]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.plan:
+        print("\n".join(plan_lines(args)), flush=True)
+        return 0
     with contextlib.ExitStack() as stack:
         if args.workdir:
             workdir = args.workdir
             workdir.mkdir(parents=True, exist_ok=True)
         else:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="peers-decode-")))
-        hf_dir = ensure_checkpoint(args, workdir)
+        problem = checkpoint_problem(args, workdir)
+        if problem:
+            say(f"checkpoint: not written ({problem}); onnxgen's package is built from the same RandomSource weights")
+        hf_dir = None if problem else ensure_checkpoint(args, workdir)
         package = ensure_package(args, hf_dir, workdir)
         rng = np.random.default_rng(args.seed)
         ids = [int(i) for i in rng.integers(0, args.config.vocab_size, args.prompt_tokens)]
         long_ids = [int(i) for i in rng.integers(0, args.config.vocab_size, args.long_prompt_tokens)]
         bench = Bench(args, workdir, hf_dir, package, ids, long_ids)
+        if args.build_only:
+            built = [package] + ([ensure_genai_package(bench)] if set(args.engines) & OWN_BUILDER else [])
+            if "llama-cpp" in args.engines and hf_dir is not None:
+                from bench.llamacpp_peer import ensure_gguf
+
+                gguf = ensure_gguf(
+                    args.llamacpp, hf_dir, args.tokenizer_from, workdir, args.precision, converter_flags(args.config)
+                )
+                built.append(gguf)
+            print("\n".join(str(path) for path in ([hf_dir] if hf_dir else []) + built), flush=True)
+            return 0
         results = [run_engine(name, bench) for name in args.engines]
         print("\n".join(report(bench, results)), flush=True)
     failed = [r.name for r in results if r.name.startswith("onnxgen") and not r.ok]
