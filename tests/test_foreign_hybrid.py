@@ -301,3 +301,17 @@ def test_soundness_oracle_of_the_growing_cache_plan(family, builder: str, tmp_pa
     assert runs[0]["logits"] == runs[1]["logits"] and runs[0]["present.3.key"] != runs[1]["present.3.key"]
     checked = assert_plan_sound(analysis.plan, analysis.shapes.nodes, runs, {t.name for t in model.graph.initializer})
     assert checked > 50
+
+
+@pytest.mark.parametrize("family", ["dense"], indirect=True)
+def test_verify_teacher_forces_a_hybrid_with_position_streams(family) -> None:
+    """onnxgen verify on onnxruntime-genai's fp32 hybrid package: its one-pass run feeds the three
+    position streams and agrees with the fp32 reference everywhere; the engine's decode steps
+    (carried states, --capture off) agree with the one pass."""
+    from onnxgen.genai.verify import VerifySpec, run_verify
+
+    _, package, _ = family
+    for capture in (None, "off"):
+        report = run_verify(VerifySpec(package, prompts=[PROMPT], tokens=12, all_positions=True, capture=capture))
+        assert report.passed and report.agreement.top1_agreement == 1.0, report.table()
+        assert report.agreement.kl_mean < 1e-8, report.table()

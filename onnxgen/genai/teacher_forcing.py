@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from onnxgen.genai.engine import DecodeEngine
+from onnxgen.genai.graph_layout import position_feed
 from onnxgen.genai.kv_cache import DynamicKV
 from onnxgen.genai.package import PackageConfig
 from onnxgen.genai.sampling import LogitsSampler, SamplingParams
@@ -100,7 +101,7 @@ def prefill_logits(session: InferenceSession, config: PackageConfig, ids: Sequen
     if io.attention_mask and io.attention_mask in inputs:
         feeds[io.attention_mask] = kv.attention_mask(n)
     if io.position_ids and io.position_ids in inputs:
-        feeds[io.position_ids] = torch.arange(n, device=device).reshape(1, n)
+        feeds[io.position_ids] = position_feed(torch.arange(n, device=device).reshape(1, n), config.position_streams)
     feeds.update(kv.feeds())
     with torch.inference_mode():
         logits = session.run_torch(feeds, [io.logits])[io.logits]
