@@ -49,10 +49,10 @@ Gated DeltaNet layers with gated full attention every 4th layer (MODEL_SHAPES sa
 come from). The checkpoint is transformers' Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM (text only;
 hf_config_for checks that the class holds exactly these weights, the routed experts one tensor per
 expert as save_pretrained writes them). Per engine:
-  - ort-genai, ort-genai-graph: onnxgen's builder writes no names for the hybrid graph's recurrent
-    states (past.N.conv, past.N.recurrent) into genai_config.json, and without them onnxruntime-genai
-    0.18 feeds none and fails at the first CausalConvWithState. The bench adds past_conv_names /
-    past_recurrent_names / present_* in the variant's genai_config.json (the row says so); with them
+  - ort-genai, ort-genai-graph: onnxruntime-genai 0.18 feeds a hybrid's recurrent states
+    (past.N.conv, past.N.recurrent) only where genai_config.json names them (past_conv_names /
+    past_recurrent_names / present_*); onnxgen's builder writes those names, and for a package
+    built before it did the bench adds them in a variant's genai_config.json (the row says so).
     onnxruntime-genai runs onnxgen's graph as it is (no position_ids input, channels-last conv
     states: it takes the states' shapes from the graph), checked on its CPU provider, where its
     greedy tokens equal onnxgen's. Whether its CUDA provider runs every op there is for the GPU run.
@@ -934,8 +934,9 @@ def run_genai_engine(bench: Bench, graph: bool, own: bool = False) -> EngineResu
     missing = unnamed_states(base)
     edits: list[Callable[[dict[str, Any]], None]] = []
     if missing:
-        # onnxgen's builder leaves the linear-attention states out of genai_config.json; without their
-        # names onnxruntime-genai feeds none of them and the first CausalConvWithState fails
+        # a package built before onnxgen's builder named the linear-attention states in
+        # genai_config.json: without their names onnxruntime-genai feeds none of them and the first
+        # CausalConvWithState fails
         edits.append(lambda config: [config["model"]["decoder"][part].update(names) for part, names in missing.items()])
         whose += " + its state names added to genai_config.json"
     package, note = base, f"{whose}, CPU provider"

@@ -332,3 +332,25 @@ def dense_checkpoint(directory: Path) -> Path:
     torch.manual_seed(0)
     transformers.Qwen2ForCausalLM(config).save_pretrained(directory)
     return directory
+
+
+def test_onnxruntime_genai_runs_the_package(hybrid) -> None:
+    """genai_config.json names the carried states as onnxruntime-genai's own Qwen3.5 packages do
+    (past_conv_names, past_recurrent_names and their present forms): onnxruntime-genai 0.18 then
+    runs onnxgen's hybrid graph, with transformers' greedy tokens."""
+    import json
+
+    from tests.test_generator import genai_greedy
+
+    checkpoint, package = hybrid
+    write_word_tokenizer(package, 128)
+    decoder = json.loads((package / "genai_config.json").read_text())["model"]["decoder"]
+    assert decoder["inputs"]["past_recurrent_names"] == "past.%d.recurrent"
+    assert decoder["outputs"]["present_conv_names"] == "present.%d.conv"
+    model = hf_model(checkpoint)
+    model.generation_config.eos_token_id = None
+    with torch.no_grad():
+        out = model.generate(torch.tensor([PROMPT]), do_sample=False, max_new_tokens=12)
+    expected = out[0, len(PROMPT) :].tolist()
+    theirs = genai_greedy(package, PROMPT, 12)  # stops at an EOS id, if one comes
+    assert theirs == expected[: len(theirs)] and len(theirs) >= 3

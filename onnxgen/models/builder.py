@@ -105,6 +105,11 @@ def genai_config(config: DecoderConfig, options: BuildOptions) -> dict[str, Any]
         inputs["position_ids"] = "position_ids"
     inputs |= {"past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"}
     outputs = {"logits": "logits", "present_key_names": "present.%d.key", "present_value_names": "present.%d.value"}
+    if config.linear_attention is not None:
+        # a hybrid's carried states, under the keys onnxruntime-genai's own Qwen3.5 packages use: without
+        # them it feeds none and fails at the first CausalConvWithState (onnxgen finds them in the graph)
+        inputs |= {"past_conv_names": "past.%d.conv", "past_recurrent_names": "past.%d.recurrent"}
+        outputs |= {"present_conv_names": "present.%d.conv", "present_recurrent_names": "present.%d.recurrent"}
     provider_options = [{"cuda": {}}] if options.device == "cuda" else []
     arch = (config.architecture or "").lower()
     return {
