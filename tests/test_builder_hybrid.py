@@ -17,6 +17,7 @@ import onnx
 import pytest
 import torch
 
+from onnxgen.errors import ModelLoadError
 from onnxgen.models.builder import BuildError, build_package
 from onnxgen.models.hf_source import HFSource
 from tests.test_capture_runtime import write_word_tokenizer
@@ -354,3 +355,21 @@ def test_onnxruntime_genai_runs_the_package(hybrid) -> None:
     expected = out[0, len(PROMPT) :].tolist()
     theirs = genai_greedy(package, PROMPT, 12)  # stops at an EOS id, if one comes
     assert theirs == expected[: len(theirs)] and len(theirs) >= 3
+
+
+def test_a_moe_config_without_a_dense_width_builds(tmp_path) -> None:
+    """Every MLP of the MoE family is experts; its published config has no intermediate_size (only
+    moe_intermediate_size): the builder does not need one. A dense hybrid's config still must."""
+    import json
+
+    for experts in (8, 0):
+        checkpoint = tiny_checkpoint(tmp_path / f"hf{experts}", value_heads=2, tied=False, experts=experts)
+        config = json.loads((checkpoint / "config.json").read_text())
+        del config["intermediate_size"]
+        (checkpoint / "config.json").write_text(json.dumps(config))
+        if experts:
+            assert HFSource(checkpoint).config.moe is not None
+            build_package(HFSource(checkpoint), tmp_path / "pkg", precision="fp32")
+        else:
+            with pytest.raises(ModelLoadError, match="intermediate_size"):
+                HFSource(checkpoint)

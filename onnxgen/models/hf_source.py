@@ -200,7 +200,8 @@ def config_from_hf(
         architecture=str(raw.get("model_type", "")),
         vocab_size=int(need("vocab_size")),
         hidden_size=hidden,
-        intermediate_size=int(need("intermediate_size")),
+        # every MLP of a mixture-of-experts decoder is experts: its configs may omit the dense width
+        intermediate_size=int(raw.get("intermediate_size") or 0) if moe else int(need("intermediate_size")),
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
