@@ -202,9 +202,10 @@ def test_logprobs_on_a_captured_pipelined_step_sample_between_steps_said_once(pa
 
 
 def test_min_tokens_bans_an_eos_greedy_would_pick(smollm2) -> None:
-    """SmolLM2 answers "Say yes." in four tokens and its EOS. With min_tokens 8 the EOS stays the
-    model's most likely token there (its raw logprob says so), yet the next best one is taken."""
-    ids = smollm2.encode("Say yes.", chat=True)
+    """SmolLM2 (int4) answers "Reply with one word: yes or no. Is water wet?" in a few tokens and
+    its EOS. With min_tokens 8 the EOS stays the model's most likely token there (its raw logprob
+    says so), yet the next best one is taken."""
+    ids = smollm2.encode("Reply with one word: yes or no. Is water wet?", chat=True)
     free, final = split(list(smollm2.events(ids, SamplingParams(max_new_tokens=12))))
     assert final.finish_reason == "stop" and len(free) < 8 and smollm2.last_stats.stop_reason == "eos"
     at = len(free)
