@@ -22,6 +22,7 @@ openai = pytest.importorskip("openai")
 MODEL = "smollm2-test"
 CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three colors."}]
 PROMPT = "The capital of France is"
+STOP = "\n\n"  # a string inside SmolLM2 int4's greedy completion of PROMPT (asserted below)
 NEW = 8
 
 
@@ -44,7 +45,7 @@ def served():
         "chat_ids": chat_ids,
         "completion": generator.generate(PROMPT, greedy),
         "prompt_ids": generator.encode(PROMPT),
-        "stop": generator.generate(PROMPT, SamplingParams(temperature=0.0, max_new_tokens=NEW, stop=[" France"])),
+        "stop": generator.generate(PROMPT, SamplingParams(temperature=0.0, max_new_tokens=NEW, stop=[STOP])),
     }
     # the default runner (continuous batching), without prefix reuse: a prompt computed after part of it
     # was reused differs from one computed whole by rounding (the attention's shapes differ), which
@@ -103,11 +104,11 @@ def test_completions_greedy_stream_echo_and_stop(served) -> None:
     echo = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=NEW, temperature=0, echo=True)
     assert echo.choices[0].text == PROMPT + oracle["completion"]
 
-    stop = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=NEW, temperature=0, stop=" France")
-    assert " France" in oracle["completion"] and oracle["stop"] == oracle["completion"].split(" France")[0]
+    stop = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=NEW, temperature=0, stop=STOP)
+    assert STOP in oracle["completion"] and oracle["stop"] == oracle["completion"].split(STOP)[0]
     assert stop.choices[0].text == oracle["stop"] and stop.choices[0].finish_reason == "stop"
     streamed = client.completions.create(
-        model=MODEL, prompt=PROMPT, max_tokens=NEW, temperature=0, stop=[" France"], stream=True
+        model=MODEL, prompt=PROMPT, max_tokens=NEW, temperature=0, stop=[STOP], stream=True
     )
     assert "".join(c.choices[0].text for c in streamed) == oracle["stop"]
 
