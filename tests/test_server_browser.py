@@ -131,6 +131,10 @@ def server(
         "--model", str(smollm2_packages["int4-gqa"]), "--device", "cpu",
         "--host", "127.0.0.1", "--port", str(port),
         "--api-key", API_KEY, "--served-model-name", MODEL_NAME,
+        # the reply is compared with a second request for the same conversation: with prefix caching
+        # that one reuses the first's KV rows and computes its last prompt token alone, arithmetic that
+        # may part at a near-tie (docs/batching.md, "Same tokens alone or batched")
+        "--no-enable-prefix-caching",
     ]  # fmt: skip
     with open(log, "wb") as sink:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
