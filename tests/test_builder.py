@@ -527,3 +527,24 @@ def test_random_source_is_order_independent():
     source.get("model.embed_tokens.weight")
     np.testing.assert_array_equal(first, source.get("model.layers.1.mlp.up_proj.weight"))
     assert "lm_head.weight" not in source.names()  # tied
+
+
+def test_a_4bit_grid_is_found_without_both_ends_of_the_codes():
+    """Blocks of 4-bit checkpoints need not use codes 0 and 15 (GGUF Q4_0: d * (code - 8), its
+    largest magnitude at code 0; Q4_K's sub-blocks): the grid's step is read from the block's
+    gaps, a divisor of the smallest where the codes skip (0, 2 and 7), and the values come back
+    exactly. Gaussian weights, or 5-bit blocks, are on no 4-bit grid."""
+    from onnxgen.models.quantize import on_4bit_grid
+
+    rng = np.random.default_rng(3)
+    n, blocks = 8, 6
+    d = rng.uniform(0.01, 0.1, (n, blocks, 1)).astype(np.float16).astype(np.float32)
+    codes = rng.integers(1, 13, (n, blocks, 32)).astype(np.float32)  # neither 0 nor 15 in most blocks
+    codes[0, 0] = [0, 2, 7] * 10 + [2, 7]  # gaps of 2 and 5 steps
+    w = (d * (codes - 8)).reshape(n, -1)
+    q = on_4bit_grid(w, 32)
+    assert q is not None and q.float_zero_points
+    np.testing.assert_allclose(q.dequantize(), w, rtol=0, atol=1e-6 * np.abs(w).max())
+    assert on_4bit_grid(rng.standard_normal((n, 64)).astype(np.float32), 32) is None
+    five_bit = (d * (rng.integers(0, 32, (n, blocks, 32)) - 16)).reshape(n, -1).astype(np.float32)
+    assert on_4bit_grid(five_bit, 32) is None

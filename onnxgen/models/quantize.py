@@ -122,10 +122,13 @@ GRID_TOLERANCE = 1e-3
 
 
 def on_4bit_grid(weight: np.ndarray, block_size: int = 32) -> Quantized4Bit | None:
-    """W [N, K] with float zero points, where every block of it lies on a 4-bit grid of its own
-    (16 evenly spaced values from its minimum to its maximum, each value within GRID_TOLERANCE of
-    a step of one); None where one block does not (the weight was not 4-bit to begin with, or its
-    blocks are not this block size). K must be whole blocks."""
+    """W [N, K] with float zero points, where every block of it lies on an evenly spaced grid of at
+    most 16 values of its own: the step is the block's smallest gap between distinct values, the
+    codes count steps from its minimum, and every value is within GRID_TOLERANCE of a step of a
+    code no larger than 15. That holds for the blocks of 4-bit checkpoints whether or not they use
+    both ends of the code range (GGUF Q4_1: min + d * code; Q4_0: d * (code - 8); Q4_K's 32-value
+    sub-blocks: d * sc * code - dmin * m). None where one block does not (the weight was not 4-bit
+    in blocks of this size). K must be whole blocks."""
     if weight.ndim != 2:
         raise ValueError(f"expected a 2-D weight, got shape {weight.shape}")
     n, k = weight.shape
@@ -139,14 +142,29 @@ def on_4bit_grid(weight: np.ndarray, block_size: int = 32) -> Quantized4Bit | No
         rows = slice(start, min(n, start + _ROWS_PER_CHUNK))
         blocks = weight[rows].astype(np.float32).reshape(-1, n_blocks, block_size)
         lo, hi = blocks.min(axis=2), blocks.max(axis=2)
-        scale = ((hi - lo) / 15.0).astype(np.float32)
-        scale = np.where(scale == 0.0, 1.0, scale).astype(np.float32)  # a constant block: code 0 is its value
-        zp = (-lo / scale).astype(np.float32)
-        steps = blocks / scale[:, :, None] + zp[:, :, None]
-        q = np.clip(np.rint(steps), 0, 15)
-        if np.abs(steps - q).max(initial=0.0) > GRID_TOLERANCE:
+        gaps = np.diff(np.sort(blocks, axis=2), axis=2)
+        # a gap below a tolerance of the block's range is the same value twice (float noise)
+        gaps = np.where(gaps > GRID_TOLERANCE * (hi - lo)[:, :, None] / 15.0, gaps, np.inf)
+        smallest = gaps.min(axis=2)
+        smallest = np.where(np.isfinite(smallest), smallest, 1.0)  # a constant block: code 0
+        scale = np.full(smallest.shape, np.nan, np.float32)
+        # the step divides the smallest gap (a block using codes 0, 2 and 7 has gaps of 2 and 5 steps)
+        for parts in range(1, 16):
+            open_ = np.isnan(scale)
+            if not open_.any():
+                break
+            trial = (smallest / parts).astype(np.float32)
+            steps = (blocks - lo[:, :, None]) / trial[:, :, None]
+            q = np.rint(steps)
+            fits = (q.max(axis=2) <= 15) & (np.abs(steps - q).max(axis=2) <= GRID_TOLERANCE)
+            if parts == 1 and fits.mean() < 0.5:  # a float weight: most blocks are on no grid at all
+                return None
+            scale = np.where(open_ & fits, trial, scale)
+        if np.isnan(scale).any():
             return None
+        steps = (blocks - lo[:, :, None]) / scale[:, :, None]
+        q = np.rint(steps)
         codes[rows] = q.reshape(-1, k).astype(np.uint8)
         scales[rows] = scale
-        zero_points[rows] = zp
+        zero_points[rows] = -lo / scale
     return Quantized4Bit(codes, scales, zero_points, k, block_size)
