@@ -23,6 +23,7 @@ from onnxgen.models.builder import build_package
 from onnxgen.models.hf_source import HFSource
 from onnxgen.runtime.model_io import load_model
 from onnxgen.runtime.session import InferenceSession
+from tests.test_batching import _run_as_room_allows as run_as_room_allows
 
 transformers = pytest.importorskip("transformers")
 if not hasattr(transformers, "Qwen3_5ForCausalLM"):
@@ -74,11 +75,7 @@ def test_batched_tokens_equal_one_sequence_at_a_time(package: Path) -> None:
     expected = [serial(engine, p, q) for p, q in zip(prompts, params)]
     decoder = BatchedDecoder(engine, max_seqs=4, max_model_len=64, prefill_chunk=8)
     sequences = [engine.new_sequence(p, q) for p, q in zip(prompts, params)]
-    queue = list(sequences)
-    while queue or decoder.admitted:
-        while queue and decoder.room:
-            decoder.admit(queue.pop(0))
-        decoder.iterate()
+    run_as_room_allows(decoder, sequences)
     assert [s.generated for s in sequences] == expected
     assert decoder.steps < sum(len(e) for e in expected) / 2  # the steps really were shared
     assert decoder.pool.free == 4

@@ -165,8 +165,8 @@ def _relative_error(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-class DequantizedSource:
-    """The source's linear weights passed through 4-bit quantization and back (embedding kept)."""
+class LinearsMappedSource:
+    """The source with each linear weight (2-D, the embedding kept) passed through ``linear``."""
 
     def __init__(self, source: WeightSource) -> None:
         self.source, self.config = source, source.config
@@ -177,8 +177,18 @@ class DequantizedSource:
     def get(self, name: str) -> np.ndarray:
         array = self.source.get(name)
         if array.ndim == 2 and name != "model.embed_tokens.weight":
-            return quantize_4bit(array).dequantize()
+            return self.linear(array)
         return array
+
+    def linear(self, array: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+
+class DequantizedSource(LinearsMappedSource):
+    """The source's linear weights passed through 4-bit quantization and back (embedding kept)."""
+
+    def linear(self, array: np.ndarray) -> np.ndarray:
+        return quantize_4bit(array).dequantize()
 
 
 @pytest.mark.parametrize("attention", ["gqa", "standard"])
@@ -195,21 +205,12 @@ def test_int4_matches_dequantized_fp32(packages, tmp_path, attention):
     assert np.mean(np.argmax(q4, -1) == np.argmax(fp32, -1)) >= 0.6
 
 
-class GridSource:
+class GridSource(LinearsMappedSource):
     """The source's linear weights moved onto a 4-bit grid of their own in every block of 32 along K,
     as a GGUF Q4_1 checkpoint holds them: min + d * code, both ends of the code range used, min and
     d rounded to fp16 (the embedding kept)."""
 
-    def __init__(self, source: WeightSource) -> None:
-        self.source, self.config = source, source.config
-
-    def names(self) -> list[str]:
-        return self.source.names()
-
-    def get(self, name: str) -> np.ndarray:
-        array = self.source.get(name)
-        if array.ndim != 2 or name == "model.embed_tokens.weight":
-            return array
+    def linear(self, array: np.ndarray) -> np.ndarray:
         n, k = array.shape
         blocks = array.reshape(n, k // 32, 32)
         low = blocks.min(axis=2).astype(np.float16).astype(np.float32)[..., None]

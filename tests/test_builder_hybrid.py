@@ -284,14 +284,9 @@ def test_serve_batches_hybrids_and_falls_back_where_it_cannot_batch(tmp_path) ->
     graph the batching runner cannot take (attention that concatenates its own KV) is served one
     request at a time: `onnxgen serve` says so once, with the reason; a --max-num-seqs the user
     gave is kept (the load then fails with the same reason)."""
-    import re
-    import subprocess
-    import sys
-    import threading
-    import time
-
     from onnxgen.server.options import ServeOptions, runner_for_package
     from tests.server_helpers import post
+    from tests.test_server_cli import start
 
     hybrid = build_package(HFSource(tiny_checkpoint(tmp_path / "hf", value_heads=2, tied=False)), tmp_path / "pkg",
                            precision="fp32")  # fmt: skip
@@ -305,17 +300,8 @@ def test_serve_batches_hybrids_and_falls_back_where_it_cannot_batch(tmp_path) ->
     kept, none = runner_for_package(ServeOptions(model_name="m", max_num_seqs=4), standard)
     assert kept.batch_size == 4 and none is None
 
-    process = subprocess.Popen([sys.executable, "-m", "onnxgen", "serve", "--model", str(standard), "--port", "0"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(iter(process.stderr.readline, "")), daemon=True).start()
+    process, port, lines = start(model=standard)
     try:
-        deadline, port = time.monotonic() + 90, None
-        while time.monotonic() < deadline and process.poll() is None and port is None:
-            match = re.search(r"listening on http://127\.0\.0\.1:(\d+)", "".join(lines))
-            port = int(match.group(1)) if match and "ready:" in "".join(lines) else None
-            time.sleep(0.05)
-        assert port is not None, "".join(lines)[-2000:]
         text = "".join(lines)
         assert text.count("served one request at a time") == 1 and "one request at a time" in text.split("ready:")[1]
         status, body = post(port, "/v1/completions", {"prompt": [3, 17, 91], "max_tokens": 4, "ignore_eos": True})

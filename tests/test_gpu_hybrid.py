@@ -64,6 +64,7 @@ def test_captured_batched_hybrid_equals_one_sequence_at_a_time(tmp_path, moe: bo
     from onnxgen.genai.batched import BatchedDecoder
     from onnxgen.models.builder import build_package
     from onnxgen.models.random_source import RandomSource
+    from tests.test_batching import _run_as_room_allows as run_as_room_allows
     from tests.test_capture_runtime import write_word_tokenizer
 
     config = hybrid_config(moe)
@@ -77,11 +78,7 @@ def test_captured_batched_hybrid_equals_one_sequence_at_a_time(tmp_path, moe: bo
     decoder = BatchedDecoder(engine, max_seqs=4, max_model_len=128)
     decoder.record_shapes()
     sequences = [engine.new_sequence(p, params) for p in prompts]
-    queue = list(sequences)
-    while queue or decoder.admitted:
-        while queue and decoder.room:
-            decoder.admit(queue.pop(0))
-        decoder.iterate()
+    run_as_room_allows(decoder, sequences)
     assert [s.generated for s in sequences] == expected
     stats = decoder.capture_stats
     assert stats.replays > 0 and stats.invalidations == 0 and not stats.unsupported

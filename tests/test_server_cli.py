@@ -24,12 +24,12 @@ from tests.server_helpers import HOST, post, request, running_server, sse_events
 ONNXGEN = [sys.executable, "-m", "onnxgen"]
 
 
-def start(*extra: str, session: bool = False) -> tuple[subprocess.Popen, int, list[str]]:
-    """`onnxgen serve` on the tiny package and a free port; returns once it says it is ready (its
-    stderr lines are collected by a thread). ``session``: in a process group of its own, as a shell
-    runs a foreground job (a terminal's Ctrl-C reaches every process of the group)."""
+def start(*extra: str, session: bool = False, model: Path | None = None) -> tuple[subprocess.Popen, int, list[str]]:
+    """`onnxgen serve` on ``model`` (default: the tiny package) and a free port; returns once it says
+    it is ready (its stderr lines are collected by a thread). ``session``: in a process group of its
+    own, as a shell runs a foreground job (a terminal's Ctrl-C reaches every process of the group)."""
     process = subprocess.Popen(
-        [*ONNXGEN, "serve", "--model", str(tiny_package()), "--port", "0", *extra],
+        [*ONNXGEN, "serve", "--model", str(model or tiny_package()), "--port", "0", *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=session,
     )  # fmt: skip
     lines: list[str] = []
