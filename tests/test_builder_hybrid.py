@@ -277,6 +277,13 @@ def test_fp16_package_stays_close_to_fp32(hybrid, tmp_path) -> None:
     actual = stepper.step(ids).astype(np.float32)
     assert np.linalg.norm(actual - expected) / np.linalg.norm(expected) < 0.01
     assert (actual.argmax(-1) == expected.argmax(-1)).all()
+    # onnxruntime takes the fp16 graph as it is (its schemas type LinearAttentionGate's dt_bias and
+    # decay scale as float32 only) and computes the same tokens
+    theirs = Stepper(half, _ort_run(half))
+    theirs.state = {name: value.astype(np.float16) for name, value in theirs.state.items()}
+    ort_logits = theirs.step(ids).astype(np.float32)
+    assert np.linalg.norm(ort_logits - expected) / np.linalg.norm(expected) < 0.01
+    assert (ort_logits.argmax(-1) == expected.argmax(-1)).all()
 
 
 def test_serve_batches_hybrids_and_falls_back_where_it_cannot_batch(tmp_path) -> None:

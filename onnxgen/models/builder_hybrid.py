@@ -161,8 +161,10 @@ def _gated_delta_net(g: DecoderGraph, h: str, layer: int) -> str:
         tiled = w.op("Tile", k5, w.const([1, 1, 1, repeat, 1]), name=p + "k_repeat/Tile")
         k = w.op("Reshape", tiled, w.const([0, 0, la.value_dim // la.value_head_dim * la.key_head_dim]),
                  name=p + "k_repeat/Reshape_out")  # fmt: skip
-    dt_bias = g.float_weight(p + "dt_bias", g.fetch(p + "dt_bias"))
-    decay_scale = g.float_weight(p + "A_log.decay_scale", -np.exp(g.fetch(p + "A_log")))
+    # LinearAttentionGate's schema (com.microsoft) types dt_bias and decay_scale as float32 whatever the
+    # activations' dtype: onnxruntime refuses to load an fp16 graph that stores them in fp16
+    dt_bias = w.initializer(p + "dt_bias", g.fetch(p + "dt_bias").astype(np.float32))
+    decay_scale = w.initializer(p + "A_log.decay_scale", (-np.exp(g.fetch(p + "A_log").astype(np.float32))))
     decay, beta = w.node("LinearAttentionGate", [a, dt_bias, decay_scale, b], 2, name=p + "gate", domain=MS)
     o = w.node(
         "LinearAttention", [q, k, v, past_rec, decay, beta], name=p + "LinearAttention", domain=MS,
