@@ -122,6 +122,17 @@ def test_gap_not_margin_decides_a_near_tie() -> None:
     assert d.margin == pytest.approx(0.1) and d.gap == pytest.approx(5.0) and not d.near_tie
 
 
+def test_identical_rows_with_a_tied_top_agree() -> None:
+    """The same logits on both sides, two tokens tied at the top (what fp16 logits often show):
+    one top-1 on both sides, so full agreement and no disagreement of gap 0 (the H200 run of
+    2026-12-04 counted three such rows of SmolLM2 as near-ties)."""
+    row = torch.zeros(1, 1000, dtype=torch.float32)
+    row[0, 3] = row[0, 998] = 1.0
+    agreement = Agreement(near_tie=0.5)
+    agreement.add(0, 0, row, row.clone())
+    assert agreement.top1_agreement == 1.0 and agreement.disagreements == [] and agreement.kl_max == 0
+
+
 def test_non_finite_rows() -> None:
     agreement = Agreement(near_tie=0.5)
     agreement.add(0, 0, torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([[float("nan"), 0.0], [0.0, 1.0]]))

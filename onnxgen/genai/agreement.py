@@ -81,7 +81,9 @@ class Agreement:
             )
         finite = torch.isfinite(path).all(dim=1)
         top2 = torch.topk(ref, 2, dim=1)
-        ref_top = top2.indices[:, 0]
+        # both tops by argmax (the first of equal maxima): topk breaks an exact tie otherwise, so
+        # identical rows would count as a disagreement of gap 0
+        ref_top = torch.argmax(ref, dim=1)
         margin = top2.values[:, 0] - top2.values[:, 1]
         path_top = torch.argmax(torch.where(finite[:, None], path, torch.zeros_like(path)), dim=1)
         log_ref = torch.log_softmax(ref, dim=1)
