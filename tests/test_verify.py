@@ -53,6 +53,7 @@ def tiny(tmp_path_factory):
         "int4": build_package(source, root / "int4", precision="int4"),
         # CUDA's layout (fp16, a shared KV buffer): static KV, whose decode steps are captured
         "cuda": build_package(source, root / "cuda", precision="fp16", device="cuda"),
+        "cuda-int4": build_package(source, root / "cuda-int4", precision="int4", device="cuda"),
         "other": build_package(RandomSource(CONFIG, seed=9), root / "other"),
         "short": build_package(source, root / "short", context_length=32),
         "wide": build_package(RandomSource(replace(CONFIG, vocab_size=640), seed=1), root / "wide"),
@@ -200,6 +201,19 @@ def test_captured_steps_equal_eager_steps(tiny) -> None:
     report = run_verify(spec(tiny["cuda"], reference="eager", capture="on", recorder=ReplayRecorder(), kv="static"))
     assert report.agreement.top1_agreement == 1.0 and report.agreement.kl_max == 0.0, report.table()
     assert "capture on" in report.path and report.passed
+
+
+def test_captured_one_token_prompt_equals_eager(tiny) -> None:
+    """Every position scored: the context starts as a one-token prompt, which the captured path
+    must compute as the eager one does (one row: padded to the captured prefill's shortest chunk it
+    would take the many-row kernels, and its logits and KV rows would differ; the CPU's int4 kernels
+    for one row and for many round differently, as the GPU's do)."""
+    package = tiny["cuda-int4"]
+    recorder = ReplayRecorder()
+    report = run_verify(
+        spec(package, reference="eager", capture="on", recorder=recorder, kv="static", all_positions=True)
+    )
+    assert report.agreement.top1_agreement == 1.0 and report.agreement.kl_max == 0.0, report.table()
 
 
 def test_capture_on_needs_cuda(tiny) -> None:

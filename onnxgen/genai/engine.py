@@ -643,9 +643,11 @@ class DecodeEngine:
         for lo in range(0, n, self.captured_prefill_max):
             real = min(self.captured_prefill_max, n - lo)
             size = max(self.captured_prefill_min, 1 << (real - 1).bit_length())
-            if kv.length + size > kv.capacity or self.config.carried:
+            if kv.length + size > kv.capacity or self.config.carried or real == 1:
                 # no room for the padding, or carried states (a hybrid decoder), which would fold
-                # the padding tokens in for good: this chunk runs at its own length
+                # the padding tokens in for good, or one row, which the eager path computes with
+                # the one-row kernels (padded it would take the many-row ones and its logits and
+                # KV row would differ from eager): this chunk runs at its own length
                 size = real
             chunk = ids[:, lo : lo + real]
             if size > real:
