@@ -5,7 +5,11 @@ Random weights (models/random_source.py) in a small hybrid shape with the Qwen3.
 zero-centred norms), dense and with every MLP a mixture of experts; fp16 packages for CUDA.
 The Generator records the decode step in CUDA graphs (verify mode: every replayed step checked
 against eager for the first steps) and must produce the eager generation's tokens, in one
-segment per step. The CPU tests (tests/test_builder_hybrid.py) hold the transformers oracle.
+segment per step. Batched (continuous batching, a captured step per bucket): every captured step
+equals eager bit for bit, and the tokens follow the one-sequence model up to rounding (the first
+H200 run, 2026-12-04, saw batched tokens part from the one-sequence generation; equality was the
+wrong oracle where batched GEMMs round otherwise, so the test now scores each batched token under
+the one-sequence steps). The CPU tests (tests/test_builder_hybrid.py) hold the transformers oracle.
 """
 
 from __future__ import annotations
@@ -56,29 +60,85 @@ def test_captured_hybrid_decode_equals_eager(tmp_path, moe: bool) -> None:
     assert stats.invalidations == 0 and stats.recording_failures == 0 and not stats.quarantined
 
 
+def _engine(package, device: str, **kwargs):
+    from onnxgen.genai.engine import DecodeEngine, engine_model
+    from onnxgen.genai.graph_layout import with_graph_layout
+    from onnxgen.genai.package import load_package_config
+    from onnxgen.runtime.model_io import load_model
+    from onnxgen.runtime.session import InferenceSession
+
+    config = load_package_config(package)
+    proto, base = load_model(config.model_file)
+    config = with_graph_layout(config, proto)
+    session = InferenceSession(engine_model(proto, config), device=device, base_dir=base)
+    return DecodeEngine(session, config, **kwargs)
+
+
+# how far below the one-sequence step's top logit a batched token may lie, as a share of that row's
+# logit range: the batched GEMMs round otherwise than the one-row kernels (fp16, ~1e-3 relative),
+# while a state taken from another slot or lost moves the distribution as a whole
+ROUNDING_SHARE = 0.02
+
+
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
-def test_captured_batched_hybrid_equals_one_sequence_at_a_time(tmp_path, moe: bool) -> None:
-    """Continuous batching of a hybrid on CUDA, steps captured per bucket (verify mode): each
-    sequence's greedy tokens equal the eager one-sequence loop's."""
-    from onnxgen.genai import Generator, SamplingParams
-    from onnxgen.genai.batched import BatchedDecoder
+def test_captured_batched_hybrid_follows_the_one_sequence_model(tmp_path, moe: bool) -> None:
+    """Continuous batching of a hybrid on CUDA, steps captured per bucket, every captured step and
+    prompt chunk checked bit for bit against eager (verify mode for all steps). Against the
+    one-sequence eager model: each sequence's first token is equal (its prompt runs alone and
+    unpadded), and each later token, fed back through the one-sequence eager steps (teacher
+    forcing), is that step's top token or within rounding of it. Where a token differs from the
+    one-sequence generation, the batched eager steps are run too and printed, to tell rounding
+    (they part as well) from the captured path."""
     from onnxgen.models.builder import build_package
     from onnxgen.models.random_source import RandomSource
-    from tests.test_batching import _run_as_room_allows as run_as_room_allows
-    from tests.test_capture_runtime import write_word_tokenizer
 
     config = hybrid_config(moe)
     package = build_package(RandomSource(config, seed=3), tmp_path / "pkg", precision="fp16", device="cuda")
-    write_word_tokenizer(package, config.vocab_size)
+    batched_follows_one_sequence(package, config.name, "cuda")
+
+
+def batched_follows_one_sequence(package, name: str, device: str, recorder_factory=lambda: None) -> None:
+    """The body of the test above; ``device`` "cpu" with a stand-in recorder tries it off the GPU."""
+    from onnxgen.genai import SamplingParams
+    from onnxgen.genai.batched import BatchedDecoder
+    from onnxgen.genai.teacher_forcing import decode_forced
+    from tests.test_batching import _run_as_room_allows as run_as_room_allows
+
     prompts = [[5 + i, 17, 300, 41 + 3 * i, 9, 800 - i][: 3 + i] for i in range(6)]
     params = SamplingParams(max_new_tokens=48, ignore_eos=True)
-    plain = Generator(package, "cuda", kv="static", capture="off")
-    expected = [list(plain.generate_ids(p, params)) for p in prompts]
-    engine = Generator(package, "cuda", kv="static", capture="verify").engine
-    decoder = BatchedDecoder(engine, max_seqs=4, max_model_len=128)
-    decoder.record_shapes()
-    sequences = [engine.new_sequence(p, params) for p in prompts]
-    run_as_room_allows(decoder, sequences)
-    assert [s.generated for s in sequences] == expected
-    stats = decoder.capture_stats
-    assert stats.replays > 0 and stats.invalidations == 0 and not stats.unsupported
+    reference = _engine(package, device, kv="static", capture="off", sample_in_graph=False)
+    alone = [list(reference.generate([reference.new_sequence(p, params)])) for p in prompts]
+
+    def batched(capture: str) -> list[list[int]]:
+        recorder = recorder_factory() if capture == "verify" else None
+        engine = _engine(package, device, kv="static", capture=capture, verify_steps=1_000_000, recorder=recorder)
+        decoder = BatchedDecoder(engine, max_seqs=4, max_model_len=128)
+        decoder.record_shapes()
+        sequences = [engine.new_sequence(p, params) for p in prompts]
+        run_as_room_allows(decoder, sequences)
+        if capture == "verify":
+            stats = decoder.capture_stats
+            assert stats.replays > 0 and stats.verified_steps == stats.captured_steps
+            assert stats.invalidations == 0 and not stats.unsupported and not stats.quarantined
+        return [s.generated for s in sequences]
+
+    tokens = batched("verify")  # a captured step unequal to eager raises CaptureMismatchError
+    assert [t[0] for t in tokens] == [a[0] for a in alone]
+    worst, exact, rows = 0.0, 0, 0
+    for prompt, generated in zip(prompts, tokens):
+        logits = decode_forced(reference, prompt + generated, len(prompt)).logits  # a row per generated token
+        assert logits.shape[0] == len(generated)
+        chosen = logits.gather(1, torch.tensor(generated).reshape(-1, 1)).flatten()
+        top, spread = logits.max(dim=1).values, logits.max(dim=1).values - logits.min(dim=1).values
+        share = ((top - chosen) / spread).max().item()
+        worst = max(worst, share)
+        exact += int((chosen == top).sum())
+        rows += len(generated)
+    parted = [next((i for i, (a, b) in enumerate(zip(t, e)) if a != b), None) for t, e in zip(tokens, alone)]
+    print(f"\n{name}: {exact}/{rows} batched tokens are the one-sequence step's top; worst gap "
+          f"{worst:.4f} of a row's logit range; first parting per sequence {parted}")  # fmt: skip
+    if any(p is not None for p in parted):
+        eager = batched("off")
+        print("  batched eager steps part at", [next((i for i, (a, b) in enumerate(zip(t, e)) if a != b), None)
+                                                for t, e in zip(eager, alone)])  # fmt: skip
+    assert worst <= ROUNDING_SHARE and exact >= 0.9 * rows
