@@ -126,7 +126,7 @@ class DecodeEngine:
         self.logits_row = LOGITS_ROW_INPUT if LOGITS_ROW_INPUT in inputs else None
         self._rows: torch.Tensor | None = None  # see _row_feed
         self._row_zero: torch.Tensor | None = None
-        self._past = inputs[config.past_key_name(next(iter(config.kv_layer_ids), 0))]
+        self._past = inputs[config.first_past_key_name]
         self.kv_dtype = ONNX_TO_TORCH[self._past.elem_type]
         if kv == "auto":
             kv = default_kv_kind(config, self.device.type, self._fixed_buffer_length is not None)

@@ -210,7 +210,7 @@ class StaticKV:
         """The graph-input symbols a static cache fixes (the KV buffer length and the mask width):
         what a capture runtime pins for it. ``inputs``: value infos with .name and .shape."""
         shapes = {i.name: i.shape or [] for i in inputs}
-        first = config.past_key_name(next(iter(config.kv_layer_ids), 0))
+        first = config.first_past_key_name
         dims = shapes.get(first, [])[2:3] + shapes.get(config.io.attention_mask, [])[1:2]
         return {d for d in dims if isinstance(d, str)}
 

@@ -72,6 +72,16 @@ class PackageConfig:
         return range(self.num_layers) if self.kv_layers is None else self.kv_layers
 
     @property
+    def first_kv_layer(self) -> int:
+        """The first layer with a KV cache (a hybrid decoder's first layers may carry states only):
+        the layer whose past-key input tells the KV layout (buffer length, dtype)."""
+        return next(iter(self.kv_layer_ids), 0)
+
+    @property
+    def first_past_key_name(self) -> str:
+        return self.past_key_name(self.first_kv_layer)
+
+    @property
     def config_file(self) -> Path:
         return self.directory / CONFIG_FILE
 

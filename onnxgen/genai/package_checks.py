@@ -77,7 +77,7 @@ class _Checker:
         for key, name in (("attention_mask", io.attention_mask), ("position_ids", io.position_ids)):
             if name and key in given:  # a default name is fed only where the graph has it
                 self._need(f"{ins}.{key}", name, self.inputs, "input")
-        first = next(iter(self.config.kv_layer_ids), 0)  # a hybrid decoder's first layers may have no KV
+        first = self.config.first_kv_layer
         self._need(f"{ins}.past_key_names", io.past_key % first, self.inputs, "input")
         self._need(f"{ins}.past_value_names", io.past_value % first, self.inputs, "input")
         self._need(f"{outs}.logits", io.logits, self.outputs, "output")
@@ -166,9 +166,9 @@ class _Checker:
         return rows
 
     def check_context(self) -> None:
-        c, io = self.config, self.config.io
+        c = self.config
         limits = self._position_tables()
-        first = io.past_key % next(iter(c.kv_layer_ids), 0)
+        first = c.first_past_key_name
         shape = _shape(self.inputs[first]) if first in self.inputs else None
         if shape is not None and isinstance(shape[2], int) and shape[2] > 0:
             limits.append((f"KV input {first} (a fixed buffer)", shape[2]))
@@ -227,7 +227,7 @@ def kv_sequence_symbols(config: PackageConfig, model: onnx.ModelProto) -> list[s
     """The symbolic extents a static cache fixes: the past KV's sequence axis and the attention
     mask's width (both the buffer's capacity in a static decode step)."""
     inputs = {v.name: v for v in model.graph.input}
-    wanted = [(config.past_key_name(next(iter(config.kv_layer_ids), 0)), 2), (config.io.attention_mask, 1)]
+    wanted = [(config.first_past_key_name, 2), (config.io.attention_mask, 1)]
     names: list[str] = []
     for name, axis in wanted:
         info = inputs.get(name) if name else None

@@ -94,7 +94,7 @@ def prefill_logits(session: InferenceSession, config: PackageConfig, ids: Sequen
     device = session.device
     inputs = {i.name: i for i in session.graph_inputs}
     io = config.io
-    past = inputs[config.past_key_name(next(iter(config.kv_layer_ids), 0))]
+    past = inputs[config.first_past_key_name]
     kv = DynamicKV(config, ONNX_TO_TORCH[past.elem_type], device)
     n = len(ids)
     feeds: dict[str, torch.Tensor] = {io.input_ids: torch.tensor([list(ids)], dtype=torch.int64, device=device)}
