@@ -6,6 +6,10 @@ layers; the arithmetic follows onnxruntime's schema text: GatedRMSNorm and Linea
 compute in fp32 whatever the tensor type and round once at the end; GatedAdd's plain form rounds
 the product to the tensor type before the add, as separate Mul and Add would. Their shapes never
 mention the KV length, so a decode step that contains them stays recordable.
+
+Where Triton serves the device, GatedRMSNorm and LinearAttentionGate run as one kernel each
+(gpu/gated_rms_norm.py, gpu/linear_attention_gate.py), the same fp32 arithmetic; the torch code
+below stays the reference and the path everywhere else.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from onnxgen.runtime.gpu.launch import triton_serves
 from onnxgen.runtime.node_contract import NodeContext
 from onnxgen.runtime.ops.registry import MS_DOMAIN, implements
 
@@ -34,6 +39,12 @@ def gated_rms_norm(ctx: NodeContext, x: torch.Tensor, scale: torch.Tensor, gate:
         raise ctx.fail(f"X's last dimension must be a multiple of scale's length {groups}, got shape {list(x.shape)}")
     if gate.shape != x.shape:
         raise ctx.fail(f"gate must have X's shape {list(x.shape)}, got {list(gate.shape)}")
+    if triton_serves(x):
+        from onnxgen.runtime.gpu.gated_rms_norm import gated_rms_norm as kernel
+        from onnxgen.runtime.gpu.gated_rms_norm import gated_rms_norm_applies
+
+        if gated_rms_norm_applies(x, scale, gate, activation):
+            return kernel(x, scale, gate, eps, activation)
     grouped = (*x.shape[:-1], x.shape[-1] // groups, groups)
     xf = x.float().reshape(grouped)
     inv = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
@@ -79,12 +90,22 @@ def linear_attention_gate(
     for name, tensor in (("dt_bias", dt_bias), ("decay_scale", decay_scale)):
         if tensor.shape != (heads,):
             raise ctx.fail(f"{name} must have shape [{heads}] (a's heads), got {list(tensor.shape)}")
-    decay = (decay_scale.float() * F.softplus(a.float() + dt_bias.float())).to(a.dtype)
     wanted = ctx.outputs_wanted or (True,) * ctx.num_outputs
-    if len(wanted) < 2 or not wanted[1]:  # beta not asked for: b may be absent
+    beta_in = None  # b, where the beta output is asked for (else b may be absent)
+    if len(wanted) >= 2 and wanted[1]:
+        if b is None:
+            raise ctx.fail("the beta output needs the b input")
+        if b.shape != a.shape:
+            raise ctx.fail(f"b must have a's shape {list(a.shape)}, got {list(b.shape)}")
+        beta_in = b
+    if triton_serves(a):
+        from onnxgen.runtime.gpu.linear_attention_gate import linear_attention_gate as kernel
+        from onnxgen.runtime.gpu.linear_attention_gate import linear_attention_gate_applies
+
+        if linear_attention_gate_applies(a, dt_bias, decay_scale, beta_in):
+            decay, beta = kernel(a, dt_bias, decay_scale, beta_in)
+            return (decay, beta) if ctx.num_outputs > 1 else decay
+    decay = (decay_scale.float() * F.softplus(a.float() + dt_bias.float())).to(a.dtype)
+    if beta_in is None:
         return (decay, None) if ctx.num_outputs > 1 else decay
-    if b is None:
-        raise ctx.fail("the beta output needs the b input")
-    if b.shape != a.shape:
-        raise ctx.fail(f"b must have a's shape {list(a.shape)}, got {list(b.shape)}")
-    return decay, torch.sigmoid(b.float()).to(b.dtype)
+    return decay, torch.sigmoid(beta_in.float()).to(beta_in.dtype)
