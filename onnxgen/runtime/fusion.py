@@ -1,7 +1,7 @@
 """Graph rewrites that cut the number of kernels per decode step on CUDA.
 
 A batch-1 decode step is bound by launches, not bandwidth: every node costs a kernel (~2-5 us even
-inside a CUDA graph, measured on the H200: docs/benchmarks/). Three rewrites, each a pattern
+inside a CUDA graph, measured on the H200: docs/benchmarks/). The rewrites, each a pattern
 match on the ONNX graph that keeps every value name the rest of the graph reads:
 
 - ``MatMulGroup``: MatMuls that share their input A and have constant 2-D weights (Q/K/V; gate/up)
@@ -19,6 +19,10 @@ match on the ONNX graph that keeps every value name the rest of the graph reads:
 - Tied embedding: Gather(Transpose(W), ids) over a 2-D constant W (a tied lm_head weight stored
   once, as onnxruntime-genai's builder writes it) becomes Transpose(Gather(W, ids, axis=1)), so no
   step copies the whole table. The only rewrite that is not CUDA-only.
+- ``L2Normalize`` and the key repeat of inverse-GQA linear attention (fusion_hybrid.py): the per-head
+  L2 norm of Gated DeltaNet queries and keys (ReduceSumSquare -> Add eps -> Sqrt -> Div) as one op,
+  and the Tile that repeats key heads for LinearAttention dropped where the op shares packed keys
+  the same way.
 - Prologues: the op that feeds a group and nothing else (SimplifiedLayerNormalization, its Skip
   variant, or SiluMul) moves into the group as its ``prologue``: at one row the group's kernel
   recomputes it per program (gpu/linear_row.py) instead of a kernel of its own; at more
@@ -60,6 +64,8 @@ class FusionReport:
     prologues: int = 0
     row_sums: int = 0
     tied_gathers: int = 0
+    l2_norms: int = 0
+    key_repeats: int = 0
 
     @property
     def total(self) -> int:
@@ -69,7 +75,7 @@ class FusionReport:
 ALL_REWRITES = frozenset(
     {
         "attention", "matmul_groups", "matmul_nbits_groups", "silu_mul", "singles", "prologues", "row_sums",
-        "tied_gathers",
+        "tied_gathers", "l2_norms", "key_repeats",
     }
 )  # fmt: skip
 # what pays on each device (measured, docs/benchmarks/cpu.md and 2026-11-29-h200-capture.md): on the
@@ -98,7 +104,8 @@ def fuse_for_device(
 _LINEAR = ("MatMul", "MatMulNBits")
 _NEEDS = {"attention": (("Softmax",), 1), "silu_mul": (("Sigmoid",), 1), "matmul_groups": (("MatMul",), 2),
           "matmul_nbits_groups": (("MatMulNBits",), 2), "singles": (_LINEAR, 1), "prologues": (_LINEAR, 1),
-          "row_sums": (("ReduceSum",), 1), "tied_gathers": (("Transpose",), 1)}  # fmt: skip
+          "row_sums": (("ReduceSum",), 1), "tied_gathers": (("Transpose",), 1),
+          "l2_norms": (("ReduceSumSquare",), 1), "key_repeats": (("LinearAttention",), 1)}  # fmt: skip
 
 
 # what each rewrite looks for, as `onnxgen show --capture` says it where the graph has the op a
@@ -112,6 +119,10 @@ PATTERNS = {
     "prologues": "a (Skip)SimplifiedLayerNormalization or SiluMul whose output only one group reads",
     "row_sums": "ReduceSum over axis 1 of a 2-D integer graph input, minus a constant, cast to an integer",
     "tied_gathers": "Gather(Transpose(W), ids) over a 2-D constant W, every reader of the table such a Gather",
+    "l2_norms": "ReduceSumSquare(x, last axis, keepdims) -> Add a float scalar -> Sqrt -> Div(x, .), each the only "
+    "reader of the last",
+    "key_repeats": "LinearAttention (com.microsoft, more KV than query heads) reading Reshape(Tile(Reshape(k, "
+    "[0, 0, Hq, 1, d]), [1, 1, 1, Hkv / Hq, 1]), [0, 0, Hkv * d])",
 }
 
 
@@ -174,11 +185,16 @@ class _Rewriter:
 
     def run(self, report: FusionReport, rewrites: frozenset[str] = ALL_REWRITES) -> None:
         from onnxgen.runtime.fusion_attention import fuse_masked_attention
+        from onnxgen.runtime.fusion_hybrid import elide_key_repeats, fuse_l2_norms
 
         if "tied_gathers" in rewrites:
             report.tied_gathers += self._fuse_tied_gathers()
         if "attention" in rewrites:
             report.attention += fuse_masked_attention(self)
+        if "l2_norms" in rewrites:
+            report.l2_norms += fuse_l2_norms(self)
+        if "key_repeats" in rewrites:
+            report.key_repeats += elide_key_repeats(self)
         if "silu_mul" in rewrites:
             report.silu_mul += self._fuse_silu_mul()
         if "matmul_groups" in rewrites:

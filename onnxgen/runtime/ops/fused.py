@@ -8,6 +8,8 @@
   by default) the packed codes end to end through gpu/linear_q4.py instead. A CUDA session joins the members' codes
   once (fusion.pack_nbits_groups, attribute ``packed_weight``): one member of width sum(widths).
 - ``SiluMul(g, u)``: silu(g) * u.
+- ``L2Normalize(x)``, attribute ``epsilon``: x / sqrt(sum(x^2) + epsilon) over the last axis, in
+  fp32 (fp64 for fp64), rounded once; one kernel where Triton serves (gpu/l2_norm.py).
 Either group may carry a ``prologue`` (attribute; inputs x2 and gamma after the biases, see
 fusion.py): rms, skip_rms (residual sum as the last output) or silu_mul, applied to A first. At one
 row on a Triton device the group is one kernel, prologue included (gpu/linear_row.py);
@@ -322,6 +324,22 @@ def silu_mul(ctx: NodeContext, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor
 
         return fused(g, u)
     return F.silu(g) * u
+
+
+@implements("L2Normalize", domain=FUSED_DOMAIN)
+def l2_normalize(ctx: NodeContext, x: torch.Tensor) -> torch.Tensor:
+    """The chain ReduceSumSquare(last axis) -> Add eps -> Sqrt -> Div that fusion_hybrid.py replaces."""
+    eps = float(ctx.attr("epsilon", 0.0))
+    if not x.is_floating_point() or x.dim() == 0:
+        raise ctx.fail(f"L2Normalize takes a float tensor of rank >= 1, got {x.dtype} of shape {list(x.shape)}")
+    if triton_serves(x):
+        from onnxgen.runtime.gpu.l2_norm import l2_norm_applies
+        from onnxgen.runtime.gpu.l2_norm import l2_normalize as kernel
+
+        if l2_norm_applies(x):
+            return kernel(x, eps)
+    xf = x if x.dtype == torch.float64 else x.float()
+    return (xf / torch.sqrt(xf.square().sum(dim=-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def join_nbits_members(triples, biases, widths: list[int], n_blocks: int):

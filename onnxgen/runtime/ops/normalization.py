@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from onnxgen.runtime.dtypes import torch_dtype
+from onnxgen.runtime.gpu.launch import triton_serves
 from onnxgen.runtime.node_contract import NodeContext
 from onnxgen.runtime.ops.common import normalize_axis
 from onnxgen.runtime.ops.registry import implements
@@ -192,6 +193,12 @@ def lp_normalization(ctx: NodeContext, x: torch.Tensor) -> torch.Tensor:
     p = int(ctx.attr("p", 2))
     if p not in (1, 2):
         raise ctx.fail(f"p must be 1 or 2, got {p}")
+    if p == 2 and axis == x.dim() - 1 and triton_serves(x):
+        # the per-head key / query norm of onnxruntime-genai's hybrid exports: one kernel
+        from onnxgen.runtime.gpu.l2_norm import l2_norm_applies, l2_normalize
+
+        if l2_norm_applies(x):
+            return l2_normalize(x, 0.0, zero_safe=True)
     xf = x.to(_work_dtype(x))
     norm = torch.linalg.vector_norm(xf, ord=p, dim=axis, keepdim=True)
     # a zero norm gives 0, not NaN

@@ -26,6 +26,11 @@ def silu_mul(ctx: RuleContext) -> list[TensorInfo | None]:
     return [ctx.out(ctx.broadcast([ctx.shape(0), ctx.shape(1)]), ctx.dtype(0))]
 
 
+@rule("L2Normalize", domain=FUSED)
+def l2_normalize(ctx: RuleContext) -> list[TensorInfo | None]:
+    return [ctx.out(list(ctx.shape(0)), ctx.dtype(0))]
+
+
 @rule("MaskedAttention", domain=FUSED)
 def masked_attention(ctx: RuleContext) -> list[TensorInfo | None]:
     q, v = ctx.shape(0), ctx.shape(2)
