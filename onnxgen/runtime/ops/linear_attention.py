@@ -1,7 +1,9 @@
 """Recurrent-state ops of hybrid decoders (opset 27): LinearAttention and CausalConvWithState.
 
 Both carry a fixed-size state from step to step instead of a growing KV cache, so their
-shapes never mention the KV length: with fixed input shapes they are safe to record.
+shapes never mention the KV length: with fixed input shapes they are safe to record. Where Triton
+serves, a decode step (one token, no state window) of each runs as one fused kernel
+(gpu/gated_delta_decode.py, gpu/causal_conv_update.py); everything else runs the torch code here.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from onnxgen.runtime.gpu.launch import triton_serves
 from onnxgen.runtime.node_contract import NodeContext
 from onnxgen.runtime.ops.registry import MS_DOMAIN, implements
 
@@ -171,6 +174,12 @@ def _linear_attention(
     d_k = query.shape[-1] // hq
     d_v = value.shape[-1] // hkv
     scale = ctx.attr("scale", 0.0) or 1.0 / math.sqrt(d_k)
+    if t == 1 and not window and triton_serves(query):  # a decode step: one fused kernel
+        from onnxgen.runtime.gpu.gated_delta_decode import gated_delta_decode
+
+        fast = gated_delta_decode(query, key, value, past_state, decay, beta, q_heads=hq, kv_heads=hkv, scale=scale)
+        if fast is not None:
+            return fast
     f32 = torch.float32 if query.dtype != torch.float64 else torch.float64
     # the recurrence accumulates over every token: keep it in fp32 whatever the activations
     q = _heads(query, hq).to(f32)
@@ -244,7 +253,8 @@ def causal_conv_with_state(
     bias: torch.Tensor | None = None,
     past_state: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _causal_conv(ctx, x, weight, bias, past_state, dilation=1, window=0)
+    fast = _conv_step(ctx, x, weight, bias, past_state, 1, False)
+    return fast if fast is not None else _causal_conv(ctx, x, weight, bias, past_state, dilation=1, window=0)
 
 
 # onnxruntime's attributes that only its CUDA kernel implements, with their defaults
@@ -280,7 +290,10 @@ def causal_conv_with_state_ms(
         raise ctx.fail(f"dilation must be >= 1, got {dilation}")
     if not 0 <= window <= 8:
         raise ctx.fail(f"state_window must be in [0, 8], got {window}")
-    if not int(ctx.attr("channels_last", 0)):
+    channels_last = bool(int(ctx.attr("channels_last", 0)))
+    if not window and (fast := _conv_step(ctx, x, weight, bias, past_state, dilation, channels_last)) is not None:
+        return fast
+    if not channels_last:
         return _causal_conv(ctx, x, weight, bias, past_state, dilation=dilation, window=window)
     if x.dim() < 3:
         raise ctx.fail(f"channels_last input must be (batch, sequence, channels...), got shape {tuple(x.shape)}")
@@ -291,6 +304,25 @@ def causal_conv_with_state_ms(
     y = y.transpose(1, 2).reshape(*lead, *channel_axes)
     present = present.transpose(-1, -2)
     return y, present.reshape(*present.shape[:-1], *channel_axes).contiguous()
+
+
+def _conv_step(
+    ctx: NodeContext,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    past_state: torch.Tensor | None,
+    dilation: int,
+    channels_last: bool,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A one-position step without a state window in one fused kernel, where Triton serves and
+    the kernel takes these inputs; None: the torch path runs (and reports malformed inputs)."""
+    if not triton_serves(x):
+        return None
+    from onnxgen.runtime.gpu.causal_conv_update import causal_conv_update
+
+    return causal_conv_update(x, weight, bias, past_state, activation=ctx.attr("activation", "none"),
+                              dilation=dilation, channels_last=channels_last)  # fmt: skip
 
 
 def _channels_first(t: torch.Tensor, channel_axes: int) -> torch.Tensor:

@@ -1,0 +1,221 @@
+"""LinearAttention's one-token step (T == 1) in one Triton kernel: the gated delta rule and its
+simpler forms (linear, gated, delta), for every batch row and KV (value) head at once.
+
+The torch path (runtime/ops/linear_attention.py, ``_sequential``) spends a dozen kernels per layer
+on it: casts to fp32, exp, two einsums, the outer-product update, the scale, casts back. Here one
+program owns a (batch row, KV head, value-dim tile) of the state S [d_k, d_v] and does, in fp32:
+
+    S = S * exp(g)                  g: the log decay, per head or per key dim (gated rules)
+    v' = beta * (v - S^T k)         (delta rules; else v' = v)
+    S = S + k v'^T
+    out = scale * S^T q             once per query head that reads this KV head
+
+Every step is separable over the value dims (column m of S needs only column m and the whole of k),
+so tiles over d_v never talk to each other: no atomics, no second pass, and each reduction over
+d_k has a fixed order, so a replayed graph gives the eager result bit for bit. The new state goes
+to a fresh present buffer (never the past: a recorded step must not consume its own input).
+
+Head mapping, as ``_linear_attention`` groups them: with H_q >= H_kv, KV head h serves the
+G = H_q / H_kv query heads h * G .. h * G + G - 1 (output heads likewise); with more KV heads than
+query heads (onnxruntime's inverse GQA) KV head h reads query head h / R, R = H_kv / H_q, and
+writes output head h. Keys come per KV head, or packed per query head (then key head h / R).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from onnxgen.runtime.gpu.launch import LAUNCHES, pdl_launch
+from onnxgen.runtime.gpu.pdl import wait_for_previous
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# key dims one program holds whole (the tile is d_k x BLOCK_V fp32 values in registers)
+MAX_KEY_DIM = 512
+# enough programs to put a batch-1 step's state on every SM of a large GPU: the step reads and
+# writes the whole state once, so it is bound by memory parallelism, not arithmetic
+_TARGET_PROGRAMS = 128
+
+
+@triton.jit
+def _gated_delta_step_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    decay_ptr,
+    beta_ptr,
+    past_ptr,
+    present_ptr,
+    out_ptr,
+    q_row_stride,
+    k_row_stride,
+    v_row_stride,
+    decay_row_stride,
+    decay_head_stride,
+    decay_dim_stride,
+    beta_row_stride,
+    beta_head_stride,
+    kv_heads,
+    d_k,
+    d_v,
+    group,
+    q_share,
+    k_share,
+    scale,
+    HAS_PAST: tl.constexpr,
+    HAS_DECAY: tl.constexpr,
+    HAS_BETA: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    PDL: tl.constexpr,  # programmatic dependent launch (launch.pdl_launch)
+):
+    wait_for_previous(PDL)
+    bh = tl.program_id(0)  # batch row * kv_heads + KV head: the state's (B, H_kv) index
+    b = bh // kv_heads
+    h = bh % kv_heads
+    rows = tl.arange(0, BLOCK_K)
+    cols = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    row_ok = rows < d_k
+    col_ok = cols < d_v
+    tile_ok = row_ok[:, None] & col_ok[None, :]
+    # the state is contiguous (B, H_kv, d_k, d_v); masked rows and columns stay zero throughout
+    cells = bh.to(tl.int64) * d_k * d_v + rows[:, None] * d_v + cols[None, :]
+    if HAS_PAST:
+        s = tl.load(past_ptr + cells, mask=tile_ok, other=0.0).to(tl.float32)
+    else:
+        s = tl.zeros((BLOCK_K, BLOCK_V), tl.float32)
+    if HAS_DECAY:
+        g = tl.load(
+            decay_ptr + b * decay_row_stride + h * decay_head_stride + rows * decay_dim_stride, mask=row_ok, other=0.0
+        ).to(tl.float32)
+        s = s * tl.exp(g)[:, None]
+    k = tl.load(k_ptr + b * k_row_stride + (h // k_share) * d_k + rows, mask=row_ok, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + b * v_row_stride + h * d_v + cols, mask=col_ok, other=0.0).to(tl.float32)
+    if HAS_BETA:
+        beta = tl.load(beta_ptr + b * beta_row_stride + h * beta_head_stride).to(tl.float32)
+        v = beta * (v - tl.sum(s * k[:, None], axis=0))
+    s = s + k[:, None] * v[None, :]
+    tl.store(present_ptr + cells, s.to(present_ptr.dtype.element_ty), mask=tile_ok)
+    heads_out = kv_heads * group
+    for j in range(group):
+        head = h * group + j
+        q = tl.load(q_ptr + b * q_row_stride + (head // q_share) * d_k + rows, mask=row_ok, other=0.0)
+        out = tl.sum(q.to(tl.float32)[:, None] * s, axis=0) * scale
+        tl.store(out_ptr + (b * heads_out + head) * d_v + cols, out.to(out_ptr.dtype.element_ty), mask=col_ok)
+
+
+def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """A (B, 1, N) tensor whose last axis is contiguous, and its batch stride (T == 1: the only
+    other stride the kernel needs). Split's views of a packed projection pass without a copy."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    return x, x.stride(0)
+
+
+def _tile(batch: int, kv_heads: int, d_k: int, d_v: int) -> tuple[int, int]:
+    """(BLOCK_K, BLOCK_V): all key dims in one tile; value-dim tiles of at most 4096 fp32 cells
+    (the program's registers), narrowed to 16 while that raises the program count toward
+    _TARGET_PROGRAMS."""
+    block_k = triton.next_power_of_2(d_k)
+    block_v = max(1, min(triton.next_power_of_2(d_v), 32, 4096 // block_k))
+    while block_v > 16 and batch * kv_heads * triton.cdiv(d_v, block_v) < _TARGET_PROGRAMS:
+        block_v //= 2
+    return block_k, block_v
+
+
+def gated_delta_decode(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    past_state: torch.Tensor | None,
+    decay: torch.Tensor | None,
+    beta: torch.Tensor | None,
+    *,
+    q_heads: int,
+    kv_heads: int,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(output (B, 1, max(H_q, H_kv) * d_v) in the query's dtype, present state (B, H_kv, d_k, d_v)
+    in the past state's dtype, else the query's), as ``_linear_attention`` returns them for one
+    token without a state window; None where the kernel does not serve these inputs (the caller
+    runs the torch path, which also reports malformed ones). The caller has checked the update
+    rule against decay / beta and the head counts."""
+    b, t, width = query.shape if query.dim() == 3 else (0, 0, 0)
+    if t != 1 or b == 0 or width % q_heads or value.shape[-1] % kv_heads:
+        return None
+    d_k, d_v = width // q_heads, value.shape[-1] // kv_heads
+    tensors = [query, key, value, past_state, decay, beta]
+    if any(x is not None and (x.dtype not in _DTYPES or x.device != query.device) for x in tensors):
+        return None
+    if d_k == 0 or d_v == 0 or d_k > MAX_KEY_DIM or key.dim() != 3 or value.dim() != 3:
+        return None
+    if key.shape[:2] != (b, 1) or value.shape[:2] != (b, 1):
+        return None
+    share = kv_heads // q_heads if kv_heads > q_heads else 1  # inverse GQA: KV heads per query head
+    if key.shape[-1] == kv_heads * d_k:
+        k_share = 1
+    elif kv_heads > q_heads and key.shape[-1] == q_heads * d_k:  # keys packed per query head
+        k_share = share
+    else:
+        return None
+    state_shape = (b, kv_heads, d_k, d_v)
+    if past_state is not None and tuple(past_state.shape) != state_shape:
+        return None
+    decay_strides = (0, 0, 0)
+    if decay is not None:
+        if decay.dim() != 3 or decay.shape[:2] != (b, 1):
+            return None
+        last = decay.shape[-1]
+        if last == kv_heads:  # one log decay per head
+            decay_strides = (decay.stride(0), decay.stride(2), 0)
+        elif last == kv_heads * d_k:  # one per key dim of each head
+            decay_strides = (decay.stride(0), d_k * decay.stride(2), decay.stride(2))
+        elif last == 1:  # one for every head
+            decay_strides = (decay.stride(0), 0, 0)
+        else:
+            return None
+    beta_strides = (0, 0)
+    if beta is not None:
+        if beta.dim() != 3 or beta.shape[:2] != (b, 1) or beta.shape[-1] not in (kv_heads, 1):
+            return None
+        beta_strides = (beta.stride(0), beta.stride(2) if beta.shape[-1] == kv_heads else 0)
+
+    group = max(q_heads, kv_heads) // kv_heads
+    query, q_stride = _rows(query)
+    key, k_stride = _rows(key)
+    value, v_stride = _rows(value)
+    past = past_state.contiguous() if past_state is not None else None
+    present = torch.empty(state_shape, dtype=query.dtype if past is None else past.dtype, device=query.device)
+    out = torch.empty((b, 1, kv_heads * group * d_v), dtype=query.dtype, device=query.device)
+    block_k, block_v = _tile(b, kv_heads, d_k, d_v)
+    LAUNCHES["gated_delta_decode"] += 1
+    _gated_delta_step_kernel[(b * kv_heads, triton.cdiv(d_v, block_v))](
+        query,
+        key,
+        value,
+        decay if decay is not None else query,
+        beta if beta is not None else query,
+        past if past is not None else present,
+        present,
+        out,
+        q_stride,
+        k_stride,
+        v_stride,
+        *decay_strides,
+        *beta_strides,
+        kv_heads,
+        d_k,
+        d_v,
+        group,
+        share,
+        k_share,
+        float(scale),
+        HAS_PAST=past is not None,
+        HAS_DECAY=decay is not None,
+        HAS_BETA=beta is not None,
+        BLOCK_K=block_k,
+        BLOCK_V=block_v,
+        **pdl_launch(query, present, out),
+    )
+    return out, present

@@ -1,0 +1,250 @@
+"""The one-token Triton kernels of hybrid decoders (gpu/gated_delta_decode.py, gpu/causal_conv_update.py)
+against the torch path of the ops that dispatch to them (runtime/ops/linear_attention.py), which
+tests/test_ops_extra.py and tests/test_ops_recurrent_ms.py hold to onnxruntime.
+
+On the CPU the kernels run through Triton's interpreter, which must be on before triton defines a
+kernel: test_kernels_match_the_torch_path_through_the_triton_interpreter runs this file again in a
+child process with TRITON_INTERPRET=1, where the parity tests run (in a plain process they skip).
+On CUDA they run directly (gpu mark), and once more on the qwen3.5-0.8b layer shape.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from onnxgen import options
+from onnxgen.runtime.gpu.launch import LAUNCHES, interpreting, triton_importable
+from onnxgen.runtime.node_contract import NodeContext
+from onnxgen.runtime.ops.linear_attention import (
+    causal_conv_with_state,
+    causal_conv_with_state_ms,
+    linear_attention,
+    linear_attention_ms,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+HAS_CUDA = torch.cuda.is_available()
+# where the kernels can run in this process: the interpreter (the child run) or CUDA
+KERNEL_DEVICES = [
+    pytest.param("cpu", marks=pytest.mark.skipif(not interpreting(), reason="the child run interprets these")),
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")]),
+]
+# relative to the reference's largest magnitude: fp32 rounding, one ulp of the half types. Triton's
+# interpreter truncates fp32 -> bfloat16 (compiled kernels round to nearest even, as torch does), so
+# there a bf16 value may be off by another ulp: the conv rounds twice (its sum, then the SiLU)
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+INTERPRETED_BF16_TOL = 2e-2
+MS = "com.microsoft"
+
+
+def _ctx(op: str, domain: str, device: str, num_inputs: int, **attrs: object) -> NodeContext:
+    return NodeContext(
+        op, op, domain, 27 if domain == "" else 1, attrs, torch.device(device), num_inputs, 2, (True, True)
+    )
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape, (actual.shape, expected.shape)
+    a, e = actual.double().cpu(), expected.double().cpu()
+    error = float((a - e).abs().max()) / max(float(e.abs().max()), 1e-6)
+    interpreted_bf16 = expected.dtype == torch.bfloat16 and actual.device.type == "cpu"
+    assert error < (INTERPRETED_BF16_TOL if interpreted_bf16 else TOL[expected.dtype]), error
+
+
+def _kernel_vs_torch(kernel: str, run: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """``run`` (an op call) takes the fused kernel once and matches the torch path (triton off)."""
+    before = LAUNCHES[kernel]
+    fused = run()
+    assert LAUNCHES[kernel] == before + 1, f"{kernel} did not run"
+    with options.override(triton=False):
+        reference = run()
+    for actual, expected in zip(fused, reference, strict=True):
+        _close(actual, expected)
+
+
+# ---------------------------------------------------------------- LinearAttention, one token
+
+# (domain, q heads, kv heads, packed keys, d_k, d_v, batch, decay last dim, beta last dim)
+#   decay / beta last dim: "h" per KV head, "hk" per key dim of each head, "1" shared, None absent
+LA_CASES = {
+    # onnxgen's builder: inverse GQA (more value heads than key heads), keys repeated per value head
+    "builder": (MS, 2, 4, False, 16, 16, 2, "h", "h"),
+    # onnxruntime-genai's export: keys packed per query head
+    "packed_keys": (MS, 2, 4, True, 12, 20, 1, "h", "h"),
+    # the standard op's GQA: two query heads per KV head; odd dims across two value tiles
+    "gqa": ("", 6, 3, False, 9, 37, 3, "h", "h"),
+    "per_key_dim_decay": ("", 2, 2, False, 8, 24, 2, "hk", "1"),
+    "gated": (MS, 2, 2, False, 16, 8, 1, "1", None),
+    "delta": (MS, 3, 3, False, 5, 7, 2, None, "h"),
+    "linear": ("", 4, 2, False, 16, 16, 1, None, None),
+}
+_RULE = {(True, True): "gated_delta", (True, False): "gated", (False, True): "delta", (False, False): "linear"}
+
+
+def _linear_attention_inputs(
+    case: tuple, device: str, dtype: torch.dtype, state_dtype: torch.dtype | None, seed: int = 0
+) -> tuple[dict, list[torch.Tensor | None]]:
+    domain, hq, hkv, packed, d_k, d_v, batch, decay_kind, beta_kind = case
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen) * scale).to(device=device, dtype=dtype)
+
+    q = rand(batch, 1, hq * d_k, scale=d_k**-0.5)
+    k = rand(batch, 1, (hq if packed else hkv) * d_k, scale=d_k**-0.5)
+    v = rand(batch, 1, hkv * d_v)
+    widths = {"h": hkv, "hk": hkv * d_k, "1": 1}
+    decay = None
+    if decay_kind is not None:  # log decays in (-1, 0): a forget factor per head or key dim
+        decay = -torch.rand(batch, 1, widths[decay_kind], generator=gen).to(device=device, dtype=dtype)
+    beta = None if beta_kind is None else torch.rand(batch, 1, widths[beta_kind], generator=gen).to(device, dtype)
+    past = None
+    if state_dtype is not None:
+        past = torch.randn(batch, hkv, d_k, d_v, generator=gen).to(device=device, dtype=state_dtype)
+    attrs = {"q_num_heads": hq, "kv_num_heads": hkv, "update_rule": _RULE[decay is not None, beta is not None]}
+    return attrs, [q, k, v, past, decay, beta]
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("case", list(LA_CASES))
+@pytest.mark.parametrize(
+    ("dtype", "state_dtype"),
+    [(torch.float32, torch.float32), (torch.float16, torch.float16), (torch.float16, torch.float32)],
+)
+def test_gated_delta_decode_matches_the_torch_path(
+    device: str, case: str, dtype: torch.dtype, state_dtype: torch.dtype
+) -> None:
+    attrs, inputs = _linear_attention_inputs(LA_CASES[case], device, dtype, state_dtype)
+    domain = LA_CASES[case][0]
+    op = linear_attention_ms if domain == MS else linear_attention
+    _kernel_vs_torch("gated_delta_decode", lambda: op(_ctx("LinearAttention", domain, device, 6, **attrs), *inputs))
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize(
+    ("dtype", "state_dtype", "scale"),
+    [(torch.bfloat16, torch.bfloat16, 0.0), (torch.float32, torch.float16, 0.3), (torch.bfloat16, None, 0.0)],
+)
+def test_gated_delta_decode_state_dtypes_scale_and_no_past(
+    device: str, dtype: torch.dtype, state_dtype: torch.dtype | None, scale: float
+) -> None:
+    """bf16, a state narrower than the activations, the scale attribute, no past state (zeros;
+    the present then takes the activations' dtype)."""
+    attrs, inputs = _linear_attention_inputs(LA_CASES["builder"], device, dtype, state_dtype, seed=1)
+    attrs["scale"] = scale
+    _kernel_vs_torch("gated_delta_decode", lambda: linear_attention_ms(_ctx("LinearAttention", MS, device, 6, **attrs),
+                                                                       *inputs))  # fmt: skip
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_linear_attention_keeps_the_torch_path_beyond_one_token(device: str) -> None:
+    """Prompts (T > 1) and a state window are the torch path's."""
+    attrs, (q, k, v, past, decay, beta) = _linear_attention_inputs(LA_CASES["builder"], device, torch.float32,
+                                                                   torch.float32)  # fmt: skip
+    two = [torch.cat([x, x], dim=1) for x in (q, k, v, decay, beta)]
+    before = LAUNCHES["gated_delta_decode"]
+    out, _ = linear_attention_ms(_ctx("LinearAttention", MS, device, 6, **attrs), *two[:3], past, *two[3:])
+    windowed = {**attrs, "state_window": 1}
+    _, present = linear_attention_ms(_ctx("LinearAttention", MS, device, 6, **windowed), q, k, v, past[None], decay,
+                                     beta)  # fmt: skip
+    assert LAUNCHES["gated_delta_decode"] == before and out.shape[1] == 2 and present.dim() == 5
+
+
+# ---------------------------------------------------------------- CausalConvWithState, one position
+
+# (domain, channels_last, channel axes, kernel width, dilation, batch, bias, activation)
+CONV_CASES = {
+    # onnxgen's builder and onnxruntime-genai: channels-last states [B, k - 1, C], SiLU, no bias
+    "builder": (MS, True, (40,), 4, 1, 2, False, "silu"),
+    "channels_last_axes": (MS, True, (3, 5), 3, 2, 1, True, "none"),
+    "channels_first": (MS, False, (37,), 4, 1, 3, True, "swish"),
+    "channels_first_dilated": (MS, False, (200,), 2, 3, 1, False, "silu"),
+    "standard_op": ("", False, (24,), 4, 1, 2, True, "silu"),
+}
+
+
+def _conv_inputs(
+    case: tuple, device: str, dtype: torch.dtype, state_dtype: torch.dtype | None, seed: int = 0
+) -> tuple[dict, list[torch.Tensor | None]]:
+    domain, channels_last, axes, kernel, dilation, batch, has_bias, activation = case
+    gen = torch.Generator().manual_seed(seed)
+    channels = int(torch.tensor(axes).prod())
+    carry = (kernel - 1) * dilation
+    x = torch.randn(batch, 1, *axes, generator=gen) if channels_last else torch.randn(batch, channels, 1, generator=gen)
+    weight = torch.randn(channels, 1, kernel, generator=gen) * 0.5
+    bias = torch.randn(channels, generator=gen) if has_bias else None
+    past = None
+    if state_dtype is not None:
+        shape = (batch, carry, *axes) if channels_last else (batch, channels, carry)
+        past = torch.randn(*shape, generator=gen).to(device=device, dtype=state_dtype)
+    attrs: dict = {"activation": activation}
+    if domain == MS:
+        attrs.update(channels_last=int(channels_last), dilation=dilation)
+    on = [None if t is None else t.to(device=device, dtype=dtype) for t in (x, weight, bias)]
+    return attrs, [*on, past]
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("case", list(CONV_CASES))
+@pytest.mark.parametrize(
+    ("dtype", "state_dtype"),
+    [(torch.float32, torch.float32), (torch.float16, torch.float16), (torch.bfloat16, torch.float32)],
+)
+def test_causal_conv_update_matches_the_torch_path(
+    device: str, case: str, dtype: torch.dtype, state_dtype: torch.dtype
+) -> None:
+    attrs, inputs = _conv_inputs(CONV_CASES[case], device, dtype, state_dtype)
+    domain = CONV_CASES[case][0]
+    op = causal_conv_with_state_ms if domain == MS else causal_conv_with_state
+    _kernel_vs_torch("causal_conv_update", lambda: op(_ctx("CausalConvWithState", domain, device, 4, **attrs), *inputs))
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("case", ["builder", "channels_first"])
+def test_causal_conv_update_without_a_past_state(device: str, case: str) -> None:
+    attrs, inputs = _conv_inputs(CONV_CASES[case], device, torch.float16, None, seed=2)
+    ctx = _ctx("CausalConvWithState", MS, device, 4, **attrs)
+    _kernel_vs_torch("causal_conv_update", lambda: causal_conv_with_state_ms(ctx, *inputs))
+
+
+# ---------------------------------------------------------------- the drivers
+
+
+@pytest.mark.skipif(interpreting() or not triton_importable(), reason="the parent run starts the interpreted child")
+def test_kernels_match_the_torch_path_through_the_triton_interpreter() -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "ONNXGEN_TRITON": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu", __file__]
+    cmd += ["-k", "not through_the_triton_interpreter"]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    assert " skipped" not in done.stdout.splitlines()[-1], done.stdout[-3000:]  # every parity case ran
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_kernels_on_the_qwen35_08b_layer_shape() -> None:
+    """One Gated DeltaNet layer of the qwen3.5-0.8b shape (16 key and value heads of 128 dims, a
+    6144-channel conv of width 4), fp16 activations and states as onnxgen's fp16 package holds them;
+    bf16 and fp32 activations over an fp32 state on the same layer."""
+    conv = (MS, True, (6144,), 4, 1, 1, False, "silu")
+    attrs, inputs = _conv_inputs(conv, "cuda", torch.float16, torch.float16)
+    ctx = _ctx("CausalConvWithState", MS, "cuda", 4, **attrs)
+    _kernel_vs_torch("causal_conv_update", lambda: causal_conv_with_state_ms(ctx, *inputs))
+    # the 0.8B layer at batch 1 and 4, and the 35B-A3B layer's 32 value heads over 16 key heads
+    for batch, value_heads in ((1, 16), (4, 16), (1, 32)):
+        layer = (MS, 16, value_heads, False, 128, 128, batch, "h", "h")
+        attrs, inputs = _linear_attention_inputs(layer, "cuda", torch.float16, torch.float16)
+        ctx = _ctx("LinearAttention", MS, "cuda", 6, **attrs)
+        _kernel_vs_torch("gated_delta_decode", lambda: linear_attention_ms(ctx, *inputs))  # noqa: B023
+    for dtype in (torch.bfloat16, torch.float32):
+        attrs, inputs = _linear_attention_inputs((MS, 16, 16, False, 128, 128, 2, "h", "h"), "cuda", dtype,
+                                                 torch.float32)  # fmt: skip
+        ctx = _ctx("LinearAttention", MS, "cuda", 6, **attrs)
+        _kernel_vs_torch("gated_delta_decode", lambda: linear_attention_ms(ctx, *inputs))  # noqa: B023
