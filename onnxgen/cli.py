@@ -364,7 +364,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         shutdown_grace_s=args.shutdown_grace, stream_interval_s=args.stream_interval_ms / 1000,
         max_chunk_rate=args.max_chunk_rate, device=args.device,
         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, prefix_caching=args.enable_prefix_caching,
-        max_prefill_tokens=args.max_prefill_tokens,
+        max_prefill_tokens=args.max_prefill_tokens, state_snapshots=args.state_snapshots,
         engine_process={"auto": None, "on": True, "off": False}[args.engine_process],
     )  # fmt: skip
 
@@ -505,6 +505,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
         help="reuse the KV of a prompt prefix the batching server still holds (default on)",
+    )  # fmt: skip
+    p.add_argument(
+        "--state-snapshots", type=int, default=None, metavar="N",
+        help="hybrid decoders (carried states): snapshots of the states after shared prompt prefixes kept "
+        "for later prompts, so that conversations with one system prompt reuse it (default: --max-num-seqs; "
+        "0: none)",
     )  # fmt: skip
     p.add_argument(
         "--shutdown-grace", type=float, default=10.0,

@@ -42,7 +42,8 @@ class BatchScheduler(EngineThreadScheduler):
     """Continuous batching over ``max_seqs`` KV slots of ``max_model_len`` tokens each (default: the
     model's context), prompts in chunks of ``prefill_chunk`` tokens, at most ``prefill_budget`` prompt
     tokens per iteration (BatchedDecoder's default when None), prompt prefixes reused from the
-    slots unless ``prefix_caching`` is False. The default ``warm`` runs one
+    slots unless ``prefix_caching`` is False, with up to ``state_snapshots`` snapshots of a hybrid
+    decoder's states (KVPool's default when None). The default ``warm`` runs one
     short generation through the batched decoder (it is built there, on the engine thread)."""
 
     delivers_per_step = True
@@ -56,6 +57,7 @@ class BatchScheduler(EngineThreadScheduler):
         prefill_chunk: int = 256,
         prefix_caching: bool = True,
         prefill_budget: int | None = None,
+        state_snapshots: int | None = None,
         warm: Callable[[Generator], None] | None = None,
         **kwargs,
     ) -> None:
@@ -66,6 +68,7 @@ class BatchScheduler(EngineThreadScheduler):
         self.prefill_chunk = prefill_chunk
         self.prefix_caching = prefix_caching
         self.prefill_budget = prefill_budget
+        self.state_snapshots = state_snapshots
         self.decoder: BatchedDecoder | None = None
         self._jobs: dict[Sequence, _Job] = {}
         self._active: list[RequestHandle] = []  # started, not ended (engine thread; read under the lock)
@@ -96,6 +99,7 @@ class BatchScheduler(EngineThreadScheduler):
         self.decoder = BatchedDecoder(
             generator.engine, self.max_seqs, self.max_model_len, self.prefill_chunk,
             prefix_caching=self.prefix_caching, prefill_budget=self.prefill_budget,
+            state_snapshots=self.state_snapshots,
         )  # fmt: skip
         return generator
 
@@ -218,8 +222,12 @@ class BatchScheduler(EngineThreadScheduler):
             return
         stats = sequence.stats
         final = job.text.final(stats.stop_reason)
-        used, cached = stats.new_tokens, stats.cached_tokens
-        handle._push(Output(job.index, final, now, completion_tokens=used, cached_tokens=cached))
+        handle._push(
+            Output(
+                job.index, final, now, completion_tokens=stats.new_tokens, cached_tokens=stats.cached_tokens,
+                snapshot_hits=stats.snapshot_hits, snapshot_takes=stats.snapshot_takes,
+            )
+        )  # fmt: skip
         handle.jobs_done += 1
         del self._jobs[sequence]
         if handle.jobs_done == len(handle.jobs):
@@ -260,18 +268,20 @@ class BatchScheduler(EngineThreadScheduler):
 class RunnerOptions:
     """Which runner decodes the requests: one at a time (``max_seqs`` 1, SerialScheduler) or
     continuous batching of ``max_seqs`` sequences (BatchScheduler, with its ``max_model_len``,
-    ``prefix_caching`` and ``prefill_budget``). The one choice for a runner on the server's
+    ``prefix_caching``, ``prefill_budget`` and ``state_snapshots``). The one choice for a runner on the server's
     thread and one in an engine process (engine_process.py)."""
 
     max_seqs: int = 1
     max_model_len: int | None = None
     prefix_caching: bool = True
     prefill_budget: int | None = None
+    state_snapshots: int | None = None
 
     def make(self, make_generator: Callable[[], Generator], *, max_queue: int) -> EngineThreadScheduler:
         if self.max_seqs > 1:
             return BatchScheduler(
                 make_generator, max_queue=max_queue, max_seqs=self.max_seqs, max_model_len=self.max_model_len,
                 prefix_caching=self.prefix_caching, prefill_budget=self.prefill_budget,
+                state_snapshots=self.state_snapshots,
             )  # fmt: skip
         return SerialScheduler(make_generator, max_queue=max_queue)

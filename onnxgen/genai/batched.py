@@ -12,9 +12,11 @@ its sequences through the engine's session:
 - ``release`` ends a sequence (cancelled, a stop string) and frees its slot.
 
 A prompt starts in the slot that holds its longest prefix already (kv_pool.py), and computes the
-rest. Every sequence samples with its own LogitsSampler (its own seed and counters), so what it
-draws does not depend on the other sequences of the batch; the logits may, by rounding, where a
-kernel's arithmetic changes with the number of rows (docs/batching.md says which).
+rest; a hybrid decoder's prompt that the pool marks (``snapshot_at``) has a chunk end there and
+leaves a snapshot of its states for later prompts with that prefix (state_snapshots.py). Every
+sequence samples with its own LogitsSampler (its own seed and counters), so what it draws does not
+depend on the other sequences of the batch; the logits may, by rounding, where a kernel's
+arithmetic changes with the number of rows (docs/batching.md says which).
 
 The batched step runs the package's graph with batch = the slots it spans, each row its own
 length: the past inputs are views of the pool's buffers and the attention mask says each row's
@@ -126,6 +128,7 @@ class BatchedDecoder:
         *,
         prefix_caching: bool = True,
         prefill_budget: int | None = None,
+        state_snapshots: int | None = None,
     ) -> None:
         config = engine.config
         if max_seqs < 1:
@@ -146,7 +149,10 @@ class BatchedDecoder:
         # where prompts run in groups, CAPTURED_PREFILL_BUDGET)
         default_budget = max(2 * prefill_chunk, CAPTURED_PREFILL_BUDGET) if self.captured else 2 * prefill_chunk
         self.prefill_budget = max(prefill_chunk, prefill_budget or default_budget)
-        self.pool = KVPool(config, engine.kv_dtype, engine.device, max_seqs, capacity, prefix_caching=prefix_caching)
+        self.pool = KVPool(
+            config, engine.kv_dtype, engine.device, max_seqs, capacity,
+            prefix_caching=prefix_caching, state_snapshots=state_snapshots,
+        )  # fmt: skip
         self.waiting: collections.deque[Sequence] = collections.deque()  # admitted, prompt not started
         self.prefilling: Sequence | None = None  # the one whose prompt is part computed
         self.running: list[Sequence] = []  # first token read, decoding
@@ -341,6 +347,9 @@ class BatchedDecoder:
         prompt = sequence.prompt_ids
         lo = sequence.prefilled
         hi = min(len(prompt), lo + min(self.prefill_chunk, budget))
+        point = self.pool.snapshot_at[slot]  # a hybrid's chunk ends where its states are kept (kv_pool.py)
+        if lo < point < hi:
+            hi = point
         if self.captured:
             return self._prefill_chunk_captured(sequence, lo, hi), hi - lo
         n = hi - lo
@@ -362,6 +371,8 @@ class BatchedDecoder:
         self._keep_states(outputs, past, None)
         self.pool.contents[slot].extend(prompt[lo:hi])
         sequence.prefilled = hi
+        if hi == point:
+            self._keep_snapshot(sequence, {name: state[slot] for name, state in self.pool.states.items()})
         if hi < len(prompt):
             return [], n
         self.prefilling = None
@@ -378,11 +389,22 @@ class BatchedDecoder:
             span = range(bucket_for(self.buckets, max(running) + 1) if running else 0)
         else:
             span = range(min(running), max(running) + 1) if running else range(0)
+        hits = self.pool.snapshot_hits
         sequence.slot, sequence.prefilled = self.pool.acquire(sequence.prompt_ids, span, lowest_first=self.captured)
         sequence.stats.cached_tokens = sequence.prefilled
+        sequence.stats.snapshot_hits = self.pool.snapshot_hits - hits
         sequence.started_at = time.perf_counter()
         if sequence.sampler.plan.penalize:  # the prompt's ids counted (a copy that waits for the device)
             sequence.sampler.observe(torch.tensor([sequence.prompt_ids], dtype=torch.int64, device=self.engine.device))
+
+    def _keep_snapshot(self, sequence: Sequence, states: dict[str, torch.Tensor]) -> None:
+        """A hybrid's prompt has reached its slot's ``snapshot_at``: ``states`` (name -> its states
+        now, in its slot or its scratch cache) kept as the snapshot of its prompt so far. A copy on
+        the host's stream, between steps, into buffers allocated with the pool."""
+        slot = sequence.slot
+        assert slot is not None
+        self.pool.keep_snapshot(slot, sequence.prompt_ids[: sequence.prefilled], states)
+        sequence.stats.snapshot_takes += 1
 
     # -- captured prompts in groups (prompt_groups.py) -------------------------------------------
 
@@ -542,16 +564,19 @@ class BatchedDecoder:
         ids = torch.tensor([prompt[lo:hi]], dtype=torch.int64, device=engine.device)
         logits = engine._prefill_captured(sequence, ids)
         sequence.prefilled = hi
-        if hi < len(prompt):
-            return []
         scratch, slot = sequence.kv, sequence.slot
         assert isinstance(scratch, StaticKV) and slot is not None
+        if hi == self.pool.snapshot_at[slot]:
+            self._keep_snapshot(sequence, {name: buffer[0] for name, buffer in scratch.states.buffers.items()})
+        if hi < len(prompt):
+            return []
         start = len(self.pool.contents[slot])
         for name, buffer in self.pool.buffers.items():
             buffer[slot, :, start:hi].copy_(scratch.buffers[name][0, :, start:hi])
         for name, state in self.pool.states.items():
             state[slot].copy_(scratch.states.buffers[name][0])
         self.pool.contents[slot].extend(prompt[start:hi])
+        self.pool.state_held[slot] = True  # a step that ran meanwhile wrote a dummy row into the old ones
         sequence.kv = None
         self.prefilling = None
         return self._prompt_done(sequence, logits)

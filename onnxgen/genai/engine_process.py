@@ -94,14 +94,14 @@ def _encoded(item: Output | None) -> tuple | Output | None:
         return _portable(item)
     event = item.event
     return (item.index, event.token_id, event.text, event.logprob, event.finish_reason, item.at,
-            item.completion_tokens, item.cached_tokens)  # fmt: skip
+            item.completion_tokens, item.cached_tokens, item.snapshot_hits, item.snapshot_takes)  # fmt: skip
 
 
 def _decoded(item: tuple | Output | None) -> Output | None:
     if not isinstance(item, tuple):
         return item
-    index, token_id, text, logprob, finish, at, completion, cached = item
-    return Output(index, GenerationEvent(token_id, text, logprob, finish), at, None, completion, cached)
+    index, token_id, text, logprob, finish, at, completion, cached, hits, takes = item
+    return Output(index, GenerationEvent(token_id, text, logprob, finish), at, None, completion, cached, hits, takes)
 
 
 def _portable(item: Output | None) -> Output | None:

@@ -75,7 +75,9 @@ class Output:
     ``error`` is set: the request ended with that exception). ``at``: time.perf_counter() when the
     engine produced it. ``completion_tokens``: on final events, every token the model produced for
     the job, a stop id included (Generator.last_stats.new_tokens); ``cached_tokens``: of its prompt
-    tokens, those whose KV was reused rather than computed (batching's prefix reuse)."""
+    tokens, those whose KV was reused rather than computed (batching's prefix reuse);
+    ``snapshot_hits`` and ``snapshot_takes``: a hybrid decoder's state snapshots restored for the
+    job's reused prefix and taken of its prompt (genai/state_snapshots.py)."""
 
     index: int
     event: GenerationEvent | None
@@ -83,6 +85,8 @@ class Output:
     error: BaseException | None = None
     completion_tokens: int = 0
     cached_tokens: int = 0
+    snapshot_hits: int = 0
+    snapshot_takes: int = 0
 
 
 class RequestHandle:

@@ -32,6 +32,10 @@ class GenerationStats:
     stop_reason: str = ""
     kv: str = ""
     cached_tokens: int = 0  # prompt tokens whose KV was reused, not computed (batched decoding's prefix reuse)
+    # a hybrid decoder's state snapshots (state_snapshots.py): restored for its reused prefix (0 or 1),
+    # and taken of its prompt's prefix for later prompts
+    snapshot_hits: int = 0
+    snapshot_takes: int = 0
     first_read_at: float = field(default=0.0, repr=False)  # perf_counter when the first token was read
 
     def count_token(self, start: float) -> None:

@@ -4,8 +4,9 @@ Written here rather than taken from prometheus_client: a handful of series, no r
 process-wide state (each app has its own ``Metrics``, so in-process test servers do not share
 counts). Every update happens on the event loop's thread, so nothing needs a lock.
 
-Series: requests by endpoint and status, prompt and generated tokens, the queue depth and running
-requests (read from the scheduler at each scrape), time to first token and the time between a
+Series: requests by endpoint and status, prompt and generated tokens (and of the prompt tokens,
+those reused; for a hybrid decoder, the state snapshots its prefix reuse restored and took), the
+queue depth and running requests (read from the scheduler at each scrape), time to first token and the time between a
 request's consecutive tokens (histograms, seconds, measured where the engine produced the tokens).
 """
 
@@ -60,6 +61,8 @@ class Metrics:
         self.requests: dict[tuple[str, int], int] = {}
         self.prompt_tokens = 0
         self.cached_prompt_tokens = 0
+        self.state_snapshot_hits = 0
+        self.state_snapshot_takes = 0
         self.generation_tokens = 0
         self.ttft = Histogram(
             f"{PREFIX}_time_to_first_token_seconds", "Request arrival to its first token.", TTFT_BUCKETS
@@ -88,6 +91,18 @@ class Metrics:
                 "prompt_tokens_cached_total",
                 "Prompt tokens whose KV was reused (prefix caching).",
                 self.cached_prompt_tokens,
+                "counter",
+            ),
+            (
+                "prefix_state_snapshot_hits_total",
+                "Prompts whose reused prefix's carried states came from a state snapshot (hybrid decoders).",
+                self.state_snapshot_hits,
+                "counter",
+            ),
+            (
+                "prefix_state_snapshots_taken_total",
+                "State snapshots taken after a shared prompt prefix (hybrid decoders).",
+                self.state_snapshot_takes,
                 "counter",
             ),
             ("generation_tokens_total", "Tokens generated and handed out.", self.generation_tokens, "counter"),

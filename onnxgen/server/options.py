@@ -34,11 +34,14 @@ class ServeOptions:
     device's memory has not been built). ``max_model_len``: tokens (prompt and output) one sequence
     may hold when batching; None: 16,384 tokens shared by the slots (at most the model's context, at
     least 256). ``prefix_caching``: a batching server reuses the KV rows of a prompt prefix it still
-    holds (genai/kv_pool.py). ``max_prefill_tokens``: prompt tokens a batching server computes
-    between two decode steps at most (None: 512 where steps run eagerly, 2048 where they are
-    captured and prompts run in groups; genai/batched.py). ``engine_process``: run the engine in a
-    process of its own (genai/engine_process.py: the event loop's HTTP work and the engine's steps
-    do not share one interpreter lock); None: the device's default (``in_engine_process``)."""
+    holds (genai/kv_pool.py). ``state_snapshots``: for a hybrid decoder's carried states, snapshots
+    after shared prompt prefixes that a batching server keeps (genai/state_snapshots.py; None: one
+    per sequence slot, 0: none, as with prefix caching off). ``max_prefill_tokens``: prompt tokens
+    a batching server computes between two decode steps at most (None: 512 where steps run
+    eagerly, 2048 where they are captured and prompts run in groups; genai/batched.py).
+    ``engine_process``: run the engine in a process of its own (genai/engine_process.py: the event
+    loop's HTTP work and the engine's steps do not share one interpreter lock); None: the device's
+    default (``in_engine_process``)."""
 
     model_name: str
     host: str = "127.0.0.1"
@@ -54,6 +57,7 @@ class ServeOptions:
     max_num_seqs: int | None = None
     max_model_len: int | None = None
     prefix_caching: bool = True
+    state_snapshots: int | None = None
     max_prefill_tokens: int | None = None
     engine_process: bool | None = None
 
@@ -67,6 +71,7 @@ class ServeOptions:
             max_model_len=self.max_model_len,
             prefix_caching=self.prefix_caching,
             prefill_budget=self.max_prefill_tokens,
+            state_snapshots=self.state_snapshots,
         )
 
     @property
@@ -108,6 +113,10 @@ class ServeOptions:
             (
                 self.max_prefill_tokens is None or self.max_prefill_tokens >= 16,
                 f"--max-prefill-tokens must be >= 16, got {self.max_prefill_tokens}",
+            ),
+            (
+                self.state_snapshots is None or self.state_snapshots >= 0,
+                f"--state-snapshots must be >= 0, got {self.state_snapshots}",
             ),
             (
                 self.max_model_len is None or self.max_model_len >= 2,

@@ -102,6 +102,8 @@ class Relay:
             if out.index % self.plan.n == 0:  # the first job of its prompt (total_prompt_tokens' count)
                 self.cached_tokens += out.cached_tokens
                 self.metrics.cached_prompt_tokens += out.cached_tokens
+            self.metrics.state_snapshot_hits += out.snapshot_hits
+            self.metrics.state_snapshot_takes += out.snapshot_takes
             self.info.setdefault("finish", []).append(event.finish_reason)
 
     # -- one JSON body ---------------------------------------------------------------------------
