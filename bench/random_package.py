@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 from onnxgen.genai.benchmark import prompt_ids
 from onnxgen.genai.engine import DecodeEngine, engine_model
+from onnxgen.genai.graph_layout import with_graph_layout
 from onnxgen.genai.package import PackageConfig, load_package_config
 from onnxgen.genai.sampling import SamplingParams
 from onnxgen.models.builder import build_package
@@ -143,6 +144,7 @@ def greedy_run(
 def open_package(args: argparse.Namespace) -> tuple[InferenceSession, PackageConfig]:
     config = load_package_config(args.package_dir)
     model, directory = load_model(config.model_file)
+    config = with_graph_layout(config, model)  # a hybrid's KV layers and carried states come from its graph
     return InferenceSession(engine_model(model, config), device=args.device, base_dir=directory), config
 
 
