@@ -42,6 +42,8 @@ KERNEL_DEVICES = [
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 INTERPRETED_BF16_TOL = 2e-2
 MS = "com.microsoft"
+# gpu/gated_delta_decode.MAX_SEQUENTIAL_TOKENS (imported there with triton; the tests check they agree)
+MAX_SEQUENTIAL_TOKENS = 64
 
 
 def _ctx(op: str, domain: str, device: str, num_inputs: int, **attrs: object) -> NodeContext:
@@ -89,7 +91,7 @@ _RULE = {(True, True): "gated_delta", (True, False): "gated", (False, True): "de
 
 
 def _linear_attention_inputs(
-    case: tuple, device: str, dtype: torch.dtype, state_dtype: torch.dtype | None, seed: int = 0
+    case: tuple, device: str, dtype: torch.dtype, state_dtype: torch.dtype | None, seed: int = 0, tokens: int = 1
 ) -> tuple[dict, list[torch.Tensor | None]]:
     domain, hq, hkv, packed, d_k, d_v, batch, decay_kind, beta_kind = case
     gen = torch.Generator().manual_seed(seed)
@@ -97,14 +99,14 @@ def _linear_attention_inputs(
     def rand(*shape: int, scale: float = 1.0) -> torch.Tensor:
         return (torch.randn(*shape, generator=gen) * scale).to(device=device, dtype=dtype)
 
-    q = rand(batch, 1, hq * d_k, scale=d_k**-0.5)
-    k = rand(batch, 1, (hq if packed else hkv) * d_k, scale=d_k**-0.5)
-    v = rand(batch, 1, hkv * d_v)
+    q = rand(batch, tokens, hq * d_k, scale=d_k**-0.5)
+    k = rand(batch, tokens, (hq if packed else hkv) * d_k, scale=d_k**-0.5)
+    v = rand(batch, tokens, hkv * d_v)
     widths = {"h": hkv, "hk": hkv * d_k, "1": 1}
     decay = None
     if decay_kind is not None:  # log decays in (-1, 0): a forget factor per head or key dim
-        decay = -torch.rand(batch, 1, widths[decay_kind], generator=gen).to(device=device, dtype=dtype)
-    beta = None if beta_kind is None else torch.rand(batch, 1, widths[beta_kind], generator=gen).to(device, dtype)
+        decay = -torch.rand(batch, tokens, widths[decay_kind], generator=gen).to(device=device, dtype=dtype)
+    beta = None if beta_kind is None else torch.rand(batch, tokens, widths[beta_kind], generator=gen).to(device, dtype)
     past = None
     if state_dtype is not None:
         past = torch.randn(batch, hkv, d_k, d_v, generator=gen).to(device=device, dtype=state_dtype)
@@ -144,17 +146,35 @@ def test_gated_delta_decode_state_dtypes_scale_and_no_past(
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
-def test_linear_attention_keeps_the_torch_path_beyond_one_token(device: str) -> None:
-    """Prompts (T > 1) and a state window are the torch path's."""
+@pytest.mark.parametrize("case", ["builder", "gqa", "per_key_dim_decay"])
+@pytest.mark.parametrize("tokens", [2, 9])  # the longest run: the GPU test below (slow interpreted)
+def test_short_prompts_take_the_kernel_and_match_the_torch_path(device: str, case: str, tokens: int) -> None:
+    """A short prompt (T tokens, state in registers from token to token) against the torch path,
+    whose chunked form computes T > 1 otherwise (per-key-dim decay: its sequential form)."""
+    from onnxgen.runtime.gpu import gated_delta_decode
+
+    assert gated_delta_decode.MAX_SEQUENTIAL_TOKENS == MAX_SEQUENTIAL_TOKENS
+    attrs, inputs = _linear_attention_inputs(LA_CASES[case], device, torch.float32, torch.float32, tokens=tokens)
+    domain = LA_CASES[case][0]
+    op = linear_attention_ms if domain == MS else linear_attention
+    _kernel_vs_torch("gated_delta_decode", lambda: op(_ctx("LinearAttention", domain, device, 6, **attrs), *inputs))
+    attrs, inputs = _linear_attention_inputs(LA_CASES[case], device, torch.float16, torch.float16, tokens=tokens)
+    _kernel_vs_torch("gated_delta_decode", lambda: op(_ctx("LinearAttention", domain, device, 6, **attrs), *inputs))
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_linear_attention_keeps_the_torch_path_for_long_prompts_and_windows(device: str) -> None:
+    """Prompts longer than MAX_SEQUENTIAL_TOKENS and a state window are the torch path's."""
+    tokens = MAX_SEQUENTIAL_TOKENS + 1
     attrs, (q, k, v, past, decay, beta) = _linear_attention_inputs(LA_CASES["builder"], device, torch.float32,
-                                                                   torch.float32)  # fmt: skip
-    two = [torch.cat([x, x], dim=1) for x in (q, k, v, decay, beta)]
+                                                                   torch.float32, tokens=tokens)  # fmt: skip
     before = LAUNCHES["gated_delta_decode"]
-    out, _ = linear_attention_ms(_ctx("LinearAttention", MS, device, 6, **attrs), *two[:3], past, *two[3:])
+    out, _ = linear_attention_ms(_ctx("LinearAttention", MS, device, 6, **attrs), q, k, v, past, decay, beta)
+    one = [x[:, :1] for x in (q, k, v, decay, beta)]
     windowed = {**attrs, "state_window": 1}
-    _, present = linear_attention_ms(_ctx("LinearAttention", MS, device, 6, **windowed), q, k, v, past[None], decay,
-                                     beta)  # fmt: skip
-    assert LAUNCHES["gated_delta_decode"] == before and out.shape[1] == 2 and present.dim() == 5
+    _, present = linear_attention_ms(_ctx("LinearAttention", MS, device, 6, **windowed), *one[:3], past[None],
+                                     *one[3:])  # fmt: skip
+    assert LAUNCHES["gated_delta_decode"] == before and out.shape[1] == tokens and present.dim() == 5
 
 
 # ---------------------------------------------------------------- CausalConvWithState, one position
@@ -246,5 +266,11 @@ def test_kernels_on_the_qwen35_08b_layer_shape() -> None:
     for dtype in (torch.bfloat16, torch.float32):
         attrs, inputs = _linear_attention_inputs((MS, 16, 16, False, 128, 128, 2, "h", "h"), "cuda", dtype,
                                                  torch.float32)  # fmt: skip
+        ctx = _ctx("LinearAttention", MS, "cuda", 6, **attrs)
+        _kernel_vs_torch("gated_delta_decode", lambda: linear_attention_ms(ctx, *inputs))  # noqa: B023
+    # prompts of the layer: the bench's 16 tokens and the longest run the kernel takes
+    for tokens in (16, MAX_SEQUENTIAL_TOKENS):
+        attrs, inputs = _linear_attention_inputs((MS, 16, 16, False, 128, 128, 1, "h", "h"), "cuda", torch.float16,
+                                                 torch.float16, tokens=tokens)  # fmt: skip
         ctx = _ctx("LinearAttention", MS, "cuda", 6, **attrs)
         _kernel_vs_torch("gated_delta_decode", lambda: linear_attention_ms(ctx, *inputs))  # noqa: B023

@@ -1,5 +1,6 @@
-"""LinearAttention's one-token step (T == 1) in one Triton kernel: the gated delta rule and its
-simpler forms (linear, gated, delta), for every batch row and KV (value) head at once.
+"""LinearAttention's one-token step (T == 1), and short runs of tokens (a short prompt), in one
+Triton kernel: the gated delta rule and its simpler forms (linear, gated, delta), for every batch
+row and KV (value) head at once.
 
 The torch path (runtime/ops/linear_attention.py, ``_sequential``) spends a dozen kernels per layer
 on it: casts to fp32, exp, two einsums, the outer-product update, the scale, casts back. Here one
@@ -9,6 +10,11 @@ program owns a (batch row, KV head, value-dim tile) of the state S [d_k, d_v] an
     v' = beta * (v - S^T k)         (delta rules; else v' = v)
     S = S + k v'^T
     out = scale * S^T q             once per query head that reads this KV head
+
+For T tokens the program repeats this token after token with S in registers (the recurrence's own
+order), reading the state once and writing it once. That is a chain of T dependent steps, so it
+serves up to MAX_SEQUENTIAL_TOKENS; longer prompts keep the torch path's chunked form, whose matrix
+products do the same work in T / chunk dependent steps.
 
 Every step is separable over the value dims (column m of S needs only column m and the whole of k),
 so tiles over d_v never talk to each other: no atomics, no second pass, and each reduction over
@@ -33,6 +39,8 @@ from onnxgen.runtime.gpu.pdl import wait_for_previous
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # key dims one program holds whole (the tile is d_k x BLOCK_V fp32 values in registers)
 MAX_KEY_DIM = 512
+# the longest run of tokens one program steps through (module docstring)
+MAX_SEQUENTIAL_TOKENS = 64
 # enough programs to put a batch-1 step's state on every SM of a large GPU: the step reads and
 # writes the whole state once, so it is bound by memory parallelism, not arithmetic
 _TARGET_PROGRAMS = 128
@@ -49,13 +57,19 @@ def _gated_delta_step_kernel(
     present_ptr,
     out_ptr,
     q_row_stride,
+    q_tok_stride,
     k_row_stride,
+    k_tok_stride,
     v_row_stride,
+    v_tok_stride,
     decay_row_stride,
+    decay_tok_stride,
     decay_head_stride,
     decay_dim_stride,
     beta_row_stride,
+    beta_tok_stride,
     beta_head_stride,
+    tokens,
     kv_heads,
     d_k,
     d_v,
@@ -85,32 +99,37 @@ def _gated_delta_step_kernel(
         s = tl.load(past_ptr + cells, mask=tile_ok, other=0.0).to(tl.float32)
     else:
         s = tl.zeros((BLOCK_K, BLOCK_V), tl.float32)
-    if HAS_DECAY:
-        g = tl.load(
-            decay_ptr + b * decay_row_stride + h * decay_head_stride + rows * decay_dim_stride, mask=row_ok, other=0.0
-        ).to(tl.float32)
-        s = s * tl.exp(g)[:, None]
-    k = tl.load(k_ptr + b * k_row_stride + (h // k_share) * d_k + rows, mask=row_ok, other=0.0).to(tl.float32)
-    v = tl.load(v_ptr + b * v_row_stride + h * d_v + cols, mask=col_ok, other=0.0).to(tl.float32)
-    if HAS_BETA:
-        beta = tl.load(beta_ptr + b * beta_row_stride + h * beta_head_stride).to(tl.float32)
-        v = beta * (v - tl.sum(s * k[:, None], axis=0))
-    s = s + k[:, None] * v[None, :]
-    tl.store(present_ptr + cells, s.to(present_ptr.dtype.element_ty), mask=tile_ok)
     heads_out = kv_heads * group
-    for j in range(group):
-        head = h * group + j
-        q = tl.load(q_ptr + b * q_row_stride + (head // q_share) * d_k + rows, mask=row_ok, other=0.0)
-        out = tl.sum(q.to(tl.float32)[:, None] * s, axis=0) * scale
-        tl.store(out_ptr + (b * heads_out + head) * d_v + cols, out.to(out_ptr.dtype.element_ty), mask=col_ok)
+    for i in range(tokens):
+        if HAS_DECAY:
+            g = tl.load(
+                decay_ptr + b * decay_row_stride + i * decay_tok_stride + h * decay_head_stride
+                + rows * decay_dim_stride, mask=row_ok, other=0.0,
+            ).to(tl.float32)  # fmt: skip
+            s = s * tl.exp(g)[:, None]
+        k = tl.load(k_ptr + b * k_row_stride + i * k_tok_stride + (h // k_share) * d_k + rows, mask=row_ok,
+                    other=0.0).to(tl.float32)  # fmt: skip
+        v = tl.load(v_ptr + b * v_row_stride + i * v_tok_stride + h * d_v + cols, mask=col_ok, other=0.0).to(tl.float32)
+        if HAS_BETA:
+            beta = tl.load(beta_ptr + b * beta_row_stride + i * beta_tok_stride + h * beta_head_stride).to(tl.float32)
+            v = beta * (v - tl.sum(s * k[:, None], axis=0))
+        s = s + k[:, None] * v[None, :]
+        for j in range(group):
+            head = h * group + j
+            q = tl.load(q_ptr + b * q_row_stride + i * q_tok_stride + (head // q_share) * d_k + rows, mask=row_ok,
+                        other=0.0)  # fmt: skip
+            out = tl.sum(q.to(tl.float32)[:, None] * s, axis=0) * scale
+            tl.store(out_ptr + ((b * tokens + i) * heads_out + head) * d_v + cols, out.to(out_ptr.dtype.element_ty),
+                     mask=col_ok)  # fmt: skip
+    tl.store(present_ptr + cells, s.to(present_ptr.dtype.element_ty), mask=tile_ok)
 
 
-def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """A (B, 1, N) tensor whose last axis is contiguous, and its batch stride (T == 1: the only
-    other stride the kernel needs). Split's views of a packed projection pass without a copy."""
+def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """A (B, T, N) tensor whose last axis is contiguous, and its batch and token strides. Split's
+    views of a packed projection pass without a copy."""
     if x.stride(-1) != 1:
         x = x.contiguous()
-    return x, x.stride(0)
+    return x, x.stride(0), x.stride(1)
 
 
 def _tile(batch: int, kv_heads: int, d_k: int, d_v: int) -> tuple[int, int]:
@@ -136,13 +155,13 @@ def gated_delta_decode(
     kv_heads: int,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(output (B, 1, max(H_q, H_kv) * d_v) in the query's dtype, present state (B, H_kv, d_k, d_v)
-    in the past state's dtype, else the query's), as ``_linear_attention`` returns them for one
-    token without a state window; None where the kernel does not serve these inputs (the caller
+    """(output (B, T, max(H_q, H_kv) * d_v) in the query's dtype, present state (B, H_kv, d_k, d_v)
+    in the past state's dtype, else the query's), as ``_linear_attention`` returns them for 1 to
+    MAX_SEQUENTIAL_TOKENS tokens without a state window; None where the kernel does not serve these inputs (the caller
     runs the torch path, which also reports malformed ones). The caller has checked the update
     rule against decay / beta and the head counts."""
     b, t, width = query.shape if query.dim() == 3 else (0, 0, 0)
-    if t != 1 or b == 0 or width % q_heads or value.shape[-1] % kv_heads:
+    if not 1 <= t <= MAX_SEQUENTIAL_TOKENS or b == 0 or width % q_heads or value.shape[-1] % kv_heads:
         return None
     d_k, d_v = width // q_heads, value.shape[-1] // kv_heads
     tensors = [query, key, value, past_state, decay, beta]
@@ -150,7 +169,7 @@ def gated_delta_decode(
         return None
     if d_k == 0 or d_v == 0 or d_k > MAX_KEY_DIM or key.dim() != 3 or value.dim() != 3:
         return None
-    if key.shape[:2] != (b, 1) or value.shape[:2] != (b, 1):
+    if key.shape[:2] != (b, t) or value.shape[:2] != (b, t):
         return None
     share = kv_heads // q_heads if kv_heads > q_heads else 1  # inverse GQA: KV heads per query head
     if key.shape[-1] == kv_heads * d_k:
@@ -162,32 +181,32 @@ def gated_delta_decode(
     state_shape = (b, kv_heads, d_k, d_v)
     if past_state is not None and tuple(past_state.shape) != state_shape:
         return None
-    decay_strides = (0, 0, 0)
+    decay_strides = (0, 0, 0, 0)  # batch row, token, head, key dim
     if decay is not None:
-        if decay.dim() != 3 or decay.shape[:2] != (b, 1):
+        if decay.dim() != 3 or decay.shape[:2] != (b, t):
             return None
         last = decay.shape[-1]
         if last == kv_heads:  # one log decay per head
-            decay_strides = (decay.stride(0), decay.stride(2), 0)
+            decay_strides = (decay.stride(0), decay.stride(1), decay.stride(2), 0)
         elif last == kv_heads * d_k:  # one per key dim of each head
-            decay_strides = (decay.stride(0), d_k * decay.stride(2), decay.stride(2))
+            decay_strides = (decay.stride(0), decay.stride(1), d_k * decay.stride(2), decay.stride(2))
         elif last == 1:  # one for every head
-            decay_strides = (decay.stride(0), 0, 0)
+            decay_strides = (decay.stride(0), decay.stride(1), 0, 0)
         else:
             return None
-    beta_strides = (0, 0)
+    beta_strides = (0, 0, 0)  # batch row, token, head
     if beta is not None:
-        if beta.dim() != 3 or beta.shape[:2] != (b, 1) or beta.shape[-1] not in (kv_heads, 1):
+        if beta.dim() != 3 or beta.shape[:2] != (b, t) or beta.shape[-1] not in (kv_heads, 1):
             return None
-        beta_strides = (beta.stride(0), beta.stride(2) if beta.shape[-1] == kv_heads else 0)
+        beta_strides = (beta.stride(0), beta.stride(1), beta.stride(2) if beta.shape[-1] == kv_heads else 0)
 
     group = max(q_heads, kv_heads) // kv_heads
-    query, q_stride = _rows(query)
-    key, k_stride = _rows(key)
-    value, v_stride = _rows(value)
+    query, *q_strides = _rows(query)
+    key, *k_strides = _rows(key)
+    value, *v_strides = _rows(value)
     past = past_state.contiguous() if past_state is not None else None
     present = torch.empty(state_shape, dtype=query.dtype if past is None else past.dtype, device=query.device)
-    out = torch.empty((b, 1, kv_heads * group * d_v), dtype=query.dtype, device=query.device)
+    out = torch.empty((b, t, kv_heads * group * d_v), dtype=query.dtype, device=query.device)
     block_k, block_v = _tile(b, kv_heads, d_k, d_v)
     LAUNCHES["gated_delta_decode"] += 1
     _gated_delta_step_kernel[(b * kv_heads, triton.cdiv(d_v, block_v))](
@@ -199,11 +218,15 @@ def gated_delta_decode(
         past if past is not None else present,
         present,
         out,
-        q_stride,
-        k_stride,
-        v_stride,
-        *decay_strides,
+        *q_strides,
+        *k_strides,
+        *v_strides,
+        decay_strides[0],
+        decay_strides[1],
+        decay_strides[2],
+        decay_strides[3],
         *beta_strides,
+        t,
         kv_heads,
         d_k,
         d_v,

@@ -174,7 +174,7 @@ def _linear_attention(
     d_k = query.shape[-1] // hq
     d_v = value.shape[-1] // hkv
     scale = ctx.attr("scale", 0.0) or 1.0 / math.sqrt(d_k)
-    if t == 1 and not window and triton_serves(query):  # a decode step: one fused kernel
+    if not window and triton_serves(query):  # a decode step or a short prompt: one fused kernel (else None)
         from onnxgen.runtime.gpu.gated_delta_decode import gated_delta_decode
 
         fast = gated_delta_decode(query, key, value, past_state, decay, beta, q_heads=hq, kv_heads=hkv, scale=scale)
