@@ -10,11 +10,7 @@ On CUDA they run directly (gpu mark), and once more on the qwen3.5-0.8b layer sh
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import torch
@@ -28,14 +24,8 @@ from onnxgen.runtime.ops.linear_attention import (
     linear_attention,
     linear_attention_ms,
 )
+from tests.interpreted_kernels import HAS_CUDA, KERNEL_DEVICES, run_interpreted
 
-ROOT = Path(__file__).resolve().parents[1]
-HAS_CUDA = torch.cuda.is_available()
-# where the kernels can run in this process: the interpreter (the child run) or CUDA
-KERNEL_DEVICES = [
-    pytest.param("cpu", marks=pytest.mark.skipif(not interpreting(), reason="the child run interprets these")),
-    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")]),
-]
 # relative to the reference's largest magnitude: fp32 rounding, one ulp of the half types. Triton's
 # interpreter truncates fp32 -> bfloat16 (compiled kernels round to nearest even, as torch does), so
 # there a bf16 value may be off by another ulp: the conv rounds twice (its sum, then the SiLU)
@@ -239,12 +229,7 @@ def test_causal_conv_update_without_a_past_state(device: str, case: str) -> None
 
 @pytest.mark.skipif(interpreting() or not triton_importable(), reason="the parent run starts the interpreted child")
 def test_kernels_match_the_torch_path_through_the_triton_interpreter() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "ONNXGEN_TRITON": "1", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu", __file__]
-    cmd += ["-k", "not through_the_triton_interpreter"]
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
-    assert " skipped" not in done.stdout.splitlines()[-1], done.stdout[-3000:]  # every parity case ran
+    run_interpreted(__file__, "through_the_triton_interpreter")
 
 
 @pytest.mark.gpu

@@ -12,11 +12,7 @@ On CUDA they run directly (gpu mark), and once more on the qwen3.5-0.8b layer wi
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -34,14 +30,8 @@ from onnxgen.runtime.ops.contrib_gated import gated_rms_norm, linear_attention_g
 from onnxgen.runtime.ops.fused import l2_normalize
 from onnxgen.runtime.ops.normalization import lp_normalization
 from tests.conftest import make_model, ort_run
+from tests.interpreted_kernels import HAS_CUDA, KERNEL_DEVICES, run_interpreted
 
-ROOT = Path(__file__).resolve().parents[1]
-HAS_CUDA = torch.cuda.is_available()
-# where the kernels can run in this process: the interpreter (the child run) or CUDA
-KERNEL_DEVICES = [
-    pytest.param("cpu", marks=pytest.mark.skipif(not interpreting(), reason="the child run interprets these")),
-    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")]),
-]
 # relative to the reference's largest magnitude: fp32 rounding, about one ulp of the half types
 TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
 # Triton's interpreter truncates fp32 -> bfloat16 where compiled kernels and torch round to nearest
@@ -308,12 +298,7 @@ def test_other_key_layouts_keep_their_repeat(near_miss: dict) -> None:
 
 @pytest.mark.skipif(interpreting() or not triton_importable(), reason="the parent run starts the interpreted child")
 def test_kernels_match_the_torch_path_through_the_triton_interpreter() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "ONNXGEN_TRITON": "1", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu", __file__]
-    cmd += ["-k", "not through_the_triton_interpreter and not near_miss and not other_key_layouts"]
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
-    assert " skipped" not in done.stdout.splitlines()[-1], done.stdout[-3000:]  # every kernel case ran
+    run_interpreted(__file__, "through_the_triton_interpreter or near_miss or other_key_layouts")
 
 
 @pytest.mark.gpu
