@@ -26,10 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
-from onnxgen.runtime.gpu.launch import LAUNCHES, pdl_launch
+from onnxgen.runtime.gpu.launch import KERNEL_DTYPES, LAUNCHES, pdl_launch
 from onnxgen.runtime.gpu.pdl import wait_for_previous
 
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _ACTIVATIONS = {"none": False, "silu": True, "swish": True}  # -> apply SiLU
 BLOCK_C = 128
 
@@ -119,7 +118,8 @@ def causal_conv_update(
     state_shape = (batch, carry, *channel_axes) if channels_last else (batch, channels, carry)
     if past_state is not None and tuple(past_state.shape) != state_shape:
         return None
-    if any(t is not None and (t.dtype not in _DTYPES or t.device != x.device) for t in (x, weight, bias, past_state)):
+    tensors = [t for t in (x, weight, bias, past_state) if t is not None]
+    if any(t.dtype not in KERNEL_DTYPES or t.device != x.device for t in tensors):
         return None
 
     x2 = x.reshape(batch, channels)  # a view where x's channels are evenly strided

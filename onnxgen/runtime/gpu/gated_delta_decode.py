@@ -33,10 +33,9 @@ import torch
 import triton
 import triton.language as tl
 
-from onnxgen.runtime.gpu.launch import LAUNCHES, pdl_launch
+from onnxgen.runtime.gpu.launch import KERNEL_DTYPES, LAUNCHES, pdl_launch
 from onnxgen.runtime.gpu.pdl import wait_for_previous
 
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # key dims one program holds whole (the tile is d_k x BLOCK_V fp32 values in registers)
 MAX_KEY_DIM = 512
 # the longest run of tokens one program steps through (module docstring)
@@ -165,7 +164,7 @@ def gated_delta_decode(
         return None
     d_k, d_v = width // q_heads, value.shape[-1] // kv_heads
     tensors = [query, key, value, past_state, decay, beta]
-    if any(x is not None and (x.dtype not in _DTYPES or x.device != query.device) for x in tensors):
+    if any(x is not None and (x.dtype not in KERNEL_DTYPES or x.device != query.device) for x in tensors):
         return None
     if d_k == 0 or d_v == 0 or d_k > MAX_KEY_DIM or key.dim() != 3 or value.dim() != 3:
         return None

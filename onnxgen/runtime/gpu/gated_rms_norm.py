@@ -17,9 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
-from onnxgen.runtime.gpu.launch import LAUNCHES, pdl_launch
+from onnxgen.runtime.gpu.launch import KERNEL_DTYPES, LAUNCHES, pdl_launch
 from onnxgen.runtime.gpu.pdl import wait_for_previous
-from onnxgen.runtime.gpu.strided_rows import KERNEL_DTYPES, as_rows
+from onnxgen.runtime.gpu.strided_rows import as_rows
 
 # the widest group one program holds whole (in registers, fp32), and the most groups per row (the
 # grid's second axis)

@@ -25,6 +25,9 @@ from onnxgen import options
 LAUNCHES: Counter[str] = Counter()
 _BUFFERS: dict[tuple[str, int, torch.device], list[torch.Tensor]] = {}
 
+# the activation dtypes the Triton kernels take (fp32 math inside; fp64 stays on the torch path)
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
 
 def cached_buffers(
     kernel: str, size: int, device: torch.device, specs: list[tuple[int, torch.dtype]]
@@ -100,9 +103,7 @@ def q4_kernels_serve(a: torch.Tensor) -> bool:
     ``triton_q4``, on by default; ``ONNXGEN_TRITON_Q4=0`` keeps a dequantized fp16 copy instead). An
     int4 package then holds its weights as int4 only; on the H200 the copy still decodes faster
     (docs/benchmarks/2026-12-02-h200-int4-packed.md), which is the opt-out's trade."""
-    return (
-        options.current().triton_q4 and a.dtype in (torch.float16, torch.bfloat16, torch.float32) and triton_serves(a)
-    )
+    return options.current().triton_q4 and a.dtype in KERNEL_DTYPES and triton_serves(a)
 
 
 def pdl_unavailable(capability: tuple[int, int], launcher_options: set[str] | None) -> str | None:
@@ -177,7 +178,7 @@ def settled_before_launch(*tensors: torch.Tensor | None) -> bool:
 
 def linear_row_serves(a: torch.Tensor) -> bool:
     """A one-row linear layer over ``a`` may run as gpu/linear_row.py's kernel."""
-    if a.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+    if a.dtype not in KERNEL_DTYPES:
         return False
     mode = options.current().triton_linear  # linear_row_mode(), one call less per op
     if mode == "auto":

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import torch
 
-# the kernel dtypes: fp32 math, rounded once to the output's dtype (fp64 stays on the torch path)
-KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
 
 def as_rows(x: torch.Tensor, *inner: int) -> torch.Tensor:
     """``x`` as ``[rows, *inner]`` with its last axis contiguous: a view where the strides allow

@@ -13,12 +13,10 @@ import torch
 import torch.nn.functional as F
 
 from onnxgen.runtime.dtypes import torch_dtype
-from onnxgen.runtime.gpu.launch import triton_serves
+from onnxgen.runtime.gpu.launch import KERNEL_DTYPES, triton_serves
 from onnxgen.runtime.node_contract import NodeContext
 from onnxgen.runtime.ops.common import normalize_axis
 from onnxgen.runtime.ops.registry import implements
-
-_FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _compute_dtype(ctx: NodeContext, x: torch.Tensor) -> torch.dtype:
@@ -56,7 +54,7 @@ def layer_normalization(
     eps = float(ctx.attr("epsilon", 1e-5))
     norm_shape = list(x.shape[axis:])
     compute = _compute_dtype(ctx, x)
-    if _unwanted(ctx, 1) and x.dtype in _FUSED_DTYPES and compute == torch.float32:
+    if _unwanted(ctx, 1) and x.dtype in KERNEL_DTYPES and compute == torch.float32:
         weight = _as_param(scale, norm_shape)
         b = _as_param(bias, norm_shape)
         if weight is not None and (bias is None or b is not None):
@@ -82,7 +80,7 @@ def rms_normalization(ctx: NodeContext, x: torch.Tensor, scale: torch.Tensor) ->
     eps = float(ctx.attr("epsilon", 1e-5))
     norm_shape = list(x.shape[axis:])
     compute = _compute_dtype(ctx, x)
-    if x.dtype in _FUSED_DTYPES and compute == torch.float32 and scale.dtype == x.dtype:
+    if x.dtype in KERNEL_DTYPES and compute == torch.float32 and scale.dtype == x.dtype:
         weight = _as_param(scale, norm_shape)
         if weight is not None:
             # torch's rms_norm upcasts 16-bit input to float32 and rounds once at the end
