@@ -50,6 +50,7 @@ from onnx import helper
 from onnxgen import options
 
 FUSED_DOMAIN = "onnxgen"
+DEFAULT_DOMAINS = ("", "ai.onnx")  # the default ONNX domain, as a node may spell it
 _FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 _INTS = (onnx.TensorProto.INT32, onnx.TensorProto.INT64)
 
@@ -84,6 +85,14 @@ ALL_REWRITES = frozenset(
 # tied-embedding gather runs everywhere: it removes a copy of the whole table per step
 # (docs/benchmarks/2026-12-02-cpu-foreign.md)
 DEVICE_REWRITES = {"cuda": ALL_REWRITES, "cpu": frozenset({"attention", "tied_gathers"})}
+
+
+def node_attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
+    """The value of ``node``'s attribute ``name`` (``default`` where it has none)."""
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
 
 
 def fusion_enabled(device_type: str, opts: options.Options | None = None) -> bool:

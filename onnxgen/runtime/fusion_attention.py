@@ -23,15 +23,7 @@ from typing import Any
 import onnx
 from onnx import helper, numpy_helper
 
-FUSED_DOMAIN = "onnxgen"
-_DEFAULT = ("", "ai.onnx")
-
-
-def _attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
+from onnxgen.runtime.fusion import DEFAULT_DOMAINS, FUSED_DOMAIN, node_attr
 
 
 class AttentionMatcher:
@@ -44,7 +36,7 @@ class AttentionMatcher:
 
     def _op(self, value: str, op_type: str) -> onnx.NodeProto | None:
         node = self.producer.get(value)
-        return node if node is not None and node.op_type == op_type and node.domain in _DEFAULT else None
+        return node if node is not None and node.op_type == op_type and node.domain in DEFAULT_DOMAINS else None
 
     def _sole(self, value: str) -> bool:
         return self.rw._sole_consumer(value, self.consumers) is not None
@@ -53,7 +45,7 @@ class AttentionMatcher:
         t = self.rw.inits.get(name)
         if t is None:
             node = self._op(name, "Constant")
-            t = _attr(node, "value") if node is not None else None
+            t = node_attr(node, "value") if node is not None else None
         if t is None:
             return None
         array = numpy_helper.to_array(t)
@@ -70,7 +62,7 @@ class AttentionMatcher:
         unsqueeze = self._op(expand.input[0], "Unsqueeze") if expand is not None else None
         if unsqueeze is None or not self._sole(reshape.input[0]) or not self._sole(expand.input[0]):
             return value, 1
-        axes = _attr(unsqueeze, "axes") or (self._ints(unsqueeze.input[1]) if len(unsqueeze.input) > 1 else None)
+        axes = node_attr(unsqueeze, "axes") or (self._ints(unsqueeze.input[1]) if len(unsqueeze.input) > 1 else None)
         shape = self._ints(expand.input[1])
         if axes != [2] or shape is None or len(shape) != 5 or shape[:2] != [1, 1] or shape[3:] != [1, 1]:
             return value, 1
@@ -78,7 +70,7 @@ class AttentionMatcher:
         return unsqueeze.input[0], shape[2]
 
     def match(self, softmax: onnx.NodeProto) -> tuple[onnx.NodeProto, list[onnx.NodeProto]] | None:
-        if softmax.domain not in _DEFAULT or _attr(softmax, "axis", -1) not in (-1, 3):
+        if softmax.domain not in DEFAULT_DOMAINS or node_attr(softmax, "axis", -1) not in (-1, 3):
             return None
         used = [softmax]
         scores = softmax.input[0]
@@ -105,7 +97,7 @@ class AttentionMatcher:
         q, kt, scale, chain_nodes = chain
         used += chain_nodes
         transpose = self._op(kt, "Transpose")
-        if transpose is None or list(_attr(transpose, "perm", [])) != [0, 1, 3, 2] or not self._sole(kt):
+        if transpose is None or list(node_attr(transpose, "perm", [])) != [0, 1, 3, 2] or not self._sole(kt):
             return None
         used.append(transpose)
         key, groups = self.unrepeat(transpose.input[0], used)
@@ -114,11 +106,11 @@ class AttentionMatcher:
         # after the softmax: [Cast] -> MatMul(P, V')
         probs = softmax.output[0]
         after = self.rw._sole_consumer(probs, self.consumers)
-        if after is not None and after.op_type == "Cast" and after.domain in _DEFAULT:
+        if after is not None and after.op_type == "Cast" and after.domain in DEFAULT_DOMAINS:
             used.append(after)
             probs = after.output[0]
             after = self.rw._sole_consumer(probs, self.consumers)
-        if after is None or after.op_type != "MatMul" or after.domain not in _DEFAULT or after.input[0] != probs:
+        if after is None or after.op_type != "MatMul" or after.domain not in DEFAULT_DOMAINS or after.input[0] != probs:
             return None
         value, value_groups = self.unrepeat(after.input[1], used)
         if value_groups != groups or (groups > 1 and not self._sole(after.input[1])):
@@ -138,7 +130,7 @@ class AttentionMatcher:
         if not self._sole(value):
             return None
         cast = self._op(value, "Cast")
-        if cast is not None and _attr(cast, "to") == onnx.TensorProto.FLOAT:
+        if cast is not None and node_attr(cast, "to") == onnx.TensorProto.FLOAT:
             nodes.append(cast)
             value = cast.input[0]
             if not self._sole(value):

@@ -31,16 +31,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-FUSED_DOMAIN = "onnxgen"
-_DEFAULT = ("", "ai.onnx")
+from onnxgen.runtime.fusion import DEFAULT_DOMAINS, FUSED_DOMAIN, node_attr
+
 _FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE)
-
-
-def _attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
 
 
 class _Chains:
@@ -51,7 +44,7 @@ class _Chains:
         self.consumers = rewriter._consumers()
         self.producer = {o: n for n in rewriter.graph.node for o in n.output if o}
 
-    def op(self, value: str, op_type: str, domains: tuple[str, ...] = _DEFAULT) -> onnx.NodeProto | None:
+    def op(self, value: str, op_type: str, domains: tuple[str, ...] = DEFAULT_DOMAINS) -> onnx.NodeProto | None:
         """The node of ``op_type`` (in ``domains``) that makes ``value``, else None."""
         node = self.producer.get(value)
         if node is None or node.op_type != op_type or node.domain not in domains:
@@ -81,12 +74,12 @@ class _Chains:
 def _last_axis_only(chains: _Chains, reduce: onnx.NodeProto) -> bool:
     """ReduceSumSquare reduces the last axis alone, keeping it (as 1): axes [-1], or [rank - 1]
     where the input's rank is declared."""
-    if int(_attr(reduce, "keepdims", 1)) != 1:
+    if int(node_attr(reduce, "keepdims", 1)) != 1:
         return False
     if len(reduce.input) > 1 and reduce.input[1]:
         axes = chains.ints(reduce.input[1])
     else:
-        axes = _attr(reduce, "axes")
+        axes = node_attr(reduce, "axes")
         axes = [int(a) for a in axes] if axes is not None else None
     if axes is None or len(axes) != 1:
         return False
@@ -125,7 +118,7 @@ def fuse_l2_norms(rewriter: Any) -> int:
     replace: dict[int, onnx.NodeProto | None] = {}
     count = 0
     for div in rewriter.graph.node:
-        if div.op_type != "Div" or div.domain not in _DEFAULT:
+        if div.op_type != "Div" or div.domain not in DEFAULT_DOMAINS:
             continue
         found = _match_l2(chains, div)
         if found is None:
@@ -149,7 +142,7 @@ def fuse_l2_norms(rewriter: Any) -> int:
 def _repeated_keys(chains: _Chains, attention: onnx.NodeProto) -> tuple[str, int, list[onnx.NodeProto]] | None:
     """(k, per-head width d, the three repeat nodes) when ``attention``'s keys are k's heads repeated
     in place, as the op's packed keys would be."""
-    hq, hkv = int(_attr(attention, "q_num_heads", 0)), int(_attr(attention, "kv_num_heads", 0))
+    hq, hkv = int(node_attr(attention, "q_num_heads", 0)), int(node_attr(attention, "kv_num_heads", 0))
     if len(attention.input) < 2 or hq <= 0 or hkv <= hq or hkv % hq:
         return None
     key = attention.input[1]
@@ -162,7 +155,7 @@ def _repeated_keys(chains: _Chains, attention: onnx.NodeProto) -> tuple[str, int
     inner = chains.op(tile.input[0], "Reshape")
     if inner is None or chains.sole(tile.input[0]) is not tile:
         return None
-    if any(int(_attr(r, "allowzero", 0)) for r in (outer, inner)):
+    if any(int(node_attr(r, "allowzero", 0)) for r in (outer, inner)):
         return None
     split = chains.ints(inner.input[1])
     if split is None or len(split) != 5 or split[:4] != [0, 0, hq, 1] or split[4] <= 0:
@@ -196,7 +189,7 @@ def elide_key_repeats(rewriter: Any) -> int:
         if found is None:
             continue
         k, d, (inner, tile, outer) = found
-        hq = int(_attr(attention, "q_num_heads"))
+        hq = int(node_attr(attention, "q_num_heads"))
         shape = numpy_helper.from_array(
             np.array([0, 0, hq * d], np.int64), _new_name(rewriter, f"{attention.name}/packed_keys_shape")
         )
