@@ -23,6 +23,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs CUDA"))
 
 
+def make_engine(package, device: str = "cpu", **kwargs):
+    """The decode engine over ``package`` on ``device`` with the graph's layout (a hybrid's KV layers
+    and carried states) filled in; ``kwargs`` go to DecodeEngine."""
+    from onnxgen.genai.engine import DecodeEngine, engine_model
+    from onnxgen.genai.graph_layout import with_graph_layout
+    from onnxgen.genai.package import load_package_config
+    from onnxgen.runtime.model_io import load_model
+    from onnxgen.runtime.session import InferenceSession
+
+    config = load_package_config(package)
+    proto, base = load_model(config.model_file)
+    config = with_graph_layout(config, proto)
+    session = InferenceSession(engine_model(proto, config), device=device, base_dir=base)
+    return DecodeEngine(session, config, **kwargs)
+
+
 def make_model(
     nodes: list[onnx.NodeProto],
     inputs: list[onnx.ValueInfoProto],

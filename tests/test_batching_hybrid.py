@@ -15,14 +15,11 @@ from pathlib import Path
 import pytest
 
 from onnxgen.genai.batched import BatchedDecoder
-from onnxgen.genai.engine import DecodeEngine, engine_model
-from onnxgen.genai.graph_layout import with_graph_layout
-from onnxgen.genai.package import load_package_config
+from onnxgen.genai.engine import DecodeEngine
 from onnxgen.genai.sampling import SamplingParams
 from onnxgen.models.builder import build_package
 from onnxgen.models.hf_source import HFSource
-from onnxgen.runtime.model_io import load_model
-from onnxgen.runtime.session import InferenceSession
+from tests.conftest import make_engine
 from tests.test_batching import _run_as_room_allows as run_as_room_allows
 
 transformers = pytest.importorskip("transformers")
@@ -48,14 +45,6 @@ def package(request, tmp_path_factory) -> Path:
     experts = 8 if request.param == "onnxgen-moe" else 0
     checkpoint = tiny_checkpoint(root / "hf", value_heads=4, tied=False, experts=experts)
     return build_package(HFSource(checkpoint), root / "pkg", precision="fp32")
-
-
-def make_engine(package: Path, **kwargs) -> DecodeEngine:
-    config = load_package_config(package)
-    proto, base = load_model(config.model_file)
-    config = with_graph_layout(config, proto)
-    session = InferenceSession(engine_model(proto, config), device="cpu", base_dir=base)
-    return DecodeEngine(session, config, **kwargs)
 
 
 def serial(engine: DecodeEngine, prompt: list[int], params: SamplingParams) -> list[int]:

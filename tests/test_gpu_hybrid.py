@@ -60,20 +60,6 @@ def test_captured_hybrid_decode_equals_eager(tmp_path, moe: bool) -> None:
     assert stats.invalidations == 0 and stats.recording_failures == 0 and not stats.quarantined
 
 
-def _engine(package, device: str, **kwargs):
-    from onnxgen.genai.engine import DecodeEngine, engine_model
-    from onnxgen.genai.graph_layout import with_graph_layout
-    from onnxgen.genai.package import load_package_config
-    from onnxgen.runtime.model_io import load_model
-    from onnxgen.runtime.session import InferenceSession
-
-    config = load_package_config(package)
-    proto, base = load_model(config.model_file)
-    config = with_graph_layout(config, proto)
-    session = InferenceSession(engine_model(proto, config), device=device, base_dir=base)
-    return DecodeEngine(session, config, **kwargs)
-
-
 # how far below the one-sequence step's top logit a batched token may lie, as a share of that row's
 # logit range: the batched GEMMs round otherwise than the one-row kernels (fp16, ~1e-3 relative),
 # while a state taken from another slot or lost moves the distribution as a whole
@@ -105,16 +91,17 @@ def batched_follows_one_sequence(
     from onnxgen.genai import SamplingParams
     from onnxgen.genai.batched import BatchedDecoder
     from onnxgen.genai.teacher_forcing import decode_forced
+    from tests.conftest import make_engine
     from tests.test_batching import _run_as_room_allows as run_as_room_allows
 
     prompts = [[5 + i, 17, 300, 41 + 3 * i, 9, 800 - i][: 3 + i] for i in range(6)]
     params = SamplingParams(max_new_tokens=48, ignore_eos=True)
-    reference = _engine(package, device, kv="static", capture="off", sample_in_graph=False)
+    reference = make_engine(package, device, kv="static", capture="off", sample_in_graph=False)
     alone = [list(reference.generate([reference.new_sequence(p, params)])) for p in prompts]
 
     def batched(capture: str) -> list[list[int]]:
         recorder = recorder_factory() if capture == "verify" else None
-        engine = _engine(package, device, kv="static", capture=capture, verify_steps=1_000_000, recorder=recorder)
+        engine = make_engine(package, device, kv="static", capture=capture, verify_steps=1_000_000, recorder=recorder)
         decoder = BatchedDecoder(engine, max_seqs=4, max_model_len=128)
         decoder.record_shapes()
         sequences = [engine.new_sequence(p, params) for p in prompts]

@@ -138,7 +138,7 @@ def package(tmp_path_factory) -> Path:
 def oracle(package: Path):  # noqa: ANN201 - (prompt, params) -> (tokens, states), memoised
     """The one-sequence engine loop's tokens for a prompt, and its carried states at the end (after
     the prompt and every generated token but the last, which is never fed)."""
-    from tests.test_batching_hybrid import make_engine
+    from tests.conftest import make_engine
 
     engine = make_engine(package)
     memo: dict[tuple, tuple[list[int], dict[str, torch.Tensor]]] = {}
@@ -169,7 +169,7 @@ def _check(decoder: BatchedDecoder, sequence: Sequence, oracle, slot: int) -> No
 
 def _engine(package: Path, captured: bool) -> DecodeEngine:
     from onnxgen.runtime.capture.recorder import ReplayRecorder
-    from tests.test_batching_hybrid import make_engine
+    from tests.conftest import make_engine
 
     if captured:
         return make_engine(package, kv="static", capture="verify", recorder=ReplayRecorder(), verify_steps=10_000)
