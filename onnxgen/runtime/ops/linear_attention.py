@@ -2,8 +2,10 @@
 
 Both carry a fixed-size state from step to step instead of a growing KV cache, so their
 shapes never mention the KV length: with fixed input shapes they are safe to record. Where Triton
-serves, a decode step (one token, no state window) of each runs as one fused kernel
-(gpu/gated_delta_decode.py, gpu/causal_conv_update.py); everything else runs the torch code here.
+serves and there is no state window, one fused kernel runs a CausalConvWithState step of one
+position (gpu/causal_conv_update.py) and a LinearAttention call of one token up to
+gated_delta_decode.MAX_SEQUENTIAL_TOKENS (gpu/gated_delta_decode.py); everything else runs the
+torch code here.
 """
 
 from __future__ import annotations
