@@ -51,6 +51,25 @@ def serial(engine: DecodeEngine, prompt: list[int], params: SamplingParams) -> l
     return list(engine.generate([engine.new_sequence(prompt, params)]))
 
 
+@pytest.mark.parametrize("package", ALL[:1], indirect=True)
+def test_the_engine_reads_the_layout_from_its_graph(package: Path) -> None:
+    """A DecodeEngine handed the package's config as genai_config.json gives it (no KV layers or
+    carried states filled in) takes them from the graph its session runs, and decodes as the
+    engine of a filled-in config does (bench/random_package.py once built one without them, which
+    failed on the H200 looking for layer 0's KV input)."""
+    from onnxgen.genai.engine import engine_model
+    from onnxgen.genai.package import load_package_config
+    from onnxgen.runtime.model_io import load_model
+    from onnxgen.runtime.session import InferenceSession
+
+    plain = load_package_config(package)
+    proto, base = load_model(plain.model_file)
+    engine = DecodeEngine(InferenceSession(engine_model(proto, plain), device="cpu", base_dir=base), plain)
+    assert engine.config.carried and engine.config.kv_layer_ids != range(plain.num_layers)
+    params = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    assert serial(engine, [3, 7, 11], params) == serial(make_engine(package), [3, 7, 11], params)
+
+
 @pytest.mark.parametrize("package", ALL, indirect=True)
 def test_batched_tokens_equal_one_sequence_at_a_time(package: Path) -> None:
     """Six requests through four slots as room allows (slots reused, so a reused slot's states must

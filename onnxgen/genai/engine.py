@@ -26,7 +26,7 @@ import torch
 
 from onnxgen.errors import InvalidInputError
 from onnxgen.genai.decode_tail import GreedyTail, SampledTail
-from onnxgen.genai.graph_layout import position_feed
+from onnxgen.genai.graph_layout import position_feed, with_graph_layout
 from onnxgen.genai.host_read import HostRead, host_read
 from onnxgen.genai.kv_cache import DynamicKV, GrowingKV, StaticKV, past_feeds_attention_in_place
 from onnxgen.genai.package import PackageConfig
@@ -116,7 +116,10 @@ class DecodeEngine:
         package_model: onnx.ModelProto | None = None,
     ):
         self.session = session
-        self.config = config
+        # the KV layers, carried states and position streams come from the graph the session runs
+        # (idempotent where the caller filled them in already), so no caller can hand in a hybrid's
+        # config without them
+        config = self.config = with_graph_layout(config, session.model)
         self.device = session.device
         inputs = {i.name: i for i in session.graph_inputs}
         io = config.io
