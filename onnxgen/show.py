@@ -170,9 +170,7 @@ def _kv_binding(package: Path, onnx_path: Path, device: str, kv: str, bind: str 
 
     model, _ = load_model(onnx_path)
     config = with_graph_layout(load_package_config(package), model)
-    past = next(
-        (v for v in model.graph.input if v.name == config.first_past_key_name), None
-    )
+    past = next((v for v in model.graph.input if v.name == config.first_past_key_name), None)
     dims = past.type.tensor_type.shape.dim if past is not None else []
     fixed = len(dims) > 2 and dims[2].HasField("dim_value") and dims[2].dim_value > 0
     kind = default_kv_kind(config, device, fixed) if kv == "auto" else kv
