@@ -84,6 +84,7 @@ def main() -> int:
         default=[],
         help="also time prompts of these many rows (comma list): cuBLAS fp16, q4 dequant, q4 gemm",
     )
+    parser.add_argument("--words", action="store_true", help="also sweep the 4-bit kernel over 32-bit words")
     parser.add_argument("--layers", help="comma list of qkv, o_proj, gate_up, down, lm_head (default: all)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -103,11 +104,15 @@ def main() -> int:
         rows = bench_shape(name, k, n, args, dev, (bn_list, bk_list, w_list, bpi_list))
         dense = [r for r in rows if r[0].startswith("triton ") and "prologue" not in r[0]]
         q4 = [r for r in rows if r[0].startswith("q4 ") and "prologue" not in r[0]]
-        summary.append((name, rows[0][1], rows[1][1], min(dense, key=lambda r: r[1]), min(q4, key=lambda r: r[1])))
+        q4w = [r for r in rows if r[0].startswith("q4w ") and "prologue" not in r[0]]
+        best_w = min(q4w, key=lambda r: r[1]) if q4w else ("-", float("nan"), 0.0)
+        summary.append((name, rows[0][1], rows[1][1], min(dense, key=lambda r: r[1]), min(q4, key=lambda r: r[1]),
+                        best_w))  # fmt: skip
         torch.cuda.empty_cache()
-    print("\nshape summary (us/call): cublas-linear, cublas-matmul, best triton dense, best q4")
-    for name, lin, mm, bd, bq in summary:
-        print(f"  {name:8s} {lin:7.2f} {mm:7.2f}  {bd[1]:7.2f} ({bd[0]})  {bq[1]:7.2f} ({bq[0]})")
+    print("\nshape summary (us/call): cublas-linear, cublas-matmul, best triton dense, best q4, best q4w")
+    for name, lin, mm, bd, bq, bw in summary:
+        best = f"{bd[1]:7.2f} ({bd[0]})  {bq[1]:7.2f} ({bq[0]})  {bw[1]:7.2f} ({bw[0]})"
+        print(f"  {name:8s} {lin:7.2f} {mm:7.2f}  {best}")
     return 0
 
 
@@ -179,6 +184,17 @@ def bench_shape(name: str, k: int, n: int, args, dev, sweeps) -> list[tuple[str,
                                 gamma=gamma, eps=1e-6, sum_out=total)  # fmt: skip
 
     add("q4 chosen + skip_rms prologue", time_in_graph(q4_fused, qcopies), qbytes)
+    if args.words:  # the same products over the codes as 32-bit words (gpu/linear_q4_words.py)
+        word_tiles = [tile] if nb * bs <= 2048 else [512, 1024]
+        for bn, bk, warps in itertools.product([8, 16, 32, 64], word_tiles, [2, 4, 8]):
+            with options.override(gemv_q4=(bn, bk, warps), q4_words=True):
+                err = ((q4(0).float() - qref).norm() / qref.norm()).item()
+                if not err < 1e-2:
+                    print(f"  {name} q4w {bn}/{bk}/{warps}: WRONG (rel err {err:.3g})")
+                    continue
+                add(f"q4w {bn}/{bk}/{warps}", time_in_graph(q4, qcopies), qbytes)
+                if nb * bs <= 2048 and name != "lm_head":
+                    add(f"q4w {bn}/{bk}/{warps} + skip_rms prologue", time_in_graph(q4_fused, qcopies), qbytes)
     if nb * bs <= 2048:  # rows a norm prologue can precede (the whole row in one tile): their sweep
         for bn, warps in itertools.product([16, 32, 64], [4, 8]):
             with options.override(gemv_q4=(bn, tile, warps)):

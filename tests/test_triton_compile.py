@@ -136,6 +136,33 @@ def test_linear_row_q4_compiles(zero_kind: int, prologue: int, pdl: bool, split:
 
 
 @pytest.mark.parametrize("zero_kind", [0, 1, 2])
+@pytest.mark.parametrize("prologue", [0, 2, 3])
+@pytest.mark.parametrize("split", [False, True])
+def test_linear_row_q4_words_compiles(zero_kind: int, prologue: int, split: bool) -> None:
+    from onnxgen.runtime.gpu import linear_q4_words
+
+    if split and prologue == 2:
+        pytest.skip("a norm prologue is never split")
+    sig = dict.fromkeys(["x_ptr", "x2_ptr", "gamma_ptr", "sum_ptr", "scale_ptr", "bias_ptr", "out_ptr"], "*fp16")
+    sig.update(w_ptr="*i32", zero_ptr="*fp16" if zero_kind == 2 else "*u8", eps="fp32", part_ptr="*fp32")
+    names = ["n", "k", "n_blocks", "row_words", "zp_row_bytes", "magic_bits"]
+    sig.update(ticket_ptr="*i32", **dict.fromkeys(names, "i32"))
+    const = dict(PROLOGUE=prologue, ZERO_KIND=zero_kind, HAS_BIAS=prologue == 0, QBLOCK=32, BLOCK_N=16, PDL=True)
+    kernel = linear_q4_words._q4w_split_kernel if split else linear_q4_words._q4w_tile_kernel
+    if split:
+        const.update(NB=16, BLOCK_S=4)
+    else:
+        const.update(B0=16, B1=8, B2=4)  # 896 elements
+    ptx = compile_for_sm90(kernel, sig, const)
+    wait = ptx.index("griddepcontrol.wait")  # the words, scales and zero points before the wait
+    assert ptx.index("ld.global") < wait and "ld.global" in ptx[wait:]
+    # codes become floats by the exponent trick; packed zero points (kind 1) convert once per block, a
+    # handful per thread (a program's 16 x 28 blocks over 128 threads), never once per weight
+    conversions = re.findall(r"cvt\.rn\.f32\.[su]\d+", ptx)
+    assert len(conversions) <= (8 if zero_kind == 1 else 1), conversions
+
+
+@pytest.mark.parametrize("zero_kind", [0, 1, 2])
 @pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
 def test_dequant_q4_compiles(zero_kind: int, dtype: str) -> None:
     from onnxgen.runtime.gpu import linear_q4

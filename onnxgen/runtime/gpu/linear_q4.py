@@ -345,6 +345,10 @@ def linear_row_q4(
                   BLOCK_N=block_n, num_warps=warps)  # fmt: skip
     bias_arg = bias if bias is not None else out
     LAUNCHES["linear_row_q4"] += 1
+    words = _as_words(packed) if options.current().q4_words else None
+    if words is not None:
+        return _linear_row_words(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, common, n, k, n_blocks,
+                                 splits, split_blocks, float(eps))  # fmt: skip
     if splits == 1 or code in NORM_PROLOGUES:  # a norm's statistics span the row: one tile of the whole row
         b0, b1, b2 = power_parts(n_blocks)
         _q4_tile_kernel[(triton.cdiv(n, block_n),)](
@@ -358,6 +362,40 @@ def linear_row_q4(
     _q4_split_kernel[(blocks, splits)](
         x, x2, gamma, sum_out, packed, scale, zeros, bias_arg, out, parts, tickets, n, k, n_blocks, packed.shape[1],
         zeros.shape[1], **common, NB=split_blocks, BLOCK_S=triton.next_power_of_2(splits),
+        **pdl_launch(x, out, parts, tickets),
+    )  # fmt: skip
+    return out
+
+
+def _as_words(packed: torch.Tensor) -> torch.Tensor | None:
+    """The codes [N, row bytes] as int32 words [N, row bytes / 4], where their layout allows (rows
+    of whole, 4-byte-aligned words); None where it does not."""
+    if packed.stride(1) != 1 or packed.shape[1] % 4 or packed.stride(0) % 4 or packed.data_ptr() % 4:
+        return None
+    return packed.view(torch.int32)
+
+
+def _linear_row_words(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, common, n, k, n_blocks, splits,
+                      split_blocks, eps):  # fmt: skip
+    """linear_row_q4's launch over the codes as 32-bit words (gpu/linear_q4_words.py)."""
+    from onnxgen.runtime.gpu import linear_q4_words as W
+
+    LAUNCHES["linear_row_q4_words"] += 1
+    code = common["PROLOGUE"]
+    block_n = common["BLOCK_N"]
+    if splits == 1 or code in NORM_PROLOGUES:
+        b0, b1, b2 = power_parts(n_blocks)
+        W._q4w_tile_kernel[(triton.cdiv(n, block_n),)](
+            x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, n, k, n_blocks, words.shape[1],
+            zeros.shape[1], eps, W.MAGIC_WORD, **common, B0=b0, B1=b1, B2=b2, **pdl_launch(x, out, sum_out),
+        )  # fmt: skip
+        return out
+    blocks = triton.cdiv(n, block_n)
+    parts, tickets = split_scratch(n, splits, blocks, x.device)
+    LAUNCHES["linear_row_q4_split"] += 1
+    W._q4w_split_kernel[(blocks, splits)](
+        x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, parts, tickets, n, k, n_blocks, words.shape[1],
+        zeros.shape[1], W.MAGIC_WORD, **common, NB=split_blocks, BLOCK_S=triton.next_power_of_2(splits),
         **pdl_launch(x, out, parts, tickets),
     )  # fmt: skip
     return out
