@@ -172,7 +172,7 @@ def bench_shape(name: str, k: int, n: int, args, dev, sweeps) -> list[tuple[str,
     q4_bk = [tile] + ([b for b in (256, 512, 1024) if b < nb * bs] if nb * bs > 1024 else [])
     for bn, bk, warps in itertools.product(bpi_list, q4_bk, [4, 8]):
         mark = "*" if (bn, bk, warps) == qchosen else ""
-        with options.override(gemv_q4=(bn, bk, warps)):  # ONNXGEN_GEMV_Q4=bn,bk,warps
+        with options.override(gemv_q4=(bn, bk, warps, 0)):  # ONNXGEN_GEMV_Q4=bn,bk,warps,0
             err = ((q4(0).float() - qref).norm() / qref.norm()).item()
             if not err < 1e-2:
                 print(f"  {name} q4 {bn}/{bk}/{warps}: WRONG (rel err {err:.3g})")
@@ -187,7 +187,7 @@ def bench_shape(name: str, k: int, n: int, args, dev, sweeps) -> list[tuple[str,
     if args.words:  # the same products over the codes as 32-bit words (gpu/linear_q4_words.py)
         word_tiles = [tile] if nb * bs <= 2048 else [512, 1024]
         for bn, bk, warps in itertools.product([8, 16, 32, 64], word_tiles, [2, 4, 8]):
-            with options.override(gemv_q4=(bn, bk, warps), q4_words=True):
+            with options.override(gemv_q4=(bn, bk, warps, 1)):
                 err = ((q4(0).float() - qref).norm() / qref.norm()).item()
                 if not err < 1e-2:
                     print(f"  {name} q4w {bn}/{bk}/{warps}: WRONG (rel err {err:.3g})")
@@ -197,7 +197,7 @@ def bench_shape(name: str, k: int, n: int, args, dev, sweeps) -> list[tuple[str,
                     add(f"q4w {bn}/{bk}/{warps} + skip_rms prologue", time_in_graph(q4_fused, qcopies), qbytes)
     if nb * bs <= 2048:  # rows a norm prologue can precede (the whole row in one tile): their sweep
         for bn, warps in itertools.product([16, 32, 64], [4, 8]):
-            with options.override(gemv_q4=(bn, tile, warps)):
+            with options.override(gemv_q4=(bn, tile, warps, 0)):
                 add(f"q4 {bn}/{tile}/{warps} + skip_rms prologue", time_in_graph(q4_fused, qcopies), qbytes)
     # several rows (a prompt; the lm_head reads one row): cuBLAS on fp16 against both 4-bit prompt paths
     for m in args.prompt_rows if name != "lm_head" else []:

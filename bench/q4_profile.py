@@ -55,7 +55,7 @@ def main() -> int:
         if kind not in ("bytes", "words"):
             parser.error(f"variant {variant!r}: expected bytes:... or words:...")
         bn, bk, warps = (int(v) for v in config.split(","))
-        with options.override(gemv_q4=(bn, bk, warps), q4_words=kind == "words", q4_norm_apart=0):
+        with options.override(gemv_q4=(bn, bk, warps, int(kind == "words")), q4_norm_apart=0):
             for _ in range(1 + args.launches):
                 y = Q4.linear_row_q4(x, codes, scales, None, n=n, k=k, block_size=bs, **fused)
         torch.cuda.synchronize()

@@ -78,7 +78,6 @@ class Options:
     gemm_q4: ShapeOverrides = NO_OVERRIDES
     q4_prompt: Literal["auto", "dequant", "gemm"] = "auto"
     q4_norm_apart: int = 4096
-    q4_words: bool = False
     gemv_split: ShapeOverrides = NO_OVERRIDES
     gqa_decode: tuple[int, int] | None = None
     gqa_early: bool = True
@@ -170,7 +169,15 @@ def _dense(raw: str) -> Config:
 
 
 def _q4(raw: str) -> Config:
-    return _ints(raw, 3, "BLOCK_N,BLOCK_K,WARPS")
+    """BLOCK_N,BLOCK_K,WARPS and an optional fourth value, 1 for the kernel over 32-bit words of codes
+    (gpu/linear_q4_words.py), 0 (the default) for the byte kernel."""
+    parts = raw.split(",")
+    if len(parts) == 4:
+        head, words = ",".join(parts[:3]), parts[3].strip()
+        if words not in ("0", "1"):
+            raise ValueError("expected BLOCK_N,BLOCK_K,WARPS[,WORDS] (WORDS 0 or 1)")
+        return (*_ints(head, 3, "BLOCK_N,BLOCK_K,WARPS[,WORDS]"), int(words))
+    return (*_ints(raw, 3, "BLOCK_N,BLOCK_K,WARPS[,WORDS]"), 0)
 
 
 def _gemm_q4(raw: str) -> Config:
@@ -241,9 +248,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("gemv_dense", "ONNXGEN_GEMV_DENSE", _dense, "`BLOCK_N,BLOCK_K,WARPS`",
          "forces the dense GEMV's launch configuration (all shapes, or `_<N>x<K>` one weight shape)", per_shape=True,
          default_text="unset: the kernel's table"),
-    Knob("gemv_q4", "ONNXGEN_GEMV_Q4", _q4, "`BLOCK_N,BLOCK_K,WARPS`",
-         "forces the one-row 4-bit GEMV's launch configuration (BLOCK_K < K: split along K; all shapes, or "
-         "`_<N>x<K>`)", per_shape=True, default_text="unset: the kernel's table"),
+    Knob("gemv_q4", "ONNXGEN_GEMV_Q4", _q4, "`BLOCK_N,BLOCK_K,WARPS[,WORDS]`",
+         "forces the one-row 4-bit GEMV's launch configuration (BLOCK_K < K: split along K; WORDS 1: the kernel "
+         "over 32-bit words of codes; all shapes, or `_<N>x<K>`)", per_shape=True,
+         default_text="unset: the kernel's table"),
     Knob("gemm_q4", "ONNXGEN_GEMM_Q4", _gemm_q4, "`BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES`",
          "forces the several-row 4-bit GEMM's launch configuration (prompts; all shapes, or `_<N>x<K>`)",
          per_shape=True, default_text="unset: the kernel's table"),
@@ -254,9 +262,6 @@ KNOBS: tuple[Knob, ...] = (
     Knob("q4_norm_apart", "ONNXGEN_Q4_NORM_APART", _programs, "`P` (programs; `0`: never)",
          "a 4-bit one-row product of more than P programs (the lm_head) runs its norm prologue as a kernel of "
          "its own instead of once per program"),
-    Knob("q4_words", "ONNXGEN_Q4_WORDS", _flag(), "`1` / `0`",
-         "`1`: the one-row 4-bit products read the codes as 32-bit words (gpu/linear_q4_words.py) instead of "
-         "bytes"),
     Knob("gemv_split", "ONNXGEN_GEMV_SPLIT", _split, "`off` / `BLOCK_N,BLOCK_K,WARPS`",
          "`off`: long rows run the loop kernel; a configuration: the split-K kernel wherever it applies "
          "(all shapes, or `_<N>x<K>`)", per_shape=True,

@@ -70,7 +70,7 @@ def test_per_shape_variables_become_one_field() -> None:
     assert opts.gemv_dense.lookup(896, 896) == (4, 32, 4)
     assert opts.gemv_dense.lookup(1, 2) == (4, 32, 4)
     assert opts.gemv_split.lookup(896, 4864) == options.SPLIT_OFF and opts.gemv_split.lookup(1, 2) is None
-    assert opts.gemv_q4 == ShapeOverrides(None, (((151936, 896), (16, 8, 4)),))
+    assert opts.gemv_q4 == ShapeOverrides(None, (((151936, 896), (16, 8, 4, 0)),))
     assert not Options().gemv_dense and options.env_names("ONNXGEN_GEMV_SPLIT_1x2")
     assert not options.env_names("ONNXGEN_HOME")
 
@@ -145,8 +145,10 @@ def test_overrides_reach_the_kernels_launch_tables() -> None:
         assert gqa_decode.decode_config() == (16, 2) and not gqa_decode.early_reads_enabled()
         assert launch.q4_kernels_serve(row) == launch.triton_serves(row)
     with options.override(gemv_q4="8,512,2", gemm_q4="32,64,64,4,2"):
-        assert linear_q4._q4_plan(896, 896, 32, cpu) == (8, 512, 2)
+        assert linear_q4._q4_plan(896, 896, 32, cpu) == (8, 512, 2, 0)
         assert linear_q4.gemm_q4_config(100, 896, 896) == (32, 64, 64, 4, 2)
+    with options.override(gemv_q4="8,512,2,1"):  # the fourth value picks the kernel over 32-bit words
+        assert linear_q4._q4_plan(896, 896, 32, cpu) == (8, 512, 2, 1)
     with options.override(triton=False):
         assert not launch.triton_importable()
     assert linear_row._row_plan(896, 4864, True, cpu) == default_plan

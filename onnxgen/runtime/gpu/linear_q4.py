@@ -250,20 +250,21 @@ TILE_LIMIT = 2048  # rows up to this many elements run one tile per program (lon
 
 def q4_config(
     n: int, k: int, block_size: int, device: torch.device, opts: options.Options | None = None
-) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, num_warps) of the one-row 4-bit kernels, from a sweep of each layer alone
-    in CUDA graphs on the H200 (bench/gemv_micro.py, docs/benchmarks/2026-12-02-h200-int4.md):
+) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps, WORDS) of the one-row 4-bit kernels, from a sweep of each layer
+    alone in CUDA graphs on the H200 (bench/gemv_micro.py, docs/benchmarks/2026-12-02-h200-int4.md):
     rows of at most TILE_LIMIT elements in one tile (BLOCK_K >= K), 16 rows per program (8 below
     1,024 rows); longer rows split along K in 512-element tiles, 16 rows per program; 4 warps. A
     row with a norm prologue is never split (its statistics span the row): the launcher widens the
-    tile to the row. ``ONNXGEN_GEMV_Q4[_<N>x<K>]`` (option ``gemv_q4``) forces a configuration."""
+    tile to the row. WORDS 1 runs the kernel over 32-bit words of codes (gpu/linear_q4_words.py),
+    0 the byte kernel. ``ONNXGEN_GEMV_Q4[_<N>x<K>]`` (option ``gemv_q4``) forces a configuration."""
     forced = (opts or options.current()).gemv_q4.lookup(n, k)
     if forced:
         return forced  # type: ignore[return-value]
     padded = -(-k // block_size) * block_size
     if padded > TILE_LIMIT:
-        return 16, max(512, block_size), 4
-    return (16 if n >= 1024 else 8), max(block_size, triton.next_power_of_2(padded)), 4
+        return 16, max(512, block_size), 4, 0
+    return (16 if n >= 1024 else 8), max(block_size, triton.next_power_of_2(padded)), 4, 0
 
 
 def gemm_q4_config(m: int, n: int, k: int, opts: options.Options | None = None) -> tuple[int, int, int, int, int]:
@@ -281,7 +282,7 @@ def gemm_q4_config(m: int, n: int, k: int, opts: options.Options | None = None) 
     return 128, 128, 64, 8, 3
 
 
-def _q4_plan(n: int, k: int, block_size: int, device: torch.device) -> tuple[int, int, int]:
+def _q4_plan(n: int, k: int, block_size: int, device: torch.device) -> tuple[int, int, int, int]:
     plans, opts = _plans()
     key = ("q4", n, k, block_size, device)
     plan = plans.get(key)
@@ -333,7 +334,7 @@ def linear_row_q4(
     packed, scale, zeros, zero_kind = _layout(b, scales, zero_points, n, k, block_size)
     n_blocks = scale.shape[1]
     out = torch.empty(n, dtype=x.dtype, device=x.device)
-    block_n, block_k, warps = _q4_plan(n, k, block_size, x.device)
+    block_n, block_k, warps, by_words = _q4_plan(n, k, block_size, x.device)
     split_blocks = max(block_k, block_size) // block_size
     splits = triton.cdiv(n_blocks, split_blocks)
     apart = options.current().q4_norm_apart
@@ -345,7 +346,7 @@ def linear_row_q4(
                   BLOCK_N=block_n, num_warps=warps)  # fmt: skip
     bias_arg = bias if bias is not None else out
     LAUNCHES["linear_row_q4"] += 1
-    words = _as_words(packed) if options.current().q4_words else None
+    words = _as_words(packed) if by_words else None
     if words is not None:
         return _linear_row_words(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, common, n, k, n_blocks,
                                  splits, split_blocks, float(eps))  # fmt: skip
