@@ -145,6 +145,22 @@ def test_int4_kernels_parity_through_the_triton_interpreter() -> None:
     assert launches.get("linear_row_q4_split", 0) >= 1, launches
 
 
+@runs(
+    INT4_WORDS := interpreted(
+        "matmul_nbits or (int4_group and (packed or apart))",
+        ONNXGEN_TRITON_LINEAR="1",
+        ONNXGEN_TRITON_Q4="1",
+        ONNXGEN_GEMV_Q4="16,1024,2,1",  # every shape on the word kernel; rows over 1,024 split along K
+    )
+)
+def test_int4_word_kernels_parity_through_the_triton_interpreter() -> None:
+    """gpu/linear_q4_words.py (the default for wide one-tile products, forced here on every shape)
+    on the same cases as the byte kernel above: zero point kinds, block sizes, bias, prologues, K split."""
+    launches = INT4_WORDS.launches()
+    assert launches.get("linear_row_q4_words", 0) >= 10, launches
+    assert launches.get("linear_row_q4_words_split", 0) >= 1, launches
+
+
 @runs(INT4_DENSE := interpreted("growing_kv and int4 and fused", ONNXGEN_TRITON_LINEAR="1", ONNXGEN_TRITON_Q4="0"))
 def test_int4_groups_take_the_dense_row_kernel_over_the_dequantized_copy() -> None:
     """With ONNXGEN_TRITON_Q4=0, a one-row MatMulNBits group runs the dense kernel (prologue fused) over

@@ -248,23 +248,32 @@ def _q4_dequant_kernel(
 TILE_LIMIT = 2048  # rows up to this many elements run one tile per program (longer: split along K)
 
 
+WORDS_MIN_ROWS = 4096  # one-tile products with at least this many rows take the word kernel (gate_up, lm_head)
+WORDS_MAX_LM_ROWS = 65536  # ...except vocabulary-wide ones over rows longer than 1,024 (the 1.5B lm_head)
+
+
 def q4_config(
     n: int, k: int, block_size: int, device: torch.device, opts: options.Options | None = None
 ) -> tuple[int, int, int, int]:
-    """(BLOCK_N, BLOCK_K, num_warps, WORDS) of the one-row 4-bit kernels, from a sweep of each layer
-    alone in CUDA graphs on the H200 (bench/gemv_micro.py, docs/benchmarks/2026-12-02-h200-int4.md):
+    """(BLOCK_N, BLOCK_K, num_warps, WORDS) of the one-row 4-bit kernels, from sweeps of each layer
+    alone in CUDA graphs and of the whole decode step on the H200 (bench/gemv_micro.py --words,
+    bench/step_sweep.py; docs/benchmarks/2026-12-02-h200-int4.md, 2026-12-04-h200-int4-words.md):
     rows of at most TILE_LIMIT elements in one tile (BLOCK_K >= K), 16 rows per program (8 below
-    1,024 rows); longer rows split along K in 512-element tiles, 16 rows per program; 4 warps. A
-    row with a norm prologue is never split (its statistics span the row): the launcher widens the
-    tile to the row. WORDS 1 runs the kernel over 32-bit words of codes (gpu/linear_q4_words.py),
-    0 the byte kernel. ``ONNXGEN_GEMV_Q4[_<N>x<K>]`` (option ``gemv_q4``) forces a configuration."""
+    1,024 rows), 4 warps; wide ones (WORDS_MIN_ROWS) over the codes as 32-bit words
+    (gpu/linear_q4_words.py, WORDS 1), 2 warps for rows of at most 1,024 elements; longer rows
+    split along K in 512-element tiles, 16 rows per program, bytes. A row with a norm prologue is
+    never split (its statistics span the row): the launcher widens the tile to the row.
+    ``ONNXGEN_GEMV_Q4[_<N>x<K>]`` (option ``gemv_q4``) forces a configuration."""
     forced = (opts or options.current()).gemv_q4.lookup(n, k)
     if forced:
         return forced  # type: ignore[return-value]
     padded = -(-k // block_size) * block_size
     if padded > TILE_LIMIT:
         return 16, max(512, block_size), 4, 0
-    return (16 if n >= 1024 else 8), max(block_size, triton.next_power_of_2(padded)), 4, 0
+    tile = max(block_size, triton.next_power_of_2(padded))
+    if n >= WORDS_MIN_ROWS and (tile <= 1024 or n <= WORDS_MAX_LM_ROWS):
+        return 16, tile, 2 if tile <= 1024 else 4, 1
+    return (16 if n >= 1024 else 8), tile, 4, 0
 
 
 def gemm_q4_config(m: int, n: int, k: int, opts: options.Options | None = None) -> tuple[int, int, int, int, int]:
@@ -393,7 +402,7 @@ def _linear_row_words(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out,
         return out
     blocks = triton.cdiv(n, block_n)
     parts, tickets = split_scratch(n, splits, blocks, x.device)
-    LAUNCHES["linear_row_q4_split"] += 1
+    LAUNCHES["linear_row_q4_words_split"] += 1
     W._q4w_split_kernel[(blocks, splits)](
         x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, parts, tickets, n, k, n_blocks, words.shape[1],
         zeros.shape[1], W.MAGIC_WORD, **common, NB=split_blocks, BLOCK_S=triton.next_power_of_2(splits),
