@@ -39,6 +39,7 @@ from onnxgen.runtime.gpu.launch import LAUNCHES, pdl_launch
 from onnxgen.runtime.gpu.linear_row import (
     _activation,
     _activation_inputs,
+    _multiprocessors,
     _plans,
     _prologue_args,
     merge_splits,
@@ -358,7 +359,7 @@ def linear_row_q4(
     words = _as_words(packed) if by_words else None
     if words is not None:
         return _linear_row_words(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, common, n, k, n_blocks,
-                                 splits, split_blocks, float(eps))  # fmt: skip
+                                 splits, split_blocks, float(eps), by_words)  # fmt: skip
     if splits == 1 or code in NORM_PROLOGUES:  # a norm's statistics span the row: one tile of the whole row
         b0, b1, b2 = power_parts(n_blocks)
         _q4_tile_kernel[(triton.cdiv(n, block_n),)](
@@ -386,21 +387,34 @@ def _as_words(packed: torch.Tensor) -> torch.Tensor | None:
 
 
 def _linear_row_words(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, common, n, k, n_blocks, splits,
-                      split_blocks, eps):  # fmt: skip
-    """linear_row_q4's launch over the codes as 32-bit words (gpu/linear_q4_words.py)."""
+                      split_blocks, eps, kernel):  # fmt: skip
+    """linear_row_q4's launch over the codes as 32-bit words (gpu/linear_q4_words.py); ``kernel``
+    (the launch table's fourth value) 1: a program per row tile; P >= 2: P programs per SM looping
+    over the row tiles (on the interpreter, P programs)."""
     from onnxgen.runtime.gpu import linear_q4_words as W
 
     LAUNCHES["linear_row_q4_words"] += 1
     code = common["PROLOGUE"]
     block_n = common["BLOCK_N"]
-    if splits == 1 or code in NORM_PROLOGUES:
+    tiles = triton.cdiv(n, block_n)
+    if kernel >= 2 and (splits == 1 or code in NORM_PROLOGUES):
+        per_device = kernel * _multiprocessors(x.device.index or 0) if x.device.type == "cuda" else kernel
+        programs = min(tiles, per_device)
         b0, b1, b2 = power_parts(n_blocks)
-        W._q4w_tile_kernel[(triton.cdiv(n, block_n),)](
+        LAUNCHES["linear_row_q4_words_loop"] += 1
+        W._q4w_rows_loop_kernel[(programs,)](
             x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, n, k, n_blocks, words.shape[1],
             zeros.shape[1], eps, W.MAGIC_WORD, **common, B0=b0, B1=b1, B2=b2, **pdl_launch(x, out, sum_out),
         )  # fmt: skip
         return out
-    blocks = triton.cdiv(n, block_n)
+    if splits == 1 or code in NORM_PROLOGUES:
+        b0, b1, b2 = power_parts(n_blocks)
+        W._q4w_tile_kernel[(tiles,)](
+            x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, n, k, n_blocks, words.shape[1],
+            zeros.shape[1], eps, W.MAGIC_WORD, **common, B0=b0, B1=b1, B2=b2, **pdl_launch(x, out, sum_out),
+        )  # fmt: skip
+        return out
+    blocks = tiles
     parts, tickets = split_scratch(n, splits, blocks, x.device)
     LAUNCHES["linear_row_q4_words_split"] += 1
     W._q4w_split_kernel[(blocks, splits)](

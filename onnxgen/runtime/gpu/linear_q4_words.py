@@ -55,11 +55,13 @@ def _nibble(words, shifted, magic_bits, I: tl.constexpr):
 
 
 @triton.jit
-def _word_products(
-    words, scale, zero, x_ptr, x2_ptr, gamma_ptr, sum_ptr, first_block, k, magic_bits, PROLOGUE: tl.constexpr,
-    NB: tl.constexpr, QBLOCK: tl.constexpr,
+def _word_activations(
+    x_ptr, x2_ptr, gamma_ptr, sum_ptr, first_block, k, PROLOGUE: tl.constexpr, NB: tl.constexpr,
+    QBLOCK: tl.constexpr,
 ):  # fmt: skip
-    """(w . p(x) per row over NB blocks from ``first_block``, the prologue's sum of squares), fp32."""
+    """The activations of NB blocks from ``first_block`` as the word products take them: for each
+    nibble place i, [NB, QBLOCK / 8] values p(x)[8j + i] scaled by 16^-(i mod 4) (exact); the blocks'
+    sums of p(x) (what the zero points take off); the prologue's sum of squares."""
     WPB: tl.constexpr = QBLOCK // 8
     blk = first_block + tl.arange(0, NB)
     word = tl.arange(0, WPB)
@@ -69,7 +71,7 @@ def _word_products(
     a, sq = _activation(x, x2, gamma, sum_ptr, cols, inside, PROLOGUE)
     if PROLOGUE == 0 or PROLOGUE == 3:  # exact in the input dtype, as the byte kernel rounds it
         a = a.to(x.dtype).to(tl.float32)
-    block_sum = tl.sum(tl.sum(a, axis=2), axis=1)  # [NB]: what the zero points take off
+    block_sum = tl.sum(tl.sum(a, axis=2), axis=1)  # [NB]
     # element 8j + i = 4 * d2 + 2 * d1 + d0: split d0, then d1, then d2
     even, odd = tl.split(tl.reshape(a, (NB, WPB, 2, 2, 2)))
     e0, e1 = tl.split(even)  # elements {0, 4}, {2, 6}
@@ -78,17 +80,38 @@ def _word_products(
     a2, a6 = tl.split(e1)
     a1, a5 = tl.split(o0)
     a3, a7 = tl.split(o1)
+    squares = tl.sum(tl.sum(tl.sum(sq, axis=2), axis=1), axis=0)
+    return (a0, a1 * 0.0625, a2 * 0.00390625, a3 * 0.000244140625, a4, a5 * 0.0625, a6 * 0.00390625,
+            a7 * 0.000244140625, block_sum, squares)  # fmt: skip
+
+
+@triton.jit
+def _word_dot(words, scale, zero, magic_bits, a0, a1, a2, a3, a4, a5, a6, a7, block_sum):
+    """w . p(x) per row, fp32, over the blocks of ``words`` [BLOCK_N, NB, QBLOCK / 8] with the
+    activations of _word_activations."""
     shifted = words >> 16
     acc = _nibble(words, shifted, magic_bits, 0) * a0[None, :, :]
-    acc += _nibble(words, shifted, magic_bits, 1) * (a1 * 0.0625)[None, :, :]
-    acc += _nibble(words, shifted, magic_bits, 2) * (a2 * 0.00390625)[None, :, :]
-    acc += _nibble(words, shifted, magic_bits, 3) * (a3 * 0.000244140625)[None, :, :]
+    acc += _nibble(words, shifted, magic_bits, 1) * a1[None, :, :]
+    acc += _nibble(words, shifted, magic_bits, 2) * a2[None, :, :]
+    acc += _nibble(words, shifted, magic_bits, 3) * a3[None, :, :]
     acc += _nibble(words, shifted, magic_bits, 4) * a4[None, :, :]
-    acc += _nibble(words, shifted, magic_bits, 5) * (a5 * 0.0625)[None, :, :]
-    acc += _nibble(words, shifted, magic_bits, 6) * (a6 * 0.00390625)[None, :, :]
-    acc += _nibble(words, shifted, magic_bits, 7) * (a7 * 0.000244140625)[None, :, :]
+    acc += _nibble(words, shifted, magic_bits, 5) * a5[None, :, :]
+    acc += _nibble(words, shifted, magic_bits, 6) * a6[None, :, :]
+    acc += _nibble(words, shifted, magic_bits, 7) * a7[None, :, :]
     per_block = tl.sum(acc, axis=2) - zero * block_sum[None, :]
-    return tl.sum(per_block * scale, axis=1), tl.sum(tl.sum(tl.sum(sq, axis=2), axis=1), axis=0)
+    return tl.sum(per_block * scale, axis=1)
+
+
+@triton.jit
+def _word_products(
+    words, scale, zero, x_ptr, x2_ptr, gamma_ptr, sum_ptr, first_block, k, magic_bits, PROLOGUE: tl.constexpr,
+    NB: tl.constexpr, QBLOCK: tl.constexpr,
+):  # fmt: skip
+    """(w . p(x) per row over NB blocks from ``first_block``, the prologue's sum of squares), fp32."""
+    a0, a1, a2, a3, a4, a5, a6, a7, block_sum, squares = _word_activations(
+        x_ptr, x2_ptr, gamma_ptr, sum_ptr, first_block, k, PROLOGUE, NB, QBLOCK
+    )
+    return _word_dot(words, scale, zero, magic_bits, a0, a1, a2, a3, a4, a5, a6, a7, block_sum), squares
 
 
 @triton.jit
@@ -157,3 +180,69 @@ def _q4w_split_kernel(
 
 
 MAGIC_WORD = 0x4B000000  # linear_q4.MAGIC_BITS, passed to the kernels as an argument (see _nibble)
+
+
+@triton.jit
+def _q4w_rows_loop_kernel(
+    x_ptr, x2_ptr, gamma_ptr, sum_ptr, w_ptr, scale_ptr, zero_ptr, bias_ptr, out_ptr, n, k, n_blocks, row_words,
+    zp_row_bytes, eps, magic_bits, PROLOGUE: tl.constexpr, ZERO_KIND: tl.constexpr, HAS_BIAS: tl.constexpr,
+    QBLOCK: tl.constexpr, BLOCK_N: tl.constexpr, B0: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr,
+    PDL: tl.constexpr,
+):  # fmt: skip
+    """The tile kernel for very many rows (a vocabulary-wide lm_head), looping: program p of P takes
+    the row tiles p, p + P, p + 2P, ...; its activations are prepared once, and the codes, scales
+    and zero points of its next tile are loaded while it multiplies this one (more bytes in flight
+    per multiprocessor, and none of the per-tile activation work of the one-tile kernel)."""
+    step = tl.num_programs(0) * BLOCK_N
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    w0, s0, z0 = _word_loads(w_ptr, scale_ptr, zero_ptr, rows, rows < n, 0, n_blocks, row_words, zp_row_bytes, B0,
+                             QBLOCK, ZERO_KIND)  # fmt: skip
+    if B1 > 0:
+        w1, s1, z1 = _word_loads(w_ptr, scale_ptr, zero_ptr, rows, rows < n, B0, n_blocks, row_words, zp_row_bytes,
+                                 B1, QBLOCK, ZERO_KIND)  # fmt: skip
+    if B2 > 0:
+        w2, s2, z2 = _word_loads(w_ptr, scale_ptr, zero_ptr, rows, rows < n, B0 + B1, n_blocks, row_words,
+                                 zp_row_bytes, B2, QBLOCK, ZERO_KIND)  # fmt: skip
+    wait_for_previous(PDL)
+    a00, a01, a02, a03, a04, a05, a06, a07, sum0, squares = _word_activations(
+        x_ptr, x2_ptr, gamma_ptr, sum_ptr, 0, k, PROLOGUE, B0, QBLOCK
+    )
+    if B1 > 0:
+        a10, a11, a12, a13, a14, a15, a16, a17, sum1, sq1 = _word_activations(
+            x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0, k, PROLOGUE, B1, QBLOCK
+        )
+        squares += sq1
+    if B2 > 0:
+        a20, a21, a22, a23, a24, a25, a26, a27, sum2, sq2 = _word_activations(
+            x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0 + B1, k, PROLOGUE, B2, QBLOCK
+        )
+        squares += sq2
+    norm = 1.0
+    if PROLOGUE == 1 or PROLOGUE == 2:
+        norm = 1.0 / tl.sqrt(squares / k + eps)
+    for _ in range(tl.program_id(0) * BLOCK_N, n, step):
+        ahead = rows + step  # the next tile's constants, in flight while this one is multiplied
+        nw0, ns0, nz0 = _word_loads(w_ptr, scale_ptr, zero_ptr, ahead, ahead < n, 0, n_blocks, row_words,
+                                    zp_row_bytes, B0, QBLOCK, ZERO_KIND)  # fmt: skip
+        if B1 > 0:
+            nw1, ns1, nz1 = _word_loads(w_ptr, scale_ptr, zero_ptr, ahead, ahead < n, B0, n_blocks, row_words,
+                                        zp_row_bytes, B1, QBLOCK, ZERO_KIND)  # fmt: skip
+        if B2 > 0:
+            nw2, ns2, nz2 = _word_loads(w_ptr, scale_ptr, zero_ptr, ahead, ahead < n, B0 + B1, n_blocks,
+                                        row_words, zp_row_bytes, B2, QBLOCK, ZERO_KIND)  # fmt: skip
+        dot = _word_dot(w0, s0, z0, magic_bits, a00, a01, a02, a03, a04, a05, a06, a07, sum0)
+        if B1 > 0:
+            dot += _word_dot(w1, s1, z1, magic_bits, a10, a11, a12, a13, a14, a15, a16, a17, sum1)
+        if B2 > 0:
+            dot += _word_dot(w2, s2, z2, magic_bits, a20, a21, a22, a23, a24, a25, a26, a27, sum2)
+        dot = dot * norm
+        row_ok = rows < n
+        if HAS_BIAS:
+            dot += tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+        tl.store(out_ptr + rows, dot.to(out_ptr.dtype.element_ty), mask=row_ok)
+        rows = ahead
+        w0, s0, z0 = nw0, ns0, nz0
+        if B1 > 0:
+            w1, s1, z1 = nw1, ns1, nz1
+        if B2 > 0:
+            w2, s2, z2 = nw2, ns2, nz2
