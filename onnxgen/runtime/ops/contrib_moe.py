@@ -10,13 +10,22 @@ the tensor type once.
 
 "gelu" is the tanh approximation, as onnxruntime's CPU kernel computes it.
 
-Two ways to run the experts, the same arithmetic: where a call has at most as many (token, expert)
-pairs as there are experts (a decode step: k pairs) each pair's weights are gathered on the device
-by the routing indices, so nothing waits for the host and the shapes depend on the token count
-alone (a decode step containing it can be recorded); with more (a prompt, a wide batched step) the
-tokens are grouped by expert, one GEMM per expert that has tokens, which reads the routing on the
-host: a recording that meets it fails, and the capture runtime quarantines the op and runs it
-eagerly, saying so. A device-side grouped kernel would remove that seam; it is not built.
+On CUDA (where Triton serves, launch.triton_serves) a call of up to
+gpu/moe_experts.PAIRS_PER_EXPERT * experts (token, expert) pairs runs the experts as two Triton
+kernels that read each pair's expert weights in place (dense, or QMoE's 4- and 8-bit codes, scales
+and zero points as stored): no gathered or dequantized copy, no host read, shapes from the token
+count alone, so a decode step (and a short prompt) containing it can be recorded. Routing stays in
+torch here (device-side). Forms the kernels do not read (moe_experts.moe_experts says None) and
+longer prompts take the torch path below.
+
+The torch path, two ways to run the experts with the same arithmetic: where a call has at most as
+many pairs as there are experts (a decode step: k pairs) each pair's weights are gathered on the
+device by the routing indices (dequantized to fp32 whole), so nothing waits for the host and the
+shapes depend on the token count alone; with more (a prompt, a wide batched step) the tokens are
+grouped by expert, one GEMM per expert that has tokens, which reads the routing on the host: a
+recording that meets it fails, and the capture runtime quarantines the op and runs it eagerly,
+saying so. A device-side grouped kernel (each expert's weights read once for all its tokens) would
+serve long prompts better than either; it is not built.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from onnxgen.runtime.gpu.launch import triton_serves
 from onnxgen.runtime.node_contract import NodeContext
 from onnxgen.runtime.ops.registry import MS_DOMAIN, implements
 
@@ -140,6 +150,11 @@ class _DenseExperts:
         b = self.biases[fc]
         return None if b is None else b[index].float()
 
+    def stored(self, fc: str) -> dict | None:
+        """The projection's tensors as stored (gpu/moe_experts.ExpertWeights' fields), or None."""
+        w = self.weights[fc]
+        return None if w is None else dict(weight=w, inner=w.shape[2], bias=self.biases[fc])
+
 
 class _QuantExperts(_DenseExperts):
     """Expert weights as QMoE stores them: [experts, N, K * bits / 8] codes (two 4-bit codes per
@@ -154,6 +169,13 @@ class _QuantExperts(_DenseExperts):
     def shape(self, fc: str) -> tuple[int, int] | None:
         w = self.weights[fc]
         return None if w is None else (w.shape[1], self.inner[fc])
+
+    def stored(self, fc: str) -> dict | None:
+        w = self.weights[fc]
+        if w is None:
+            return None
+        return dict(weight=w, inner=self.inner[fc], bits=self.bits[fc], scales=self.scales[fc], zeros=self.zeros[fc],
+                    bias=self.biases[fc])  # fmt: skip
 
     def weight(self, fc: str, index: torch.Tensor | int) -> torch.Tensor:
         bits, k = self.bits[fc], self.inner[fc]
@@ -217,12 +239,26 @@ def _mixture(ctx: NodeContext, x: torch.Tensor, router_probs: torch.Tensor, expe
     weights, chosen = probs.topk(k, dim=-1)  # (T, k)
     if int(ctx.attr("normalize_routing_weights", 0)):
         weights = weights / weights.sum(dim=-1, keepdim=True)
-    xf = rows.float()
-    if rows.shape[0] * k <= count:
-        out = _gathered(xf, chosen, weights, experts, params)
-    else:
-        out = _grouped(xf, chosen, weights, experts, params)
+    out = _on_kernels(rows, chosen, weights, experts, params) if triton_serves(rows) else None
+    if out is None:
+        xf = rows.float()
+        if rows.shape[0] * k <= count:
+            out = _gathered(xf, chosen, weights, experts, params)
+        else:
+            out = _grouped(xf, chosen, weights, experts, params)
     return out.to(x.dtype).reshape(x.shape)
+
+
+def _on_kernels(rows, chosen, weights, experts: _DenseExperts, p: _Params) -> torch.Tensor | None:
+    """The experts through gpu/moe_experts.py's kernels (the weights read in place), or None where
+    they do not serve this call (its form, or more pairs than they take)."""
+    from onnxgen.runtime.gpu.moe_experts import ExpertWeights, moe_experts
+
+    fc1, fc2, fc3 = (experts.stored(fc) for fc in ("fc1", "fc2", "fc3"))
+    assert fc1 is not None and fc2 is not None
+    up = None if fc3 is None else ExpertWeights(**fc3)
+    return moe_experts(rows, chosen, weights, ExpertWeights(**fc1), ExpertWeights(**fc2), up, activation=p.kind,
+                       fusion=p.fusion, alpha=p.alpha, beta=p.beta, limit=p.limit)  # fmt: skip
 
 
 class _Params:

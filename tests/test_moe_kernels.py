@@ -1,0 +1,326 @@
+"""The MoE / QMoE expert kernels (gpu/moe_experts.py) against the torch path of the ops that
+dispatch to them (runtime/ops/contrib_moe.py), which tests/test_ops_moe.py holds to onnxruntime.
+
+On the CPU the kernels run through Triton's interpreter in a child process
+(test_kernels_match_the_torch_path_through_the_triton_interpreter; tests/interpreted_kernels.py);
+on CUDA directly (gpu mark), and once more on the Qwen3.5-35B-A3B layer shape, eagerly and
+replayed from a CUDA graph. The kernels compile for sm_90 here (test_*_compiles), without a GPU.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from onnxgen import options
+from onnxgen.runtime.gpu.launch import LAUNCHES, interpreting, triton_importable
+from onnxgen.runtime.node_contract import NodeContext
+from onnxgen.runtime.ops.contrib_moe import moe, qmoe
+from tests.interpreted_kernels import HAS_CUDA, KERNEL_DEVICES, run_interpreted
+
+# relative to the reference's largest magnitude: fp32 rounding (the kernels sum each block before
+# its scale), one ulp of the half types; Triton's interpreter truncates fp32 -> bf16
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+INTERPRETED_BF16_TOL = 2e-2
+MS = "com.microsoft"
+KERNEL = "moe_experts"
+
+
+def _ctx(op: str, device: str, **attrs: object) -> NodeContext:
+    return NodeContext(op, op, MS, 1, attrs, torch.device(device), 14, 1, (True,))
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape, (actual.shape, expected.shape)
+    a, e = actual.double().cpu(), expected.double().cpu()
+    error = float((a - e).abs().max()) / max(float(e.abs().max()), 1e-6)
+    interpreted_bf16 = expected.dtype == torch.bfloat16 and actual.device.type == "cpu"
+    assert error < (INTERPRETED_BF16_TOL if interpreted_bf16 else TOL[expected.dtype]), error
+
+
+def _kernel_vs_torch(run: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """``run`` (an op call) takes the kernels once and matches the torch path (triton off); on CUDA
+    it also repeats itself bit for bit (the interpreter's numpy always does). Returns the kernels'
+    output."""
+    before = LAUNCHES[KERNEL]
+    fused = run()
+    assert LAUNCHES[KERNEL] == before + 1, "the MoE kernels did not run"
+    if fused.is_cuda:
+        assert torch.equal(run(), fused), "a second run differs"
+    with options.override(triton=False):
+        reference = run()
+    _close(fused, reference)
+    return fused
+
+
+class _Inputs:
+    """Random tokens, router logits and expert tensors, made on the CPU and moved to the device."""
+
+    def __init__(self, device: str, dtype: torch.dtype, seed: int) -> None:
+        self.gen = torch.Generator().manual_seed(seed)
+        self.device, self.dtype = device, dtype
+
+    def randn(self, *shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, generator=self.gen) * scale).to(self.device, self.dtype)
+
+    def codes(self, *shape: int) -> torch.Tensor:
+        return torch.randint(0, 256, shape, generator=self.gen, dtype=torch.uint8).to(self.device)
+
+
+def _activation_attrs(activation: str, k: int, fusion: int, **extra: object) -> dict:
+    return {"activation_type": activation, "k": k, "swiglu_fusion": fusion, "normalize_routing_weights": 1, **extra}
+
+
+# ---------------------------------------------------------------- MoE (dense experts)
+
+# (activation, swiglu_fusion, k, tokens, biases, extra attributes)
+MOE_CASES = {
+    "swiglu_interleaved": ("swiglu", 1, 2, 1, False, {}),  # the builder's layout, a decode step
+    "swiglu_concatenated_bias": ("swiglu", 2, 2, 3, True, {}),
+    "swiglu_fc3_limit": (
+        "swiglu",
+        0,
+        3,
+        2,
+        True,
+        {"swiglu_limit": 0.4, "activation_alpha": 1.702, "activation_beta": 1.0},
+    ),  # fmt: skip
+    "relu": ("relu", 0, 1, 2, True, {}),
+    "gelu": ("gelu", 0, 3, 2, False, {"normalize_routing_weights": 0}),
+    "silu": ("silu", 0, 2, 1, True, {}),
+    "identity": ("identity", 0, 1, 3, False, {}),
+}
+
+
+def _moe_inputs(case: str, device: str, dtype: torch.dtype, experts: int = 8, hidden: int = 40, inter: int = 24):
+    activation, fusion, k, tokens, biases, extra = MOE_CASES[case]
+    inp = _Inputs(device, dtype, seed=len(case))
+    width = 2 * inter if activation == "swiglu" and fusion else inter
+    w1 = inp.randn(experts, width, hidden, scale=hidden**-0.5)
+    w2 = inp.randn(experts, hidden, inter, scale=inter**-0.5)
+    w3 = inp.randn(experts, inter, hidden, scale=hidden**-0.5) if activation == "swiglu" and not fusion else None
+    b1 = inp.randn(experts, width, scale=0.1) if biases else None
+    b2 = inp.randn(experts, hidden, scale=0.1) if biases else None
+    b3 = inp.randn(experts, inter, scale=0.1) if biases and w3 is not None else None
+    x, router = inp.randn(tokens, hidden), inp.randn(tokens, experts, scale=2.0)
+    return _activation_attrs(activation, k, fusion, **extra), [x, router, w1, b1, w2, b2, w3, b3]
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("case", list(MOE_CASES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_moe_kernels_match_the_torch_path(device: str, case: str, dtype: torch.dtype) -> None:
+    attrs, inputs = _moe_inputs(case, device, dtype)
+    _kernel_vs_torch(lambda: moe(_ctx("MoE", device, **attrs), *inputs))
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_moe_kernels_bf16(device: str) -> None:
+    attrs, inputs = _moe_inputs("swiglu_concatenated_bias", device, torch.bfloat16)
+    _kernel_vs_torch(lambda: moe(_ctx("MoE", device, **attrs), *inputs))
+
+
+# ---------------------------------------------------------------- QMoE (integer experts)
+
+
+def _quantized(inp: _Inputs, experts: int, n: int, k: int, bits: int, block: int, zero_points: bool):
+    """(codes [E, N, K * bits / 8], scales [E, N, K / block] or per row [E, N], packed zero points or
+    None): random codes; scales that keep a row's product near unit size."""
+    codes = inp.codes(experts, n, k * bits // 8)
+    step = (1 << (bits - 1)) * k**0.5
+    if block:
+        scales = (torch.rand(experts, n, k // block, generator=inp.gen) + 0.5) / step
+        zeros = inp.codes(experts, n, -(-(k // block) * bits // 8)) if zero_points else None
+    else:
+        scales = (torch.rand(experts, n, generator=inp.gen) + 0.5) / step
+        zeros = inp.codes(experts, -(-n * bits // 8)) if zero_points else None
+    return codes, scales.to(inp.device, inp.dtype), zeros
+
+
+# (bits, block (0: per row), zero points, swiglu_fusion, k, tokens, biases)
+QMOE_CASES = {
+    "int4_blocks": (4, 16, False, 1, 2, 1, False),  # the builder's form (without zero points), a decode step
+    "int4_blocks_zero_points": (4, 32, True, 1, 2, 3, True),  # the builder's form (with them), T > 1
+    "int4_blocks_concatenated": (4, 16, True, 2, 3, 2, False),
+    "int4_rows_zero_points_fc3": (4, 0, True, 0, 2, 2, True),
+    "int4_rows": (4, 0, False, 2, 1, 3, False),
+    "int8_blocks_zero_points": (8, 16, True, 1, 2, 2, True),
+    "int8_rows": (8, 0, False, 0, 3, 1, False),
+    "int8_rows_zero_points": (8, 0, True, 2, 2, 2, False),
+}
+
+
+def _qmoe_inputs(case: str, device: str, dtype: torch.dtype, *, tokens: int | None = None,
+                 activation: str = "swiglu"):  # fmt: skip
+    """QMoE over 8 experts, hidden 64, intermediate 48 (fc2's K: three blocks of 16; 32 for blocks of
+    32), in the case's form; other activations than SwiGLU take fc1 alone."""
+    bits, block, zero_points, fusion, k, t, biases = QMOE_CASES[case]
+    experts, hidden, inter = 8, 64, 32 if block == 32 else 48
+    inp = _Inputs(device, dtype, seed=len(case) + len(activation))
+    swiglu = activation == "swiglu"
+    width = 2 * inter if swiglu and fusion else inter
+    fc1 = _quantized(inp, experts, width, hidden, bits, block, zero_points)
+    fc2 = _quantized(inp, experts, hidden, inter, bits, block, zero_points)
+    fc3 = (None, None, None)
+    if swiglu and not fusion:
+        fc3 = _quantized(inp, experts, inter, hidden, bits, block, zero_points)
+    b1 = inp.randn(experts, width, scale=0.1) if biases else None
+    b2 = inp.randn(experts, hidden, scale=0.1) if biases else None
+    b3 = inp.randn(experts, inter, scale=0.1) if biases and fc3[0] is not None else None
+    t = t if tokens is None else tokens
+    x, router = inp.randn(t, hidden), inp.randn(t, experts, scale=2.0)
+    attrs = _activation_attrs(activation, k, fusion if swiglu else 0, expert_weight_bits=bits)
+    if block:
+        attrs["block_size"] = block
+    inputs = [x, router, fc1[0], fc1[1], b1, fc2[0], fc2[1], b2, fc3[0], fc3[1], b3, fc1[2], fc2[2], fc3[2]]
+    return attrs, inputs
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("case", list(QMOE_CASES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_qmoe_kernels_match_the_torch_path(device: str, case: str, dtype: torch.dtype) -> None:
+    attrs, inputs = _qmoe_inputs(case, device, dtype)
+    _kernel_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("activation", ["relu", "gelu", "silu", "identity"])
+def test_qmoe_kernels_plain_activations(device: str, activation: str) -> None:
+    """fc1 alone (no up projection): 4-bit per-row scales with zero points and biases."""
+    attrs, inputs = _qmoe_inputs("int4_rows_zero_points_fc3", device, torch.float32, activation=activation)
+    _kernel_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_tokens_sharing_an_expert_and_prompts(device: str) -> None:
+    """Two tokens whose top k overlap (an expert serves both); a prompt of more pairs than experts
+    (the kernels take up to PAIRS_PER_EXPERT * E pairs in place of the grouped torch path)."""
+    attrs, inputs = _qmoe_inputs("int4_blocks_zero_points", device, torch.float32, tokens=2)
+    router = inputs[1]
+    router[1] = router[0] * 0.5  # the same top k, other routing weights
+    chosen = router.float().softmax(-1).topk(2, dim=-1).indices.sort(dim=-1).values
+    assert torch.equal(chosen[0], chosen[1]), chosen
+    _kernel_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))
+    attrs, inputs = _qmoe_inputs("int4_blocks", device, torch.float16, tokens=12)  # 24 pairs over 8 experts
+    _kernel_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_more_pairs_than_the_kernels_take_keep_the_torch_path(device: str) -> None:
+    from onnxgen.runtime.gpu.moe_experts import PAIRS_PER_EXPERT
+
+    attrs, inputs = _qmoe_inputs("int4_blocks", device, torch.float32, tokens=8 * PAIRS_PER_EXPERT // 2 + 1)
+    before = LAUNCHES[KERNEL]
+    qmoe(_ctx("QMoE", device, **attrs), *inputs)
+    assert LAUNCHES[KERNEL] == before
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_long_rows_loop_over_k_and_unsettled_routing_waits_first(device: str, monkeypatch) -> None:
+    """Chunk budgets small enough that rows span several K-chunks (the kernels' loop; fc1 and fc2
+    both, partial last blocks in the dense case) in each weight form; and routing written by the
+    PDL launch just before (EARLY off: the kernels wait first)."""
+    from onnxgen.runtime.gpu import moe_experts
+
+    monkeypatch.setattr(moe_experts, "_FC1_BYTES", 128)
+    monkeypatch.setattr(moe_experts, "_FC2_BYTES", 128)
+    monkeypatch.setattr(moe_experts, "_compute_block", lambda k: 16)  # per-row scales, dense
+    for case in ("int4_blocks_concatenated", "int4_rows_zero_points_fc3", "int8_blocks_zero_points"):
+        attrs, inputs = _qmoe_inputs(case, device, torch.float32)
+        _kernel_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))  # noqa: B023
+    attrs, inputs = _moe_inputs("swiglu_fc3_limit", device, torch.float16)
+    _kernel_vs_torch(lambda: moe(_ctx("MoE", device, **attrs), *inputs))
+    monkeypatch.setattr(moe_experts, "settled_before_launch", lambda *tensors: False)
+    attrs, inputs = _moe_inputs("swiglu_interleaved", device, torch.float32)
+    _kernel_vs_torch(lambda: moe(_ctx("MoE", device, **attrs), *inputs))
+
+
+# ---------------------------------------------------------------- sm_90 compilation
+
+
+def _signature(kernel, pointers: dict[str, str], floats: tuple[str, ...] = ()) -> dict[str, str]:
+    return {name: pointers.get(name, "fp32" if name in floats else "i32") for name in kernel.arg_names}
+
+
+@pytest.mark.skipif(interpreting() or not triton_importable(), reason="compiles the kernels (not interpreted)")
+@pytest.mark.parametrize(
+    ("bits", "per_row", "zero_kind", "act", "pdl", "early"),
+    [(4, False, 1, 4, True, True), (4, False, 0, 4, True, True), (4, True, 3, 3, True, False),
+     (8, False, 1, 4, False, False), (0, True, 0, 2, True, True)],
+)  # fmt: skip
+def test_moe_kernels_compile(bits: int, per_row: bool, zero_kind: int, act: int, pdl: bool, early: bool) -> None:
+    from onnxgen.runtime.gpu import moe_experts
+    from tests.test_triton_compile import compile_for_sm90
+
+    weight = "*fp16" if bits == 0 else "*u8"
+    ptrs = dict(x_ptr="*fp16", chosen_ptr="*i64", h_ptr="*fp32", w_ptr=weight, w3_ptr=weight, z_ptr="*u8",
+                z3_ptr="*u8", route_ptr="*fp32", out_ptr="*fp16")  # fmt: skip
+    ptrs.update(dict.fromkeys(["s_ptr", "s3_ptr", "b_ptr", "b3_ptr"], "*fp16"))
+    form = dict(BITS=bits, PER_ROW=per_row, ZERO_KIND=zero_kind, QBLOCK=32, EARLY=early, PDL=pdl)
+    fc1 = moe_experts._moe_fc1_kernel
+    const = dict(ACT=act, HAS_LIMIT=True, HAS_BIAS=True, NB=16, BLOCK_I=8, **form)
+    ptx1 = compile_for_sm90(fc1, _signature(fc1, ptrs, ("alpha", "beta", "limit")), const)
+    fc2 = moe_experts._moe_fc2_kernel
+    const = dict(HAS_BIAS=True, NB=4, KP=8, BLOCK_N=8, **form)
+    ptx2 = compile_for_sm90(fc2, _signature(fc2, ptrs), const)
+    for ptx in (ptx1, ptx2):
+        if pdl:  # early: the routing and the weights stream before the wait, the activations after it
+            wait = ptx.index("griddepcontrol.wait")
+            assert (ptx.index("ld.global") < wait) == early and "ld.global" in ptx[wait:]
+        if bits == 4 and zero_kind == 0:  # codes become floats by the exponent trick
+            assert not re.findall(r"cvt\.rn\.f32\.[su]\d+", ptx)
+        assert "atom" not in ptx  # no atomics: the sums' order is fixed
+
+
+# ---------------------------------------------------------------- the drivers
+
+
+@pytest.mark.skipif(interpreting() or not triton_importable(), reason="the parent run starts the interpreted child")
+def test_kernels_match_the_torch_path_through_the_triton_interpreter() -> None:
+    run_interpreted(__file__, "through_the_triton_interpreter or compile")
+
+
+def _qwen35_moe_layer(tokens: int, seed: int = 0):
+    """One routed-expert layer of the Qwen3.5-35B-A3B shape as onnxgen's int4 build writes it: 256
+    experts, top 8 renormalized, SwiGLU interleaved, 4-bit blocks of 32 with zero points, fp16."""
+    experts, hidden, inter = 256, 2048, 512
+    inp = _Inputs("cuda", torch.float16, seed)
+    fc1 = _quantized(inp, experts, 2 * inter, hidden, 4, 32, True)
+    fc2 = _quantized(inp, experts, hidden, inter, 4, 32, True)
+    x, router = inp.randn(tokens, hidden), inp.randn(tokens, experts, scale=2.0)
+    attrs = _activation_attrs("swiglu", 8, 1, expert_weight_bits=4, block_size=32)
+    inputs = [x, router, fc1[0], fc1[1], None, fc2[0], fc2[1], None, None, None, None, fc1[2], fc2[2], None]
+    return attrs, inputs
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_kernels_on_the_qwen35_35b_a3b_layer_shape() -> None:
+    """The decode step and a 16-token prompt (128 pairs, the bench's) of the layer against the
+    torch path; then the step recorded in a CUDA graph: every replay equals the eager output bit for
+    bit, with new tokens and routing written into the recorded inputs."""
+    for tokens in (1, 16):
+        attrs, inputs = _qwen35_moe_layer(tokens)
+        ctx = _ctx("QMoE", "cuda", **attrs)
+        _kernel_vs_torch(lambda: qmoe(ctx, *inputs))  # noqa: B023
+    attrs, inputs = _qwen35_moe_layer(1)
+    ctx = _ctx("QMoE", "cuda", **attrs)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        qmoe(ctx, *inputs)  # warm: compiled before the recording
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        recorded = qmoe(ctx, *inputs)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        inputs[0].copy_(torch.randn(inputs[0].shape, generator=gen))
+        inputs[1].copy_(torch.randn(inputs[1].shape, generator=gen) * 2)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(recorded, qmoe(ctx, *inputs))
