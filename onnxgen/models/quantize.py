@@ -88,6 +88,15 @@ def pack_uint4(codes: np.ndarray) -> np.ndarray:
     return (flat[0::2] & 0x0F) | ((flat[1::2] & 0x0F) << 4)
 
 
+def _fold(op: np.ufunc, blocks: np.ndarray) -> np.ndarray:
+    """op (np.minimum / np.maximum) over the last axis, a power of two long, by halving it: the same
+    values as blocks.min/max(axis=-1) (each is one of the inputs), in fewer passes over short rows."""
+    while blocks.shape[-1] > 1:
+        half = blocks.shape[-1] // 2
+        blocks = op(blocks[..., :half], blocks[..., half:])
+    return blocks[..., 0]
+
+
 def quantize_4bit(weight: np.ndarray, block_size: int = 32) -> Quantized4Bit:
     """Asymmetric 4-bit quantization of W [N, K] along K in blocks of `block_size`."""
     if weight.ndim != 2:
@@ -101,18 +110,25 @@ def quantize_4bit(weight: np.ndarray, block_size: int = 32) -> Quantized4Bit:
     zero_points = np.empty((n, n_blocks), np.uint8)
     for start in range(0, n, _ROWS_PER_CHUNK):
         rows = slice(start, min(n, start + _ROWS_PER_CHUNK))
-        w = np.zeros((rows.stop - rows.start, n_blocks * block_size), np.float32)
-        w[:, :k] = weight[rows]
+        if k % block_size:
+            w = np.zeros((rows.stop - rows.start, n_blocks * block_size), np.float32)
+            w[:, :k] = weight[rows]
+        else:
+            w = np.ascontiguousarray(weight[rows], dtype=np.float32)
         blocks = w.reshape(w.shape[0], n_blocks, block_size)
-        lo = np.minimum(blocks.min(axis=2), 0.0)
-        hi = np.maximum(blocks.max(axis=2), 0.0)
+        lo = np.minimum(_fold(np.minimum, blocks), 0.0)
+        hi = np.maximum(_fold(np.maximum, blocks), 0.0)
         scale = (hi - lo) / 15.0
         scale = np.where(scale == 0.0, 1.0, scale).astype(np.float32)  # an all-zero block
         zp = np.clip(np.rint(-lo / scale), 0, 15)
-        q = np.clip(np.rint(blocks / scale[:, :, None]) + zp[:, :, None], 0, 15)
-        codes[rows] = q.reshape(w.shape).astype(np.uint8)
+        # clip(rint(blocks / scale) + zp, 0, 15) in float32, in place in one temporary
+        q = np.divide(blocks, scale[:, :, None])
+        np.rint(q, out=q)
+        np.add(q, zp[:, :, None], out=q)
+        np.clip(q, 0, 15, out=q)
+        codes[rows] = q.reshape(w.shape)  # whole numbers in 0..15: the cast is exact
         scales[rows] = scale
-        zero_points[rows] = zp.astype(np.uint8)
+        zero_points[rows] = zp
     return Quantized4Bit(codes, scales, zero_points, k, block_size)
 
 
