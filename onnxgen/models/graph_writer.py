@@ -55,45 +55,55 @@ class GraphWriter:
 
     def initializer(self, name: str, array: np.ndarray) -> str:
         """Add `array` as initializer `name`; large ones are appended to the data file now."""
-        if name in self._names:
-            raise ValueError(f"initializer {name!r} written twice")
-        self._names.add(name)
-        array = np.ascontiguousarray(array)
-        tensor = TensorProto()
-        tensor.name = name
-        tensor.data_type = onnx_dtype(array.dtype)
-        tensor.dims.extend(array.shape)
-        self._store(tensor, array.tobytes())
+        return self.stacked_initializer(name, [array])
+
+    def stacked_initializer(self, name: str, parts: list[np.ndarray]) -> str:
+        """Add the concatenation of `parts` along their first axis as initializer `name`, written
+        part by part: the bytes of initializer(name, np.concatenate(parts)), without that copy."""
+        parts = [np.ascontiguousarray(part) for part in parts]
+        first = parts[0]
+        if any(part.dtype != first.dtype or part.shape[1:] != first.shape[1:] for part in parts[1:]):
+            raise ValueError(f"initializer {name!r}: parts of different dtypes or trailing shapes")
+        tensor = self._claim(name, onnx_dtype(first.dtype))
+        shape = first.shape if len(parts) == 1 else (sum(part.shape[0] for part in parts), *first.shape[1:])
+        tensor.dims.extend(shape)
+        self._store(tensor, [memoryview(part.reshape(-1).view(np.uint8)) for part in parts])  # no copies
         return name
 
     def packed_initializer(self, name: str, packed: np.ndarray, dims: tuple[int, ...], onnx_type: int) -> str:
         """An initializer of a sub-byte type (UINT4) whose bytes are already packed."""
+        tensor = self._claim(name, onnx_type)
+        tensor.dims.extend(dims)
+        self._store(tensor, [memoryview(np.ascontiguousarray(packed, dtype=np.uint8).reshape(-1))])
+        return name
+
+    def _claim(self, name: str, onnx_type: int) -> TensorProto:
         if name in self._names:
             raise ValueError(f"initializer {name!r} written twice")
         self._names.add(name)
         tensor = TensorProto()
         tensor.name = name
         tensor.data_type = onnx_type
-        tensor.dims.extend(dims)
-        self._store(tensor, np.ascontiguousarray(packed, dtype=np.uint8).tobytes())
-        return name
+        return tensor
 
-    def _store(self, tensor: TensorProto, raw: bytes) -> None:
-        if len(raw) < _INLINE_BELOW:
-            tensor.raw_data = raw
+    def _store(self, tensor: TensorProto, raw: list[memoryview]) -> None:
+        size = sum(part.nbytes for part in raw)
+        if size < _INLINE_BELOW:
+            tensor.raw_data = b"".join(raw)
         else:
-            align = _PAGE if len(raw) >= _PAGE_ALIGN_FROM else 64
+            align = _PAGE if size >= _PAGE_ALIGN_FROM else 64
             pad = (-self._offset) % align
             if pad:
                 self._data.write(b"\0" * pad)
                 self._offset += pad
-            self._data.write(raw)
+            for part in raw:
+                self._data.write(part)
             tensor.data_location = TensorProto.EXTERNAL
-            for key, value in (("location", self.data_name), ("offset", self._offset), ("length", len(raw))):
+            for key, value in (("location", self.data_name), ("offset", self._offset), ("length", size)):
                 entry = tensor.external_data.add()
                 entry.key = key
                 entry.value = str(value)
-            self._offset += len(raw)
+            self._offset += size
         self.initializers.append(tensor)
 
     def const(self, values: list | float | int | np.ndarray, dtype: np.dtype | type = np.int64) -> str:
