@@ -1,11 +1,13 @@
-"""quantize_4bit keeps the arithmetic it had."""
+"""quantize_4bit and the MoE experts' 4-bit tensors keep the arithmetic they had."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from onnxgen.models.builder_hybrid import quantize_experts
 from onnxgen.models.quantize import quantize_4bit
+from onnxgen.models.random_source import TINY_CONFIGS, RandomSource
 
 
 def _quantize_4bit_reference(weight: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -35,3 +37,23 @@ def test_quantize_4bit_keeps_its_arithmetic(shape: tuple[int, int], block: int) 
     for got, want in zip((q.codes, q.scales, q.zero_points), _quantize_4bit_reference(weight, block)):
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(got, want)
+
+
+def test_experts_quantized_one_at_a_time_equal_the_stacked_layer() -> None:
+    """QMoE's fc1 was the interleaved [gate; up] rows of each expert quantized whole: rows are
+    quantized independently, so quantizing gate and up apart and interleaving gives its tensors."""
+    config = TINY_CONFIGS["tiny-qwen3.5-moe"]
+    source = RandomSource(config, seed=2)
+    experts = range(2, 7)
+    got = quantize_experts(source.get, 1, experts, 32)
+    p = "model.layers.1.mlp.experts."
+    want: list[list[np.ndarray]] = [[] for _ in range(6)]
+    for e in experts:
+        gate, up, down = (source.get(f"{p}{e}.{proj}_proj.weight") for proj in ("gate", "up", "down"))
+        fc1 = np.stack([gate, up], axis=1).reshape(2 * gate.shape[0], -1)
+        for index, weight in ((0, fc1), (3, down)):
+            b, s, z = quantize_4bit(weight, 32).matmulnbits_tensors()
+            for j, tensor in enumerate((b, s, z)):
+                want[index + j].append(tensor.reshape(weight.shape[0], -1))
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, np.stack(w))

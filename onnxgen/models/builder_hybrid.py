@@ -24,11 +24,12 @@ position rows would all be equal, so the rotation is the plain partial one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from onnxgen.models.builder_gqa import attention_lengths, declare_token_inputs, rotary_caches, skip_norm
-from onnxgen.models.builder_parts import BuildError, DecoderGraph
-from onnxgen.models.quantize import quantize_4bit
+from onnxgen.models.builder_parts import BuildError, DecoderGraph, q4_tensors
 
 MS = "com.microsoft"
 
@@ -201,22 +202,18 @@ def _mixture_of_experts(g: DecoderGraph, h: str, layer: int) -> str:
     p = f"model.layers.{layer}.mlp."
     logits = g.linear(h, p + "gate")
     router = w.op("Reshape", logits, w.const([-1, moe.num_experts]), name=p + "router/Reshape")
-    experts = range(moe.num_experts)
-    # [experts, 2 * inter, hidden], rows g0, u0, g1, u1, ... of each expert's gate and up
-    fc1 = np.stack(
-        [np.stack([g.fetch(f"{p}experts.{e}.gate_proj.weight"), g.fetch(f"{p}experts.{e}.up_proj.weight")], axis=1)
-         .reshape(2 * moe.expert_intermediate, -1) for e in experts]
-    )  # fmt: skip
-    fc2 = np.stack([g.fetch(f"{p}experts.{e}.down_proj.weight") for e in experts])  # [experts, hidden, inter]
     routing = dict(k=moe.top_k, normalize_routing_weights=int(moe.normalize), activation_type="swiglu",
                    swiglu_fusion=1, activation_alpha=1.0, activation_beta=0.0)  # fmt: skip
     if g.opt.precision == "int4":
-        q1, q2 = _quantized_experts(g, fc1, p + "experts.fc1"), _quantized_experts(g, fc2, p + "experts.fc2")
-        del fc1, fc2
+        q1, q2 = _quantized_experts(g, layer)
         inputs = [h, router, q1[0], q1[1], "", q2[0], q2[1], "", "", "", "", q1[2], q2[2]]
         routed = w.op("QMoE", *inputs, name=p + "QMoE", domain=MS, expert_weight_bits=4,
                       block_size=g.opt.block_size, **routing)  # fmt: skip
     else:
+        experts = range(moe.num_experts)
+        # [experts, 2 * inter, hidden], rows g0, u0, g1, u1, ... of each expert's gate and up
+        fc1 = np.stack([_gate_up(g.fetch, p, e) for e in experts])
+        fc2 = np.stack([g.fetch(f"{p}experts.{e}.down_proj.weight") for e in experts])  # [experts, hidden, inter]
         fc1_name = g.float_weight(p + "experts.fc1", fc1)
         fc2_name = g.float_weight(p + "experts.fc2", fc2)
         del fc1, fc2
@@ -230,22 +227,51 @@ def _mixture_of_experts(g: DecoderGraph, h: str, layer: int) -> str:
     return w.op("Add", routed, gated, name=p + "Add")
 
 
-def _quantized_experts(g: DecoderGraph, weights: np.ndarray, prefix: str) -> tuple[str, str, str]:
-    """QMoE's 4-bit tensors of experts' [experts, N, K] weights, blocks along K (the builder's
-    block size, as MatMulNBits quantizes): codes [experts, N, K / 2] (low nibble first), scales
-    [experts, N, K / block] and packed zero points [experts, N, ceil(blocks / 2)]; their names."""
-    experts, n, k = weights.shape
-    if k % g.opt.block_size:
-        raise BuildError(f"{prefix}: an expert's in_features {k} is not a multiple of the int4 block size "
-                         f"{g.opt.block_size} (QMoE quantizes whole blocks)")  # fmt: skip
-    codes, scales, zeros = [], [], []
-    for e in range(experts):
-        b, s, z = quantize_4bit(weights[e], g.opt.block_size).matmulnbits_tensors()
-        codes.append(b.reshape(n, -1))
-        scales.append(s.reshape(n, -1))
-        zeros.append(z.reshape(n, -1))
-    return (
-        g.w.initializer(prefix + ".qweight", np.stack(codes)),
-        g.w.initializer(prefix + ".scales", g.cast(prefix + " scales", np.stack(scales))),
-        g.w.initializer(prefix + ".qzeros", np.stack(zeros)),
-    )
+def _gate_up(fetch: Callable[[str], np.ndarray], p: str, e: int) -> np.ndarray:
+    """Expert e's gate and up projections interleaved row by row: [2 * inter, hidden], rows g0, u0, g1, u1, ..."""
+    gate, up = fetch(f"{p}experts.{e}.gate_proj.weight"), fetch(f"{p}experts.{e}.up_proj.weight")
+    return np.stack([gate, up], axis=1).reshape(2 * gate.shape[0], -1)
+
+
+def _quantized_experts(g: DecoderGraph, layer: int) -> tuple[tuple[str, str, str], tuple[str, str, str]]:
+    """QMoE's 4-bit tensors of the layer's experts, fc1 (gate and up interleaved) and fc2 (down),
+    blocks along K (the builder's block size, as MatMulNBits quantizes): codes [experts, N, K / 2]
+    (low nibble first), scales [experts, N, K / block] and packed zero points [experts, N,
+    ceil(blocks / 2)]; their names."""
+    moe = g.config.moe
+    assert moe is not None
+    p = f"model.layers.{layer}.mlp."
+    for what, k in (("gate/up", g.config.hidden_size), ("down", moe.expert_intermediate)):
+        if k % g.opt.block_size:
+            raise BuildError(f"{p}experts: the {what} projections' in_features {k} is not a multiple of the int4 "
+                             f"block size {g.opt.block_size} (QMoE quantizes whole blocks)")  # fmt: skip
+    parts = [quantize_experts(g.fetch, layer, range(moe.num_experts), g.opt.block_size)]
+    names = []
+    for index, prefix in enumerate((p + "experts.fc1", p + "experts.fc2")):
+        codes, scales, zeros = ([part[3 * index + j] for part in parts] for j in range(3))
+        names.append((
+            g.w.stacked_initializer(prefix + ".qweight", codes),
+            g.w.stacked_initializer(prefix + ".scales", [g.cast(prefix + " scales", s) for s in scales]),
+            g.w.stacked_initializer(prefix + ".qzeros", zeros),
+        ))  # fmt: skip
+    return names[0], names[1]
+
+
+def quantize_experts(
+    fetch: Callable[[str], np.ndarray], layer: int, experts: range, block_size: int
+) -> tuple[np.ndarray, ...]:
+    """QMoE's tensors for a run of a layer's experts, one expert at a time (never the run's float
+    weights at once): fc1's codes, scales (float32) and zero points, then fc2's, each stacked over
+    the run. Quantizing rows one at a time, interleaved or not, gives the same rows (blocks run
+    along K), so fc1's rows are the gate's and the up's quantized apart and interleaved."""
+    p = f"model.layers.{layer}.mlp."
+    out: list[list[np.ndarray]] = [[] for _ in range(6)]
+    for e in experts:
+        gate, up, down = (q4_tensors(fetch(f"{p}experts.{e}.{proj}_proj.weight"), block_size, True)
+                          for proj in ("gate", "up", "down"))  # fmt: skip
+        fc1 = [np.stack([a.reshape(gate.n, -1), b.reshape(up.n, -1)], axis=1).reshape(gate.n + up.n, -1)
+               for a, b in ((gate.b, up.b), (gate.scales, up.scales), (gate.zero_points, up.zero_points))]  # fmt: skip
+        fc2 = [t.reshape(down.n, -1) for t in (down.b, down.scales, down.zero_points)]
+        for stacked, tensor in zip(out, fc1 + fc2):
+            stacked.append(tensor)
+    return tuple(np.stack(stacked) for stacked in out)

@@ -56,6 +56,50 @@ def _where(source: WeightSource) -> str:
     return str(where) if where else f"the {type(source).__name__}"
 
 
+def checked_weight(source: WeightSource, name: str) -> np.ndarray:
+    """One weight from the source as float32, checked for NaN/Inf.
+
+    A damaged file decodes to non-finite values (numpy's overflow warnings are silenced: the
+    error below says what and where), and a package built from them would only print nothing.
+    """
+    try:
+        with np.errstate(all="ignore"):
+            array = np.asarray(source.get(name), dtype=np.float32)
+    except KeyError as e:
+        raise BuildError(f"the weight source has no tensor {name!r}") from e
+    bad = array.size - int(np.count_nonzero(np.isfinite(array)))
+    if bad:
+        raise BuildError(
+            f"weight {name!r} has {bad} non-finite values (NaN or Inf) of {array.size} in {_where(source)}; "
+            "the file is damaged or was written wrongly, so no package was built"
+        )
+    return array
+
+
+@dataclass
+class Q4Tensors:
+    """MatMulNBits' B [N, blocks, block/2], flat scales (float32) and zero points of W [N, K]."""
+
+    b: np.ndarray
+    scales: np.ndarray
+    zero_points: np.ndarray  # packed uint8, or float32 where float_zero_points
+    float_zero_points: bool
+    n: int
+    k: int
+
+
+def q4_tensors(w: np.ndarray, block_size: int, packed_zero_points: bool = False) -> Q4Tensors:
+    """W [N, K] for MatMulNBits. A weight already on a 4-bit grid per block (a 4-bit checkpoint
+    dequantized) keeps its exact values with float zero points (quantize.on_4bit_grid); any other
+    is quantized with 4-bit ones, as is every weight where ``packed_zero_points``
+    (GatherBlockQuantized reads the table too, and its zero points must be packed like its codes).
+    A pure function of W."""
+    q = None if packed_zero_points else on_4bit_grid(w, block_size)
+    q = q or quantize_4bit(w, block_size)
+    b, scales, zp = q.matmulnbits_tensors()
+    return Q4Tensors(b, scales, zp, q.float_zero_points, q.n, q.k)
+
+
 def rotary_frequencies(config: DecoderConfig, length: int) -> np.ndarray:
     """Angles [length, rotary_dim/2]: position * theta^(-2i/rotary_dim), computed in float64."""
     dim = rotary_dim(config)
@@ -74,7 +118,11 @@ def rotary_dim(config: DecoderConfig) -> int:
 
 class DecoderGraph:
     def __init__(
-        self, writer: GraphWriter, source: WeightSource, options: BuildOptions, progress: Progress | None
+        self,
+        writer: GraphWriter,
+        source: WeightSource,
+        options: BuildOptions,
+        progress: Progress | None,
     ) -> None:
         self.w = writer
         self.source = source
@@ -91,26 +139,16 @@ class DecoderGraph:
     # --- weights ------------------------------------------------------------------------
 
     def fetch(self, name: str) -> np.ndarray:
-        """One weight from the source as float32, checked against the config and for NaN/Inf.
+        """One weight from the source as float32, checked against the config and for NaN/Inf."""
+        array = checked_weight(self.source, name)
+        self.fetched(name)
+        return array
 
-        A damaged file decodes to non-finite values (numpy's overflow warnings are silenced: the
-        error below says what and where), and a package built from them would only print nothing.
-        """
-        try:
-            with np.errstate(all="ignore"):
-                array = np.asarray(self.source.get(name), dtype=np.float32)
-        except KeyError as e:
-            raise BuildError(f"the weight source has no tensor {name!r}") from e
-        bad = array.size - int(np.count_nonzero(np.isfinite(array)))
-        if bad:
-            raise BuildError(
-                f"weight {name!r} has {bad} non-finite values (NaN or Inf) of {array.size} in {_where(self.source)}; "
-                "the file is damaged or was written wrongly, so no package was built"
-            )
+    def fetched(self, name: str) -> None:
+        """Count one weight as read, for the progress."""
         self._fetched += 1
         if self._progress is not None:
             self._progress(name, min(self._fetched, self._total), self._total)
-        return array
 
     def io_const(self, value: float | list) -> str:
         return self.w.const(value, self.opt.io_dtype)
@@ -135,42 +173,37 @@ class DecoderGraph:
         self, x: str, prefix: str, *, bias: bool = False, weight: np.ndarray | None = None, output: str | None = None
     ) -> str:
         """x @ W^T (+ b) for the HF Linear `prefix` ("model.layers.0.self_attn.q_proj")."""
-        w = self.fetch(prefix + ".weight") if weight is None else weight
-        n, k = w.shape
-        if self.opt.precision != "int4":
-            wt = self.float_weight(prefix + ".MatMul.weight", np.ascontiguousarray(w.T))
-            y = self.w.node(
-                "MatMul", [x, wt], name=prefix + "/MatMul", outputs=None if bias or output is None else [output]
-            )[0]
-        elif self.opt.attention == "gqa":
-            y = self._matmul_nbits(x, w, prefix, None if bias else output)
+        if self.opt.precision == "int4" and self.opt.attention == "gqa":
+            q = self.q4(prefix + ".weight") if weight is None else q4_tensors(weight, self.opt.block_size)
+            weights = self._write_q4(q, prefix)
+            y = self._nbits_node(x, weights, prefix, None if bias else output, n=q.n, k=q.k)
+            del q
         else:
-            y = self._dequantize_matmul(x, w, prefix, None if bias else output)
-        del w
+            w = self.fetch(prefix + ".weight") if weight is None else weight
+            if self.opt.precision != "int4":
+                wt = self.float_weight(prefix + ".MatMul.weight", np.ascontiguousarray(w.T))
+                y = self.w.node(
+                    "MatMul", [x, wt], name=prefix + "/MatMul", outputs=None if bias or output is None else [output]
+                )[0]
+            else:
+                y = self._dequantize_matmul(x, w, prefix, None if bias else output)
+            del w
         if bias:
             b = self.float_weight(prefix + ".bias", self.fetch(prefix + ".bias"))
             y = self.w.node("Add", [y, b], name=prefix + "/BiasAdd", outputs=None if output is None else [output])[0]
         return y
 
-    def _matmul_nbits(self, x: str, w: np.ndarray, prefix: str, output: str | None) -> str:
-        n, k = w.shape
-        return self._nbits_node(x, self._nbits_initializers(w, prefix), prefix, output, n=n, k=k)
+    def q4(self, name: str, *, packed_zero_points: bool = False) -> Q4Tensors:
+        """The MatMulNBits tensors of weight `name` (q4_tensors)."""
+        return q4_tensors(self.fetch(name), self.opt.block_size, packed_zero_points)
 
-    def _nbits_initializers(self, w: np.ndarray, prefix: str, *, packed_zero_points: bool = False) -> list[str]:
-        """MatMulNBits' B, scales and zero points of W [N, K], written as initializers; their names.
-        A weight already on a 4-bit grid per block (a 4-bit checkpoint dequantized) keeps its exact
-        values with float zero points (quantize.on_4bit_grid); any other is quantized with 4-bit
-        ones, as is every weight where ``packed_zero_points`` (GatherBlockQuantized reads the table
-        too, and its zero points must be packed like its codes)."""
-        q = None if packed_zero_points else on_4bit_grid(w, self.opt.block_size)
-        q = q or quantize_4bit(w, self.opt.block_size)
-        b, scales, zp = q.matmulnbits_tensors()
-        float_zeros = q.float_zero_points
-        del q
-        zeros = self.cast(prefix + ".weight zero points", zp) if float_zeros else zp
+    def _write_q4(self, q: Q4Tensors, prefix: str) -> list[str]:
+        """MatMulNBits' B, scales and zero points written as initializers (scales, and float zero
+        points, in the activations' dtype); their names."""
+        zeros = self.cast(prefix + ".weight zero points", q.zero_points) if q.float_zero_points else q.zero_points
         return [
-            self.w.initializer(prefix + ".MatMulNBits.qweight", b),
-            self.w.initializer(prefix + ".MatMulNBits.scales", self.cast(prefix + ".weight scales", scales)),
+            self.w.initializer(prefix + ".MatMulNBits.qweight", q.b),
+            self.w.initializer(prefix + ".MatMulNBits.scales", self.cast(prefix + ".weight scales", q.scales)),
             self.w.initializer(prefix + ".MatMulNBits.qzeros", zeros),
         ]
 
@@ -215,11 +248,15 @@ class DecoderGraph:
         embedding gathers rows of the LM head's 4-bit codes (GatherBlockQuantized), so the table is
         held once, in 4 bits. Elsewhere the Gather keeps a float table (the default-domain flavour
         has no quantized gather; a padded last block would widen the gathered rows)."""
+        return self.q4_table_shared(self.config, self.opt)
+
+    @staticmethod
+    def q4_table_shared(config: DecoderConfig, options: BuildOptions) -> bool:
         return (
-            self.config.tie_word_embeddings
-            and self.opt.precision == "int4"
-            and self.opt.attention == "gqa"
-            and self.config.hidden_size % self.opt.block_size == 0
+            config.tie_word_embeddings
+            and options.precision == "int4"
+            and options.attention == "gqa"
+            and config.hidden_size % options.block_size == 0
         )
 
     def embedding(self, input_ids: str) -> tuple[str, str]:
@@ -227,18 +264,20 @@ class DecoderGraph:
 
         Returns (hidden states, float table initializer name or "") so a tied LM head can reuse the table.
         """
-        table = self.fetch("model.embed_tokens.weight")
         if self.shares_q4_table:
-            return self._q4_embedding(input_ids, table), ""
+            return self._q4_embedding(input_ids), ""
+        table = self.fetch("model.embed_tokens.weight")
         name = self.float_weight("model.embed_tokens.weight", table)
         return self.w.op("Gather", name, input_ids, name="/model/embed_tokens/Gather"), name
 
-    def _q4_embedding(self, input_ids: str, table: np.ndarray) -> str:
+    def _q4_embedding(self, input_ids: str) -> str:
         """GatherBlockQuantized over the head's MatMulNBits tensors, reshaped to rows: B [N, blocks,
         block/2] is [N, K/2] bytes row by row; the flat scales and zero points are [N, blocks] and
         [N, ceil(blocks/2)]. Both ops read the same initializers, so the codes are stored once."""
-        n, k = table.shape
-        weights = self._nbits_initializers(table, "lm_head", packed_zero_points=True)
+        q = self.q4("model.embed_tokens.weight", packed_zero_points=True)
+        n, k = q.n, q.k
+        weights = self._write_q4(q, "lm_head")
+        del q
         self._shared_head = (weights, n, k)
         blocks = k // self.opt.block_size
         rows = [
