@@ -1,13 +1,57 @@
-"""quantize_4bit and the MoE experts' 4-bit tensors keep the arithmetic they had."""
+"""An int4 build with a pool of workers (build_pool) writes the serial build's package byte for
+byte; quantize_4bit and the MoE experts' 4-bit tensors keep the arithmetic they had."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from onnxgen.models.builder_hybrid import quantize_experts
+from onnxgen.models import build_pool
+from onnxgen.models.builder import BuildError, build_package
+from onnxgen.models.builder_hybrid import expert_weight_names, quantize_experts
 from onnxgen.models.quantize import quantize_4bit
 from onnxgen.models.random_source import TINY_CONFIGS, RandomSource
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    return {name: (directory / name).read_bytes() for name in ("model.onnx", "model.onnx.data", "genai_config.json")}
+
+
+@pytest.mark.parametrize(
+    ("name", "device", "spill"),
+    [("tiny-qwen3.5-moe", "cuda", True), ("tiny-qwen3.5-moe", "cpu", False), ("tiny-qwen2", "cpu", True)],
+)
+def test_a_pool_build_writes_the_serial_package(tmp_path, monkeypatch, name: str, device: str, spill: bool) -> None:
+    """The MoE hybrid (routed experts in runs, the LM head started first) and a tied table shared
+    with the head (its embedding quantized first); results through RAM files, or the pipe."""
+    if not spill:
+        monkeypatch.setattr(build_pool, "SPILL_DIR", str(tmp_path / "absent"))
+    monkeypatch.setattr(build_pool, "EXPERT_RUN_ELEMENTS", 3 * 32 * 64 * 3)  # runs of 3 experts: 8 = 3 + 3 + 2
+    source = RandomSource(TINY_CONFIGS[name], seed=4)
+    seen: list[list[str]] = [[], []]
+    for names, workers in zip(seen, (0, 2)):
+        build_package(source, tmp_path / str(workers), "int4", device, progress=lambda n, d, t, s=names: s.append(n),
+                      workers=workers)  # fmt: skip
+    assert _files(tmp_path / "0") == _files(tmp_path / "2")
+    assert seen[0] == seen[1], "progress names every weight, in the same order"
+    assert not list(Path(build_pool.SPILL_DIR).glob("onnxgen-build-*"))
+
+
+class _Damaged(RandomSource):
+    """A source with one non-finite value in one expert (pickles: workers read it too)."""
+
+    def get(self, name: str) -> np.ndarray:
+        values = super().get(name)
+        if name == "model.layers.2.mlp.experts.5.down_proj.weight":
+            values[0, 0] = np.nan
+        return values
+
+
+def test_a_workers_error_stops_the_build(tmp_path) -> None:
+    with pytest.raises(BuildError, match=r"experts\.5\.down_proj.*non-finite"):
+        build_package(_Damaged(TINY_CONFIGS["tiny-qwen3.5-moe"]), tmp_path, "int4", "cuda", workers=1)
 
 
 def _quantize_4bit_reference(weight: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -46,6 +90,7 @@ def test_experts_quantized_one_at_a_time_equal_the_stacked_layer() -> None:
     source = RandomSource(config, seed=2)
     experts = range(2, 7)
     got = quantize_experts(source.get, 1, experts, 32)
+    assert len(expert_weight_names(1, experts)) == 3 * len(experts)
     p = "model.layers.1.mlp.experts."
     want: list[list[np.ndarray]] = [[] for _ in range(6)]
     for e in experts:

@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from onnxgen.models.build_pool import BuildPool, plan_jobs
 from onnxgen.models.builder_gqa import build_gqa
 from onnxgen.models.builder_hybrid import build_hybrid
 from onnxgen.models.builder_parts import BuildError, BuildOptions, DecoderGraph, Progress, rotary_dim
@@ -36,20 +37,28 @@ def build_package(
     attention: str = "gqa",
     context_length: int | None = None,
     progress: Progress | None = None,
+    workers: int = 0,
 ) -> Path:
     """Write model.onnx (+ external data) and genai_config.json into `out_dir`; returns `out_dir`.
 
     precision: fp32 | fp16 | int4 (MatMulNBits 4-bit, block 32, in `gqa`; blocked DequantizeLinear
     + MatMul in `standard`). device: cpu | cuda (cuda: fp16 activations for int4 and a shared
     past/present buffer for `gqa`). `progress(name, done, total)` is called per weight tensor.
+    workers > 0: an int4 `gqa` build computes its quantized weights ahead in that many worker
+    processes (build_pool; the same package, byte for byte); the source must pickle, and the
+    program's main module must be safe to import (the ``if __name__ == "__main__"`` idiom).
     """
     config = source.config
     options = _options(config, precision, device, attention, context_length)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     writer = GraphWriter(out / MODEL_FILE)
+    pool = None
     try:
-        graph = DecoderGraph(writer, source, options, progress)
+        if workers > 0:
+            jobs = plan_jobs(config, options, DecoderGraph.q4_table_shared(config, options))
+            pool = BuildPool(source, jobs, workers, options.block_size) if jobs else None
+        graph = DecoderGraph(writer, source, options, progress, pool)
         if config.layer_types:
             build_hybrid(graph)
         else:
@@ -58,6 +67,9 @@ def build_package(
     except BaseException:
         writer.abort()
         raise
+    finally:
+        if pool is not None:
+            pool.close()
     text = json.dumps(genai_config(config, options), indent=4)
     (out / "genai_config.json").write_text(text + "\n")
     return out

@@ -237,7 +237,8 @@ def _quantized_experts(g: DecoderGraph, layer: int) -> tuple[tuple[str, str, str
     """QMoE's 4-bit tensors of the layer's experts, fc1 (gate and up interleaved) and fc2 (down),
     blocks along K (the builder's block size, as MatMulNBits quantizes): codes [experts, N, K / 2]
     (low nibble first), scales [experts, N, K / block] and packed zero points [experts, N,
-    ceil(blocks / 2)]; their names."""
+    ceil(blocks / 2)]; their names. The build pool computes them ahead in runs of experts where
+    it has them; the rest are computed here, by the same function."""
     moe = g.config.moe
     assert moe is not None
     p = f"model.layers.{layer}.mlp."
@@ -245,7 +246,16 @@ def _quantized_experts(g: DecoderGraph, layer: int) -> tuple[tuple[str, str, str
         if k % g.opt.block_size:
             raise BuildError(f"{p}experts: the {what} projections' in_features {k} is not a multiple of the int4 "
                              f"block size {g.opt.block_size} (QMoE quantizes whole blocks)")  # fmt: skip
-    parts = [quantize_experts(g.fetch, layer, range(moe.num_experts), g.opt.block_size)]
+    parts, start = [], 0
+    while start < moe.num_experts:
+        run = g.pool.take(("experts", layer, start)) if g.pool is not None else None
+        if run is None:
+            run = quantize_experts(g.fetch, layer, range(start, moe.num_experts), g.opt.block_size)
+        else:
+            for name in expert_weight_names(layer, range(start, start + len(run[0]))):
+                g.fetched(name)
+        parts.append(run)
+        start += len(run[0])
     names = []
     for index, prefix in enumerate((p + "experts.fc1", p + "experts.fc2")):
         codes, scales, zeros = ([part[3 * index + j] for part in parts] for j in range(3))
@@ -257,13 +267,20 @@ def _quantized_experts(g: DecoderGraph, layer: int) -> tuple[tuple[str, str, str
     return names[0], names[1]
 
 
+def expert_weight_names(layer: int, experts: range) -> list[str]:
+    """The weights quantize_experts reads for `experts` of `layer`, in the order it reads them."""
+    p = f"model.layers.{layer}.mlp.experts."
+    return [f"{p}{e}.{proj}_proj.weight" for e in experts for proj in ("gate", "up", "down")]
+
+
 def quantize_experts(
     fetch: Callable[[str], np.ndarray], layer: int, experts: range, block_size: int
 ) -> tuple[np.ndarray, ...]:
     """QMoE's tensors for a run of a layer's experts, one expert at a time (never the run's float
     weights at once): fc1's codes, scales (float32) and zero points, then fc2's, each stacked over
     the run. Quantizing rows one at a time, interleaved or not, gives the same rows (blocks run
-    along K), so fc1's rows are the gate's and the up's quantized apart and interleaved."""
+    along K), so fc1's rows are the gate's and the up's quantized apart and interleaved. A pure
+    function of the weights: the build pool's workers run it too."""
     p = f"model.layers.{layer}.mlp."
     out: list[list[np.ndarray]] = [[] for _ in range(6)]
     for e in experts:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from onnx import TensorProto
@@ -17,6 +18,9 @@ from onnxgen.errors import OnnxgenError
 from onnxgen.models.config import DecoderConfig, WeightSource, iter_layer_names
 from onnxgen.models.graph_writer import GraphWriter, onnx_dtype
 from onnxgen.models.quantize import on_4bit_grid, quantize_4bit
+
+if TYPE_CHECKING:
+    from onnxgen.models.build_pool import BuildPool
 
 Progress = Callable[[str, int, int], None]  # (what, done, total) in weight tensors
 
@@ -93,7 +97,8 @@ def q4_tensors(w: np.ndarray, block_size: int, packed_zero_points: bool = False)
     dequantized) keeps its exact values with float zero points (quantize.on_4bit_grid); any other
     is quantized with 4-bit ones, as is every weight where ``packed_zero_points``
     (GatherBlockQuantized reads the table too, and its zero points must be packed like its codes).
-    A pure function of W."""
+    A pure function of W: the build pool's workers run it too, and their tensors must be the
+    ones a serial build writes."""
     q = None if packed_zero_points else on_4bit_grid(w, block_size)
     q = q or quantize_4bit(w, block_size)
     b, scales, zp = q.matmulnbits_tensors()
@@ -123,8 +128,11 @@ class DecoderGraph:
         source: WeightSource,
         options: BuildOptions,
         progress: Progress | None,
+        pool: BuildPool | None = None,
     ) -> None:
         self.w = writer
+        # computes quantized tensors ahead of the build (build_pool); None: each is computed when asked for
+        self.pool = pool
         self.source = source
         self.config = source.config
         self.opt = options
@@ -145,7 +153,7 @@ class DecoderGraph:
         return array
 
     def fetched(self, name: str) -> None:
-        """Count one weight as read, for the progress."""
+        """Count one weight as read (by fetch, or by the build pool for this graph) for the progress."""
         self._fetched += 1
         if self._progress is not None:
             self._progress(name, min(self._fetched, self._total), self._total)
@@ -194,7 +202,13 @@ class DecoderGraph:
         return y
 
     def q4(self, name: str, *, packed_zero_points: bool = False) -> Q4Tensors:
-        """The MatMulNBits tensors of weight `name` (q4_tensors)."""
+        """The MatMulNBits tensors of weight `name` (q4_tensors): the build pool's, where it computed
+        them ahead, else computed here."""
+        if self.pool is not None:
+            q = self.pool.take(("linear", name, packed_zero_points))
+            if q is not None:
+                self.fetched(name)
+                return q
         return q4_tensors(self.fetch(name), self.opt.block_size, packed_zero_points)
 
     def _write_q4(self, q: Q4Tensors, prefix: str) -> list[str]:
