@@ -1,20 +1,18 @@
 #!/usr/bin/env bash
 # Issue 21 on the GPU machine: bench.peers_decode for the Qwen3.5 shapes, in calls that each end inside
-# the device's 10-minute limit (bench/peers_decode.py's docstring says why the steps are split so).
-# From the repo root, one device call each, chained closely:
+# the device's 10-minute limit. From the repo root, one device call each, chained closely (the
+# machine keeps /tmp only while warm):
 #
-#   bash bench/hybrid_peers_device.sh start-35b   # first: onnxgen's 35B-A3B int4 package, built in the
-#                                                 # background (needs no onnxruntime-genai)
-#   then the onnxruntime-gpu / onnxruntime-genai-cuda set-up calls (.wcK/stash.sh, same docstring)
+#   the onnxruntime-gpu / onnxruntime-genai-cuda set-up calls (.wcK/stash.sh: bench/peers_decode.py's docstring)
 #   bash bench/hybrid_peers_device.sh 0.8b fp16   # the 0.8B table (checkpoint, both builders' packages, engines)
 #   bash bench/hybrid_peers_device.sh 0.8b int4
-#   bash bench/hybrid_peers_device.sh 35b         # waits for the background build (at most WAIT_S, 300), then the table
+#   bash bench/hybrid_peers_device.sh build-35b   # onnxgen's 35B-A3B int4 package from RandomSource, on every
+#                                                 # core (needs no onnxruntime-genai; its log lands in $OUT)
+#   bash bench/hybrid_peers_device.sh 35b         # the 35B-A3B table on that package
 #
-# The background build runs in its own session (setsid), so it outlives the call that started it
-# while the machine stays warm (30 s after each call); it keeps one CPU core busy while the 0.8B
-# tables are timed (say so beside their numbers). Tables land in $OUT.
-# Optional llama.cpp row for the 0.8B shape: LLAMACPP=/tmp/lc TOKENIZER_FROM=<dir with a Qwen2.5
-# tokenizer.json> (bench/llamacpp_peer.py says how to build the tree and where a tokenizer comes from).
+# Tables land in $OUT. Optional llama.cpp row for the 0.8B shape: LLAMACPP=/tmp/lc TOKENIZER_FROM=<dir
+# with a Qwen2.5 tokenizer.json> (bench/llamacpp_peer.py says how to build the tree and where a tokenizer
+# comes from).
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 out=${OUT:-/tmp}
@@ -31,14 +29,11 @@ site() {  # onnxruntime-gpu 1.31.1 and onnxruntime-genai-cuda 0.18, installed by
 }
 
 case "${1:-}" in
-  start-35b)
+  build-35b)
     mkdir -p "$w35"
-    # the package does not depend on the engines; onnxgen alone needs no onnxruntime-genai yet
+    # the package does not depend on the engines; onnxgen alone needs no onnxruntime-genai
     "${run35[@]}" --engines onnxgen --plan || exit 2
-    setsid bash -c 'echo $$ > "$0/build.pid"; exec "${@}"' "$w35" "${run35[@]}" --engines onnxgen --build-only \
-      > "$w35/build.log" 2>&1 < /dev/null &
-    sleep 15
-    tail -n 3 "$w35/build.log"
+    "${run35[@]}" --engines onnxgen --build-only 2>&1 | tee "$out/peers-qwen3.5-35b-a3b-build.log"
     ;;
   0.8b)
     precision=${2:?fp16 or int4}
@@ -52,27 +47,15 @@ case "${1:-}" in
       --workdir "$w08" "${extra[@]}" | tee "$out/peers-qwen3.5-0.8b-$precision.md"
     ;;
   35b)
-    waited=0
-    while kill -0 "$(cat "$w35/build.pid" 2>/dev/null)" 2>/dev/null; do
-      if [ "$waited" -ge "${WAIT_S:-300}" ]; then
-        tail -n 3 "$w35/build.log"
-        echo "the 35B-A3B package is still being built: call again"
-        exit 3
-      fi
-      sleep 10
-      waited=$((waited + 10))
-    done
-    if ! grep -q "^$w35/pkg-" "$w35/build.log"; then
-      tail -n 20 "$w35/build.log"
-      echo "the background build did not finish (its log above); start-35b again"
-      exit 4
+    if ! compgen -G "$w35/pkg-qwen3.5-35b-a3b-int4-cuda-gqa-seed*[0-9]" > /dev/null; then
+      echo "no 35B-A3B package under $w35: call build-35b first (the build and the table may not fit one call)"
+      exit 3
     fi
-    cp "$w35/build.log" "$out/peers-qwen3.5-35b-a3b-build.log"
     site
     "${run35[@]}" --engines "$engines35" | tee "$out/peers-qwen3.5-35b-a3b-int4.md"
     ;;
   *)
-    echo "usage: $0 start-35b | 0.8b fp16|int4 | 35b"
+    echo "usage: $0 0.8b fp16|int4 | build-35b | 35b"
     exit 2
     ;;
 esac

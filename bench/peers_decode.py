@@ -80,9 +80,10 @@ all start from float weights. So for a shape whose checkpoint does not fit (chec
 checkpoint is written: onnxgen's package is built straight from RandomSource (the same seeded
 weights, one tensor at a time, unrounded), the engines that read a checkpoint are refused with the
 sizes, and onnxgen, onnxgen-eager, ort-genai-graph and ort-genai run (onnxgen's int4 package of the
-35B-A3B shape is about 21 GB). That build quantizes 35 B weights on one CPU core and runs for many
-minutes, longer than one device call: bench/hybrid_peers_device.sh starts it in the background
-(--build-only) and a later call runs the table on it.
+35B-A3B shape is about 21 GB). That build draws and quantizes the 35 B weights in worker processes,
+one per core but one (onnxgen.models.build_pool: the package a serial build writes, byte for byte),
+so on the GPU machine's 16 cores it ends well inside one device call: bench/hybrid_peers_device.sh
+build-35b runs it (--build-only) in a call of its own, and the next call runs the table on it.
 
 Set-up on the offline GPU machine (facts from ../shared/device/README.md and pack-wheels.sh):
   1. here, from the repo root (downloads the cp312 wheels, about 272 MB, into git-ignored .wc1/ .wc2/ ...):
@@ -100,18 +101,18 @@ Examples (device):
     python3 -m bench.peers_decode --shape qwen2.5-coder-0.5b-instruct --precision int4 --workdir /tmp/peers
     python3 -m bench.peers_decode --shape smollm2-135m-instruct --engines onnxgen,ort-genai-graph --repeats 5
 Issue 21 (H200, batch 1, 16-token prompt, 128 new tokens: the defaults), one device call per line, each
-right after the last (the machine keeps /tmp and the background build only while warm):
-    run(command="bash bench/hybrid_peers_device.sh start-35b")                   # first: the 35B build starts
+right after the last (the machine keeps /tmp only while warm):
     run(command="bash .wcK/stash.sh", carry=[".wcK"])                            # K = 1, 2, ... (set-up above)
     run(command="bash bench/hybrid_peers_device.sh 0.8b fp16")
     run(command="bash bench/hybrid_peers_device.sh 0.8b int4")
-    run(command="bash bench/hybrid_peers_device.sh 35b")                         # again if it says so
+    run(command="bash bench/hybrid_peers_device.sh build-35b")                   # onnxgen's 35B-A3B int4 package
+    run(command="bash bench/hybrid_peers_device.sh 35b")
   which run, with PYTHONPATH and /tmp/site-env.sh as above:
-    python3 -m bench.peers_decode --shape qwen3.5-35b-a3b --precision int4 --engines onnxgen \
-        --workdir /tmp/peers-qwen3.5-35b-a3b --memory-gb 120 --build-only        # in the background (setsid)
     python3 -m bench.peers_decode --shape qwen3.5-0.8b --precision fp16 --workdir /tmp/peers-qwen3.5-0.8b --engines \
         onnxgen,onnxgen-eager,ort-genai-graph,ort-genai,ort-genai-own-graph,ort-genai-own,onnxgen-on-genai,hf-eager
     (the same with --precision int4)
+    python3 -m bench.peers_decode --shape qwen3.5-35b-a3b --precision int4 --engines onnxgen \
+        --workdir /tmp/peers-qwen3.5-35b-a3b --memory-gb 120 --build-only
     python3 -m bench.peers_decode --shape qwen3.5-35b-a3b --precision int4 --workdir /tmp/peers-qwen3.5-35b-a3b \
         --memory-gb 120 --engines onnxgen,onnxgen-eager,ort-genai-graph,ort-genai
 Smoke runs on a CPU (seconds):
@@ -581,9 +582,17 @@ def ensure_package(args: argparse.Namespace, hf_dir: Path | None, workdir: Path)
     return package
 
 
+def build_workers() -> int:
+    """Worker processes for a build from RandomSource: one per core this process may use, but one,
+    left to the builder itself (it draws a float embedding table and writes the whole package)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores - 1)
+
+
 def build_from_random_source(args: argparse.Namespace, package: Path) -> None:
     """onnxgen's builder on RandomSource itself (float32 values, not a checkpoint's fp16-rounded
-    ones), into a .partial directory published whole; progress on stderr every tenth of the tensors."""
+    ones) with build_workers() worker processes (build_pool: a serial build's bytes), into a
+    .partial directory published whole; progress on stderr every twentieth of the tensors."""
     from onnxgen.models.builder import build_package
 
     partial = package.with_name(package.name + ".partial")
@@ -593,12 +602,14 @@ def build_from_random_source(args: argparse.Namespace, package: Path) -> None:
     shown = [0]
 
     def progress(name: str, done: int, total: int) -> None:
-        if done * 10 >= (shown[0] + 1) * total:
-            shown[0] = done * 10 // total
+        if done * 20 >= (shown[0] + 1) * total:
+            shown[0] = done * 20 // total
             say(f"package: {done}/{total} tensors ({name}) after {time.perf_counter() - start:.0f} s")
 
+    workers = build_workers()
+    say(f"package: weights drawn and quantized ahead of the writer by {workers} worker process(es)")
     build_package(RandomSource(args.config, args.seed), partial, precision=args.precision, device=args.device,
-                  attention="gqa", progress=progress)  # fmt: skip
+                  attention="gqa", progress=progress, workers=workers)  # fmt: skip
     write_tokenizer(args.config, partial)
     os.replace(partial, package)
 
