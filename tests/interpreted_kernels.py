@@ -35,3 +35,20 @@ def run_interpreted(test_file: str, deselect: str) -> None:
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     assert " skipped" not in done.stdout.splitlines()[-1], done.stdout[-3000:]
+
+
+# relative to the reference's largest magnitude: fp32 rounding, one ulp of the half types. Triton's
+# interpreter truncates fp32 -> bfloat16 (compiled kernels round to nearest even, as torch does), so
+# there a bf16 value may be off by another ulp (a kernel that rounds twice: two)
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+INTERPRETED_BF16_TOL = 2e-2
+
+
+def assert_close_to_torch_path(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """A kernel's output against the torch path's: same dtype and shape, and the largest difference
+    within TOL of the reference's largest magnitude."""
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape, (actual.shape, expected.shape)
+    a, e = actual.double().cpu(), expected.double().cpu()
+    error = float((a - e).abs().max()) / max(float(e.abs().max()), 1e-6)
+    interpreted_bf16 = expected.dtype == torch.bfloat16 and actual.device.type == "cpu"
+    assert error < (INTERPRETED_BF16_TOL if interpreted_bf16 else TOL[expected.dtype]), error

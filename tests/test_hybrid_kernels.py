@@ -24,13 +24,8 @@ from onnxgen.runtime.ops.linear_attention import (
     linear_attention,
     linear_attention_ms,
 )
-from tests.interpreted_kernels import HAS_CUDA, KERNEL_DEVICES, run_interpreted
+from tests.interpreted_kernels import HAS_CUDA, KERNEL_DEVICES, assert_close_to_torch_path, run_interpreted
 
-# relative to the reference's largest magnitude: fp32 rounding, one ulp of the half types. Triton's
-# interpreter truncates fp32 -> bfloat16 (compiled kernels round to nearest even, as torch does), so
-# there a bf16 value may be off by another ulp: the conv rounds twice (its sum, then the SiLU)
-TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
-INTERPRETED_BF16_TOL = 2e-2
 MS = "com.microsoft"
 # gpu/gated_delta_decode.MAX_SEQUENTIAL_TOKENS (imported there with triton; the tests check they agree)
 MAX_SEQUENTIAL_TOKENS = 64
@@ -42,14 +37,6 @@ def _ctx(op: str, domain: str, device: str, num_inputs: int, **attrs: object) ->
     )
 
 
-def _close(actual: torch.Tensor, expected: torch.Tensor) -> None:
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape, (actual.shape, expected.shape)
-    a, e = actual.double().cpu(), expected.double().cpu()
-    error = float((a - e).abs().max()) / max(float(e.abs().max()), 1e-6)
-    interpreted_bf16 = expected.dtype == torch.bfloat16 and actual.device.type == "cpu"
-    assert error < (INTERPRETED_BF16_TOL if interpreted_bf16 else TOL[expected.dtype]), error
-
-
 def _kernel_vs_torch(kernel: str, run: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> None:
     """``run`` (an op call) takes the fused kernel once and matches the torch path (triton off)."""
     before = LAUNCHES[kernel]
@@ -58,7 +45,7 @@ def _kernel_vs_torch(kernel: str, run: Callable[[], tuple[torch.Tensor, torch.Te
     with options.override(triton=False):
         reference = run()
     for actual, expected in zip(fused, reference, strict=True):
-        _close(actual, expected)
+        assert_close_to_torch_path(actual, expected)
 
 
 # ---------------------------------------------------------------- LinearAttention, one token

@@ -19,26 +19,14 @@ from onnxgen import options
 from onnxgen.runtime.gpu.launch import LAUNCHES, interpreting, triton_importable
 from onnxgen.runtime.node_contract import NodeContext
 from onnxgen.runtime.ops.contrib_moe import moe, qmoe
-from tests.interpreted_kernels import HAS_CUDA, KERNEL_DEVICES, run_interpreted
+from tests.interpreted_kernels import HAS_CUDA, KERNEL_DEVICES, assert_close_to_torch_path, run_interpreted
 
-# relative to the reference's largest magnitude: fp32 rounding (the kernels sum each block before
-# its scale), one ulp of the half types; Triton's interpreter truncates fp32 -> bf16
-TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
-INTERPRETED_BF16_TOL = 2e-2
 MS = "com.microsoft"
 KERNEL = "moe_experts"
 
 
 def _ctx(op: str, device: str, **attrs: object) -> NodeContext:
     return NodeContext(op, op, MS, 1, attrs, torch.device(device), 14, 1, (True,))
-
-
-def _close(actual: torch.Tensor, expected: torch.Tensor) -> None:
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape, (actual.shape, expected.shape)
-    a, e = actual.double().cpu(), expected.double().cpu()
-    error = float((a - e).abs().max()) / max(float(e.abs().max()), 1e-6)
-    interpreted_bf16 = expected.dtype == torch.bfloat16 and actual.device.type == "cpu"
-    assert error < (INTERPRETED_BF16_TOL if interpreted_bf16 else TOL[expected.dtype]), error
 
 
 def _kernel_vs_torch(run: Callable[[], torch.Tensor]) -> torch.Tensor:
@@ -52,7 +40,7 @@ def _kernel_vs_torch(run: Callable[[], torch.Tensor]) -> torch.Tensor:
         assert torch.equal(run(), fused), "a second run differs"
     with options.override(triton=False):
         reference = run()
-    _close(fused, reference)
+    assert_close_to_torch_path(fused, reference)
     return fused
 
 
