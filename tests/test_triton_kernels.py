@@ -147,7 +147,9 @@ def test_int4_kernels_parity_through_the_triton_interpreter() -> None:
 
 @runs(
     INT4_WORDS := interpreted(
-        "matmul_nbits or (int4_group and (packed or apart))",
+        # the 4-bit MatMulNBits forms and the fused groups over short rows (the 2,100-element groups
+        # of the byte kernel's run add minutes here and no path: long rows are matmul_nbits_4bit_long_rows)
+        "(matmul_nbits_4bit and not prompt) or (int4_group and packed and not 2100)",
         ONNXGEN_TRITON_LINEAR="1",
         ONNXGEN_TRITON_Q4="1",
         # every shape on the word kernel looping over 4-row tiles with 2 programs (rows over 1,024
@@ -162,7 +164,7 @@ def test_int4_word_kernels_parity_through_the_triton_interpreter() -> None:
     looping over tiles, and rows split along K."""
     launches = INT4_WORDS.launches()
     loop, split = launches.get("linear_row_q4_words_loop", 0), launches.get("linear_row_q4_words_split", 0)
-    assert loop >= 10 and split >= 1, launches
+    assert loop >= 4 and split >= 1, launches
     assert launches.get("linear_row_q4_words", 0) - loop - split >= 10, launches  # one program per tile
 
 
