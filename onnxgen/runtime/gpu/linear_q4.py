@@ -39,10 +39,10 @@ from onnxgen.runtime.gpu.launch import LAUNCHES, pdl_launch
 from onnxgen.runtime.gpu.linear_row import (
     _activation,
     _activation_inputs,
-    _multiprocessors,
     _plans,
     _prologue_args,
     merge_splits,
+    programs_per_device,
     split_scratch,
 )
 from onnxgen.runtime.gpu.pdl import wait_for_previous
@@ -256,12 +256,12 @@ WORDS_MAX_LM_ROWS = 65536  # ...except vocabulary-wide ones over rows longer tha
 def q4_config(
     n: int, k: int, block_size: int, device: torch.device, opts: options.Options | None = None
 ) -> tuple[int, int, int, int]:
-    """(BLOCK_N, BLOCK_K, num_warps, WORDS) of the one-row 4-bit kernels, from sweeps of each layer
+    """(BLOCK_N, BLOCK_K, num_warps, KERNEL) of the one-row 4-bit kernels, from sweeps of each layer
     alone in CUDA graphs and of the whole decode step on the H200 (bench/gemv_micro.py --words,
     bench/step_sweep.py; docs/benchmarks/2026-12-02-h200-int4.md, 2026-12-04-h200-int4-words.md):
     rows of at most TILE_LIMIT elements in one tile (BLOCK_K >= K), 16 rows per program (8 below
     1,024 rows), 4 warps; wide ones (WORDS_MIN_ROWS) over the codes as 32-bit words
-    (gpu/linear_q4_words.py, WORDS 1), 2 warps for rows of at most 1,024 elements; longer rows
+    (gpu/linear_q4_words.py, KERNEL 1; 0: the byte kernel), 2 warps for rows of at most 1,024 elements; longer rows
     split along K in 512-element tiles, 16 rows per program, bytes. A row with a norm prologue is
     never split (its statistics span the row): the launcher widens the tile to the row.
     ``ONNXGEN_GEMV_Q4[_<N>x<K>]`` (option ``gemv_q4``) forces a configuration."""
@@ -344,7 +344,7 @@ def linear_row_q4(
     packed, scale, zeros, zero_kind = _layout(b, scales, zero_points, n, k, block_size)
     n_blocks = scale.shape[1]
     out = torch.empty(n, dtype=x.dtype, device=x.device)
-    block_n, block_k, warps, by_words = _q4_plan(n, k, block_size, x.device)
+    block_n, block_k, warps, kernel = _q4_plan(n, k, block_size, x.device)
     split_blocks = max(block_k, block_size) // block_size
     splits = triton.cdiv(n_blocks, split_blocks)
     apart = options.current().q4_norm_apart
@@ -356,10 +356,10 @@ def linear_row_q4(
                   BLOCK_N=block_n, num_warps=warps)  # fmt: skip
     bias_arg = bias if bias is not None else out
     LAUNCHES["linear_row_q4"] += 1
-    words = _as_words(packed) if by_words else None
+    words = _as_words(packed) if kernel else None
     if words is not None:
         return _linear_row_words(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, common, n, k, n_blocks,
-                                 splits, split_blocks, float(eps), by_words)  # fmt: skip
+                                 splits, split_blocks, float(eps), kernel)  # fmt: skip
     if splits == 1 or code in NORM_PROLOGUES:  # a norm's statistics span the row: one tile of the whole row
         b0, b1, b2 = power_parts(n_blocks)
         _q4_tile_kernel[(triton.cdiv(n, block_n),)](
@@ -389,35 +389,27 @@ def _as_words(packed: torch.Tensor) -> torch.Tensor | None:
 def _linear_row_words(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, common, n, k, n_blocks, splits,
                       split_blocks, eps, kernel):  # fmt: skip
     """linear_row_q4's launch over the codes as 32-bit words (gpu/linear_q4_words.py); ``kernel``
-    (the launch table's fourth value) 1: a program per row tile; P >= 2: P programs per SM looping
-    over the row tiles (on the interpreter, P programs)."""
+    (the launch table's KERNEL) 1: a program per row tile; P >= 2: P programs per SM looping over
+    the row tiles (on the interpreter, P programs)."""
     from onnxgen.runtime.gpu import linear_q4_words as W
 
     LAUNCHES["linear_row_q4_words"] += 1
-    code = common["PROLOGUE"]
-    block_n = common["BLOCK_N"]
-    tiles = triton.cdiv(n, block_n)
-    if kernel >= 2 and (splits == 1 or code in NORM_PROLOGUES):
-        per_device = kernel * _multiprocessors(x.device.index or 0) if x.device.type == "cuda" else kernel
-        programs = min(tiles, per_device)
+    tiles = triton.cdiv(n, common["BLOCK_N"])
+    if splits == 1 or common["PROLOGUE"] in NORM_PROLOGUES:
+        if kernel >= 2:
+            LAUNCHES["linear_row_q4_words_loop"] += 1
+            launch = W._q4w_rows_loop_kernel[(min(tiles, programs_per_device(kernel, x.device)),)]
+        else:
+            launch = W._q4w_tile_kernel[(tiles,)]
         b0, b1, b2 = power_parts(n_blocks)
-        LAUNCHES["linear_row_q4_words_loop"] += 1
-        W._q4w_rows_loop_kernel[(programs,)](
+        launch(
             x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, n, k, n_blocks, words.shape[1],
             zeros.shape[1], eps, W.MAGIC_WORD, **common, B0=b0, B1=b1, B2=b2, **pdl_launch(x, out, sum_out),
         )  # fmt: skip
         return out
-    if splits == 1 or code in NORM_PROLOGUES:
-        b0, b1, b2 = power_parts(n_blocks)
-        W._q4w_tile_kernel[(tiles,)](
-            x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, n, k, n_blocks, words.shape[1],
-            zeros.shape[1], eps, W.MAGIC_WORD, **common, B0=b0, B1=b1, B2=b2, **pdl_launch(x, out, sum_out),
-        )  # fmt: skip
-        return out
-    blocks = tiles
-    parts, tickets = split_scratch(n, splits, blocks, x.device)
+    parts, tickets = split_scratch(n, splits, tiles, x.device)
     LAUNCHES["linear_row_q4_words_split"] += 1
-    W._q4w_split_kernel[(blocks, splits)](
+    W._q4w_split_kernel[(tiles, splits)](
         x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, parts, tickets, n, k, n_blocks, words.shape[1],
         zeros.shape[1], W.MAGIC_WORD, **common, NB=split_blocks, BLOCK_S=triton.next_power_of_2(splits),
         **pdl_launch(x, out, parts, tickets),
