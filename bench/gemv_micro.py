@@ -195,18 +195,6 @@ def bench_shape(name: str, k: int, n: int, args, dev, sweeps) -> list[tuple[str,
                 add(f"q4w {bn}/{bk}/{warps}", time_in_graph(q4, qcopies), qbytes)
                 if nb * bs <= 2048 and name != "lm_head":
                     add(f"q4w {bn}/{bk}/{warps} + skip_rms prologue", time_in_graph(q4_fused, qcopies), qbytes)
-        # the word kernel looping over row tiles, P programs per SM (wide products of short rows)
-        loops = itertools.product([8, 16], [2, 4], [2, 3, 4]) if n >= 4096 and nb * bs <= 2048 else []
-        for bn, warps, per_sm in loops:
-            with options.override(gemv_q4=(bn, tile, warps, per_sm)):
-                err = ((q4(0).float() - qref).norm() / qref.norm()).item()
-                if not err < 1e-2:
-                    print(f"  {name} q4w-loop {bn}/{tile}/{warps}/{per_sm}: WRONG (rel err {err:.3g})")
-                    continue
-                add(f"q4w-loop {bn}/{tile}/{warps}/{per_sm}", time_in_graph(q4, qcopies), qbytes)
-                if name != "lm_head":
-                    add(f"q4w-loop {bn}/{tile}/{warps}/{per_sm} + skip_rms prologue",
-                        time_in_graph(q4_fused, qcopies), qbytes)  # fmt: skip
     if nb * bs <= 2048:  # rows a norm prologue can precede (the whole row in one tile): their sweep
         for bn, warps in itertools.product([16, 32, 64], [4, 8]):
             with options.override(gemv_q4=(bn, tile, warps, 0)):

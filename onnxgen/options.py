@@ -170,16 +170,15 @@ def _dense(raw: str) -> Config:
 
 def _q4(raw: str) -> Config:
     """BLOCK_N,BLOCK_K,WARPS and an optional fourth value KERNEL: 0 (the default) the byte kernel, 1
-    the kernel over 32-bit words of codes (gpu/linear_q4_words.py), P >= 2 that kernel looping over
-    row tiles with P programs per SM."""
+    the kernel over 32-bit words of codes (gpu/linear_q4_words.py)."""
     parts = raw.split(",")
-    what = "BLOCK_N,BLOCK_K,WARPS[,KERNEL] (KERNEL 0: bytes, 1: words, P >= 2: words, P programs per SM)"
+    what = "BLOCK_N,BLOCK_K,WARPS[,KERNEL] (KERNEL 0: bytes, 1: words)"
     if len(parts) == 4:
         try:
             kernel = int(parts[3])
         except ValueError:
             kernel = -1
-        if kernel < 0:
+        if kernel not in (0, 1):
             raise ValueError(f"expected {what}")
         return (*_ints(",".join(parts[:3]), 3, what), kernel)
     return (*_ints(raw, 3, what), 0)
@@ -255,8 +254,7 @@ KNOBS: tuple[Knob, ...] = (
          default_text="unset: the kernel's table"),
     Knob("gemv_q4", "ONNXGEN_GEMV_Q4", _q4, "`BLOCK_N,BLOCK_K,WARPS[,KERNEL]`",
          "forces the one-row 4-bit GEMV's launch configuration (BLOCK_K < K: split along K; KERNEL 1: the kernel "
-         "over 32-bit words of codes, P >= 2: that kernel looping over row tiles, P programs per SM; all "
-         "shapes, or `_<N>x<K>`)", per_shape=True,
+         "over 32-bit words of codes; all shapes, or `_<N>x<K>`)", per_shape=True,
          default_text="unset: the kernel's table"),
     Knob("gemm_q4", "ONNXGEN_GEMM_Q4", _gemm_q4, "`BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES`",
          "forces the several-row 4-bit GEMM's launch configuration (prompts; all shapes, or `_<N>x<K>`)",

@@ -153,7 +153,6 @@ def test_linear_row_q4_words_compiles(zero_kind: int, prologue: int, split: bool
         const.update(NB=16, BLOCK_S=4)
     else:
         const.update(B0=16, B1=8, B2=4)  # 896 elements
-        assert compile_for_sm90(linear_q4_words._q4w_rows_loop_kernel, sig, const)  # the looping form
     ptx = compile_for_sm90(kernel, sig, const)
     wait = ptx.index("griddepcontrol.wait")  # the words, scales and zero points before the wait
     assert ptx.index("ld.global") < wait and "ld.global" in ptx[wait:]

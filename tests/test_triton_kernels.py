@@ -152,20 +152,18 @@ def test_int4_kernels_parity_through_the_triton_interpreter() -> None:
         "(matmul_nbits_4bit and not prompt) or (int4_group and packed and not 2100)",
         ONNXGEN_TRITON_LINEAR="1",
         ONNXGEN_TRITON_Q4="1",
-        # every shape on the word kernel looping over 4-row tiles with 2 programs (rows over 1,024
-        # elements split along K instead), the 24 x 200 cases of test_matmul_nbits_4bit a program per tile
-        ONNXGEN_GEMV_Q4="4,1024,2,2",
-        ONNXGEN_GEMV_Q4_24x200="16,1024,2,1",
+        # every shape on the word kernel, 4-row tiles (rows over 1,024 elements split along K)
+        ONNXGEN_GEMV_Q4="4,1024,2,1",
     )
 )
 def test_int4_word_kernels_parity_through_the_triton_interpreter() -> None:
     """gpu/linear_q4_words.py (the default for wide one-tile products) on the same cases as the byte
-    kernel above: zero point kinds, block sizes, bias, prologues; one program per tile, programs
-    looping over tiles, and rows split along K."""
+    kernel above: zero point kinds, block sizes, bias, prologues; one program per tile, and rows
+    split along K."""
     launches = INT4_WORDS.launches()
-    loop, split = launches.get("linear_row_q4_words_loop", 0), launches.get("linear_row_q4_words_split", 0)
-    assert loop >= 4 and split >= 1, launches
-    assert launches.get("linear_row_q4_words", 0) - loop - split >= 10, launches  # one program per tile
+    split = launches.get("linear_row_q4_words_split", 0)
+    assert split >= 1, launches
+    assert launches.get("linear_row_q4_words", 0) - split >= 10, launches  # one program per tile
 
 
 @runs(INT4_DENSE := interpreted("growing_kv and int4 and fused", ONNXGEN_TRITON_LINEAR="1", ONNXGEN_TRITON_Q4="0"))

@@ -42,7 +42,6 @@ from onnxgen.runtime.gpu.linear_row import (
     _plans,
     _prologue_args,
     merge_splits,
-    programs_per_device,
     split_scratch,
 )
 from onnxgen.runtime.gpu.pdl import wait_for_previous
@@ -359,7 +358,7 @@ def linear_row_q4(
     words = _as_words(packed) if kernel else None
     if words is not None:
         return _linear_row_words(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, common, n, k, n_blocks,
-                                 splits, split_blocks, float(eps), kernel)  # fmt: skip
+                                 splits, split_blocks, float(eps))  # fmt: skip
     if splits == 1 or code in NORM_PROLOGUES:  # a norm's statistics span the row: one tile of the whole row
         b0, b1, b2 = power_parts(n_blocks)
         _q4_tile_kernel[(triton.cdiv(n, block_n),)](
@@ -387,22 +386,16 @@ def _as_words(packed: torch.Tensor) -> torch.Tensor | None:
 
 
 def _linear_row_words(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, common, n, k, n_blocks, splits,
-                      split_blocks, eps, kernel):  # fmt: skip
-    """linear_row_q4's launch over the codes as 32-bit words (gpu/linear_q4_words.py); ``kernel``
-    (the launch table's KERNEL) 1: a program per row tile; P >= 2: P programs per SM looping over
-    the row tiles (on the interpreter, P programs)."""
+                      split_blocks, eps):  # fmt: skip
+    """linear_row_q4's launch over the codes as 32-bit words (gpu/linear_q4_words.py): a program per
+    row tile, or row tiles split along K."""
     from onnxgen.runtime.gpu import linear_q4_words as W
 
     LAUNCHES["linear_row_q4_words"] += 1
     tiles = triton.cdiv(n, common["BLOCK_N"])
     if splits == 1 or common["PROLOGUE"] in NORM_PROLOGUES:
-        if kernel >= 2:
-            LAUNCHES["linear_row_q4_words_loop"] += 1
-            launch = W._q4w_rows_loop_kernel[(min(tiles, programs_per_device(kernel, x.device)),)]
-        else:
-            launch = W._q4w_tile_kernel[(tiles,)]
         b0, b1, b2 = power_parts(n_blocks)
-        launch(
+        W._q4w_tile_kernel[(tiles,)](
             x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, n, k, n_blocks, words.shape[1],
             zeros.shape[1], eps, W.MAGIC_WORD, **common, B0=b0, B1=b1, B2=b2, **pdl_launch(x, out, sum_out),
         )  # fmt: skip
