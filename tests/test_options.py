@@ -84,6 +84,7 @@ def test_per_shape_variables_become_one_field() -> None:
         ("ONNXGEN_GEMV_DENSE", "4,32", "expected BLOCK_N,BLOCK_K,WARPS (3 positive integers)"),
         ("ONNXGEN_GEMV_DENSE_9728x896", "a,b,c", "expected BLOCK_N,BLOCK_K,WARPS"),
         ("ONNXGEN_GEMV_SPLIT", "on", "expected off or BLOCK_N,BLOCK_K,WARPS"),
+        ("ONNXGEN_GEMV_Q4_151936x896", "16,1024,2,2", "(KERNEL 0: bytes, 1: words)"),
         ("ONNXGEN_GQA_DECODE", "100,8", "BLOCK_N must be a power of two >= 16"),
         ("ONNXGEN_GQA_DECODE", "128", "expected BLOCK_N,WARPS (two integers)"),
         ("ONNXGEN_DEQUANT_CACHE_MB", "-3", "expected a size in MB"),
