@@ -267,20 +267,22 @@ def two_threads():
 
 
 @pytest.mark.parametrize("op", ["MatMul", "Gemm"])
-@pytest.mark.parametrize("a_shape", [(1, 1, 384), (1, 384), (2, 384)])
+@pytest.mark.parametrize("a_shape", [(1, 1, 384), (1, 384), (2, 384), (8, 1, 384), (8, 384), (12, 384), (17, 384)])
 def test_split_gemv_matches_onnxruntime(op: str, a_shape, two_threads, monkeypatch: pytest.MonkeyPatch) -> None:
-    from onnxgen.runtime.ops import cpu_gemv
+    """One activation row (a decode step) and up to 16 (a batched one) take the fast forms of
+    ops/cpu_gemv.py; more rows keep torch's plain product. Every form against onnxruntime."""
+    from onnxgen.runtime.ops import cpu_gemv, linalg
 
     if op == "Gemm" and len(a_shape) != 2:
         pytest.skip("Gemm takes 2D A")
-    used: list[int] = []
-    original = cpu_gemv.torch.bmm
+    served: list[bool] = []
 
-    def counting(*args):
-        used.append(1)
-        return original(*args)
+    def recording(*args, **kwargs):
+        out = cpu_gemv.split_gemv(*args, **kwargs)
+        served.append(out is not None)
+        return out
 
-    monkeypatch.setattr(cpu_gemv.torch, "bmm", counting)
+    monkeypatch.setattr(linalg, "split_gemv", recording)
     rng = np.random.default_rng(11)
     k, n = 384, 512
     if op == "MatMul":
@@ -296,8 +298,27 @@ def test_split_gemv_matches_onnxruntime(op: str, a_shape, two_threads, monkeypat
     actual, expected = onnxgen_run(model, {"A": a})[0], ort_run(model, {"A": a})[0]
     assert actual.shape == expected.shape
     np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-4)
-    single_row = int(np.prod(a_shape[:-1])) == 1
-    assert bool(used) == single_row, "the split path ran where it should not, or did not run"
+    rows = int(np.prod(a_shape[:-1]))
+    assert served == [rows <= 16], "the fast path ran where it should not, or did not run"
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 9, 16])
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("k,n", [(256, 768), (768, 256)])
+def test_split_gemv_forms_equal_the_plain_product(rows: int, transposed: bool, k: int, n: int, two_threads) -> None:
+    """Each form of split_gemv (one row: column blocks; several: column blocks, or W @ A^T for
+    [N, K] weights with N >= K up to 8 rows) against torch's plain product, with a strided activation."""
+    import torch
+
+    from onnxgen.runtime.ops.cpu_gemv import split_gemv
+
+    generator = torch.Generator().manual_seed(rows)
+    weight = torch.randn(n, k, generator=generator) if transposed else torch.randn(k, n, generator=generator)
+    a = torch.randn(rows, 1, 2 * k, generator=generator)[..., ::2]  # not contiguous
+    out = split_gemv(a, weight, b_transposed=transposed)
+    assert out is not None and out.shape == (rows, 1, n)
+    plain = a.reshape(rows, k) @ (weight.t() if transposed else weight)
+    torch.testing.assert_close(out.reshape(rows, n), plain, rtol=1e-5, atol=1e-4)
 
 
 def test_int4_weights_are_packed_once_at_load(int4_calls) -> None:
