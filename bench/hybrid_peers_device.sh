@@ -9,6 +9,8 @@
 #   bash bench/hybrid_peers_device.sh build-35b   # onnxgen's 35B-A3B int4 package from RandomSource, on every
 #                                                 # core (needs no onnxruntime-genai; its log lands in $OUT)
 #   bash bench/hybrid_peers_device.sh 35b         # the 35B-A3B table on that package
+#   bash bench/hybrid_peers_device.sh profile 0.8b   # where a short prompt's time goes (TTFT), fp16 and int4
+#   bash bench/hybrid_peers_device.sh profile 35b    # the same on the 35B-A3B package (after build-35b)
 #
 # Tables land in $OUT. Optional llama.cpp row for the 0.8B shape: LLAMACPP=/tmp/lc TOKENIZER_FROM=<dir
 # with a Qwen2.5 tokenizer.json> (bench/llamacpp_peer.py says how to build the tree and where a tokenizer
@@ -54,8 +56,27 @@ case "${1:-}" in
     site
     "${run35[@]}" --engines "$engines35" | tee "$out/peers-qwen3.5-35b-a3b-int4.md"
     ;;
+  profile)
+    # bench.prefill: TTFT per prompt length, then one prefill per length under the profilers (the top
+    # GPU kernels, host synchronisations); needs no onnxruntime-genai
+    case "${2:-}" in
+      0.8b)
+        for p in fp16 int4; do
+          python3 -m bench.prefill --shape qwen3.5-0.8b --precision "$p" --context 2048 --lengths 16,64 --repeats 5 \
+            --profile --top 25 | tee "$out/prefill-qwen3.5-0.8b-$p.log"
+        done
+        ;;
+      35b)
+        pkg=$(compgen -G "$w35/pkg-qwen3.5-35b-a3b-int4-cuda-gqa-seed*[0-9]" | head -1)
+        [ -n "$pkg" ] || { echo "no 35B-A3B package under $w35: call build-35b first"; exit 3; }
+        python3 -m bench.prefill --package "$pkg" --context 2048 --lengths 16,64 --repeats 5 --profile --top 25 \
+          | tee "$out/prefill-qwen3.5-35b-a3b-int4.log"
+        ;;
+      *) echo "usage: $0 profile 0.8b|35b"; exit 2 ;;
+    esac
+    ;;
   *)
-    echo "usage: $0 0.8b fp16|int4 | build-35b | 35b"
+    echo "usage: $0 0.8b fp16|int4 | build-35b | 35b | profile 0.8b|35b"
     exit 2
     ;;
 esac
