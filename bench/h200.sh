@@ -19,6 +19,9 @@
 #              python -m bench.llamacpp_peer qwen2.5-coder-0.5b-instruct .gpu/qwen-tok)
 #   peers      python -m bench.peers_decode Q, fp16 and int4 (needs the peer wheels; also builds the peer's own package), ~9 min: one stage per call
 #   peers15    peers_decode for the 1.5B shape, fp16 (needs the peer wheels), ~4 min
+#   table      issue 18's table: both shapes, fp16 and int4, onnxgen beside onnxruntime-genai on its own
+#              packages (graph and not) and llama.cpp when the llamacpp stage built it (needs the peer
+#              wheels), ~6 min (docs/benchmarks/2026-12-04-h200-int4-table.md)
 #   generator  peers_decode --engines onnxgen, fp16 and int4 (the Generator alone; needs only gguf), ~2 min
 #   anatomy    python -m bench.step_anatomy Q --kernels: where the step's time goes, per kernel, ~2 min
 #   profile    python -m bench.profile_decode Q --capture: kernels per token, top kernels, ~1 min
@@ -94,6 +97,16 @@ stage_peers15() {
   run peers15-fp16 250 $PY -m bench.peers_decode $Q15 --precision fp16 --workdir /tmp/peers15 --long-prompt-tokens 1024 \
     "${LLAMACPP[@]}"
 }
+stage_table() {
+  local engines=onnxgen,ort-genai-own-graph,ort-genai-own
+  [ ${#LLAMACPP[@]} -gt 0 ] && engines+=,llama-cpp
+  for s in qwen2.5-coder-0.5b-instruct qwen2.5-coder-1.5b-instruct; do
+    for p in fp16 int4; do
+      run "table-$s-$p" 200 $PY -m bench.peers_decode --shape "$s" --precision $p --workdir "/tmp/table-$s" \
+        --engines "$engines" --long-prompt-tokens 1024 "${LLAMACPP[@]}"
+    done
+  done
+}
 stage_generator() {
   for p in fp16 int4; do run "generator-$p" 120 $PY -m bench.peers_decode $Q --precision $p --workdir /tmp/peers --engines onnxgen; done
 }
@@ -128,7 +141,7 @@ stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
 }
 
-STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 generator anatomy profile micro int4 prefill sampled"
+STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill sampled"
 if [ $# -eq 0 ]; then
   echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
   exit 2
