@@ -301,12 +301,7 @@ def persistent_programs(device: torch.device, opts: options.Options | None = Non
     """Programs of the persistent one-tile kernel (0: off, the default): ``ONNXGEN_GEMV_PERSIST=P``
     (option ``gemv_persist``) launches P programs per SM (on the CPU interpreter: P programs) for
     rows that fit one tile."""
-    return programs_per_device((opts or options.current()).gemv_persist, device)
-
-
-def programs_per_device(per_sm: int, device: torch.device) -> int:
-    """``per_sm`` programs on each SM of a CUDA device; on the CPU interpreter ``per_sm`` programs
-    in all, so that its tests loop over tiles as a GPU launch does."""
+    per_sm = (opts or options.current()).gemv_persist
     return per_sm * _multiprocessors(device.index or 0) if device.type == "cuda" else per_sm
 
 

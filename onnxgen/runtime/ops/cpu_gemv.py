@@ -50,9 +50,5 @@ def split_gemv(a: torch.Tensor, b: torch.Tensor, *, b_transposed: bool = False) 
         blocks = b.view(parts, n // parts, k).transpose(1, 2)
     else:  # [K, N] -> P column blocks: [P, K, N / P] (strided view)
         blocks = b.view(k, parts, n // parts).permute(1, 0, 2)
-    if rows == 1:
-        row = a.reshape(1, 1, k).expand(parts, 1, k)
-        out = torch.bmm(row, blocks)  # [P, 1, N / P]
-        return out.reshape(*a.shape[:-1], n)
     out = torch.bmm(a.reshape(1, rows, k).expand(parts, rows, k), blocks)  # [P, rows, N / P]
-    return out.permute(1, 0, 2).reshape(*a.shape[:-1], n)
+    return out.permute(1, 0, 2).reshape(*a.shape[:-1], n)  # one row: a view, no copy
