@@ -25,6 +25,10 @@ engines08=onnxgen,onnxgen-eager,ort-genai-graph,ort-genai,ort-genai-own-graph,or
 engines35=onnxgen,onnxgen-eager,ort-genai-graph,ort-genai
 run35=(python3 -m bench.peers_decode --shape qwen3.5-35b-a3b --precision int4 --workdir "$w35" --memory-gb 120)
 
+package35() {  # the 35B-A3B package build-35b wrote, or nothing
+  compgen -G "$w35/pkg-qwen3.5-35b-a3b-int4-cuda-gqa-seed*[0-9]" | head -1
+}
+
 site() {  # onnxruntime-gpu 1.31.1 and onnxruntime-genai-cuda 0.18, installed by the set-up calls
   # shellcheck disable=SC1091
   source /tmp/site-env.sh || { echo "no /tmp/site-env.sh: run the .wcK/stash.sh set-up calls first"; exit 2; }
@@ -49,7 +53,7 @@ case "${1:-}" in
       --workdir "$w08" "${extra[@]}" | tee "$out/peers-qwen3.5-0.8b-$precision.md"
     ;;
   35b)
-    if ! compgen -G "$w35/pkg-qwen3.5-35b-a3b-int4-cuda-gqa-seed*[0-9]" > /dev/null; then
+    if [ -z "$(package35)" ]; then
       echo "no 35B-A3B package under $w35: call build-35b first (the build and the table may not fit one call)"
       exit 3
     fi
@@ -67,7 +71,7 @@ case "${1:-}" in
         done
         ;;
       35b)
-        pkg=$(compgen -G "$w35/pkg-qwen3.5-35b-a3b-int4-cuda-gqa-seed*[0-9]" | head -1)
+        pkg=$(package35)
         [ -n "$pkg" ] || { echo "no 35B-A3B package under $w35: call build-35b first"; exit 3; }
         python3 -m bench.prefill --package "$pkg" --context 2048 --lengths 16,64 --repeats 5 --profile --top 25 \
           | tee "$out/prefill-qwen3.5-35b-a3b-int4.log"
