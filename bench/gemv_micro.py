@@ -13,6 +13,12 @@ not from L2):
 and the same kernel with its norm prologue fused (skip_rms) at the chosen configuration. Each row
 gives us/call and the bandwidth it reached (weight bytes / time). The chosen configurations of
 dense_config/q4_config are marked with '*'.
+
+With --prompt-rows M,...: the products of M rows (a prompt chunk), cuBLAS on the fp16 weight against
+the 4-bit prompt paths (the default policy, dequantize-then-cuBLAS, the tiled GEMM swept, and for
+M <= 64 the GEMM split along K swept: ONNXGEN_Q4_PROMPT=split). --prompt-only skips the one-row part:
+
+    python -m bench.gemv_micro --shape qwen2.5-coder-1.5b-instruct --prompt-rows 16,64 --prompt-only
 """
 
 from __future__ import annotations
@@ -82,8 +88,9 @@ def main() -> int:
         "--prompt-rows",
         type=lambda v: [int(x) for x in v.split(",") if x],
         default=[],
-        help="also time prompts of these many rows (comma list): cuBLAS fp16, q4 dequant, q4 gemm",
+        help="also time prompts of these many rows (comma list): cuBLAS fp16, q4 dequant, q4 gemm, q4 split",
     )
+    parser.add_argument("--prompt-only", action="store_true", help="only the --prompt-rows products")
     parser.add_argument("--words", action="store_true", help="also sweep the 4-bit kernel over 32-bit words")
     parser.add_argument("--layers", help="comma list of qkv, o_proj, gate_up, down, lm_head (default: all)")
     args = parser.parse_args()
@@ -102,6 +109,8 @@ def main() -> int:
         if args.layers and name not in args.layers.split(","):
             continue
         rows = bench_shape(name, k, n, args, dev, (bn_list, bk_list, w_list, bpi_list))
+        if args.prompt_only:
+            continue
         dense = [r for r in rows if r[0].startswith("triton ") and "prologue" not in r[0]]
         q4 = [r for r in rows if r[0].startswith("q4 ") and "prologue" not in r[0]]
         q4w = [r for r in rows if r[0].startswith("q4w") and "prologue" not in r[0]]
@@ -117,7 +126,6 @@ def main() -> int:
 
 
 def bench_shape(name: str, k: int, n: int, args, dev, sweeps) -> list[tuple[str, float, float]]:
-    bn_list, bk_list, w_list, bpi_list = sweeps
     wbytes = n * k * 2
     copies = max(2, min(48, int(256e6 // wbytes)))  # >= 256 MB per graph: far past the L2
     ws = [torch.randn(n, k, device=dev, dtype=torch.float16) * 0.02 for _ in range(copies)]
@@ -131,6 +139,29 @@ def bench_shape(name: str, k: int, n: int, args, dev, sweeps) -> list[tuple[str,
     def add(label: str, us: float, nbytes: int = wbytes) -> None:
         rows.append((label, us, nbytes / us / 1e3))
 
+    # 4-bit weights, MatMulNBits layout, symmetric (no zero points)
+    bs = args.block_size
+    nb = -(-k // bs)
+    qbytes = n * nb * (bs // 2) + n * nb * 2
+    qcopies = max(2, min(96, int(256e6 // qbytes)))
+    qb = [torch.randint(0, 256, (n, nb, bs // 2), device=dev, dtype=torch.uint8) for _ in range(qcopies)]
+    qs = [torch.rand(n, nb, device=dev, dtype=torch.float16) * 0.01 for _ in range(qcopies)]
+    if not args.prompt_only:
+        one_row_sweeps(name, k, n, args, sweeps, ws, wt, x, skip, gamma, total, qb, qs, qcopies, add, copies)
+    prompt_rows(name, k, n, args, ws, qb, qs, qcopies, add, copies, wbytes, qbytes)
+    print(f"\n{name}: K={k} N={n}  fp16 weight {wbytes / 1e6:.2f} MB, int4 {qbytes / 1e6:.2f} MB", flush=True)
+    for label, us, gbs in rows:
+        print(f"  {label:36s} {us:8.2f} us  {gbs:7.0f} GB/s")
+    return rows
+
+
+def one_row_sweeps(name, k, n, args, sweeps, ws, wt, x, skip, gamma, total, qb, qs, qcopies, add, copies) -> None:
+    """The one-row products: cuBLAS, the dense Triton GEMV swept, the 4-bit kernels swept."""
+    bn_list, bk_list, w_list, bpi_list = sweeps
+    wbytes = n * k * 2
+    bs = args.block_size
+    nb = -(-k // bs)
+    qbytes = n * nb * (bs // 2) + n * nb * 2
     ref = F.linear(x, ws[0]).float()
     add("cublas-linear", time_in_graph(lambda i: F.linear(x, ws[i]), copies))
     add("cublas-matmul", time_in_graph(lambda i: x @ wt[i], copies))
@@ -151,16 +182,9 @@ def bench_shape(name: str, k: int, n: int, args, dev, sweeps) -> list[tuple[str,
         return TL.linear_row(x, ws[i], prologue="skip_rms", x2=skip, gamma=gamma, eps=1e-6, sum_out=total)
 
     add("triton chosen + skip_rms prologue", time_in_graph(fused, copies))
-    # 4-bit weights, MatMulNBits layout, symmetric (no zero points)
-    bs = args.block_size
-    nb = -(-k // bs)
-    qbytes = n * nb * (bs // 2) + n * nb * 2
-    qcopies = max(2, min(96, int(256e6 // qbytes)))
-    qb = [torch.randint(0, 256, (n, nb, bs // 2), device=dev, dtype=torch.uint8) for _ in range(qcopies)]
-    qs = [torch.rand(n, nb, device=dev, dtype=torch.float16) * 0.01 for _ in range(qcopies)]
     add("q4-dequant (fp16 copy)", time_in_graph(lambda i: F.linear(x, ws[i]), copies), wbytes)
 
-    qchosen = Q4.q4_config(n, k, bs, dev)
+    qchosen = Q4.q4_config(n, k, bs, x.device)
     qref = F.linear(
         x, dequantize_nbits(qb[0], qs[0], None, None, k=k, n=n, bits=4, block_size=bs, dtype=torch.float32).half()
     ).float()
@@ -199,31 +223,43 @@ def bench_shape(name: str, k: int, n: int, args, dev, sweeps) -> list[tuple[str,
         for bn, warps in itertools.product([16, 32, 64], [4, 8]):
             with options.override(gemv_q4=(bn, tile, warps, 0)):
                 add(f"q4 {bn}/{tile}/{warps} + skip_rms prologue", time_in_graph(q4_fused, qcopies), qbytes)
-    # several rows (a prompt; the lm_head reads one row): cuBLAS on fp16 against both 4-bit prompt paths
+
+
+def prompt_rows(name, k, n, args, ws, qb, qs, qcopies, add, copies, wbytes, qbytes) -> None:
+    """Several rows (a prompt; the lm_head reads one row): cuBLAS on fp16 against the 4-bit prompt
+    paths: the default policy, the tiled GEMM swept, the split-K GEMM swept (q4_prompt=split)."""
+    bs = args.block_size
+    dev = ws[0].device
     for m in args.prompt_rows if name != "lm_head" else []:
         a = torch.randn(m, k, device=dev, dtype=torch.float16)
         add(f"prompt {m} rows: cublas fp16", time_in_graph(lambda i, a=a: F.linear(a, ws[i]), copies), wbytes)
         want = F.linear(a, dequantize_nbits(qb[0], qs[0], None, None, k=k, n=n, bits=4, block_size=bs,
                                             dtype=torch.float16)).float()  # fmt: skip
         gemms = GEMM_SWEEP_SMALL if m <= 64 else GEMM_SWEEP_LARGE
-        for mode, config in [("dequant", None), ("gemm", None)] + [("gemm", c) for c in gemms]:
-            changes = {"q4_prompt": mode} | ({"gemm_q4": config} if config else {})
+        variants = [("auto", None), ("dequant", None), ("gemm", None)] + [("gemm", c) for c in gemms]
+        if m <= Q4.SPLIT_MAX_ROWS:
+            variants += [("split", None)] + [("split", c) for c in SPLIT_SWEEP]
+        for mode, config in variants:
+            key = "gemm_q4_split" if mode == "split" else "gemm_q4"
+            changes = {"q4_prompt": mode} | ({key: config} if config else {})
             with options.override(**changes):
                 got = Q4.matmul_q4(a, qb[0], qs[0], None, n=n, k=k, block_size=bs).float()
                 err = ((got - want).norm() / want.norm()).item()
                 us = time_in_graph(lambda i, a=a: Q4.matmul_q4(a, qb[i], qs[i], None, n=n, k=k, block_size=bs), qcopies)
                 label = f"{mode} {','.join(map(str, config))}" if config else f"{mode} (default table)"
-                if mode == "dequant":
+                if mode == "auto":
                     label = "default policy (dequant, or gemm for short prompts of short rows)"
+                elif mode == "dequant":
+                    label = "dequant (then cuBLAS)"
                 add(f"prompt {m} rows: q4 {label} (err {err:.1e})", us, qbytes)
-    print(f"\n{name}: K={k} N={n}  fp16 weight {wbytes / 1e6:.2f} MB, int4 {qbytes / 1e6:.2f} MB", flush=True)
-    for label, us, gbs in rows:
-        print(f"  {label:36s} {us:8.2f} us  {gbs:7.0f} GB/s")
-    return rows
 
 
 # BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES of the 4-bit prompt GEMM tried per shape
 GEMM_SWEEP_SMALL = [(16, 32, 128, 4, 3), (16, 64, 128, 4, 3), (16, 64, 256, 4, 3), (16, 128, 128, 4, 3)]
+# BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES, SPLITS, WORDS of the split-K GEMM (SPLITS 0: its own rule)
+SPLIT_SWEEP = [(16, 32, 128, 4, 3, 0, 0), (16, 32, 256, 4, 3, 0, 1), (16, 64, 128, 4, 3, 0, 1),
+               (16, 32, 128, 4, 3, 1, 1), (16, 32, 128, 4, 3, 2, 1), (16, 32, 128, 4, 3, 8, 1),
+               (16, 32, 128, 8, 3, 0, 1), (16, 16, 128, 4, 3, 0, 1), (16, 128, 128, 4, 3, 0, 1)]  # fmt: skip
 GEMM_SWEEP_LARGE = [(64, 128, 64, 4, 3), (128, 128, 64, 8, 3), (128, 64, 128, 4, 3), (64, 128, 128, 8, 3),
                     (128, 128, 128, 8, 3)]  # fmt: skip
 

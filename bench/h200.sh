@@ -29,6 +29,10 @@
 #   int4       the 4-bit kernels on the packed codes against the fp16 copy: gemv_micro with prompt rows, the step
 #              (step_sweep, and the fp16 package's), prefill per prompt path, the step's kernels (anatomy), ~9 min
 #   prefill    python -m bench.prefill Q --lengths 16,1024 --profile, fp16 and int4: TTFT and where it goes, ~2 min
+#   q4prompt   issue 18's short prompt on the 1.5B shape: the 4-bit GEMM split along K (ONNXGEN_Q4_PROMPT=split)
+#              against the default policy, dequantize-then-cuBLAS and the fp16 package: its GPU tests, the layers
+#              alone (gemv_micro --prompt-only, split configurations swept), TTFT per variant in one process
+#              (bench.prefill --variant), captured = eager (--capture verify), and the 0.5B shape, ~9 min
 #   sampled    the sampling GPU tests, then python -m bench.sampled_decode Q, fp16 and int4: sampled decode
 #              in the graph vs greedy and vs between the steps, same tokens as eager, ~4 min
 #
@@ -137,11 +141,23 @@ stage_int4() {
   done
   run int4-anatomy 150 $PY -m bench.step_anatomy $Q --precision int4 --context 512 --kernels --variant "packed:ONNXGEN_TRITON_Q4=1"
 }
+stage_q4prompt() {
+  local variants=(--variant auto: --variant split:ONNXGEN_Q4_PROMPT=split --variant dequant:ONNXGEN_Q4_PROMPT=dequant
+    --variant auto-again:)
+  run q4prompt-tests 240 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py -k "matmul_nbits"
+  run q4prompt-micro 240 $PY -m bench.gemv_micro $Q15 --prompt-rows 16,64 --prompt-only
+  run q4prompt-fp16 120 $PY -m bench.prefill $Q15 --precision fp16 --context 2048 --lengths 16,64,1024 --repeats 5
+  run q4prompt-int4 200 $PY -m bench.prefill $Q15 --precision int4 --context 2048 --lengths 16,64,1024 --repeats 5 \
+    "${variants[@]}"
+  run q4prompt-verify 120 $PY -m bench.prefill $Q15 --precision int4 --context 2048 --lengths 16,64 --repeats 1 \
+    --capture verify --variant split:ONNXGEN_Q4_PROMPT=split
+  run q4prompt-05b 150 $PY -m bench.prefill $Q --precision int4 --context 2048 --lengths 16,64 --repeats 5 "${variants[@]}"
+}
 stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
 }
 
-STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill sampled"
+STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill q4prompt sampled"
 if [ $# -eq 0 ]; then
   echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
   exit 2

@@ -12,6 +12,11 @@ With --profile, one more prefill per length runs under the torch profiler and cP
 time against wall time, kernels launched, host synchronisations, the top GPU kernels and the top
 host functions. A prefill whose wall time is
 far above its GPU busy time is bound by the host (the node loop, host reads), not by the kernels.
+Each --variant NAME:ENV=VALUE,... runs the lengths again under those settings (bench/step_sweep.py's
+form), on a fresh engine over the same package and session:
+
+    python -m bench.prefill --shape qwen2.5-coder-1.5b-instruct --precision int4 --lengths 16,64 \
+        --variant auto: --variant split:ONNXGEN_Q4_PROMPT=split --variant dequant:ONNXGEN_Q4_PROMPT=dequant
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from collections import Counter
 import torch
 
 from bench.random_package import add_package_args, build_random_package, describe, greedy_run, make_engine, open_package
+from bench.step_sweep import apply_env, check_variant, parse_variant
 from onnxgen.genai.engine import DecodeEngine
 
 SYNC_CALLS = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy"}
@@ -89,29 +95,44 @@ def main() -> None:
     parser.add_argument("--capture", default=None, choices=["on", "off", "verify"], help="default: on for CUDA")
     parser.add_argument("--profile", action="store_true", help="profile one more prefill per length")
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="NAME:ENV=VALUE,... (bench/step_sweep.py's form): the lengths again under these settings, a fresh "
+        "engine over the same package (e.g. 'split:ONNXGEN_Q4_PROMPT=split')",
+    )
     args = parser.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
     if max(lengths) + 1 > args.context:
         parser.error(f"--context {args.context} is too small for a {max(lengths)}-token prompt")
     capture = args.capture or ("on" if args.device == "cuda" else "off")
+    variants = [parse_variant(v) for v in args.variant]
+    for _, env in variants:
+        check_variant(env)  # a bad setting stops here, before the package is built
     with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
         build_random_package(args, tmp)
         session, config = open_package(args)
-        engine = make_engine(session, config, args, capture=capture)
         print(f"prefill: {describe(args)}, capture {capture}, device {args.device}")
-        for n in lengths:
-            args.prompt_tokens = n
-            times = ttft_ms(engine, args, 3 + args.repeats)
-            first, steady = times[:3], times[3:]
-            print(
-                f"prompt {n:5d} tokens: TTFT median {statistics.median(steady):8.2f} ms "
-                f"(min {min(steady):.2f}, max {max(steady):.2f}, {len(steady)} runs; "
-                f"the first three runs {', '.join(f'{t:.1f}' for t in first)} ms)"
-            )
-            if args.profile:
-                profile_prefill(engine, args, args.top)
-        if capture != "off":
-            print(f"prefill chunks: {engine.prefill_capture_stats.summary()}")
+        for name, env in variants or [("", {})]:
+            if name or env:
+                apply_env(env)
+                print(f"variant {name}: {', '.join(f'{k}={v}' for k, v in env.items()) or 'the process settings'}")
+            engine = make_engine(session, config, args, capture=capture)  # fresh recordings per variant
+            for n in lengths:
+                args.prompt_tokens = n
+                times = ttft_ms(engine, args, 3 + args.repeats)
+                first, steady = times[:3], times[3:]
+                print(
+                    f"prompt {n:5d} tokens: TTFT median {statistics.median(steady):8.2f} ms "
+                    f"(min {min(steady):.2f}, max {max(steady):.2f}, {len(steady)} runs; "
+                    f"the first three runs {', '.join(f'{t:.1f}' for t in first)} ms)"
+                )
+                if args.profile:
+                    profile_prefill(engine, args, args.top)
+            if capture != "off":
+                print(f"prefill chunks: {engine.prefill_capture_stats.summary()}")
+            del engine
 
 
 if __name__ == "__main__":

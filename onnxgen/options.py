@@ -76,7 +76,8 @@ class Options:
     gemv_dense: ShapeOverrides = NO_OVERRIDES
     gemv_q4: ShapeOverrides = NO_OVERRIDES
     gemm_q4: ShapeOverrides = NO_OVERRIDES
-    q4_prompt: Literal["auto", "dequant", "gemm"] = "auto"
+    gemm_q4_split: ShapeOverrides = NO_OVERRIDES
+    q4_prompt: Literal["auto", "dequant", "gemm", "split"] = "auto"
     q4_norm_apart: int = 4096
     gemv_split: ShapeOverrides = NO_OVERRIDES
     gqa_decode: tuple[int, int] | None = None
@@ -188,9 +189,22 @@ def _gemm_q4(raw: str) -> Config:
     return _ints(raw, 5, "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES")
 
 
+def _gemm_q4_split(raw: str) -> Config:
+    """BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES,SPLITS,WORDS: SPLITS 0 keeps the kernel's own count, WORDS 0
+    or 1 (the codes as bytes or as 32-bit words)."""
+    what = "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES,SPLITS,WORDS (SPLITS 0: the kernel's count; WORDS 0 or 1)"
+    try:
+        values = tuple(int(v) for v in raw.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 7 or min(values[:5]) < 1 or values[5] < 0 or values[6] not in (0, 1):
+        raise ValueError(f"expected {what}")
+    return values
+
+
 def _q4_prompt(raw: str) -> str:
-    if raw not in ("auto", "dequant", "gemm"):
-        raise ValueError("expected auto, dequant or gemm")
+    if raw not in ("auto", "dequant", "gemm", "split"):
+        raise ValueError("expected auto, dequant, gemm or split")
     return raw
 
 
@@ -259,10 +273,16 @@ KNOBS: tuple[Knob, ...] = (
     Knob("gemm_q4", "ONNXGEN_GEMM_Q4", _gemm_q4, "`BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES`",
          "forces the several-row 4-bit GEMM's launch configuration (prompts; all shapes, or `_<N>x<K>`)",
          per_shape=True, default_text="unset: the kernel's table"),
-    Knob("q4_prompt", "ONNXGEN_Q4_PROMPT", _q4_prompt, "`auto` / `dequant` / `gemm`",
+    Knob("gemm_q4_split", "ONNXGEN_GEMM_Q4_SPLIT", _gemm_q4_split,
+         "`BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES,SPLITS,WORDS`",
+         "forces the split-K 4-bit GEMM's launch configuration (`ONNXGEN_Q4_PROMPT=split`; SPLITS 0: the kernel's "
+         "count; WORDS 1: the codes as 32-bit words; all shapes, or `_<N>x<K>`)", per_shape=True,
+         default_text="unset: the kernel's rule"),
+    Knob("q4_prompt", "ONNXGEN_Q4_PROMPT", _q4_prompt, "`auto` / `dequant` / `gemm` / `split`",
          "4-bit weights times several rows (a prompt): dequantize each layer's weight into a transient "
          "buffer and run cuBLAS, or the Triton GEMM that dequantizes tiles in registers (no buffer); auto: "
-         "the GEMM for prompts of at most 16 rows over rows of at most 2,048 elements, else dequant"),
+         "the GEMM for prompts of at most 16 rows over rows of at most 2,048 elements, else dequant; split: "
+         "the split-K GEMM (gpu/linear_q4_split.py) for prompts of at most 64 rows, else dequant"),
     Knob("q4_norm_apart", "ONNXGEN_Q4_NORM_APART", _programs, "`P` (programs; `0`: never)",
          "a 4-bit one-row product of more than P programs (the lm_head) runs its norm prologue as a kernel of "
          "its own instead of once per program"),
@@ -360,7 +380,7 @@ _SCALAR_TYPES: dict[str, tuple[type, ...]] = {
 _NAMED_VALUES = {
     "triton_linear": ("auto", "on", "off"),
     "int8_activations": ("none", "cpu", "all"),
-    "q4_prompt": ("auto", "dequant", "gemm"),
+    "q4_prompt": ("auto", "dequant", "gemm", "split"),
 }
 
 

@@ -575,6 +575,52 @@ def test_matmul_nbits_prompt_gemm(block_size: int, zp_kind: str, device: str) ->
         _nbits_parity(model, TP.FLOAT16, device, NBITS_TOL[(TP.FLOAT16, 0)], m_values=(5,))
 
 
+# BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES, SPLITS, WORDS of the split-K prompt GEMM
+SPLIT_GEMMS = {"words-3-splits": (16, 16, 128, 4, 1, 3, 1), "bytes-3-splits": (16, 16, 128, 4, 1, 3, 0),
+               "words-1-split": (16, 16, 128, 4, 1, 1, 1)}  # fmt: skip
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("config", list(SPLIT_GEMMS))
+@pytest.mark.parametrize(
+    ("block_size", "zp_kind", "dtype", "bias"),
+    [(16, "packed", TP.FLOAT16, False), (32, "none", TP.FLOAT, True), (64, "float", TP.FLOAT16, True),
+     (128, "packed", TP.FLOAT, False), (32, "float", TP.FLOAT, False)],
+)  # fmt: skip
+def test_matmul_nbits_prompt_split(block_size: int, zp_kind: str, dtype: int, bias: bool, config: str, device: str):
+    """Option q4_prompt=split: prompts of a few rows through the GEMM split along K
+    (gpu/linear_q4_split.py, where the 4-bit kernels serve: CUDA, Triton's interpreter; elsewhere
+    the same as the default). K = 300 is three 128-element K tiles, the last one partial (and for
+    blocks of 128, a partial block); 20 rows are two row tiles."""
+    model = matmul_nbits_model(300, 40, 4, block_size, dtype, zp_kind, 0, with_bias=bias)
+    with options.override(q4_prompt="split", gemm_q4_split=SPLIT_GEMMS[config]):
+        _nbits_parity(model, dtype, device, NBITS_TOL[(dtype, 0)], m_values=(5, 20))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_matmul_nbits_split_gemm_repeats_bit_for_bit(device: str) -> None:
+    """The split-K GEMM's partials meet in a fixed order, and every launch leaves its tickets at zero:
+    three launches over one shared scratch give the same bits (a ticket left over would leave the
+    second launch's output unwritten), and agree with one split within the fp16 rounding."""
+    from onnxgen.runtime.gpu.launch import q4_kernels_serve
+    from onnxgen.runtime.gpu.linear_q4 import matmul_q4
+
+    with options.override(triton_q4=True):
+        if not q4_kernels_serve(torch.zeros(1, device=device)):
+            pytest.skip("the 4-bit Triton kernels do not serve this device")
+    k, n, m = 512, 48, 16
+    gen = torch.Generator().manual_seed(5)
+    b = torch.randint(0, 256, (n, k // 32, 16), generator=gen, dtype=torch.uint8).to(device)
+    scales = (torch.rand(n, k // 32, generator=gen) * 0.05).half().to(device)
+    a = torch.randn(m, k, generator=gen).half().to(device)
+    runs = []
+    for splits in (4, 4, 4, 1):
+        with options.override(triton_q4=True, q4_prompt="split", gemm_q4_split=(16, 16, 128, 4, 1, splits, 1)):
+            runs.append(matmul_q4(a, b, scales, None, n=n, k=k, block_size=32).float().cpu())
+    assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
+    torch.testing.assert_close(runs[0], runs[3], rtol=2e-3, atol=2e-3)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bits", [2, 8])
 @pytest.mark.parametrize("zp_kind", ["none", "packed"])

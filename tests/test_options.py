@@ -85,6 +85,9 @@ def test_per_shape_variables_become_one_field() -> None:
         ("ONNXGEN_GEMV_DENSE_9728x896", "a,b,c", "expected BLOCK_N,BLOCK_K,WARPS"),
         ("ONNXGEN_GEMV_SPLIT", "on", "expected off or BLOCK_N,BLOCK_K,WARPS"),
         ("ONNXGEN_GEMV_Q4_151936x896", "16,1024,2,2", "(KERNEL 0: bytes, 1: words)"),
+        ("ONNXGEN_GEMM_Q4_SPLIT", "16,32,128,4,3,4,2", "SPLITS 0: the kernel's count; WORDS 0 or 1"),
+        ("ONNXGEN_GEMM_Q4_SPLIT_2048x1536", "16,32,128,4,3", "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES,SPLITS,WORDS"),
+        ("ONNXGEN_Q4_PROMPT", "fast", "expected auto, dequant, gemm or split"),
         ("ONNXGEN_GQA_DECODE", "100,8", "BLOCK_N must be a power of two >= 16"),
         ("ONNXGEN_GQA_DECODE", "128", "expected BLOCK_N,WARPS (two integers)"),
         ("ONNXGEN_DEQUANT_CACHE_MB", "-3", "expected a size in MB"),
@@ -137,6 +140,8 @@ def test_overrides_reach_the_kernels_launch_tables() -> None:
         small = linear_row._row_plan(896, 896, True, cpu)
         assert (small.block_n, small.tile, small.resident) == (2, True, 3)
     linear_q4 = pytest.importorskip("onnxgen.runtime.gpu.linear_q4")
+    from onnxgen.runtime.gpu import linear_q4_split
+
     row = torch.zeros(8, dtype=torch.float16)
     assert options.current().triton_q4 and launch.q4_kernels_serve(row) == launch.triton_serves(row)
     with options.override(triton_q4=False):
@@ -148,6 +153,15 @@ def test_overrides_reach_the_kernels_launch_tables() -> None:
     with options.override(gemv_q4="8,512,2", gemm_q4="32,64,64,4,2"):
         assert linear_q4._q4_plan(896, 896, 32, cpu) == (8, 512, 2, 0)
         assert linear_q4.gemm_q4_config(100, 896, 896) == (32, 64, 64, 4, 2)
+    with options.override(gemm_q4_split={"2048x1536": "16,64,256,8,2,3,0"}):
+        assert linear_q4_split.split_gemm_config(16, 2048, 1536, 32, 132, True) == (16, 64, 256, 8, 2, 3, 0)
+    with options.override(gemm_q4_split="16,64,256,8,2,0,0"):
+        # SPLITS 0 keeps the rule's count: 32 column tiles on 132 SMs want 9 splits, 6 K tiles allow 6
+        assert linear_q4_split.split_gemm_config(16, 2048, 1536, 32, 132, True) == (16, 64, 256, 8, 2, 6, 0)
+    # the rule: 32 tiles want 9 splits of 12 K tiles, evened out to 6 of 2; no words where the layout
+    # does not allow them; a quantization block wider than the K tile widens the tile
+    assert linear_q4_split.split_gemm_config(16, 1024, 1536, 32, 132, True) == (16, 32, 128, 4, 3, 6, 1)
+    assert linear_q4_split.split_gemm_config(40, 1024, 1536, 256, 132, False) == (64, 64, 256, 4, 3, 6, 0)
     with options.override(gemv_q4="8,512,2,1"):  # the fourth value picks the kernel over 32-bit words
         assert linear_q4._q4_plan(896, 896, 32, cpu) == (8, 512, 2, 1)
     with options.override(triton=False):

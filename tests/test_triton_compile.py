@@ -189,6 +189,28 @@ def test_matmul_q4_compiles(zero_kind: int, dtype: str) -> None:
     assert ("mma" in ptx) == (dtype != "fp32")  # half types on tensor cores; fp32 in IEEE fp32, not TF32
 
 
+@pytest.mark.parametrize("zero_kind", [0, 1, 2])
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+@pytest.mark.parametrize(("words", "split"), [(True, True), (False, True), (True, False)])
+def test_matmul_q4_split_compiles(zero_kind: int, dtype: str, words: bool, split: bool) -> None:
+    from onnxgen.runtime.gpu import linear_q4_split
+
+    sig = dict.fromkeys(["a_ptr", "scale_ptr", "bias_ptr", "c_ptr"], f"*{dtype}")
+    sig.update(b_ptr="*i32" if words else "*u8", zero_ptr=f"*{dtype}" if zero_kind == 2 else "*u8")
+    sig.update(part_ptr="*fp32", ticket_ptr="*i32")
+    names = ["m", "n", "k", "a_stride", "c_stride", "n_blocks", "row_units", "zp_row_bytes", "tiles_per_split",
+             "k_tiles", "magic_bits"]  # fmt: skip
+    sig.update(dict.fromkeys(names, "i32"))
+    const = dict(ZERO_KIND=zero_kind, HAS_BIAS=True, QBLOCK=32, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, WORDS=words,
+                 SPLIT=split, IEEE=dtype == "fp32")  # fmt: skip
+    ptx = compile_for_sm90(linear_q4_split._q4_split_gemm_kernel, sig, const)
+    assert ("mma" in ptx) == (dtype != "fp32")  # half types on tensor cores; fp32 in IEEE fp32, not TF32
+    assert ("atom.global" in ptx) == split  # the ticket, only where the partials meet
+    if words:  # codes become floats by the exponent trick, never by an integer conversion per weight
+        conversions = re.findall(r"cvt\.rn\.f32\.[su]\d+", ptx)
+        assert len(conversions) <= (8 if zero_kind == 1 else 1), conversions
+
+
 def test_one_row_kernel_policy() -> None:
     """ONNXGEN_TRITON_LINEAR: 1 forces the one-row kernels, 0 turns them off, unset they run only
     where programmatic dependent launch is (a CUDA device of sm_90 or later): never on this CPU."""

@@ -25,7 +25,8 @@ Several rows (a prompt), option ``q4_prompt``: ``_q4_matmul_kernel``, tiles of A
 dequantized in registers ((code - zero) * scale in fp32, rounded once to the activation dtype, as
 dequantize_nbits rounds it) on tensor cores (tl.dot; fp32 activations in IEEE fp32, not TF32); or
 ``_q4_dequant_kernel`` into the session's one DequantScratch (or, without one, a buffer that lives
-for the call), then cuBLAS.
+for the call), then cuBLAS. Or (``q4_prompt=split``) gpu/linear_q4_split.py's GEMM split along K,
+for prompts of a few rows.
 """
 
 from __future__ import annotations
@@ -444,7 +445,8 @@ def matmul_q4(
     for this call) and multiplies each chunk with cuBLAS: the same weight and GEMM as a cached
     fp16 copy, without keeping the copy; ``gemm`` runs the Triton GEMM that dequantizes tiles in
     registers; ``auto`` (the default) takes the GEMM where _gemm_serves_short_prompt says,
-    dequant elsewhere."""
+    dequant elsewhere; ``split`` the split-K GEMM (gpu/linear_q4_split.py) for prompts of at most
+    SPLIT_MAX_ROWS rows, dequant for longer ones."""
     _check_block(block_size)
     lead = a.shape[:-1]
     a2 = a.reshape(-1, k)
@@ -453,7 +455,12 @@ def matmul_q4(
     m = a2.shape[0]
     packed, scale, zeros, zero_kind = _layout(b, scales, zero_points, n, k, block_size)
     mode = options.current().q4_prompt
-    if m and (mode == "dequant" or (mode == "auto" and not _gemm_serves_short_prompt(m, k))):
+    if m and mode == "split" and m <= SPLIT_MAX_ROWS:
+        from onnxgen.runtime.gpu.linear_q4_split import matmul_q4_split
+
+        out = matmul_q4_split(a2, packed, scale, zeros, zero_kind, bias, n=n, k=k, block_size=block_size)
+        return out.reshape(*lead, n)
+    if m and (mode in ("dequant", "split") or (mode == "auto" and not _gemm_serves_short_prompt(m, k))):
         out = _dequant_matmul(a2, packed, scale, zeros, zero_kind, bias, n=n, k=k, block_size=block_size,
                               scratch=scratch)  # fmt: skip
         return out.reshape(*lead, n)
@@ -479,6 +486,8 @@ def _gemm_serves_short_prompt(m: int, k: int) -> bool:
     (docs/benchmarks/2026-12-02-h200-int4-packed.md)."""
     return m <= 16 and k <= 2048
 
+
+SPLIT_MAX_ROWS = 64  # q4_prompt=split: prompts of at most this many rows take the split-K GEMM
 
 DEQUANT_ROWS_ELEMENTS = 1 << 25  # weight elements dequantized at once (64 MiB in fp16): bounds the buffer
 SCRATCH_ELEMENTS = 1 << 24  # a session's DequantScratch holds this much (32 MiB in fp16) at most,
