@@ -65,7 +65,11 @@ case "${1:-}" in
     # GPU kernels, host synchronisations); needs no onnxruntime-genai
     case "${2:-}" in
       0.8b)
+        # the prompt's conv as one kernel (the default) against the torch path's, in one process each
         for p in fp16 int4; do
+          python3 -m bench.prefill --shape qwen3.5-0.8b --precision "$p" --context 2048 --lengths 16,64 --repeats 5 \
+            --variant conv-kernel: --variant conv-torch:ONNXGEN_CONV_PROMPT=0 --variant conv-kernel-again: \
+            | tee "$out/prefill-qwen3.5-0.8b-$p-variants.log"
           python3 -m bench.prefill --shape qwen3.5-0.8b --precision "$p" --context 2048 --lengths 16,64 --repeats 5 \
             --profile --top 25 | tee "$out/prefill-qwen3.5-0.8b-$p.log"
         done

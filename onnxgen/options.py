@@ -85,6 +85,7 @@ class Options:
     dequant_cache_mb: float | None = None
     int8_activations: Literal["none", "cpu", "all"] = "none"
     cpu_int4_gemm: bool = True
+    conv_prompt: bool = True
 
     @property
     def dequant_cache_bytes(self) -> int | None:
@@ -283,6 +284,9 @@ KNOBS: tuple[Knob, ...] = (
          "buffer and run cuBLAS, or the Triton GEMM that dequantizes tiles in registers (no buffer); auto: "
          "the GEMM for prompts of at most 16 rows over rows of at most 2,048 elements, else dequant; split: "
          "the split-K GEMM (gpu/linear_q4_split.py) for prompts of at most 64 rows, else dequant"),
+    Knob("conv_prompt", "ONNXGEN_CONV_PROMPT", _flag(), "`1` / `0`",
+         "`0`: a prompt's CausalConvWithState on a Triton device runs the torch path (about ten kernels) instead "
+         "of one Triton kernel (gpu/causal_conv_update.py); one-position steps keep their kernel"),
     Knob("q4_norm_apart", "ONNXGEN_Q4_NORM_APART", _programs, "`P` (programs; `0`: never)",
          "a 4-bit one-row product of more than P programs (the lm_head) runs its norm prologue as a kernel of "
          "its own instead of once per program"),

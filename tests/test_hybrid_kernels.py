@@ -1,4 +1,4 @@
-"""The one-token Triton kernels of hybrid decoders (gpu/gated_delta_decode.py, gpu/causal_conv_update.py)
+"""The Triton kernels of hybrid decoders' steps and short prompts (gpu/gated_delta_decode.py, gpu/causal_conv_update.py)
 against the torch path of the ops that dispatch to them (runtime/ops/linear_attention.py), which
 tests/test_ops_extra.py and tests/test_ops_recurrent_ms.py hold to onnxruntime.
 
@@ -168,13 +168,16 @@ CONV_CASES = {
 
 
 def _conv_inputs(
-    case: tuple, device: str, dtype: torch.dtype, state_dtype: torch.dtype | None, seed: int = 0
+    case: tuple, device: str, dtype: torch.dtype, state_dtype: torch.dtype | None, seed: int = 0, tokens: int = 1
 ) -> tuple[dict, list[torch.Tensor | None]]:
     domain, channels_last, axes, kernel, dilation, batch, has_bias, activation = case
     gen = torch.Generator().manual_seed(seed)
     channels = int(torch.tensor(axes).prod())
     carry = (kernel - 1) * dilation
-    x = torch.randn(batch, 1, *axes, generator=gen) if channels_last else torch.randn(batch, channels, 1, generator=gen)
+    if channels_last:
+        x = torch.randn(batch, tokens, *axes, generator=gen)
+    else:
+        x = torch.randn(batch, channels, tokens, generator=gen)
     weight = torch.randn(channels, 1, kernel, generator=gen) * 0.5
     bias = torch.randn(channels, generator=gen) if has_bias else None
     past = None
@@ -211,6 +214,67 @@ def test_causal_conv_update_without_a_past_state(device: str, case: str) -> None
     _kernel_vs_torch("causal_conv_update", lambda: causal_conv_with_state_ms(ctx, *inputs))
 
 
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("case", list(CONV_CASES))
+@pytest.mark.parametrize("tokens", [2, 37])
+@pytest.mark.parametrize(("dtype", "state_dtype"), [(torch.float32, torch.float32), (torch.float16, torch.float32)])
+def test_causal_conv_prompt_matches_the_torch_path(
+    device: str, case: str, tokens: int, dtype: torch.dtype, state_dtype: torch.dtype
+) -> None:
+    """A prompt of several positions in one kernel (fewer positions than the carry: 2; several
+    position blocks: 37)."""
+    attrs, inputs = _conv_inputs(CONV_CASES[case], device, dtype, state_dtype, seed=4, tokens=tokens)
+    domain = CONV_CASES[case][0]
+    op = causal_conv_with_state_ms if domain == MS else causal_conv_with_state
+    _kernel_vs_torch("causal_conv_prompt", lambda: op(_ctx("CausalConvWithState", domain, device, 4, **attrs), *inputs))
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("case", ["builder", "channels_first_dilated"])
+@pytest.mark.parametrize("past", [True, False])
+def test_causal_conv_prompt_equals_its_steps_bit_for_bit(device: str, case: str, past: bool) -> None:
+    """The prompt kernel sums each position's taps in the step kernel's order: its outputs and new
+    carry equal those of the prompt's positions fed one step at a time."""
+    tokens = 6
+    attrs, (x, weight, bias, state) = _conv_inputs(
+        CONV_CASES[case], device, torch.float16, torch.float16 if past else None, seed=5, tokens=tokens
+    )
+    ctx = _ctx("CausalConvWithState", MS, device, 4, **attrs)
+    axis = 1 if attrs["channels_last"] else 2
+    y, present = causal_conv_with_state_ms(ctx, x, weight, bias, state)
+    steps = []
+    for t in range(tokens):
+        y_t, state = causal_conv_with_state_ms(ctx, x.narrow(axis, t, 1), weight, bias, state)
+        steps.append(y_t)
+    assert torch.equal(y, torch.cat(steps, dim=axis)) and torch.equal(present, state)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_causal_conv_windows_keep_the_torch_path(device: str) -> None:
+    """A prompt that asks for a window of carries (state_window) is the torch path's: no kernel runs."""
+    attrs, (x, weight, bias, past) = _conv_inputs(CONV_CASES["channels_first"], device, torch.float16, torch.float16,
+                                                  tokens=5)  # fmt: skip
+    ctx = _ctx("CausalConvWithState", MS, device, 4, **attrs, state_window=2)
+    carries = torch.stack([past, past])  # (W, B, C, L): the carry after each of the last W positions
+    before = LAUNCHES["causal_conv_prompt"] + LAUNCHES["causal_conv_update"]
+    y, present = causal_conv_with_state_ms(ctx, x, weight, bias, carries)
+    assert LAUNCHES["causal_conv_prompt"] + LAUNCHES["causal_conv_update"] == before
+    assert y.shape == x.shape and present.shape == carries.shape
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_conv_prompt_switched_off_runs_the_torch_path(device: str) -> None:
+    """ONNXGEN_CONV_PROMPT=0: a prompt's conv takes the torch path; a one-position step keeps its kernel."""
+    attrs, prompt = _conv_inputs(CONV_CASES["builder"], device, torch.float16, torch.float16, tokens=5)
+    _, step = _conv_inputs(CONV_CASES["builder"], device, torch.float16, torch.float16)
+    ctx = _ctx("CausalConvWithState", MS, device, 4, **attrs)
+    before = (LAUNCHES["causal_conv_prompt"], LAUNCHES["causal_conv_update"])
+    with options.override(conv_prompt=False):
+        causal_conv_with_state_ms(ctx, *prompt)
+        causal_conv_with_state_ms(ctx, *step)
+    assert (LAUNCHES["causal_conv_prompt"], LAUNCHES["causal_conv_update"]) == (before[0], before[1] + 1)
+
+
 # ---------------------------------------------------------------- the drivers
 
 
@@ -223,12 +287,16 @@ def test_kernels_match_the_torch_path_through_the_triton_interpreter() -> None:
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 def test_kernels_on_the_qwen35_08b_layer_shape() -> None:
     """One Gated DeltaNet layer of the qwen3.5-0.8b shape (16 key and value heads of 128 dims, a
-    6144-channel conv of width 4), fp16 activations and states as onnxgen's fp16 package holds them;
+    6144-channel conv of width 4, one step and prompts), fp16 activations and states as onnxgen's fp16
+    package holds them;
     bf16 and fp32 activations over an fp32 state on the same layer."""
     conv = (MS, True, (6144,), 4, 1, 1, False, "silu")
     attrs, inputs = _conv_inputs(conv, "cuda", torch.float16, torch.float16)
     ctx = _ctx("CausalConvWithState", MS, "cuda", 4, **attrs)
     _kernel_vs_torch("causal_conv_update", lambda: causal_conv_with_state_ms(ctx, *inputs))
+    for tokens in (16, 64, 1000):  # prompts: one position block, several, and a long one
+        attrs, inputs = _conv_inputs(conv, "cuda", torch.float16, torch.float16, tokens=tokens)
+        _kernel_vs_torch("causal_conv_prompt", lambda: causal_conv_with_state_ms(ctx, *inputs))  # noqa: B023
     # the 0.8B layer at batch 1 and 4, and the 35B-A3B layer's 32 value heads over 16 key heads
     for batch, value_heads in ((1, 16), (4, 16), (1, 32)):
         layer = (MS, 16, value_heads, False, 128, 128, batch, "h", "h")

@@ -211,6 +211,28 @@ def test_matmul_q4_split_compiles(zero_kind: int, dtype: str, words: bool, split
         assert len(conversions) <= (8 if zero_kind == 1 else 1), conversions
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+@pytest.mark.parametrize("past", [True, False])
+@pytest.mark.parametrize("prompt", [False, True])
+def test_causal_conv_kernels_compile(dtype: str, past: bool, prompt: bool) -> None:
+    from onnxgen.runtime.gpu import causal_conv_update as conv
+
+    sig = dict.fromkeys(["x_ptr", "w_ptr", "bias_ptr", "past_ptr", "present_ptr", "y_ptr"], f"*{dtype}")
+    const = dict(KERNEL=4, HAS_BIAS=False, HAS_PAST=past, SILU=True, BLOCK=64)
+    if prompt:
+        names = ["channels", "length", "x_batch_stride", "x_position_stride", "x_channel_stride", "y_batch_stride",
+                 "y_position_stride", "y_channel_stride", "state_channel_stride", "state_position_stride", "carry",
+                 "dilation"]  # fmt: skip
+        kernel, const = conv._causal_conv_prompt_kernel, {**const, "BLOCK_T": 16}
+    else:
+        names = ["channels", "x_row_stride", "x_channel_stride", "state_channel_stride", "state_position_stride",
+                 "carry", "dilation"]  # fmt: skip
+        kernel, const = conv._causal_conv_step_kernel, {**const, "PDL": True}
+    sig.update(dict.fromkeys(names, "i32"))
+    ptx = compile_for_sm90(kernel, sig, const)
+    assert "st.global" in ptx
+
+
 def test_one_row_kernel_policy() -> None:
     """ONNXGEN_TRITON_LINEAR: 1 forces the one-row kernels, 0 turns them off, unset they run only
     where programmatic dependent launch is (a CUDA device of sm_90 or later): never on this CPU."""

@@ -1,5 +1,6 @@
-"""CausalConvWithState's one-position step (T == 1) in one Triton kernel: the depthwise causal
-convolution over the carried window plus the new input, the optional SiLU, and the shifted carry.
+"""CausalConvWithState in one Triton kernel: the depthwise causal convolution over the carried
+window plus the new input, the optional SiLU, and the shifted carry; a one-position step (T == 1)
+and a prompt of T positions.
 
 The torch path (runtime/ops/linear_attention.py, ``_causal_conv``) spends several kernels on it
 (a cast, the concatenation, the conv, casts, the activation, the carry's copy, and for
@@ -16,6 +17,12 @@ SiLU is applied to that rounded value in fp32 and rounded again.
 Both state layouts: channels-first (B, C, L) and channels-last (B, L, C...), as onnxruntime's
 ``channels_last`` attribute and onnxgen's builder write it; channels are independent, so the grid
 is (batch rows, channel blocks) and nothing is reduced across programs.
+
+A prompt (``_causal_conv_prompt_kernel``) adds a grid axis of position blocks: position t reads
+the padded input [carry, x] at t + i * dilation for tap i, so positions are independent too; the
+programs of the first position block also write the new carry (the padded input's last L
+positions). The taps are summed in the step kernel's order (the newest first, then the carried
+ones from the oldest), so each position's output equals what T steps of the step kernel give.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from onnxgen import options
 from onnxgen.runtime.gpu.launch import KERNEL_DTYPES, LAUNCHES, pdl_launch
 from onnxgen.runtime.gpu.pdl import wait_for_previous
 
@@ -85,6 +93,62 @@ def _causal_conv_step_kernel(
     tl.store(present_ptr + state + (carry - 1) * state_position_stride, x, mask=ok)
 
 
+@triton.jit
+def _causal_conv_prompt_kernel(
+    x_ptr, w_ptr, bias_ptr, past_ptr, present_ptr, y_ptr, channels, length, x_batch_stride, x_position_stride,
+    x_channel_stride, y_batch_stride, y_position_stride, y_channel_stride, state_channel_stride,
+    state_position_stride, carry, dilation, KERNEL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_PAST: tl.constexpr,
+    SILU: tl.constexpr, BLOCK: tl.constexpr, BLOCK_T: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    t = tl.program_id(2) * BLOCK_T + tl.arange(0, BLOCK_T)
+    ok = c < channels
+    inside = (t < length)[:, None] & ok[None, :]
+    act_ty = y_ptr.dtype.element_ty
+    state = b.to(tl.int64) * channels * carry + c * state_channel_stride  # (b, c, position 0)
+    x_row = x_ptr + b.to(tl.int64) * x_batch_stride
+    # tap KERNEL - 1 reads position t of x itself
+    x = tl.load(x_row + t[:, None] * x_position_stride + c[None, :] * x_channel_stride, mask=inside, other=0.0)
+    w = tl.load(w_ptr + c * KERNEL + (KERNEL - 1), mask=ok, other=0.0).to(tl.float32)
+    acc = w[None, :] * x.to(act_ty).to(tl.float32)
+    for i in tl.static_range(KERNEL - 1):  # tap i reads padded position t + i * dilation: x's t - back
+        back = carry - i * dilation
+        src = t - back  # < 0: carried position carry + src
+        in_x = src >= 0
+        tap = tl.load(x_row + src[:, None] * x_position_stride + c[None, :] * x_channel_stride,
+                      mask=inside & in_x[:, None], other=0.0).to(act_ty)  # fmt: skip
+        if HAS_PAST:
+            kept = tl.load(past_ptr + state[None, :] + (carry + src)[:, None] * state_position_stride,
+                           mask=inside & (src < 0)[:, None], other=0.0).to(act_ty)  # fmt: skip
+            tap = tl.where(in_x[:, None], tap, kept)
+        w = tl.load(w_ptr + c * KERNEL + i, mask=ok, other=0.0).to(tl.float32)
+        acc += w[None, :] * tap.to(tl.float32)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + c, mask=ok, other=0.0).to(tl.float32)[None, :]
+    y = acc.to(act_ty)
+    if SILU:
+        yf = y.to(tl.float32)
+        y = (yf / (1.0 + tl.exp(-yf))).to(act_ty)
+    y_at = y_ptr + b.to(tl.int64) * y_batch_stride + t[:, None] * y_position_stride + c[None, :] * y_channel_stride
+    tl.store(y_at, y, mask=inside)
+    if tl.program_id(2) == 0:
+        # the new carry: padded positions length .. length + carry - 1, i.e. x's length - carry + j
+        for j in range(carry):
+            pos = c * 0 + (length - carry + j)  # per channel, so that the masks are vectors
+            fresh = tl.load(x_row + pos * x_position_stride + c * x_channel_stride, mask=ok & (pos >= 0), other=0.0)
+            value = fresh.to(act_ty)
+            if HAS_PAST:
+                carried = tl.load(past_ptr + state + (carry + pos) * state_position_stride, mask=ok & (pos < 0),
+                                  other=0.0).to(act_ty)  # fmt: skip
+                value = tl.where(pos >= 0, value, carried)
+            tl.store(present_ptr + state + j * state_position_stride, value, mask=ok)
+
+
+PROMPT_BLOCK_C = 64  # channels per program of a prompt (a guess for the H200, not measured yet)
+PROMPT_BLOCK_T = 16  # positions per program of a prompt
+
+
 def causal_conv_update(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -95,9 +159,9 @@ def causal_conv_update(
     dilation: int,
     channels_last: bool,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(y, present) for one position without a state window, shaped and typed as the torch path
-    returns them: channels-first x (B, C, 1) and state (B, C, L); channels-last x (B, 1, C...) and
-    state (B, L, C...), the channel axes flattened to C. None where the kernel does not serve
+    """(y, present) for T >= 1 positions without a state window, shaped and typed as the torch path
+    returns them: channels-first x (B, C, T) and state (B, C, L); channels-last x (B, T, C...) and
+    state (B, L, C...), the channel axes flattened to C. None where the kernels do not serve
     these inputs (the caller runs the torch path, which also reports malformed ones)."""
     if activation not in _ACTIVATIONS or dilation < 1 or x.dim() < 3 or (not channels_last and x.dim() != 3):
         return None
@@ -107,7 +171,7 @@ def causal_conv_update(
     else:
         batch, channels, length = x.shape
         channel_axes = (channels,)
-    if length != 1 or batch == 0 or channels == 0 or weight.dim() != 3:
+    if length < 1 or batch == 0 or channels == 0 or weight.dim() != 3:
         return None
     kernel = weight.shape[-1]
     carry = (kernel - 1) * dilation
@@ -122,14 +186,19 @@ def causal_conv_update(
     if any(t.dtype not in KERNEL_DTYPES or t.device != x.device for t in tensors):
         return None
 
-    x2 = x.reshape(batch, channels)  # a view where x's channels are evenly strided
     past = past_state.contiguous() if past_state is not None else None
     present = torch.empty(state_shape, dtype=x.dtype, device=x.device)
     y = torch.empty(
-        (batch, 1, *channel_axes) if channels_last else (batch, channels, 1), dtype=x.dtype, device=x.device
+        (batch, length, *channel_axes) if channels_last else (batch, channels, length), dtype=x.dtype, device=x.device
     )
     # strides of the contiguous state's (channel, position) axes
     state_strides = (1, channels) if channels_last else (carry, 1)
+    if length > 1:
+        if not options.current().conv_prompt:
+            return None
+        return _prompt(x, weight, bias, past, present, y, channels_last, batch, length, channels, carry, dilation,
+                       state_strides, activation)  # fmt: skip
+    x2 = x.reshape(batch, channels)  # a view where x's channels are evenly strided
     LAUNCHES["causal_conv_update"] += 1
     _causal_conv_step_kernel[(batch, triton.cdiv(channels, BLOCK_C))](
         x2,
@@ -151,4 +220,29 @@ def causal_conv_update(
         BLOCK=BLOCK_C,
         **pdl_launch(x, present, y),
     )
+    return y, present
+
+
+def _prompt(x, weight, bias, past, present, y, channels_last, batch, length, channels, carry, dilation, state_strides,
+            activation):  # fmt: skip
+    """causal_conv_update's launch for a prompt of ``length`` > 1 positions."""
+    # x as (B, T, C) with its own strides (a view: reshape copies only where the channel axes do not
+    # flatten evenly); y contiguous in x's layout
+    if channels_last:
+        x3 = x.reshape(batch, length, channels)
+        x_strides = (x3.stride(0), x3.stride(1), x3.stride(2))
+        y_strides = (length * channels, channels, 1)
+    else:
+        x3 = x
+        x_strides = (x.stride(0), x.stride(2), x.stride(1))
+        y_strides = (channels * length, 1, length)
+    kernel = weight.shape[-1]
+    LAUNCHES["causal_conv_prompt"] += 1
+    grid = (batch, triton.cdiv(channels, PROMPT_BLOCK_C), triton.cdiv(length, PROMPT_BLOCK_T))
+    _causal_conv_prompt_kernel[grid](
+        x3, weight.contiguous(), bias.contiguous() if bias is not None else x3, past if past is not None else present,
+        present, y, channels, length, *x_strides, *y_strides, *state_strides, carry, dilation, KERNEL=kernel,
+        HAS_BIAS=bias is not None, HAS_PAST=past is not None, SILU=_ACTIVATIONS[activation], BLOCK=PROMPT_BLOCK_C,
+        BLOCK_T=PROMPT_BLOCK_T,
+    )  # fmt: skip
     return y, present
