@@ -9,7 +9,8 @@
 #   bash bench/hybrid_peers_device.sh build-35b   # onnxgen's 35B-A3B int4 package from RandomSource, on every
 #                                                 # core (needs no onnxruntime-genai; its log lands in $OUT)
 #   bash bench/hybrid_peers_device.sh 35b         # the 35B-A3B table on that package
-#   bash bench/hybrid_peers_device.sh profile 0.8b   # where a short prompt's time goes (TTFT), fp16 and int4
+#   bash bench/hybrid_peers_device.sh profile 0.8b   # TTFT with and without the prompt kernels (16, 64 and 1,024
+#                                                    # tokens), then where a short prompt's time goes, fp16 and int4
 #   bash bench/hybrid_peers_device.sh profile 35b    # the same on the 35B-A3B package (after build-35b)
 #
 # Tables land in $OUT. Optional llama.cpp row for the 0.8B shape: LLAMACPP=/tmp/lc TOKENIZER_FROM=<dir
@@ -65,11 +66,13 @@ case "${1:-}" in
     # GPU kernels, host synchronisations); needs no onnxruntime-genai
     case "${2:-}" in
       0.8b)
-        # the prompt's conv as one kernel (the default) against the torch path's, in one process each
+        # the prompt kernels (the defaults) against the torch path's conv, the torch path's chunked Gated
+        # DeltaNet, and the chunked kernel for every prompt, in one process per precision
         for p in fp16 int4; do
-          python3 -m bench.prefill --shape qwen3.5-0.8b --precision "$p" --context 2048 --lengths 16,64 --repeats 5 \
-            --variant conv-kernel: --variant conv-torch:ONNXGEN_CONV_PROMPT=0 --variant conv-kernel-again: \
-            | tee "$out/prefill-qwen3.5-0.8b-$p-variants.log"
+          python3 -m bench.prefill --shape qwen3.5-0.8b --precision "$p" --context 2048 --lengths 16,64,1024 \
+            --repeats 5 --variant default: --variant conv-torch:ONNXGEN_CONV_PROMPT=0 \
+            --variant gdn-torch:ONNXGEN_GDN_CHUNKED_FROM=0 --variant gdn-chunked-all:ONNXGEN_GDN_CHUNKED_FROM=2 \
+            --variant default-again: | tee "$out/prefill-qwen3.5-0.8b-$p-variants.log"
           python3 -m bench.prefill --shape qwen3.5-0.8b --precision "$p" --context 2048 --lengths 16,64 --repeats 5 \
             --profile --top 25 | tee "$out/prefill-qwen3.5-0.8b-$p.log"
         done

@@ -86,6 +86,7 @@ class Options:
     int8_activations: Literal["none", "cpu", "all"] = "none"
     cpu_int4_gemm: bool = True
     conv_prompt: bool = True
+    gdn_chunked_from: int = 65
 
     @property
     def dequant_cache_bytes(self) -> int | None:
@@ -190,6 +191,16 @@ def _gemm_q4(raw: str) -> Config:
     return _ints(raw, 5, "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES")
 
 
+def _tokens(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError("expected a number of tokens (0: never)")
+    return value
+
+
 def _gemm_q4_split(raw: str) -> Config:
     """BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES,SPLITS,WORDS: SPLITS 0 keeps the kernel's own count, WORDS 0
     or 1 (the codes as bytes or as 32-bit words)."""
@@ -287,6 +298,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("conv_prompt", "ONNXGEN_CONV_PROMPT", _flag(), "`1` / `0`",
          "`0`: a prompt's CausalConvWithState on a Triton device runs the torch path (about ten kernels) instead "
          "of one Triton kernel (gpu/causal_conv_update.py); one-position steps keep their kernel"),
+    Knob("gdn_chunked_from", "ONNXGEN_GDN_CHUNKED_FROM", _tokens, "`T` (tokens; `0`: never)",
+         "a LinearAttention prompt of at least T tokens on a Triton device runs the chunked kernel "
+         "(gpu/gated_delta_chunked.py); shorter ones the sequential kernel up to 64 tokens, the torch path's "
+         "chunked form beyond; `0`: never the chunked kernel"),
     Knob("q4_norm_apart", "ONNXGEN_Q4_NORM_APART", _programs, "`P` (programs; `0`: never)",
          "a 4-bit one-row product of more than P programs (the lm_head) runs its norm prologue as a kernel of "
          "its own instead of once per program"),
@@ -379,6 +394,7 @@ def _env_text(value: Any) -> str:
 _SCALAR_TYPES: dict[str, tuple[type, ...]] = {
     "gemv_persist": (int,),
     "q4_norm_apart": (int,),
+    "gdn_chunked_from": (int,),
     "dequant_cache_mb": (int, float),
 }
 _NAMED_VALUES = {

@@ -140,18 +140,80 @@ def test_short_prompts_take_the_kernel_and_match_the_torch_path(device: str, cas
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
-def test_linear_attention_keeps_the_torch_path_for_long_prompts_and_windows(device: str) -> None:
-    """Prompts longer than MAX_SEQUENTIAL_TOKENS and a state window are the torch path's."""
+def test_long_prompts_take_the_chunked_kernel_windows_keep_the_torch_path(device: str) -> None:
+    """Prompts longer than MAX_SEQUENTIAL_TOKENS take the chunked kernel (option gdn_chunked_from;
+    0: the torch path); a state window and decays per key dim keep the torch path."""
     tokens = MAX_SEQUENTIAL_TOKENS + 1
     attrs, (q, k, v, past, decay, beta) = _linear_attention_inputs(LA_CASES["builder"], device, torch.float32,
                                                                    torch.float32, tokens=tokens)  # fmt: skip
-    before = LAUNCHES["gated_delta_decode"]
-    out, _ = linear_attention_ms(_ctx("LinearAttention", MS, device, 6, **attrs), q, k, v, past, decay, beta)
+    ctx = _ctx("LinearAttention", MS, device, 6, **attrs)
+    launches = lambda: (LAUNCHES["gated_delta_decode"], LAUNCHES["gated_delta_chunked"])  # noqa: E731
+    before = launches()
+    out, _ = linear_attention_ms(ctx, q, k, v, past, decay, beta)
+    assert launches() == (before[0], before[1] + 1) and out.shape[1] == tokens
+    with options.override(gdn_chunked_from=0):
+        linear_attention_ms(ctx, q, k, v, past, decay, beta)
     one = [x[:, :1] for x in (q, k, v, decay, beta)]
     windowed = {**attrs, "state_window": 1}
     _, present = linear_attention_ms(_ctx("LinearAttention", MS, device, 6, **windowed), *one[:3], past[None],
                                      *one[3:])  # fmt: skip
-    assert LAUNCHES["gated_delta_decode"] == before and out.shape[1] == tokens and present.dim() == 5
+    assert launches() == (before[0], before[1] + 1) and present.dim() == 5
+    attrs, inputs = _linear_attention_inputs(LA_CASES["per_key_dim_decay"], device, torch.float32, torch.float32,
+                                             tokens=tokens)  # fmt: skip
+    linear_attention(_ctx("LinearAttention", "", device, 6, **attrs), *inputs)
+    assert launches() == (before[0], before[1] + 1)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("case", [case for case in LA_CASES if case != "per_key_dim_decay"])
+@pytest.mark.parametrize("tokens", [3, 40])  # one partial chunk; two whole chunks and a partial one
+def test_chunked_prompts_match_the_torch_path(device: str, case: str, tokens: int) -> None:
+    """The chunked kernel (forced from 2 tokens on) on every head mapping and rule it serves, fp32 and
+    fp16 over an fp16 state, against the torch path (whose chunked form solves the triangular
+    system by substitution where the kernel multiplies out its inverse)."""
+    domain = LA_CASES[case][0]
+    op = linear_attention_ms if domain == MS else linear_attention
+    with options.override(gdn_chunked_from=2):
+        for dtype in (torch.float32, torch.float16):
+            attrs, inputs = _linear_attention_inputs(LA_CASES[case], device, dtype, dtype, seed=3, tokens=tokens)
+            ctx = _ctx("LinearAttention", domain, device, 6, **attrs)
+            _kernel_vs_torch("gated_delta_chunked", lambda: op(ctx, *inputs))  # noqa: B023
+
+
+def _gated_delta_net_inputs(device: str, tokens: int, heads: int, d: int, seed: int) -> list[torch.Tensor]:
+    """What a Gated DeltaNet layer feeds LinearAttention: unit queries and keys (its L2 norms), values,
+    log decays in (-5, 0) (decay_scale * softplus), betas in (0, 1) (a sigmoid), a state from earlier
+    tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    unit = lambda x: x / x.norm(dim=-1, keepdim=True)  # noqa: E731
+    q = unit(torch.randn(1, tokens, heads, d, generator=gen)).reshape(1, tokens, heads * d)
+    k = unit(torch.randn(1, tokens, heads, d, generator=gen)).reshape(1, tokens, heads * d)
+    v = torch.randn(1, tokens, heads * d, generator=gen)
+    decay = -torch.nn.functional.softplus(torch.randn(1, tokens, heads, generator=gen)) * torch.rand(
+        heads, generator=gen
+    )
+    beta = torch.sigmoid(torch.randn(1, tokens, heads, generator=gen))
+    past = torch.randn(1, heads, d, d, generator=gen) * 0.1
+    return [x.to(device) for x in (q, k, v, past, decay, beta)]
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_chunked_kernel_over_a_long_prompt_stays_with_the_recurrence(device: str) -> None:
+    """300 tokens of a Gated DeltaNet layer's inputs (unit keys, betas near 1 among them), fp32: the
+    chunked kernel's outputs and state against the token-by-token recurrence (the sequential kernel,
+    forced by option gdn_chunked_from=0 and a chunk of one: no chunked form at all)."""
+    heads, d = 2, 32
+    inputs = _gated_delta_net_inputs(device, 300, heads, d, seed=8)
+    attrs = {"q_num_heads": heads, "kv_num_heads": heads, "update_rule": "gated_delta"}
+    ctx = _ctx("LinearAttention", MS, device, 6, **attrs)
+    before = LAUNCHES["gated_delta_chunked"]
+    out, state = linear_attention_ms(ctx, *inputs)
+    assert LAUNCHES["gated_delta_chunked"] == before + 1
+    with options.override(triton=False):
+        one_by_one = _ctx("LinearAttention", MS, device, 6, **attrs, chunk_size=1)
+        ref_out, ref_state = linear_attention_ms(one_by_one, *inputs)
+    assert_close_to_torch_path(out, ref_out)
+    assert_close_to_torch_path(state, ref_state)
 
 
 # ---------------------------------------------------------------- CausalConvWithState, one position
@@ -314,3 +376,17 @@ def test_kernels_on_the_qwen35_08b_layer_shape() -> None:
                                                  torch.float16, tokens=tokens)  # fmt: skip
         ctx = _ctx("LinearAttention", MS, "cuda", 6, **attrs)
         _kernel_vs_torch("gated_delta_decode", lambda: linear_attention_ms(ctx, *inputs))  # noqa: B023
+    # long prompts of the layer through the chunked kernel, fp16 over an fp16 state
+    for tokens in (MAX_SEQUENTIAL_TOKENS + 1, 1000):
+        attrs, inputs = _linear_attention_inputs((MS, 16, 16, False, 128, 128, 1, "h", "h"), "cuda", torch.float16,
+                                                 torch.float16, tokens=tokens)  # fmt: skip
+        ctx = _ctx("LinearAttention", MS, "cuda", 6, **attrs)
+        _kernel_vs_torch("gated_delta_chunked", lambda: linear_attention_ms(ctx, *inputs))  # noqa: B023
+    # a Gated DeltaNet layer's own inputs (unit keys) over 1,000 tokens against the token recurrence
+    inputs = _gated_delta_net_inputs("cuda", 1000, 16, 128, seed=9)
+    attrs = {"q_num_heads": 16, "kv_num_heads": 16, "update_rule": "gated_delta"}
+    out, state = linear_attention_ms(_ctx("LinearAttention", MS, "cuda", 6, **attrs), *inputs)
+    with options.override(triton=False):
+        ref_out, ref_state = linear_attention_ms(_ctx("LinearAttention", MS, "cuda", 6, **attrs, chunk_size=1), *inputs)
+    assert_close_to_torch_path(out, ref_out)
+    assert_close_to_torch_path(state, ref_state)

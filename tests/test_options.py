@@ -88,6 +88,8 @@ def test_per_shape_variables_become_one_field() -> None:
         ("ONNXGEN_GEMM_Q4_SPLIT", "16,32,128,4,3,4,2", "SPLITS 0: the kernel's count; WORDS 0 or 1"),
         ("ONNXGEN_GEMM_Q4_SPLIT_2048x1536", "16,32,128,4,3", "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES,SPLITS,WORDS"),
         ("ONNXGEN_Q4_PROMPT", "fast", "expected auto, dequant, gemm or split"),
+        ("ONNXGEN_GDN_CHUNKED_FROM", "-1", "expected a number of tokens (0: never)"),
+        ("ONNXGEN_CONV_PROMPT", "yes", "expected 1 or 0"),
         ("ONNXGEN_GQA_DECODE", "100,8", "BLOCK_N must be a power of two >= 16"),
         ("ONNXGEN_GQA_DECODE", "128", "expected BLOCK_N,WARPS (two integers)"),
         ("ONNXGEN_DEQUANT_CACHE_MB", "-3", "expected a size in MB"),

@@ -233,6 +233,30 @@ def test_causal_conv_kernels_compile(dtype: str, past: bool, prompt: bool) -> No
     assert "st.global" in ptx
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+@pytest.mark.parametrize(("decay", "beta"), [(True, True), (False, True), (True, False)])
+@pytest.mark.parametrize("chunked", [False, True])
+def test_gated_delta_kernels_compile(dtype: str, decay: bool, beta: bool, chunked: bool) -> None:
+    from onnxgen.runtime.gpu import gated_delta_chunked, gated_delta_decode
+
+    sig = dict.fromkeys(["q_ptr", "k_ptr", "v_ptr", "decay_ptr", "beta_ptr", "out_ptr"], f"*{dtype}")
+    sig.update(past_ptr="*fp32", present_ptr="*fp32", scale="fp32")
+    names = ["q_row_stride", "q_tok_stride", "k_row_stride", "k_tok_stride", "v_row_stride", "v_tok_stride",
+             "decay_row_stride", "decay_tok_stride", "decay_head_stride", "decay_dim_stride", "beta_row_stride",
+             "beta_tok_stride", "beta_head_stride", "tokens", "kv_heads", "d_k", "d_v", "group", "q_share",
+             "k_share"]  # fmt: skip
+    sig.update(dict.fromkeys(names, "i32"))
+    const = dict(HAS_PAST=True, HAS_DECAY=decay, HAS_BETA=beta, BLOCK_K=128, BLOCK_V=32)
+    if chunked:
+        kernel, const = gated_delta_chunked._gated_delta_chunk_kernel, {**const, "CHUNK": 16, "SQUARINGS": 3}
+    else:
+        kernel, const = gated_delta_decode._gated_delta_step_kernel, {**const, "PDL": True}
+    ptx = compile_for_sm90(kernel, sig, const)
+    assert "st.global" in ptx
+    if chunked:  # fp32 products in IEEE fp32 on the FMA units, not TF32 tensor cores
+        assert "mma" not in ptx and "tf32" not in ptx
+
+
 def test_one_row_kernel_policy() -> None:
     """ONNXGEN_TRITON_LINEAR: 1 forces the one-row kernels, 0 turns them off, unset they run only
     where programmatic dependent launch is (a CUDA device of sm_90 or later): never on this CPU."""

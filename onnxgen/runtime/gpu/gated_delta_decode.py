@@ -29,6 +29,8 @@ writes output head h. Keys come per KV head, or packed per query head (then key 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -142,7 +144,41 @@ def _tile(batch: int, kv_heads: int, d_k: int, d_v: int) -> tuple[int, int]:
     return block_k, block_v
 
 
-def gated_delta_decode(
+@dataclass(frozen=True)
+class Launch:
+    """What both gated-delta kernels take (this module's sequential one, gated_delta_chunked.py's):
+    the inputs with their last axes contiguous, the strides of every (batch row, token, head, key
+    dim) axis the kernels index, the head mapping, and the fresh outputs."""
+
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    decay: torch.Tensor | None
+    beta: torch.Tensor | None
+    past: torch.Tensor | None
+    present: torch.Tensor
+    out: torch.Tensor
+    strides: tuple[int, ...]  # q, k, v (batch row, token); decay (row, token, head, key dim); beta (row, token, head)
+    batch: int
+    tokens: int
+    kv_heads: int
+    d_k: int
+    d_v: int
+    group: int  # output (query) heads per KV head
+    q_share: int  # inverse GQA: KV heads per query head
+    k_share: int  # keys packed per query head: KV heads per key head
+    per_dim_decay: bool  # one log decay per key dim of each head (else per head or shared)
+
+    def arguments(self) -> tuple:
+        """The kernels' leading arguments, in their order."""
+        q = self.query
+        return (q, self.key, self.value, self.decay if self.decay is not None else q,
+                self.beta if self.beta is not None else q, self.past if self.past is not None else self.present,
+                self.present, self.out, *self.strides, self.tokens, self.kv_heads, self.d_k, self.d_v, self.group,
+                self.q_share, self.k_share)  # fmt: skip
+
+
+def prepare(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -152,15 +188,14 @@ def gated_delta_decode(
     *,
     q_heads: int,
     kv_heads: int,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(output (B, T, max(H_q, H_kv) * d_v) in the query's dtype, present state (B, H_kv, d_k, d_v)
-    in the past state's dtype, else the query's), as ``_linear_attention`` returns them for 1 to
-    MAX_SEQUENTIAL_TOKENS tokens without a state window; None where the kernel does not serve these inputs (the caller
-    runs the torch path, which also reports malformed ones). The caller has checked the update
-    rule against decay / beta and the head counts."""
+) -> Launch | None:
+    """The kernels' view of ``_linear_attention``'s inputs (no state window), with the outputs
+    allocated: output (B, T, max(H_q, H_kv) * d_v) in the query's dtype, present state (B, H_kv,
+    d_k, d_v) in the past state's dtype, else the query's. None where the kernels do not serve these
+    inputs (the caller runs the torch path, which also reports malformed ones). The caller has
+    checked the update rule against decay / beta and the head counts."""
     b, t, width = query.shape if query.dim() == 3 else (0, 0, 0)
-    if not 1 <= t <= MAX_SEQUENTIAL_TOKENS or b == 0 or width % q_heads or value.shape[-1] % kv_heads:
+    if t < 1 or b == 0 or width % q_heads or value.shape[-1] % kv_heads:
         return None
     d_k, d_v = width // q_heads, value.shape[-1] // kv_heads
     tensors = [query, key, value, past_state, decay, beta]
@@ -181,6 +216,7 @@ def gated_delta_decode(
     if past_state is not None and tuple(past_state.shape) != state_shape:
         return None
     decay_strides = (0, 0, 0, 0)  # batch row, token, head, key dim
+    per_dim = False
     if decay is not None:
         if decay.dim() != 3 or decay.shape[:2] != (b, t):
             return None
@@ -189,6 +225,7 @@ def gated_delta_decode(
             decay_strides = (decay.stride(0), decay.stride(1), decay.stride(2), 0)
         elif last == kv_heads * d_k:  # one per key dim of each head
             decay_strides = (decay.stride(0), decay.stride(1), d_k * decay.stride(2), decay.stride(2))
+            per_dim = True
         elif last == 1:  # one for every head
             decay_strides = (decay.stride(0), decay.stride(1), 0, 0)
         else:
@@ -206,38 +243,41 @@ def gated_delta_decode(
     past = past_state.contiguous() if past_state is not None else None
     present = torch.empty(state_shape, dtype=query.dtype if past is None else past.dtype, device=query.device)
     out = torch.empty((b, t, kv_heads * group * d_v), dtype=query.dtype, device=query.device)
-    block_k, block_v = _tile(b, kv_heads, d_k, d_v)
+    strides = (*q_strides, *k_strides, *v_strides, *decay_strides, *beta_strides)
+    return Launch(query, key, value, decay, beta, past, present, out, strides, b, t, kv_heads, d_k, d_v, group, share,
+                  k_share, per_dim)  # fmt: skip
+
+
+def gated_delta_decode(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    past_state: torch.Tensor | None,
+    decay: torch.Tensor | None,
+    beta: torch.Tensor | None,
+    *,
+    q_heads: int,
+    kv_heads: int,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(output, present state) as ``_linear_attention`` returns them (see ``prepare``) for 1 to
+    MAX_SEQUENTIAL_TOKENS tokens without a state window, by the sequential kernel; None where it
+    does not serve these inputs."""
+    if not 1 <= (query.shape[1] if query.dim() == 3 else 0) <= MAX_SEQUENTIAL_TOKENS:
+        return None
+    run = prepare(query, key, value, past_state, decay, beta, q_heads=q_heads, kv_heads=kv_heads)
+    if run is None:
+        return None
+    block_k, block_v = _tile(run.batch, kv_heads, run.d_k, run.d_v)
     LAUNCHES["gated_delta_decode"] += 1
-    _gated_delta_step_kernel[(b * kv_heads, triton.cdiv(d_v, block_v))](
-        query,
-        key,
-        value,
-        decay if decay is not None else query,
-        beta if beta is not None else query,
-        past if past is not None else present,
-        present,
-        out,
-        *q_strides,
-        *k_strides,
-        *v_strides,
-        decay_strides[0],
-        decay_strides[1],
-        decay_strides[2],
-        decay_strides[3],
-        *beta_strides,
-        t,
-        kv_heads,
-        d_k,
-        d_v,
-        group,
-        share,
-        k_share,
+    _gated_delta_step_kernel[(run.batch * kv_heads, triton.cdiv(run.d_v, block_v))](
+        *run.arguments(),
         float(scale),
-        HAS_PAST=past is not None,
-        HAS_DECAY=decay is not None,
-        HAS_BETA=beta is not None,
+        HAS_PAST=run.past is not None,
+        HAS_DECAY=run.decay is not None,
+        HAS_BETA=run.beta is not None,
         BLOCK_K=block_k,
         BLOCK_V=block_v,
-        **pdl_launch(query, present, out),
+        **pdl_launch(run.query, run.present, run.out),
     )
-    return out, present
+    return run.out, run.present

@@ -2,10 +2,11 @@
 
 Both carry a fixed-size state from step to step instead of a growing KV cache, so their
 shapes never mention the KV length: with fixed input shapes they are safe to record. Where Triton
-serves and there is no state window, one fused kernel runs a CausalConvWithState step of one
-position (gpu/causal_conv_update.py) and a LinearAttention call of one token up to
-gated_delta_decode.MAX_SEQUENTIAL_TOKENS (gpu/gated_delta_decode.py); everything else runs the
-torch code here.
+serves and there is no state window, one fused kernel runs a CausalConvWithState call of any
+number of positions (gpu/causal_conv_update.py; option ``conv_prompt`` for prompts) and a
+LinearAttention call: a step or a short prompt sequentially (gpu/gated_delta_decode.py, up to its
+MAX_SEQUENTIAL_TOKENS), a prompt of at least option ``gdn_chunked_from`` tokens a chunk at a time
+(gpu/gated_delta_chunked.py; not for decays per key dim); everything else runs the torch code here.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from onnxgen import options
 from onnxgen.runtime.gpu.launch import triton_serves
 from onnxgen.runtime.node_contract import NodeContext
 from onnxgen.runtime.ops.registry import MS_DOMAIN, implements
@@ -176,10 +178,8 @@ def _linear_attention(
     d_k = query.shape[-1] // hq
     d_v = value.shape[-1] // hkv
     scale = ctx.attr("scale", 0.0) or 1.0 / math.sqrt(d_k)
-    if not window and triton_serves(query):  # a decode step or a short prompt: one fused kernel (else None)
-        from onnxgen.runtime.gpu.gated_delta_decode import gated_delta_decode
-
-        fast = gated_delta_decode(query, key, value, past_state, decay, beta, q_heads=hq, kv_heads=hkv, scale=scale)
+    if not window and triton_serves(query):  # one fused kernel where one serves (else None)
+        fast = _fused(query, key, value, past_state, decay, beta, q_heads=hq, kv_heads=hkv, scale=scale)
         if fast is not None:
             return fast
     f32 = torch.float32 if query.dtype != torch.float64 else torch.float64
@@ -240,6 +240,24 @@ def _linear_attention(
     out = out.reshape(b, heads_out, t, d_v).transpose(1, 2).reshape(b, t, heads_out * d_v)
     present = torch.stack(slots[-window:]) if window else state
     return out.to(query.dtype), present.to(state_dtype)
+
+
+def _fused(query, key, value, past_state, decay, beta, *, q_heads: int, kv_heads: int, scale: float):
+    """The Triton kernels' (output, present), or None: a prompt of at least ``gdn_chunked_from``
+    tokens the chunked kernel (gpu/gated_delta_chunked.py), else (or where it refuses the inputs) a
+    step or a short prompt the sequential one (gpu/gated_delta_decode.py)."""
+    from onnxgen.runtime.gpu.gated_delta_decode import gated_delta_decode
+
+    chunked_from = options.current().gdn_chunked_from
+    if chunked_from and query.dim() == 3 and query.shape[1] >= chunked_from:
+        from onnxgen.runtime.gpu.gated_delta_chunked import gated_delta_chunked
+
+        fast = gated_delta_chunked(query, key, value, past_state, decay, beta, q_heads=q_heads, kv_heads=kv_heads,
+                                   scale=scale)  # fmt: skip
+        if fast is not None:
+            return fast
+    return gated_delta_decode(query, key, value, past_state, decay, beta, q_heads=q_heads, kv_heads=kv_heads,
+                              scale=scale)  # fmt: skip
 
 
 def _cut(x: torch.Tensor | None, lo: int, hi: int) -> torch.Tensor | None:
