@@ -29,6 +29,8 @@
 #   int4       the 4-bit kernels on the packed codes against the fp16 copy: gemv_micro with prompt rows, the step
 #              (step_sweep, and the fp16 package's), prefill per prompt path, the step's kernels (anatomy), ~9 min
 #   prefill    python -m bench.prefill Q --lengths 16,1024 --profile, fp16 and int4: TTFT and where it goes, ~2 min
+#   hybrid     the hybrid decoders' GPU tests (their Triton kernels for steps and prompts against the torch path,
+#              captured = eager over 256 tokens, dense and MoE), ~4 min
 #   q4prompt   issue 18's short prompt on the 1.5B shape: the 4-bit GEMM split along K (ONNXGEN_Q4_PROMPT=split)
 #              against the default policy, dequantize-then-cuBLAS and the fp16 package: its GPU tests, the layers
 #              alone (gemv_micro --prompt-only, split configurations swept), TTFT per variant in one process
@@ -141,6 +143,10 @@ stage_int4() {
   done
   run int4-anatomy 150 $PY -m bench.step_anatomy $Q --precision int4 --context 512 --kernels --variant "packed:ONNXGEN_TRITON_Q4=1"
 }
+stage_hybrid() {
+  run hybrid-tests 400 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_hybrid_kernels.py \
+    tests/test_hybrid_small_kernels.py tests/test_gpu_hybrid.py
+}
 stage_q4prompt() {
   local variants=(--variant auto: --variant split:ONNXGEN_Q4_PROMPT=split --variant dequant:ONNXGEN_Q4_PROMPT=dequant
     --variant auto-again:)
@@ -157,7 +163,7 @@ stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
 }
 
-STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill q4prompt sampled"
+STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid q4prompt sampled"
 if [ $# -eq 0 ]; then
   echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
   exit 2
