@@ -32,9 +32,10 @@
 #   hybrid     the hybrid decoders' GPU tests (their Triton kernels for steps and prompts against the torch path,
 #              captured = eager over 256 tokens, dense and MoE), ~4 min
 #   q4prompt   issue 18's short prompt on the 1.5B shape: the 4-bit GEMM split along K (ONNXGEN_Q4_PROMPT=split)
-#              against the default policy, dequantize-then-cuBLAS and the fp16 package: its GPU tests, the layers
-#              alone (gemv_micro --prompt-only, split configurations swept), TTFT per variant in one process
-#              (bench.prefill --variant), captured = eager (--capture verify), and the 0.5B shape, ~9 min
+#              against the default policy, dequantize-then-cuBLAS and cuBLAS fp16: its GPU tests, then the layers
+#              alone (gemv_micro --prompt-only, split configurations swept), ~5 min
+#   q4ttft     the same prompt paths in the prompt: TTFT per variant in one process (bench.prefill --variant)
+#              beside the fp16 package, captured = eager (--capture verify), and the 0.5B shape, ~5 min
 #   sampled    the sampling GPU tests, then python -m bench.sampled_decode Q, fp16 and int4: sampled decode
 #              in the graph vs greedy and vs between the steps, same tokens as eager, ~4 min
 #
@@ -148,10 +149,12 @@ stage_hybrid() {
     tests/test_hybrid_small_kernels.py tests/test_gpu_hybrid.py
 }
 stage_q4prompt() {
+  run q4prompt-tests 240 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py -k "matmul_nbits"
+  run q4prompt-micro 300 $PY -m bench.gemv_micro $Q15 --prompt-rows 16,64 --prompt-only
+}
+stage_q4ttft() {
   local variants=(--variant auto: --variant split:ONNXGEN_Q4_PROMPT=split --variant dequant:ONNXGEN_Q4_PROMPT=dequant
     --variant auto-again:)
-  run q4prompt-tests 240 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py -k "matmul_nbits"
-  run q4prompt-micro 240 $PY -m bench.gemv_micro $Q15 --prompt-rows 16,64 --prompt-only
   run q4prompt-fp16 120 $PY -m bench.prefill $Q15 --precision fp16 --context 2048 --lengths 16,64,1024 --repeats 5
   run q4prompt-int4 200 $PY -m bench.prefill $Q15 --precision int4 --context 2048 --lengths 16,64,1024 --repeats 5 \
     "${variants[@]}"
@@ -163,7 +166,7 @@ stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
 }
 
-STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid q4prompt sampled"
+STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid q4prompt q4ttft sampled"
 if [ $# -eq 0 ]; then
   echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
   exit 2

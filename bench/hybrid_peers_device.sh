@@ -9,8 +9,9 @@
 #   bash bench/hybrid_peers_device.sh build-35b   # onnxgen's 35B-A3B int4 package from RandomSource, on every
 #                                                 # core (needs no onnxruntime-genai; its log lands in $OUT)
 #   bash bench/hybrid_peers_device.sh 35b         # the 35B-A3B table on that package
-#   bash bench/hybrid_peers_device.sh profile 0.8b   # TTFT with and without the prompt kernels (16, 64 and 1,024
-#                                                    # tokens), then where a short prompt's time goes, fp16 and int4
+#   bash bench/hybrid_peers_device.sh profile 0.8b [fp16|int4]   # TTFT with and without the prompt kernels (16,
+#                                                    # 64 and 1,024 tokens), then where a short prompt's time goes
+#                                                    # (both precisions without the third argument: two calls' work)
 #   bash bench/hybrid_peers_device.sh profile 35b    # the same on the 35B-A3B package (after build-35b)
 #
 # Tables land in $OUT. Optional llama.cpp row for the 0.8B shape: LLAMACPP=/tmp/lc TOKENIZER_FROM=<dir
@@ -68,7 +69,7 @@ case "${1:-}" in
       0.8b)
         # the prompt kernels (the defaults) against the torch path's conv, the torch path's chunked Gated
         # DeltaNet, and the chunked kernel for every prompt, in one process per precision
-        for p in fp16 int4; do
+        for p in ${3:-fp16 int4}; do
           python3 -m bench.prefill --shape qwen3.5-0.8b --precision "$p" --context 2048 --lengths 16,64,1024 \
             --repeats 5 --variant default: --variant conv-torch:ONNXGEN_CONV_PROMPT=0 \
             --variant gdn-torch:ONNXGEN_GDN_CHUNKED_FROM=0 --variant gdn-chunked-all:ONNXGEN_GDN_CHUNKED_FROM=2 \
@@ -83,11 +84,11 @@ case "${1:-}" in
         python3 -m bench.prefill --package "$pkg" --context 2048 --lengths 16,64 --repeats 5 --profile --top 25 \
           | tee "$out/prefill-qwen3.5-35b-a3b-int4.log"
         ;;
-      *) echo "usage: $0 profile 0.8b|35b"; exit 2 ;;
+      *) echo "usage: $0 profile 0.8b [fp16|int4] | profile 35b"; exit 2 ;;
     esac
     ;;
   *)
-    echo "usage: $0 0.8b fp16|int4 | build-35b | 35b | profile 0.8b|35b"
+    echo "usage: $0 0.8b fp16|int4 | build-35b | 35b | profile 0.8b [fp16|int4] | profile 35b"
     exit 2
     ;;
 esac
