@@ -257,6 +257,22 @@ def test_gated_delta_kernels_compile(dtype: str, decay: bool, beta: bool, chunke
         assert "mma" not in ptx and "tf32" not in ptx
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize(("streams", "layout", "start"), [(3, 1, False), (3, 0, False), (1, 0, False), (1, 0, True)])
+def test_rotary_kernel_compiles(dtype: str, streams: int, layout: int, start: bool) -> None:
+    from onnxgen.runtime.gpu import rotary
+
+    sig = dict.fromkeys(["x_ptr", "out_ptr"], f"*{dtype}")
+    sig.update(pos_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32")
+    names = ["seq", "heads", "x_b", "x_s", "x_n", "x_h", "o_b", "o_s", "o_n", "o_h", "pos_stream", "pos_b", "pos_s",
+             "cache_rows", "cache_row_stride", "head_size", "half", "sec_t", "sec_h", "sec_w"]  # fmt: skip
+    sig.update(dict.fromkeys(names, "i32"))
+    const = dict(STREAMS=streams, LAYOUT=layout, INTERLEAVED=False, POS_START=start, BLOCK_N=16, BLOCK_R=8,
+                 BLOCK_H=64)  # fmt: skip
+    ptx = compile_for_sm90(rotary._rotary_kernel, sig, const)
+    assert "st.global" in ptx
+
+
 def test_one_row_kernel_policy() -> None:
     """ONNXGEN_TRITON_LINEAR: 1 forces the one-row kernels, 0 turns them off, unset they run only
     where programmatic dependent launch is (a CUDA device of sm_90 or later): never on this CPU."""

@@ -252,3 +252,14 @@ def test_split_k_gemvs_in_whole_model_decodes_through_the_triton_interpreter() -
     """The split-K kernel in the tiny models' whole decodes against onnxruntime (minutes)."""
     split = SPLIT_MODELS.launches()
     assert split.get("linear_row_split", 0) >= 100, split
+
+
+@runs(
+    ROTARY := interpreted("mrope or rotary_embedding", files=("tests/test_ops_mrope.py", "tests/test_ops_contrib.py"))
+)
+def test_rotary_kernel_through_the_triton_interpreter() -> None:
+    """RotaryEmbedding and MRotaryEmbedding (gpu/rotary.py) against onnxruntime: 3-D and 4-D inputs,
+    partial rotary dims, halves and interleaved pairs, per-token and start positions, both
+    multimodal section layouts with three position streams that differ."""
+    launches = ROTARY.launches()
+    assert launches.get("rotary", 0) >= 25, launches

@@ -23,6 +23,9 @@ match on the ONNX graph that keeps every value name the rest of the graph reads:
   L2 norm of Gated DeltaNet queries and keys (ReduceSumSquare -> Add eps -> Sqrt -> Div) as one op,
   and the Tile that repeats key heads for LinearAttention dropped where the op shares packed keys
   the same way.
+- Rotary casts and query scales (fusion_genai.py), two chains onnxruntime-genai's builder writes: a
+  half-precision input cast to fp32 for (M)RotaryEmbedding and back becomes the op on the input
+  itself (the same values), and a scalar Mul of LinearAttention's query folds into its scale.
 - Prologues: the op that feeds a group and nothing else (SimplifiedLayerNormalization, its Skip
   variant, or SiluMul) moves into the group as its ``prologue``: at one row the group's kernel
   recomputes it per program (gpu/linear_row.py) instead of a kernel of its own; at more
@@ -67,6 +70,8 @@ class FusionReport:
     tied_gathers: int = 0
     l2_norms: int = 0
     key_repeats: int = 0
+    rotary_casts: int = 0
+    query_scales: int = 0
 
     @property
     def total(self) -> int:
@@ -76,7 +81,7 @@ class FusionReport:
 ALL_REWRITES = frozenset(
     {
         "attention", "matmul_groups", "matmul_nbits_groups", "silu_mul", "singles", "prologues", "row_sums",
-        "tied_gathers", "l2_norms", "key_repeats",
+        "tied_gathers", "l2_norms", "key_repeats", "rotary_casts", "query_scales",
     }
 )  # fmt: skip
 # what pays on each device (measured, docs/benchmarks/cpu.md and 2026-11-29-h200-capture.md): on the
@@ -114,7 +119,9 @@ _LINEAR = ("MatMul", "MatMulNBits")
 _NEEDS = {"attention": (("Softmax",), 1), "silu_mul": (("Sigmoid",), 1), "matmul_groups": (("MatMul",), 2),
           "matmul_nbits_groups": (("MatMulNBits",), 2), "singles": (_LINEAR, 1), "prologues": (_LINEAR, 1),
           "row_sums": (("ReduceSum",), 1), "tied_gathers": (("Transpose",), 1),
-          "l2_norms": (("ReduceSumSquare",), 1), "key_repeats": (("LinearAttention",), 1)}  # fmt: skip
+          "l2_norms": (("ReduceSumSquare",), 1), "key_repeats": (("LinearAttention",), 1),
+          "rotary_casts": (("RotaryEmbedding", "MRotaryEmbedding"), 1),
+          "query_scales": (("LinearAttention",), 1)}  # fmt: skip
 
 
 # what each rewrite looks for, as `onnxgen show --capture` says it where the graph has the op a
@@ -132,6 +139,10 @@ PATTERNS = {
     "reader of the last",
     "key_repeats": "LinearAttention (com.microsoft, more KV than query heads) reading Reshape(Tile(Reshape(k, "
     "[0, 0, Hq, 1, d]), [1, 1, 1, Hkv / Hq, 1]), [0, 0, Hkv * d])",
+    "rotary_casts": "Cast(x, to=FLOAT) -> (M)RotaryEmbedding -> Cast(to=T), x declared of type T (float16 or "
+    "bfloat16), each the only reader of the last",
+    "query_scales": "LinearAttention (com.microsoft, scale attribute set) whose query is Mul(q, a float scalar "
+    "constant) read by it alone",
 }
 
 
@@ -194,6 +205,7 @@ class _Rewriter:
 
     def run(self, report: FusionReport, rewrites: frozenset[str] = ALL_REWRITES) -> None:
         from onnxgen.runtime.fusion_attention import fuse_masked_attention
+        from onnxgen.runtime.fusion_genai import fold_query_scales, fuse_rotary_casts
         from onnxgen.runtime.fusion_hybrid import elide_key_repeats, fuse_l2_norms
 
         if "tied_gathers" in rewrites:
@@ -204,6 +216,10 @@ class _Rewriter:
             report.l2_norms += fuse_l2_norms(self)
         if "key_repeats" in rewrites:
             report.key_repeats += elide_key_repeats(self)
+        if "rotary_casts" in rewrites:
+            report.rotary_casts += fuse_rotary_casts(self)
+        if "query_scales" in rewrites:
+            report.query_scales += fold_query_scales(self)
         if "silu_mul" in rewrites:
             report.silu_mul += self._fuse_silu_mul()
         if "matmul_groups" in rewrites:

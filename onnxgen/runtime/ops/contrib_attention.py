@@ -817,11 +817,18 @@ def rotary_embedding(
     """
     xs, rotary_dim = _rotary_heads(ctx, x, cos_cache)
     batch, seq = xs.shape[0], xs.shape[2]
+    interleaved = bool(ctx.attr("interleaved", 0))
+    if triton_serves(x) and (position_ids.numel() == 1 or tuple(position_ids.shape) == (batch, seq)):
+        from onnxgen.runtime.gpu.rotary import rotary
+
+        fast = rotary(x, xs, position_ids, cos_cache, sin_cache, rotary_dim=rotary_dim, interleaved=interleaved)
+        if fast is not None:
+            return fast
     pos = position_ids.to(torch.long)
     if pos.numel() == 1:  # one start position for every batch entry
         pos = (pos.reshape(1, 1) + torch.arange(seq, device=x.device)).expand(batch, seq)
     half = rotary_dim // 2
-    return _rotated(x, xs, cos_cache[pos, :half], sin_cache[pos, :half], bool(ctx.attr("interleaved", 0)))
+    return _rotated(x, xs, cos_cache[pos, :half], sin_cache[pos, :half], interleaved)
 
 
 def mrope_select(rows: torch.Tensor, section: list[int], layout: int) -> torch.Tensor:
@@ -869,6 +876,13 @@ def m_rotary_embedding(
     batch, seq = xs.shape[0], xs.shape[2]
     if position_ids.dim() != 3 or position_ids.shape[0] != 3 or tuple(position_ids.shape[1:]) != (batch, seq):
         raise ctx.fail(f"position_ids must be [3, {batch}, {seq}] (T, H, W streams), got {list(position_ids.shape)}")
+    if triton_serves(x):
+        from onnxgen.runtime.gpu.rotary import rotary
+
+        fast = rotary(x, xs, position_ids, cos_cache, sin_cache, rotary_dim=rotary_dim,
+                      interleaved=bool(ctx.attr("interleaved", 0)), section=section, layout=layout)  # fmt: skip
+        if fast is not None:
+            return fast
     pos = position_ids.to(torch.long)
     cos = mrope_select(cos_cache[pos, :half], section, layout)
     sin = mrope_select(sin_cache[pos, :half], section, layout)
