@@ -146,3 +146,21 @@ def smollm2_packages(tmp_path_factory):
         pytest.skip(f"cannot pull the default model: {exc}")
     packages["int4-gqa-level0"] = with_accuracy_level(packages["int4-gqa"], tmp_path_factory.mktemp("int4-level0"), 0)
     return packages
+
+
+def gated_delta_feeds(t: int, *, key_heads: int, kv_heads: int, d: int, dv: int, seed: int) -> dict[str, np.ndarray]:
+    """fp32 feeds q, k, v, past, decay, beta of a LinearAttention (gated delta rule) graph, batch 2:
+    queries and unit keys of ``key_heads`` heads of ``d`` (what a Gated DeltaNet's L2 norms feed it),
+    values of ``kv_heads`` heads of ``dv``, a past state, log decays in (-0.5, -0.01), betas in
+    (0.1, 0.9)."""
+    rng = np.random.default_rng(seed)
+    k = rng.standard_normal((2, t, key_heads, d))
+    feeds = {
+        "q": rng.standard_normal((2, t, key_heads * d)),
+        "k": (k / np.linalg.norm(k, axis=-1, keepdims=True)).reshape(2, t, key_heads * d),
+        "v": rng.standard_normal((2, t, kv_heads * dv)),
+        "past": 0.3 * rng.standard_normal((2, kv_heads, d, dv)),
+        "decay": -rng.uniform(0.01, 0.5, (2, t, kv_heads)),
+        "beta": rng.uniform(0.1, 0.9, (2, t, kv_heads)),
+    }
+    return {name: value.astype(np.float32) for name, value in feeds.items()}

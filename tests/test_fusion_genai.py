@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxgen.runtime import InferenceSession
 from onnxgen.runtime.fusion import fuse_graph
-from tests.conftest import make_model, ort_run
+from tests.conftest import gated_delta_feeds, make_model, ort_run
 
 MS = "com.microsoft"
 F16, F32 = TensorProto.FLOAT16, TensorProto.FLOAT
@@ -123,17 +123,7 @@ def test_a_scalar_query_scale_folds_into_linear_attention(t: int) -> None:
     assert helper.get_attribute_value(next(a for a in attention.attribute if a.name == "scale")) == pytest.approx(
         0.5 * 8**-0.5
     )
-    rng = np.random.default_rng(6)
-    k = rng.standard_normal((2, t, 2, 8))
-    feeds = {
-        "q": rng.standard_normal((2, t, 16)),
-        "k": (k / np.linalg.norm(k, axis=-1, keepdims=True)).reshape(2, t, 16),
-        "v": rng.standard_normal((2, t, 12)),
-        "past": 0.3 * rng.standard_normal((2, 4, 8, 3)),
-        "decay": -rng.uniform(0.01, 0.5, (2, t, 4)),
-        "beta": rng.uniform(0.1, 0.9, (2, t, 4)),
-    }
-    feeds = {name: value.astype(np.float32) for name, value in feeds.items()}
+    feeds = gated_delta_feeds(t, key_heads=2, kv_heads=4, d=8, dv=3, seed=6)
     want = ort_run(model, feeds)
     got = InferenceSession(fused, device="cpu").run(None, feeds)
     for g, w in zip(got, want, strict=True):

@@ -29,7 +29,7 @@ from onnxgen.runtime.node_contract import NodeContext
 from onnxgen.runtime.ops.contrib_gated import gated_rms_norm, linear_attention_gate
 from onnxgen.runtime.ops.fused import l2_normalize
 from onnxgen.runtime.ops.normalization import lp_normalization
-from tests.conftest import make_model, ort_run
+from tests.conftest import gated_delta_feeds, make_model, ort_run
 from tests.interpreted_kernels import HAS_CUDA, KERNEL_DEVICES, run_interpreted
 
 # relative to the reference's largest magnitude: fp32 rounding, about one ulp of the half types
@@ -269,17 +269,7 @@ def test_the_key_repeat_is_dropped_and_the_attention_matches_onnxruntime(t: int)
     fused, report = fuse_graph(model)
     assert report.key_repeats == 1
     assert [n.op_type for n in fused.graph.node] == ["Reshape", "LinearAttention"]
-    rng = np.random.default_rng(5)
-    k = rng.standard_normal((2, t, 2, 4))
-    feeds = {
-        "q": rng.standard_normal((2, t, 8)),
-        "k": (k / np.linalg.norm(k, axis=-1, keepdims=True)).reshape(2, t, 8),
-        "v": rng.standard_normal((2, t, 12)),
-        "past": 0.3 * rng.standard_normal((2, 4, 4, 3)),
-        "decay": -rng.uniform(0.01, 0.5, (2, t, 4)),
-        "beta": rng.uniform(0.1, 0.9, (2, t, 4)),
-    }
-    feeds = {name: value.astype(np.float32) for name, value in feeds.items()}
+    feeds = gated_delta_feeds(t, key_heads=2, kv_heads=4, d=4, dv=3, seed=5)
     want = ort_run(model, feeds)
     got = InferenceSession(fused, device="cpu").run(None, feeds)
     for g, w in zip(got, want, strict=True):

@@ -48,7 +48,12 @@ def _byte_tile(
                                       zp_row_bytes, NBT, QBLOCK, ZERO_KIND)  # fmt: skip
     q = _codes_less_zero(codes, zero, ZERO_KIND, NBT, QBLOCK)
     w = tl.reshape(q * scale[:, :, None], (BLOCK_N, BLOCK_K)).to(a_ptr.dtype.element_ty)
-    kcols = tile * BLOCK_K + tl.arange(0, BLOCK_K)
+    return _a_times(a_ptr, rows, row_ok, tile * BLOCK_K + tl.arange(0, BLOCK_K), k, a_stride, w, IEEE)
+
+
+@triton.jit
+def _a_times(a_ptr, rows, row_ok, kcols, k, a_stride, w, IEEE: tl.constexpr):
+    """A[rows, kcols] @ w^T in fp32 (w: [BLOCK_N, len(kcols)] in A's dtype)."""
     a = tl.load(a_ptr + rows[:, None] * a_stride + kcols[None, :], mask=row_ok[:, None] & (kcols < k)[None, :],
                 other=0.0)  # fmt: skip
     if IEEE:
@@ -71,12 +76,7 @@ def _nibble_product(
     else:
         q = q - (zero + MAGIC)  # an integer zero point: exact
     w = (q * scale).to(a_ptr.dtype.element_ty)
-    kcols = kword * 8 + I
-    a = tl.load(a_ptr + rows[:, None] * a_stride + kcols[None, :], mask=row_ok[:, None] & (kcols < k)[None, :],
-                other=0.0)  # fmt: skip
-    if IEEE:
-        return tl.dot(a, tl.trans(w), input_precision="ieee")
-    return tl.dot(a, tl.trans(w))
+    return _a_times(a_ptr, rows, row_ok, kword * 8 + I, k, a_stride, w, IEEE)
 
 
 @triton.jit
