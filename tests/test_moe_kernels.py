@@ -264,6 +264,58 @@ def test_moe_kernels_compile(bits: int, per_row: bool, zero_kind: int, act: int,
         assert "atom" not in ptx  # no atomics: the sums' order is fixed
 
 
+# ---------------------------------------------------------------- routing (gpu/moe_routing.py)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize(("tokens", "experts", "k", "normalize"), [(5, 8, 2, True), (3, 256, 8, True),
+                                                                  (4, 60, 3, False), (1, 7, 7, True)])  # fmt: skip
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_routing_kernel_matches_softmax_and_top_k(
+    device: str, tokens: int, experts: int, k: int, normalize: bool, dtype: torch.dtype
+) -> None:
+    """Softmax, top k (descending), renormalized or not, against torch's form on logits whose top k
+    are well apart (no near-tie to order either way); a non-power-of-two expert count, k = E."""
+    from onnxgen.runtime.gpu.moe_routing import route
+
+    gen = torch.Generator().manual_seed(experts + k)
+    # distinct logits spaced 0.05 apart, shuffled per token: every choice is clear-cut
+    order = torch.stack([torch.randperm(experts, generator=gen) for _ in range(tokens)])
+    logits = (order.float() * 0.05 - 3.0).to(device=device, dtype=dtype)
+    before = LAUNCHES["moe_routing"]
+    weights, chosen = route(logits, k, normalize)
+    assert LAUNCHES["moe_routing"] == before + 1
+    probs = torch.softmax(logits.float().cpu(), dim=-1)
+    want_w, want_c = probs.topk(k, dim=-1)
+    if normalize:
+        want_w = want_w / want_w.sum(dim=-1, keepdim=True)
+    assert torch.equal(chosen.cpu(), want_c)
+    torch.testing.assert_close(weights.cpu(), want_w, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_routing_kernel_breaks_ties_by_the_lower_expert(device: str) -> None:
+    """Equal probabilities come out lowest expert first (torch's top-k leaves that order open)."""
+    from onnxgen.runtime.gpu.moe_routing import route
+
+    logits = torch.tensor([[0.0, 2.0, 1.0, 2.0, 1.0, 2.0]], device=device)
+    weights, chosen = route(logits, 4, False)
+    assert chosen.cpu().tolist() == [[1, 3, 5, 2]]
+    w = weights.cpu()[0]
+    assert w[0] == w[1] == w[2] and w[2] > w[3]
+
+
+@pytest.mark.skipif(interpreting() or not triton_importable(), reason="compiles the kernel (not interpreted)")
+@pytest.mark.parametrize("normalize", [True, False])
+def test_routing_kernel_compiles(normalize: bool) -> None:
+    from onnxgen.runtime.gpu import moe_routing
+    from tests.test_triton_compile import compile_for_sm90
+
+    sig = dict(logits_ptr="*fp16", weights_ptr="*fp32", chosen_ptr="*i64", experts="i32", row_stride="i32")
+    ptx = compile_for_sm90(moe_routing._route_kernel, sig, dict(K=8, KP=8, NORMALIZE=normalize, BLOCK_E=256))
+    assert "st.global" in ptx and "atom" not in ptx
+
+
 # ---------------------------------------------------------------- the drivers
 
 

@@ -14,9 +14,10 @@ On CUDA (where Triton serves, launch.triton_serves) a call of up to
 gpu/moe_experts.PAIRS_PER_EXPERT * experts (token, expert) pairs runs the experts as two Triton
 kernels that read each pair's expert weights in place (dense, or QMoE's 4- and 8-bit codes, scales
 and zero points as stored): no gathered or dequantized copy, no host read, shapes from the token
-count alone, so a decode step (and a short prompt) containing it can be recorded. Routing stays in
-torch here (device-side). Forms the kernels do not read (moe_experts.moe_experts says None) and
-longer prompts take the torch path below.
+count alone, so a decode step (and a short prompt) containing it can be recorded. The routing
+there is one kernel too (gpu/moe_routing.py: softmax, top k, renormalization), where torch's form
+takes five or six. Forms the kernels do not read (moe_experts.moe_experts says None) and longer
+prompts take the torch path below.
 
 The torch path, two ways to run the experts with the same arithmetic: where a call has at most as
 many pairs as there are experts (a decode step: k pairs) each pair's weights are gathered on the
@@ -235,10 +236,15 @@ def _mixture(ctx: NodeContext, x: torch.Tensor, router_probs: torch.Tensor, expe
         None if limit is None or math.isinf(float(limit)) else float(limit),
     )  # fmt: skip
 
-    probs = torch.softmax(router_probs.float(), dim=-1)
-    weights, chosen = probs.topk(k, dim=-1)  # (T, k)
-    if int(ctx.attr("normalize_routing_weights", 0)):
-        weights = weights / weights.sum(dim=-1, keepdim=True)
+    normalize = bool(int(ctx.attr("normalize_routing_weights", 0)))
+    routed = _routed_on_kernel(router_probs, k, normalize) if triton_serves(rows) else None
+    if routed is not None:
+        weights, chosen = routed
+    else:
+        probs = torch.softmax(router_probs.float(), dim=-1)
+        weights, chosen = probs.topk(k, dim=-1)  # (T, k)
+        if normalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
     out = _on_kernels(rows, chosen, weights, experts, params) if triton_serves(rows) else None
     if out is None:
         xf = rows.float()
@@ -247,6 +253,13 @@ def _mixture(ctx: NodeContext, x: torch.Tensor, router_probs: torch.Tensor, expe
         else:
             out = _grouped(xf, chosen, weights, experts, params)
     return out.to(x.dtype).reshape(x.shape)
+
+
+def _routed_on_kernel(router_probs: torch.Tensor, k: int, normalize: bool):
+    """(weights, chosen) from gpu/moe_routing.py's one kernel, or None where it does not serve."""
+    from onnxgen.runtime.gpu.moe_routing import route
+
+    return route(router_probs, k, normalize)
 
 
 def _on_kernels(rows, chosen, weights, experts: _DenseExperts, p: _Params) -> torch.Tensor | None:
