@@ -283,6 +283,55 @@ def test_other_key_layouts_keep_their_repeat(near_miss: dict) -> None:
     assert report.key_repeats == 0
 
 
+# ---------------------------------------------------------------- sigmoid gates (fusion_gates.py)
+
+
+def gate_model(elem: int, *, per_row: bool, add: bool, silu: bool = False, sigmoid_read_twice: bool = False):
+    """Qwen3.5's gates: y * sigmoid(g) then o_proj (per element, ``add`` False) or the shared expert's
+    y * sigmoid(g) + x with one gate per row; ``silu``: the Mul takes the Sigmoid's own input."""
+    g_shape = ["t", 1] if per_row else ["t", 8]
+    nodes = [
+        helper.make_node("Sigmoid", ["g"], ["s"]),
+        helper.make_node("Mul", ["g" if silu else "y", "s"], ["m"]),
+    ]
+    outputs = ["m"]
+    if add:
+        nodes.append(helper.make_node("Add", ["x", "m"], ["out"]))
+        outputs = ["out"]
+    if sigmoid_read_twice:
+        outputs.append("s")
+    inputs = [helper.make_tensor_value_info(n, elem, shape) for n, shape in (("y", ["t", 8]), ("g", g_shape),
+                                                                            ("x", ["t", 8]))]  # fmt: skip
+    return make_model(nodes, inputs, [helper.make_tensor_value_info(o, elem, None) for o in outputs])
+
+
+@pytest.mark.parametrize(("elem", "tol"), [(TensorProto.FLOAT, 1e-6), (TensorProto.FLOAT16, 1e-3)])
+@pytest.mark.parametrize(("per_row", "add"), [(True, True), (False, False), (False, True)])
+def test_sigmoid_gates_become_one_op_and_match_onnxruntime(elem: int, tol: float, per_row: bool, add: bool) -> None:
+    model = gate_model(elem, per_row=per_row, add=add)
+    fused, report = fuse_graph(model)
+    assert report.sigmoid_gates == 1
+    (node,) = fused.graph.node
+    assert node.op_type == "SigmoidGate" and list(node.input) == (["y", "g", "x"] if add else ["y", "g"])
+    rng = np.random.default_rng(9)
+    np_type = helper.tensor_dtype_to_np_dtype(elem)
+    feeds = {"y": rng.standard_normal((3, 8)), "g": 2 * rng.standard_normal((3, 1 if per_row else 8)),
+             "x": rng.standard_normal((3, 8))}  # fmt: skip
+    feeds = {k: v.astype(np_type) for k, v in feeds.items()}
+    (want,) = ort_run(model, feeds)
+    before = LAUNCHES["sigmoid_gate"]
+    (got,) = InferenceSession(fused, device="cpu").run(None, feeds)
+    assert LAUNCHES["sigmoid_gate"] == before + (1 if interpreting() else 0)  # the kernel where Triton serves
+    assert got.dtype == want.dtype
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("near_miss", [{"silu": True}, {"sigmoid_read_twice": True}])
+def test_near_misses_of_the_sigmoid_gate_are_not_rewritten(near_miss: dict) -> None:
+    _, report = fuse_graph(gate_model(TensorProto.FLOAT, per_row=False, add=True, **near_miss))
+    assert report.sigmoid_gates == 0
+
+
 # ---------------------------------------------------------------- the drivers
 
 

@@ -273,6 +273,17 @@ def test_rotary_kernel_compiles(dtype: str, streams: int, layout: int, start: bo
     assert "st.global" in ptx
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+@pytest.mark.parametrize(("per_row", "has_x"), [(True, True), (False, False)])
+def test_sigmoid_gate_compiles(dtype: str, per_row: bool, has_x: bool) -> None:
+    from onnxgen.runtime.gpu import sigmoid_gate
+
+    sig = dict.fromkeys(["y_ptr", "g_ptr", "x_ptr", "out_ptr"], f"*{dtype}")
+    sig.update(n="i32", cols="i32")
+    const = dict(PER_ROW=per_row, HAS_X=has_x, BLOCK=1024, PDL=True)
+    assert "st.global" in compile_for_sm90(sigmoid_gate._sigmoid_gate_kernel, sig, const)
+
+
 def test_one_row_kernel_policy() -> None:
     """ONNXGEN_TRITON_LINEAR: 1 forces the one-row kernels, 0 turns them off, unset they run only
     where programmatic dependent launch is (a CUDA device of sm_90 or later): never on this CPU."""

@@ -8,6 +8,7 @@
   by default) the packed codes end to end through gpu/linear_q4.py instead. A CUDA session joins the members' codes
   once (fusion.pack_nbits_groups, attribute ``packed_weight``): one member of width sum(widths).
 - ``SiluMul(g, u)``: silu(g) * u.
+- ``SigmoidGate(y, g[, x])``: y * sigmoid(g) (+ x), in fp32, rounded once (fusion_gates.py).
 - ``L2Normalize(x)``, attribute ``epsilon``: x / sqrt(sum(x^2) + epsilon) over the last axis, in
   fp32 (fp64 for fp64), rounded once; one kernel where Triton serves (gpu/l2_norm.py).
 Either group may carry a ``prologue`` (attribute; inputs x2 and gamma after the biases, see
@@ -324,6 +325,24 @@ def silu_mul(ctx: NodeContext, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor
 
         return fused(g, u)
     return F.silu(g) * u
+
+
+@implements("SigmoidGate", domain=FUSED_DOMAIN)
+def sigmoid_gate(ctx: NodeContext, y: torch.Tensor, g: torch.Tensor, x: torch.Tensor | None = None) -> torch.Tensor:
+    """y * sigmoid(g) (+ x), broadcasting as the Sigmoid -> Mul (-> Add) it replaces (fusion_gates.py),
+    in fp32, rounded once to y's dtype."""
+    if not y.is_floating_point():
+        raise ctx.fail(f"SigmoidGate takes float tensors, got {y.dtype}")
+    if triton_serves(y):
+        from onnxgen.runtime.gpu.sigmoid_gate import sigmoid_gate as kernel
+        from onnxgen.runtime.gpu.sigmoid_gate import sigmoid_gate_applies
+
+        if sigmoid_gate_applies(y, g, x):
+            return kernel(y, g, x)
+    out = y.float() * torch.sigmoid(g.float())
+    if x is not None:
+        out = out + x.float()
+    return out.to(y.dtype)
 
 
 @implements("L2Normalize", domain=FUSED_DOMAIN)

@@ -26,6 +26,12 @@ def silu_mul(ctx: RuleContext) -> list[TensorInfo | None]:
     return [ctx.out(ctx.broadcast([ctx.shape(0), ctx.shape(1)]), ctx.dtype(0))]
 
 
+@rule("SigmoidGate", domain=FUSED)
+def sigmoid_gate(ctx: RuleContext) -> list[TensorInfo | None]:
+    shapes = [ctx.shape(i) for i in range(len(ctx.node.input)) if ctx.node.input[i]]
+    return [ctx.out(ctx.broadcast(shapes), ctx.dtype(0))]
+
+
 @rule("L2Normalize", domain=FUSED)
 def l2_normalize(ctx: RuleContext) -> list[TensorInfo | None]:
     return [ctx.out(list(ctx.shape(0)), ctx.dtype(0))]
