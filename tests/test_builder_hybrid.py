@@ -184,6 +184,43 @@ def test_generator_greedy_equals_transformers(hybrid, kv: str) -> None:
     assert list(generator.generate_ids(PROMPT, params)) == expected  # the states start from zero again
 
 
+def test_hybrid_prompts_run_as_recorded_power_of_two_pieces(hybrid) -> None:
+    """A hybrid's prompt chunk cannot be padded (the padding would enter its states): with a static
+    cache it runs as power-of-two pieces, largest first (37 = 32 + 4 + 1; the one-row piece is a
+    decode step), so two prompt lengths share the 4-row recording, and the 32-row one replays at a
+    later position (the mask spans the cache). The last row's logits equal transformers' for every
+    phase (warm-up, recording, replay: the CPU stand-in for CUDA graphs)."""
+    from onnxgen.genai import Generator, SamplingParams
+    from onnxgen.runtime.capture.recorder import ReplayRecorder
+
+    checkpoint, package = hybrid
+    write_word_tokenizer(package, 128)
+    generator = Generator(package, "cpu", kv="static", capture="on", recorder=ReplayRecorder())
+    engine = generator.engine
+    runtime = engine.prefill_runtime()
+    rows: list[int] = []
+    original = runtime.run
+    runtime.run = lambda feeds, tail=None: rows.append(feeds["input_ids"].shape[1]) or original(feeds, tail)
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(1, 128, size=n).tolist() for n in (37, 21, 68)]
+    model = hf_model(checkpoint)
+    for attempt in range(4):
+        for ids in prompts:
+            sequence = engine.new_sequence(ids, SamplingParams(max_new_tokens=1))
+            sequence.kv = engine._new_kv(len(ids) + 1)
+            with torch.inference_mode():
+                ours = engine._prefill(sequence, torch.tensor([ids])).float().numpy()
+            with torch.no_grad():
+                expected = model(torch.tensor([ids])).logits[0, -1].numpy()
+            np.testing.assert_allclose(ours, expected, rtol=1e-4, atol=1e-4, err_msg=f"{len(ids)}, {attempt}")
+            assert sequence.kv.length == len(ids)
+    assert rows == [32, 4, 16, 4, 64, 4] * 4
+    # one recorded shape per piece size, whatever the piece's position (the 4-row piece sits at rows
+    # 32, 16 and 64)
+    assert sorted(engine._prefill_keys) == [(4, 256), (16, 256), (32, 256), (64, 256)]  # (rows, cache rows)
+    assert engine.prefill_capture_stats.captured_steps > 0
+
+
 def test_hybrid_decode_step_is_one_recorded_segment(hybrid) -> None:
     """With a static cache the whole decode step plans as one segment (the conv and recurrent
     state updates, the gates and norms recorded with the attention), and replaying it (the CPU
@@ -212,7 +249,9 @@ def test_hybrid_decode_step_is_one_recorded_segment(hybrid) -> None:
     stats = captured.capture_stats
     assert stats.segments_per_step == 1 and stats.captured_steps > 0
     assert stats.invalidations == 0 and stats.recording_failures == 0 and not stats.quarantined
-    assert rows == [len(PROMPT)]  # not padded to 16: padding would be folded into the states
+    # not padded to 16 (padding would be folded into the states): 7 = 4 + 2 + 1, the one-row piece a
+    # decode step (test_hybrid_prompts_run_as_recorded_power_of_two_pieces)
+    assert len(PROMPT) == 7 and rows == [4, 2]
 
 
 def test_the_multimodal_wrappers_text_part_builds(tmp_path) -> None:

@@ -146,8 +146,10 @@ def test_captured_prefill_on_cuda_is_eager_bit_for_bit_and_matches_onnxruntime(p
         ours = prefill_logits(generator, ids)
         assert float(np.abs(ours - expected).max()) <= 2e-4 * float(np.abs(expected).max()), n
     stats = generator.engine.prefill_capture_stats
-    # the 40-token prompts' two chunk keys (32 rows; 16 rows over 48): warm, warm, record, replay each
-    assert stats.verified_steps == stats.captured_steps == 4
+    # two chunk keys, 16 and 32 rows (the mask spans the cache, so the 5-token prompt's chunk and the
+    # 40-token prompts' second chunk share one): warm, warm, record, then replays; 16 rows run five
+    # times (3 captured), 32 rows four (2)
+    assert stats.verified_steps == stats.captured_steps == 5
     tokens = list(generator.generate_ids(prompt(40, generator.config.vocab_size), SamplingParams(max_new_tokens=8)))
     assert len(tokens) == 8 and generator.capture_stats.captured_steps > 0
 

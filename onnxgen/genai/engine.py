@@ -68,6 +68,12 @@ class BatchNotSupportedError(InvalidInputError):
     """More than one sequence was handed to the engine: it decodes one sequence at a time so far."""
 
 
+def power_of_two_pieces(rows: int) -> list[int]:
+    """``rows`` as powers of two, largest first (37 -> [32, 4, 1]): the prompt pieces of a graph
+    whose chunks cannot be padded."""
+    return [1 << bit for bit in range(rows.bit_length() - 1, -1, -1) if rows >> bit & 1]
+
+
 class DecodeEngine:
     """Decodes sequences of token ids with one session.
 
@@ -92,9 +98,8 @@ class DecodeEngine:
     # a power of two of at least captured_prefill_min rows, so that a few recordings serve every length
     captured_prefill_max = 1024
     captured_prefill_min = 16
-    # chunk shapes (rows, visible cache rows, capacity) recorded at most: each recording keeps its own
-    # graph memory (a 1,024-row chunk holds its [1,024, vocab] logits); chunks of further shapes run
-    # eagerly, said once
+    # chunk shapes (rows, capacity) recorded at most: each recording keeps its own graph memory (a
+    # 1,024-row chunk holds its [1,024, vocab] logits); chunks of further shapes run eagerly, said once
     captured_prefill_keys = 16
     # sampled step tails at most (one per sampling plan and KV capacity): each tail's recordings keep
     # their graph memory; a generation that would need a further one samples between the steps, said once
@@ -560,12 +565,12 @@ class DecodeEngine:
             if not prepared and (self.has_positions or tail is not None):
                 buffers[1].fill_(kv.length)  # the position feed, and what a tail counts on from
         if self.has_mask:
-            # prepared implies a static cache (a tail needs one)
+            # prepared implies a static cache (a tail needs one). A static cache's mask is as wide as the
+            # cache whatever the step's rows, so a recorded prompt chunk replays at every position: the
+            # graph's attention (GroupQueryAttention over the shared buffer) finds the rows it may see
+            # from the mask's sums, and its prompt kernel never reads the key blocks past them
+            # (gpu/gqa_prefill.py)
             feeds[io.attention_mask] = kv.attention_mask(n, set_rows=False) if prepared else kv.attention_mask(n)
-            if n > 1 and isinstance(kv, StaticKV) and self.capture != "off":
-                # a captured prefill chunk sees the cache's first length + n rows only: its attention
-                # spans those keys, not the whole buffer (the width is part of its recording's key)
-                feeds[io.attention_mask] = kv.mask[:, : kv.length + n]
         if self.has_positions:
             if buffers is not None:
                 feeds[io.position_ids] = self.positions_feed(buffers[1])
@@ -636,21 +641,31 @@ class DecodeEngine:
         the room, so that every prompt length reuses the recordings of a few chunk sizes. Padding is
         sound because the graph's attention (GroupQueryAttention over the shared cache) is causal
         within a chunk: a prompt row never sees the padding rows after it, and the padding's KV rows
-        are unmasked again and overwritten by the next step. Each chunk is a binding key of the
-        capture runtime (chunk rows, visible cache rows): warmed, recorded and then replayed like
-        the decode step, and checked against eager in verify mode."""
+        are unmasked again and overwritten by the next step. A graph with carried states takes
+        unpadded power-of-two pieces instead (power_of_two_pieces). Each chunk is a binding key of
+        the capture runtime (chunk rows; the mask spans the cache, so not the chunk's position):
+        warmed, recorded and then replayed like the decode step, and checked against eager in
+        verify mode."""
         kv = sequence.kv
         assert isinstance(kv, StaticKV)
         n = ids.shape[1]
         logits = None
         for lo in range(0, n, self.captured_prefill_max):
             real = min(self.captured_prefill_max, n - lo)
+            if self.config.carried:
+                # carried states (a hybrid decoder) would fold padding tokens in for good: the chunk
+                # runs as pieces of power-of-two rows instead, largest first (37 = 32 + 4 + 1), so a
+                # handful of recorded shapes serve every length; a piece of one row is a decode step
+                start = lo
+                for piece in power_of_two_pieces(real):
+                    logits = self._forward(sequence, ids[:, start : start + piece])
+                    start += piece
+                continue
             size = max(self.captured_prefill_min, 1 << (real - 1).bit_length())
-            if kv.length + size > kv.capacity or self.config.carried or real == 1:
-                # no room for the padding, or carried states (a hybrid decoder), which would fold
-                # the padding tokens in for good, or one row, which the eager path computes with
-                # the one-row kernels (padded it would take the many-row ones and its logits and
-                # KV row would differ from eager): this chunk runs at its own length
+            if kv.length + size > kv.capacity or real == 1:
+                # no room for the padding, or one row, which the eager path computes with the
+                # one-row kernels (padded it would take the many-row ones and its logits and KV row
+                # would differ from eager): this chunk runs at its own length
                 size = real
             chunk = ids[:, lo : lo + real]
             if size > real:
@@ -662,7 +677,7 @@ class DecodeEngine:
     def _prefill_key_admitted(self, rows: int, kv: StaticKV) -> bool:
         """Whether a prefill chunk of ``rows`` rows over this cache runs captured: its shape is one of
         the first ``captured_prefill_keys`` seen (see there)."""
-        key = (rows, kv.length + rows, kv.capacity)
+        key = (rows, kv.capacity)
         if key in self._prefill_keys:
             return True
         if len(self._prefill_keys) < self.captured_prefill_keys:
