@@ -30,7 +30,8 @@
 #              (step_sweep, and the fp16 package's), prefill per prompt path, the step's kernels (anatomy), ~9 min
 #   prefill    python -m bench.prefill Q --lengths 16,1024 --profile, fp16 and int4: TTFT and where it goes, ~2 min
 #   hybrid     the hybrid decoders' GPU tests (their Triton kernels for steps and prompts against the torch path,
-#              captured = eager over 256 tokens, dense and MoE), ~4 min
+#              the MoE experts and routing on the 35B-A3B layer, the rotary kernel against onnxruntime, captured
+#              = eager over 256 tokens, dense and MoE, captured prompt chunks), ~5 min
 #   q4prompt   issue 18's short prompt on the 1.5B shape: the 4-bit GEMM split along K (ONNXGEN_Q4_PROMPT=split)
 #              against the default policy, dequantize-then-cuBLAS and cuBLAS fp16: its GPU tests, then the layers
 #              alone (gemv_micro --prompt-only, split configurations swept), ~5 min
@@ -145,8 +146,9 @@ stage_int4() {
   run int4-anatomy 150 $PY -m bench.step_anatomy $Q --precision int4 --context 512 --kernels --variant "packed:ONNXGEN_TRITON_Q4=1"
 }
 stage_hybrid() {
-  run hybrid-tests 400 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_hybrid_kernels.py \
-    tests/test_hybrid_small_kernels.py tests/test_gpu_hybrid.py
+  run hybrid-tests 480 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_hybrid_kernels.py \
+    tests/test_hybrid_small_kernels.py tests/test_gpu_hybrid.py tests/test_moe_kernels.py tests/test_captured_prefill.py \
+    tests/test_ops_mrope.py
 }
 stage_q4prompt() {
   run q4prompt-tests 240 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py -k "matmul_nbits"
