@@ -150,15 +150,23 @@ PATTERNS = {
 }
 
 
+# a rewrite whose starting ops an earlier rewrite may take whole (a SiLU's Sigmoid is SiluMul's)
+_TAKEN_BY = {"sigmoid_gates": "silu_mul"}
+
+
 def unmatched_rewrites(model: onnx.ModelProto, device_type: str, report: FusionReport) -> dict[str, str]:
     """The rewrites a ``device_type`` session tries that matched nothing although the graph has the op
-    they start from: rewrite name -> the pattern it looks for."""
+    they start from (and an earlier rewrite did not take them all): rewrite name -> the pattern it
+    looks for."""
     rewrites = DEVICE_REWRITES.get(device_type, frozenset())
     ops = Counter(n.op_type for n in model.graph.node)
+
+    def left(name: str) -> int:
+        taken = getattr(report, _TAKEN_BY[name]) if name in _TAKEN_BY else 0
+        return sum(ops[op] for op in _NEEDS[name][0]) - taken
+
     return {
-        name: PATTERNS[name]
-        for name in sorted(rewrites)
-        if not getattr(report, name) and sum(ops[op] for op in _NEEDS[name][0]) >= _NEEDS[name][1]
+        name: PATTERNS[name] for name in sorted(rewrites) if not getattr(report, name) and left(name) >= _NEEDS[name][1]
     }
 
 
