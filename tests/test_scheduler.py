@@ -235,7 +235,12 @@ def test_outputs_coalesce_when_the_loop_is_behind() -> None:
 
         loop.call_soon_threadsafe = counting
         handle = scheduler.submit([job(*range(500))], loop)
-        time.sleep(0.3)  # the loop is busy (blocked): the engine runs ahead
+        # the loop is busy (blocked) while the engine runs ahead to the end (waited for, not timed: a
+        # fixed sleep was too short on a loaded 2-core machine)
+        deadline = time.monotonic() + 30
+        while fake.tokens_made < 500 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)  # the last token's push after its count
         batches = [batch async for batch in handle.batches()]
         return batches, calls
 
