@@ -74,6 +74,9 @@ case "${1:-}" in
             --repeats 5 --variant default: --variant conv-torch:ONNXGEN_CONV_PROMPT=0 \
             --variant gdn-torch:ONNXGEN_GDN_CHUNKED_FROM=0 --variant gdn-chunked-all:ONNXGEN_GDN_CHUNKED_FROM=2 \
             --variant default-again: | tee "$out/prefill-qwen3.5-0.8b-$p-variants.log"
+          # a user's prompts: 40 lengths between 16 and 300 tokens, each once (first sightings included)
+          python3 -m bench.prefill --shape qwen3.5-0.8b --precision "$p" --context 2048 --lengths 16,300 --mixed 40 \
+            | tee "$out/prefill-qwen3.5-0.8b-$p-mixed.log"
           python3 -m bench.prefill --shape qwen3.5-0.8b --precision "$p" --context 2048 --lengths 16,64 --repeats 5 \
             --profile --top 25 | tee "$out/prefill-qwen3.5-0.8b-$p.log"
         done

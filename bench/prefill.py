@@ -17,6 +17,12 @@ form), on a fresh engine over the same package and session:
 
     python -m bench.prefill --shape qwen2.5-coder-1.5b-instruct --precision int4 --lengths 16,64 \
         --variant auto: --variant split:ONNXGEN_Q4_PROMPT=split --variant dequant:ONNXGEN_Q4_PROMPT=dequant
+
+--mixed N runs N prompts of seeded random lengths between the smallest and largest of --lengths
+once each instead (a user's prompts, first sightings of a chunk shape included) and prints their
+TTFT medians:
+
+    python -m bench.prefill --shape qwen3.5-0.8b --precision fp16 --lengths 16,300 --mixed 40
 """
 
 from __future__ import annotations
@@ -44,6 +50,27 @@ def ttft_ms(engine: DecodeEngine, args: argparse.Namespace, runs: int) -> list[f
     """TTFT of ``runs`` generations of one token from the same prompt, in order: with captured
     prefill the first two warm the chunk sizes up eagerly, the third records, the rest replay."""
     return [1000 * greedy_run(engine, args, new_tokens=1).ttft_s for _ in range(runs)]
+
+
+def mixed_ttfts(engine: DecodeEngine, args: argparse.Namespace, lo: int, hi: int) -> None:
+    """--mixed: TTFT of args.mixed prompts of seeded random lengths in [lo, hi], one run each, with
+    the medians of the first and the last quarter (recordings are made on a shape's third sighting:
+    the first prompts pay for them)."""
+    import random
+
+    lengths = [random.Random(args.mixed * 7919 + i).randint(lo, hi) for i in range(args.mixed)]
+    times = []
+    for n in lengths:
+        args.prompt_tokens = n
+        times.append(ttft_ms(engine, args, 1)[0])
+    quarter = max(1, len(times) // 4)
+    print(
+        f"mixed: {len(times)} prompts of {lo}-{hi} tokens ({len(set(lengths))} lengths), one run each: TTFT median "
+        f"{statistics.median(times):.2f} ms (first quarter {statistics.median(times[:quarter]):.2f}, last quarter "
+        f"{statistics.median(times[-quarter:]):.2f}, max {max(times):.2f})"
+    )
+    if args.capture != "off" and engine.device.type == "cuda":
+        print(f"prefill chunks: {engine.prefill_capture_stats.summary()}")
 
 
 def profile_prefill(engine: DecodeEngine, args: argparse.Namespace, top: int) -> None:
@@ -96,6 +123,13 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="profile one more prefill per length")
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument(
+        "--mixed",
+        type=int,
+        default=0,
+        help="instead of repeating each length: this many prompts of seeded random lengths between the "
+        "smallest and largest of --lengths, each run once (what a user sees, first sightings included)",
+    )
+    parser.add_argument(
         "--variant",
         action="append",
         default=[],
@@ -119,6 +153,10 @@ def main() -> None:
                 apply_env(env)
                 print(f"variant {name}: {', '.join(f'{k}={v}' for k, v in env.items()) or 'the process settings'}")
             engine = make_engine(session, config, args, capture=capture)  # fresh recordings per variant
+            if args.mixed:
+                mixed_ttfts(engine, args, min(lengths), max(lengths))
+                del engine
+                continue
             for n in lengths:
                 args.prompt_tokens = n
                 times = ttft_ms(engine, args, 3 + args.repeats)
