@@ -30,9 +30,9 @@ import triton.language as tl
 
 from onnxgen import options
 from onnxgen.runtime.gpu.launch import LAUNCHES
-from onnxgen.runtime.gpu.linear_q4 import MAGIC, _block_loads, _block_zeros, _codes_less_zero
+from onnxgen.runtime.gpu.linear_q4 import MAGIC, _as_words, _block_loads, _block_zeros, _codes_less_zero
 from onnxgen.runtime.gpu.linear_q4_words import MAGIC_WORD
-from onnxgen.runtime.gpu.linear_row import split_scratch
+from onnxgen.runtime.gpu.linear_row import _multiprocessors, split_scratch
 
 
 @triton.jit
@@ -96,20 +96,9 @@ def _word_tile(
     scale = tl.load(scale_ptr + cols[:, None] * n_blocks + blk, mask=ok, other=0.0).to(tl.float32)
     zero = _block_zeros(zero_ptr, cols[:, None], blk, ok, n_blocks, zp_row_bytes, ZERO_KIND)
     acc = _nibble_product(a_ptr, rows, row_ok, kword, k, a_stride, words, scale, zero, magic_bits, 0, ZERO_KIND, IEEE)
-    acc += _nibble_product(a_ptr, rows, row_ok, kword, k, a_stride, words, scale, zero, magic_bits, 1, ZERO_KIND,
-                           IEEE)  # fmt: skip
-    acc += _nibble_product(a_ptr, rows, row_ok, kword, k, a_stride, words, scale, zero, magic_bits, 2, ZERO_KIND,
-                           IEEE)  # fmt: skip
-    acc += _nibble_product(a_ptr, rows, row_ok, kword, k, a_stride, words, scale, zero, magic_bits, 3, ZERO_KIND,
-                           IEEE)  # fmt: skip
-    acc += _nibble_product(a_ptr, rows, row_ok, kword, k, a_stride, words, scale, zero, magic_bits, 4, ZERO_KIND,
-                           IEEE)  # fmt: skip
-    acc += _nibble_product(a_ptr, rows, row_ok, kword, k, a_stride, words, scale, zero, magic_bits, 5, ZERO_KIND,
-                           IEEE)  # fmt: skip
-    acc += _nibble_product(a_ptr, rows, row_ok, kword, k, a_stride, words, scale, zero, magic_bits, 6, ZERO_KIND,
-                           IEEE)  # fmt: skip
-    acc += _nibble_product(a_ptr, rows, row_ok, kword, k, a_stride, words, scale, zero, magic_bits, 7, ZERO_KIND,
-                           IEEE)  # fmt: skip
+    for place in tl.static_range(1, 8):
+        acc += _nibble_product(a_ptr, rows, row_ok, kword, k, a_stride, words, scale, zero, magic_bits, place,
+                               ZERO_KIND, IEEE)  # fmt: skip
     return acc
 
 
@@ -195,9 +184,7 @@ def split_gemm_config(
 
 def _sm_count(device: torch.device) -> int:
     """SMs of a CUDA device; 1 elsewhere (Triton's interpreter on the CPU: one split unless forced)."""
-    if device.type != "cuda":
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return _multiprocessors(device.index or 0) if device.type == "cuda" else 1
 
 
 def matmul_q4_split(
@@ -205,8 +192,6 @@ def matmul_q4_split(
     bias: torch.Tensor | None, *, n: int, k: int, block_size: int,
 ) -> torch.Tensor:  # fmt: skip
     """A [M, K] @ W^T (+ bias) -> [M, N] in A's dtype, W as linear_q4._layout gives it."""
-    from onnxgen.runtime.gpu.linear_q4 import _as_words
-
     m = a2.shape[0]
     out = torch.empty((m, n), dtype=a2.dtype, device=a2.device)
     if m == 0:
