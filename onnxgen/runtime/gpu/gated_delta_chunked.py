@@ -133,8 +133,8 @@ def gated_delta_chunked(
     """(output, present state) as ``_linear_attention`` returns them (gated_delta_decode.prepare)
     for any number of tokens without a state window; None where this kernel does not serve these
     inputs (decays per key dim, or what ``prepare`` refuses)."""
-    run = prepare(query, key, value, past_state, decay, beta, q_heads=q_heads, kv_heads=kv_heads)
-    if run is None or run.per_dim_decay:
+    run = prepare(query, key, value, past_state, decay, beta, q_heads=q_heads, kv_heads=kv_heads, per_dim_decay=False)
+    if run is None:
         return None
     block_k, block_v = _tile(run.batch, kv_heads, run.d_k, run.d_v)
     LAUNCHES["gated_delta_chunked"] += 1

@@ -167,7 +167,6 @@ class Launch:
     group: int  # output (query) heads per KV head
     q_share: int  # inverse GQA: KV heads per query head
     k_share: int  # keys packed per query head: KV heads per key head
-    per_dim_decay: bool  # one log decay per key dim of each head (else per head or shared)
 
     def arguments(self) -> tuple:
         """The kernels' leading arguments, in their order."""
@@ -188,11 +187,13 @@ def prepare(
     *,
     q_heads: int,
     kv_heads: int,
+    per_dim_decay: bool = True,
 ) -> Launch | None:
     """The kernels' view of ``_linear_attention``'s inputs (no state window), with the outputs
     allocated: output (B, T, max(H_q, H_kv) * d_v) in the query's dtype, present state (B, H_kv,
     d_k, d_v) in the past state's dtype, else the query's. None where the kernels do not serve these
-    inputs (the caller runs the torch path, which also reports malformed ones). The caller has
+    inputs (the caller runs the torch path, which also reports malformed ones), and with
+    ``per_dim_decay`` False where the decay is one per key dim of each head. The caller has
     checked the update rule against decay / beta and the head counts."""
     b, t, width = query.shape if query.dim() == 3 else (0, 0, 0)
     if t < 1 or b == 0 or width % q_heads or value.shape[-1] % kv_heads:
@@ -216,16 +217,14 @@ def prepare(
     if past_state is not None and tuple(past_state.shape) != state_shape:
         return None
     decay_strides = (0, 0, 0, 0)  # batch row, token, head, key dim
-    per_dim = False
     if decay is not None:
         if decay.dim() != 3 or decay.shape[:2] != (b, t):
             return None
         last = decay.shape[-1]
         if last == kv_heads:  # one log decay per head
             decay_strides = (decay.stride(0), decay.stride(1), decay.stride(2), 0)
-        elif last == kv_heads * d_k:  # one per key dim of each head
+        elif last == kv_heads * d_k and per_dim_decay:  # one per key dim of each head
             decay_strides = (decay.stride(0), decay.stride(1), d_k * decay.stride(2), decay.stride(2))
-            per_dim = True
         elif last == 1:  # one for every head
             decay_strides = (decay.stride(0), decay.stride(1), 0, 0)
         else:
@@ -245,7 +244,7 @@ def prepare(
     out = torch.empty((b, t, kv_heads * group * d_v), dtype=query.dtype, device=query.device)
     strides = (*q_strides, *k_strides, *v_strides, *decay_strides, *beta_strides)
     return Launch(query, key, value, decay, beta, past, present, out, strides, b, t, kv_heads, d_k, d_v, group, share,
-                  k_share, per_dim)  # fmt: skip
+                  k_share)  # fmt: skip
 
 
 def gated_delta_decode(
