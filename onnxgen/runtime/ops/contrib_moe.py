@@ -237,7 +237,12 @@ def _mixture(ctx: NodeContext, x: torch.Tensor, router_probs: torch.Tensor, expe
     )  # fmt: skip
 
     normalize = bool(int(ctx.attr("normalize_routing_weights", 0)))
-    routed = _routed_on_kernel(router_probs, k, normalize) if triton_serves(rows) else None
+    on_device = triton_serves(rows)
+    routed = None
+    if on_device:
+        from onnxgen.runtime.gpu.moe_routing import route
+
+        routed = route(router_probs, k, normalize)  # one kernel (None where it does not serve)
     if routed is not None:
         weights, chosen = routed
     else:
@@ -245,7 +250,7 @@ def _mixture(ctx: NodeContext, x: torch.Tensor, router_probs: torch.Tensor, expe
         weights, chosen = probs.topk(k, dim=-1)  # (T, k)
         if normalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-    out = _on_kernels(rows, chosen, weights, experts, params) if triton_serves(rows) else None
+    out = _on_kernels(rows, chosen, weights, experts, params) if on_device else None
     if out is None:
         xf = rows.float()
         if rows.shape[0] * k <= count:
@@ -253,13 +258,6 @@ def _mixture(ctx: NodeContext, x: torch.Tensor, router_probs: torch.Tensor, expe
         else:
             out = _grouped(xf, chosen, weights, experts, params)
     return out.to(x.dtype).reshape(x.shape)
-
-
-def _routed_on_kernel(router_probs: torch.Tensor, k: int, normalize: bool):
-    """(weights, chosen) from gpu/moe_routing.py's one kernel, or None where it does not serve."""
-    from onnxgen.runtime.gpu.moe_routing import route
-
-    return route(router_probs, k, normalize)
 
 
 def _on_kernels(rows, chosen, weights, experts: _DenseExperts, p: _Params) -> torch.Tensor | None:
