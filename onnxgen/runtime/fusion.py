@@ -45,6 +45,7 @@ why); ``ONNXGEN_FUSE=0`` (option ``fuse``) turns them off.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -295,11 +296,14 @@ class _Rewriter:
 
     # -- the embedding of a tied lm_head ---------------------------------------------------
 
-    def _declared_rank(self, name: str) -> int | None:
+    def _declared_tensors(self, name: str) -> Iterator[onnx.TypeProto.Tensor]:
+        """The tensor types the graph's inputs and value_infos declare for ``name``, in that order."""
         for vi in [*self.graph.input, *self.graph.value_info]:
-            if vi.name == name and vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
-                return len(vi.type.tensor_type.shape.dim)
-        return None
+            if vi.name == name and vi.type.HasField("tensor_type"):
+                yield vi.type.tensor_type
+
+    def _declared_rank(self, name: str) -> int | None:
+        return next((len(t.shape.dim) for t in self._declared_tensors(name) if t.HasField("shape")), None)
 
     def _fuse_tied_gathers(self) -> int:
         """Gather(Transpose(W), ids) with W a 2-D initializer: the embedding of a model that stores its

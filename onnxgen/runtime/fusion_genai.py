@@ -37,9 +37,9 @@ _HALVES = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 def _declared_type(rewriter: Any, name: str) -> int | None:
     """The element type the graph declares for value ``name`` (an input, a value_info or an
     initializer), else None."""
-    for vi in [*rewriter.graph.input, *rewriter.graph.value_info]:
-        if vi.name == name and vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
-            return vi.type.tensor_type.elem_type
+    declared = next((t.elem_type for t in rewriter._declared_tensors(name) if t.elem_type), None)
+    if declared is not None:
+        return declared
     init = rewriter.inits.get(name)
     return init.data_type if init is not None else None
 
