@@ -185,6 +185,8 @@ def causal_conv_update(
     tensors = [t for t in (x, weight, bias, past_state) if t is not None]
     if any(t.dtype not in KERNEL_DTYPES or t.device != x.device for t in tensors):
         return None
+    if length > 1 and not options.current().conv_prompt:
+        return None
 
     past = past_state.contiguous() if past_state is not None else None
     present = torch.empty(state_shape, dtype=x.dtype, device=x.device)
@@ -194,8 +196,6 @@ def causal_conv_update(
     # strides of the contiguous state's (channel, position) axes
     state_strides = (1, channels) if channels_last else (carry, 1)
     if length > 1:
-        if not options.current().conv_prompt:
-            return None
         return _prompt(x, weight, bias, past, present, y, channels_last, batch, length, channels, carry, dilation,
                        state_strides, activation)  # fmt: skip
     x2 = x.reshape(batch, channels)  # a view where x's channels are evenly strided

@@ -113,7 +113,7 @@ def _gated_delta_chunk_kernel(
     tl.store(present_ptr + cells, s.to(present_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
-def _tile(batch: int, kv_heads: int, d_k: int, d_v: int) -> tuple[int, int]:
+def _tile(d_k: int, d_v: int) -> tuple[int, int]:
     """(BLOCK_K, BLOCK_V): all key dims in one tile, value-dim tiles of 32 (at least 16: tl.dot)."""
     return max(16, triton.next_power_of_2(d_k)), max(16, min(32, triton.next_power_of_2(d_v)))
 
@@ -136,14 +136,12 @@ def gated_delta_chunked(
     run = prepare(query, key, value, past_state, decay, beta, q_heads=q_heads, kv_heads=kv_heads, per_dim_decay=False)
     if run is None:
         return None
-    block_k, block_v = _tile(run.batch, kv_heads, run.d_k, run.d_v)
+    block_k, block_v = _tile(run.d_k, run.d_v)
     LAUNCHES["gated_delta_chunked"] += 1
     _gated_delta_chunk_kernel[(run.batch * kv_heads, triton.cdiv(run.d_v, block_v))](
         *run.arguments(),
         float(scale),
-        HAS_PAST=run.past is not None,
-        HAS_DECAY=run.decay is not None,
-        HAS_BETA=run.beta is not None,
+        **run.forms(),
         BLOCK_K=block_k,
         BLOCK_V=block_v,
         CHUNK=CHUNK,

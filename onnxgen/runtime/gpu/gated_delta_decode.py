@@ -168,6 +168,14 @@ class Launch:
     q_share: int  # inverse GQA: KV heads per query head
     k_share: int  # keys packed per query head: KV heads per key head
 
+    def forms(self) -> dict[str, bool]:
+        """The kernels' HAS_PAST / HAS_DECAY / HAS_BETA constexprs."""
+        return {
+            "HAS_PAST": self.past is not None,
+            "HAS_DECAY": self.decay is not None,
+            "HAS_BETA": self.beta is not None,
+        }
+
     def arguments(self) -> tuple:
         """The kernels' leading arguments, in their order."""
         q = self.query
@@ -272,9 +280,7 @@ def gated_delta_decode(
     _gated_delta_step_kernel[(run.batch * kv_heads, triton.cdiv(run.d_v, block_v))](
         *run.arguments(),
         float(scale),
-        HAS_PAST=run.past is not None,
-        HAS_DECAY=run.decay is not None,
-        HAS_BETA=run.beta is not None,
+        **run.forms(),
         BLOCK_K=block_k,
         BLOCK_V=block_v,
         **pdl_launch(run.query, run.present, run.out),
