@@ -129,11 +129,6 @@ def bench_shape(name: str, k: int, n: int, args, dev, sweeps) -> list[tuple[str,
     wbytes = n * k * 2
     copies = max(2, min(48, int(256e6 // wbytes)))  # >= 256 MB per graph: far past the L2
     ws = [torch.randn(n, k, device=dev, dtype=torch.float16) * 0.02 for _ in range(copies)]
-    wt = [w.t().contiguous() for w in ws]
-    x = torch.randn(1, k, device=dev, dtype=torch.float16)
-    skip = torch.randn(k, device=dev, dtype=torch.float16)
-    gamma = torch.rand(k, device=dev, dtype=torch.float16) + 0.5
-    total = torch.empty(k, device=dev, dtype=torch.float16)
     rows: list[tuple[str, float, float]] = []
 
     def add(label: str, us: float, nbytes: int = wbytes) -> None:
@@ -147,7 +142,7 @@ def bench_shape(name: str, k: int, n: int, args, dev, sweeps) -> list[tuple[str,
     qb = [torch.randint(0, 256, (n, nb, bs // 2), device=dev, dtype=torch.uint8) for _ in range(qcopies)]
     qs = [torch.rand(n, nb, device=dev, dtype=torch.float16) * 0.01 for _ in range(qcopies)]
     if not args.prompt_only:
-        one_row_sweeps(name, k, n, args, sweeps, ws, wt, x, skip, gamma, total, qb, qs, qcopies, add, copies)
+        one_row_sweeps(name, k, n, args, sweeps, ws, qb, qs, qcopies, add, copies, wbytes, qbytes)
     prompt_rows(name, k, n, args, ws, qb, qs, qcopies, add, copies, wbytes, qbytes)
     print(f"\n{name}: K={k} N={n}  fp16 weight {wbytes / 1e6:.2f} MB, int4 {qbytes / 1e6:.2f} MB", flush=True)
     for label, us, gbs in rows:
@@ -155,13 +150,17 @@ def bench_shape(name: str, k: int, n: int, args, dev, sweeps) -> list[tuple[str,
     return rows
 
 
-def one_row_sweeps(name, k, n, args, sweeps, ws, wt, x, skip, gamma, total, qb, qs, qcopies, add, copies) -> None:
+def one_row_sweeps(name, k, n, args, sweeps, ws, qb, qs, qcopies, add, copies, wbytes, qbytes) -> None:
     """The one-row products: cuBLAS, the dense Triton GEMV swept, the 4-bit kernels swept."""
     bn_list, bk_list, w_list, bpi_list = sweeps
-    wbytes = n * k * 2
+    dev = ws[0].device
+    wt = [w.t().contiguous() for w in ws]
+    x = torch.randn(1, k, device=dev, dtype=torch.float16)
+    skip = torch.randn(k, device=dev, dtype=torch.float16)
+    gamma = torch.rand(k, device=dev, dtype=torch.float16) + 0.5
+    total = torch.empty(k, device=dev, dtype=torch.float16)
     bs = args.block_size
     nb = -(-k // bs)
-    qbytes = n * nb * (bs // 2) + n * nb * 2
     ref = F.linear(x, ws[0]).float()
     add("cublas-linear", time_in_graph(lambda i: F.linear(x, ws[i]), copies))
     add("cublas-matmul", time_in_graph(lambda i: x @ wt[i], copies))
@@ -184,7 +183,7 @@ def one_row_sweeps(name, k, n, args, sweeps, ws, wt, x, skip, gamma, total, qb, 
     add("triton chosen + skip_rms prologue", time_in_graph(fused, copies))
     add("q4-dequant (fp16 copy)", time_in_graph(lambda i: F.linear(x, ws[i]), copies), wbytes)
 
-    qchosen = Q4.q4_config(n, k, bs, x.device)
+    qchosen = Q4.q4_config(n, k, bs, dev)
     qref = F.linear(
         x, dequantize_nbits(qb[0], qs[0], None, None, k=k, n=n, bits=4, block_size=bs, dtype=torch.float32).half()
     ).float()
