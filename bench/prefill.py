@@ -31,6 +31,7 @@ import argparse
 import cProfile
 import io
 import pstats
+import random
 import statistics
 import tempfile
 import time
@@ -56,8 +57,6 @@ def mixed_ttfts(engine: DecodeEngine, args: argparse.Namespace, lo: int, hi: int
     """--mixed: TTFT of args.mixed prompts of seeded random lengths in [lo, hi], one run each, with
     the medians of the first and the last quarter (recordings are made on a shape's third sighting:
     the first prompts pay for them)."""
-    import random
-
     lengths = [random.Random(args.mixed * 7919 + i).randint(lo, hi) for i in range(args.mixed)]
     times = []
     for n in lengths:
@@ -69,8 +68,6 @@ def mixed_ttfts(engine: DecodeEngine, args: argparse.Namespace, lo: int, hi: int
         f"{statistics.median(times):.2f} ms (first quarter {statistics.median(times[:quarter]):.2f}, last quarter "
         f"{statistics.median(times[-quarter:]):.2f}, max {max(times):.2f})"
     )
-    if args.capture != "off" and engine.device.type == "cuda":
-        print(f"prefill chunks: {engine.prefill_capture_stats.summary()}")
 
 
 def profile_prefill(engine: DecodeEngine, args: argparse.Namespace, top: int) -> None:
@@ -155,19 +152,18 @@ def main() -> None:
             engine = make_engine(session, config, args, capture=capture)  # fresh recordings per variant
             if args.mixed:
                 mixed_ttfts(engine, args, min(lengths), max(lengths))
-                del engine
-                continue
-            for n in lengths:
-                args.prompt_tokens = n
-                times = ttft_ms(engine, args, 3 + args.repeats)
-                first, steady = times[:3], times[3:]
-                print(
-                    f"prompt {n:5d} tokens: TTFT median {statistics.median(steady):8.2f} ms "
-                    f"(min {min(steady):.2f}, max {max(steady):.2f}, {len(steady)} runs; "
-                    f"the first three runs {', '.join(f'{t:.1f}' for t in first)} ms)"
-                )
-                if args.profile:
-                    profile_prefill(engine, args, args.top)
+            else:
+                for n in lengths:
+                    args.prompt_tokens = n
+                    times = ttft_ms(engine, args, 3 + args.repeats)
+                    first, steady = times[:3], times[3:]
+                    print(
+                        f"prompt {n:5d} tokens: TTFT median {statistics.median(steady):8.2f} ms "
+                        f"(min {min(steady):.2f}, max {max(steady):.2f}, {len(steady)} runs; "
+                        f"the first three runs {', '.join(f'{t:.1f}' for t in first)} ms)"
+                    )
+                    if args.profile:
+                        profile_prefill(engine, args, args.top)
             if capture != "off":
                 print(f"prefill chunks: {engine.prefill_capture_stats.summary()}")
             del engine
