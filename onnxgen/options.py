@@ -134,10 +134,15 @@ def _persist(raw: str) -> int:
     return int(raw)
 
 
-def _programs(raw: str) -> int:
-    if not raw.isdigit():
-        raise ValueError("expected a number of programs (0: never)")
-    return int(raw)
+def _count(unit: str) -> Callable[[str], int]:
+    """A parser of a number of ``unit`` (digits only; 0: never)."""
+
+    def parse(raw: str) -> int:
+        if not raw.isdigit():
+            raise ValueError(f"expected a number of {unit} (0: never)")
+        return int(raw)
+
+    return parse
 
 
 def _gqa_decode(raw: str) -> tuple[int, int]:
@@ -189,16 +194,6 @@ def _q4(raw: str) -> Config:
 
 def _gemm_q4(raw: str) -> Config:
     return _ints(raw, 5, "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES")
-
-
-def _tokens(raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError("expected a number of tokens (0: never)")
-    return value
 
 
 def _gemm_q4_split(raw: str) -> Config:
@@ -298,11 +293,11 @@ KNOBS: tuple[Knob, ...] = (
     Knob("conv_prompt", "ONNXGEN_CONV_PROMPT", _flag(), "`1` / `0`",
          "`0`: a prompt's CausalConvWithState on a Triton device runs the torch path (about ten kernels) instead "
          "of one Triton kernel (gpu/causal_conv_update.py); one-position steps keep their kernel"),
-    Knob("gdn_chunked_from", "ONNXGEN_GDN_CHUNKED_FROM", _tokens, "`T` (tokens; `0`: never)",
+    Knob("gdn_chunked_from", "ONNXGEN_GDN_CHUNKED_FROM", _count("tokens"), "`T` (tokens; `0`: never)",
          "a LinearAttention prompt of at least T tokens on a Triton device runs the chunked kernel "
          "(gpu/gated_delta_chunked.py); shorter ones the sequential kernel up to 64 tokens, the torch path's "
          "chunked form beyond; `0`: never the chunked kernel"),
-    Knob("q4_norm_apart", "ONNXGEN_Q4_NORM_APART", _programs, "`P` (programs; `0`: never)",
+    Knob("q4_norm_apart", "ONNXGEN_Q4_NORM_APART", _count("programs"), "`P` (programs; `0`: never)",
          "a 4-bit one-row product of more than P programs (the lm_head) runs its norm prologue as a kernel of "
          "its own instead of once per program"),
     Knob("gemv_split", "ONNXGEN_GEMV_SPLIT", _split, "`off` / `BLOCK_N,BLOCK_K,WARPS`",
