@@ -195,3 +195,43 @@ def test_captured_batched_steps_give_the_same_tokens(package: Path) -> None:
     assert stats.replays > 0 and stats.verified_steps > 0 and stats.invalidations == 0 and not stats.unsupported
     assert decoder.prompt_groups == 0 and engine.prefill_capture_stats.steps > 0
     assert sorted(decoder.pool.busy) == [False] * 4
+
+
+@pytest.mark.parametrize("package", ["onnxgen-dense"], indirect=True)
+def test_a_batched_hybrid_prompt_runs_the_same_pieces_captured_or_not(package: Path) -> None:
+    """The batching decoder's uncaptured prompt chunks run in the captured path's power-of-two
+    pieces: a chunk split otherwise rounds otherwise, so the capture setting would change the
+    tokens (the H200 run of 2026-12-05 saw a captured batch part from the eager one when the
+    captured prompts ran as pieces and the eager ones whole). The pieces each path runs (prompts
+    of 12, 6 and 14 tokens: no one-row piece, so every row count above one is a prompt's) are
+    recorded as the session and the engine see them. Bit equality itself is the GPU test's
+    (tests/test_gpu_hybrid.py): on the CPU the two paths' attentions span different mask widths
+    and round apart anyway."""
+    from onnxgen.runtime.capture.recorder import ReplayRecorder
+
+    prompts = [[5, 17, 100, 41, 9, 80, 3, 7, 11, 2, 1, 6], [8, 3, 3, 90, 1, 4], [2] * 14]
+
+    def pieces(captured: bool) -> list[int]:
+        kwargs = dict(kv="static", capture="on", recorder=ReplayRecorder()) if captured else {}
+        engine = make_engine(package, **kwargs)
+        rows: list[int] = []
+        if captured:  # the scratch cache's prompt steps
+            forward = engine._forward
+            engine._forward = lambda sequence, ids, **kw: rows.append(ids.shape[1]) or forward(sequence, ids, **kw)
+        else:  # the slot's prompt steps (a decode step feeds one row per sequence)
+            run = engine.session.run_torch
+            ids_name = engine.config.io.input_ids
+
+            def counted(feeds, *rest, **kw):
+                if feeds[ids_name].shape[1] > 1:
+                    rows.append(feeds[ids_name].shape[1])
+                return run(feeds, *rest, **kw)
+
+            engine.session.run_torch = counted
+        decoder = BatchedDecoder(engine, max_seqs=1, max_model_len=64, prefill_chunk=32)
+        sequences = [engine.new_sequence(p, SamplingParams(max_new_tokens=2, ignore_eos=True)) for p in prompts]
+        run_as_room_allows(decoder, sequences)
+        return rows
+
+    assert pieces(True) == [8, 4, 4, 2, 8, 4, 2]
+    assert pieces(False) == [8, 4, 4, 2, 8, 4, 2]

@@ -221,6 +221,36 @@ def test_hybrid_prompts_run_as_recorded_power_of_two_pieces(hybrid) -> None:
     assert engine.prefill_capture_stats.captured_steps > 0
 
 
+def test_a_hybrid_prompt_computes_the_same_bits_captured_or_not(hybrid) -> None:
+    """The capture setting must not change what a prompt computes: with a static cache a hybrid's
+    prompt runs in the same power-of-two pieces whether its steps are recorded or not. (The H200
+    run of 2026-12-05 found a captured generation parting from the uncaptured one after 30 tokens:
+    the captured prompt ran as 8 + 4 rows, the uncaptured one as 12, and a chunk split otherwise
+    rounds otherwise.) The last row's logits are compared bit for bit, recorded (the CPU stand-in
+    for CUDA graphs) against not, for lengths of one, two and three pieces."""
+    from onnxgen.genai import Generator, SamplingParams
+    from onnxgen.runtime.capture.recorder import ReplayRecorder
+
+    checkpoint, package = hybrid
+    write_word_tokenizer(package, 128)
+    rng = np.random.default_rng(5)
+    engines = {
+        "off": Generator(package, "cpu", kv="static", capture="off").engine,
+        "on": Generator(package, "cpu", kv="static", capture="on", recorder=ReplayRecorder()).engine,
+    }
+    for n in (16, 12, 37):
+        ids = rng.integers(1, 128, size=n).tolist()
+        logits = {}
+        for mode, engine in engines.items():
+            for _ in range(3):  # warm-up, recording, replay
+                sequence = engine.new_sequence(ids, SamplingParams(max_new_tokens=1))
+                sequence.kv = engine._new_kv(n + 1)
+                with torch.inference_mode():
+                    logits[mode] = engine._prefill(sequence, torch.tensor([ids])).clone()
+        assert torch.equal(logits["on"], logits["off"]), n
+    assert engines["on"].prefill_capture_stats.captured_steps > 0
+
+
 def test_hybrid_decode_step_is_one_recorded_segment(hybrid) -> None:
     """With a static cache the whole decode step plans as one segment (the conv and recurrent
     state updates, the gates and norms recorded with the attention), and replaying it (the CPU

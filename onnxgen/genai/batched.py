@@ -48,7 +48,7 @@ import torch
 
 from onnxgen.errors import InvalidInputError, OnnxgenError
 from onnxgen.genai.batch_buckets import BucketFeeds, batch_buckets, bucket_for
-from onnxgen.genai.engine import DecodeEngine
+from onnxgen.genai.engine import DecodeEngine, power_of_two_pieces
 from onnxgen.genai.kv_cache import StaticKV, past_feeds_attention_in_place
 from onnxgen.genai.kv_pool import KVPool
 from onnxgen.genai.package import PackageConfig
@@ -352,11 +352,32 @@ class BatchedDecoder:
             hi = point
         if self.captured:
             return self._prefill_chunk_captured(sequence, lo, hi), hi - lo
+        # a hybrid's chunk in the captured path's power-of-two pieces (engine._prefill_pieces): split
+        # otherwise it would round otherwise, and the capture setting would change the tokens
+        pieces = power_of_two_pieces(hi - lo) if engine.config.carried else [hi - lo]
+        start = lo
+        for piece in pieces:
+            logits = self._prefill_piece(sequence, start, start + piece)
+            start += piece
+        sequence.prefilled = hi
+        if hi == point:
+            self._keep_snapshot(sequence, {name: state[slot] for name, state in self.pool.states.items()})
+        if hi < len(prompt):
+            return [], hi - lo
+        self.prefilling = None
+        return [self._sample_and_read(sequence, logits)], hi - lo
+
+    def _prefill_piece(self, sequence: Sequence, lo: int, hi: int) -> torch.Tensor:
+        """Prompt rows ``lo`` .. ``hi`` of the sequence run uncaptured in its slot; returns the last
+        row's logits."""
+        engine = self.engine
+        slot = sequence.slot
+        assert slot is not None
         n = hi - lo
         io = engine.config.io
         device = engine.device
         feeds = {
-            io.input_ids: torch.tensor([prompt[lo:hi]], dtype=torch.int64, device=device),
+            io.input_ids: torch.tensor([sequence.prompt_ids[lo:hi]], dtype=torch.int64, device=device),
             io.attention_mask: torch.ones((1, hi), dtype=torch.int64, device=device),
         }
         if engine.has_positions:
@@ -369,15 +390,8 @@ class BatchedDecoder:
         outputs = engine.session.run_torch(feeds)
         self._keep_in_place(outputs, past)
         self._keep_states(outputs, past, None)
-        self.pool.contents[slot].extend(prompt[lo:hi])
-        sequence.prefilled = hi
-        if hi == point:
-            self._keep_snapshot(sequence, {name: state[slot] for name, state in self.pool.states.items()})
-        if hi < len(prompt):
-            return [], n
-        self.prefilling = None
-        logits = outputs[io.logits][0, 0 if engine.logits_row is not None else n - 1]
-        return [self._sample_and_read(sequence, logits)], n
+        self.pool.contents[slot].extend(sequence.prompt_ids[lo:hi])
+        return outputs[io.logits][0, 0 if engine.logits_row is not None else n - 1]
 
     def _start(self, sequence: Sequence) -> None:
         """The sequence's slot (its longest held prefix reused), once: a sequence looked at for a

@@ -621,8 +621,11 @@ class DecodeEngine:
         Progress line on stderr (None: never). Elsewhere (CUDA, graphs that concatenate their own
         KV) the prompt is one step, as before."""
         n = ids.shape[1]
-        if self.capture != "off" and isinstance(sequence.kv, StaticKV) and self._prefill_chunks_apply():
-            return self._prefill_captured(sequence, ids)
+        if isinstance(sequence.kv, StaticKV) and self._prefill_chunks_apply():
+            if self.config.carried:  # captured or not: recording must not change a prompt's arithmetic
+                return self._prefill_pieces(sequence, ids)
+            if self.capture != "off":
+                return self._prefill_captured(sequence, ids)
         chunk = self.prefill_chunk
         if self.device.type != "cpu" or not chunk or n <= chunk or not self._prefill_chunks_apply():
             return self._forward(sequence, ids)
@@ -642,25 +645,17 @@ class DecodeEngine:
         sound because the graph's attention (GroupQueryAttention over the shared cache) is causal
         within a chunk: a prompt row never sees the padding rows after it, and the padding's KV rows
         are unmasked again and overwritten by the next step. A graph with carried states takes
-        unpadded power-of-two pieces instead (power_of_two_pieces). Each chunk is a binding key of
-        the capture runtime (chunk rows; the mask spans the cache, so not the chunk's position):
-        warmed, recorded and then replayed like the decode step, and checked against eager in
-        verify mode."""
+        unpadded power-of-two pieces instead (_prefill_pieces). Each chunk is a binding key of the
+        capture runtime (chunk rows; the mask spans the cache, so not the chunk's position): warmed,
+        recorded and then replayed like the decode step, and checked against eager in verify mode."""
+        if self.config.carried:
+            return self._prefill_pieces(sequence, ids)
         kv = sequence.kv
         assert isinstance(kv, StaticKV)
         n = ids.shape[1]
         logits = None
         for lo in range(0, n, self.captured_prefill_max):
             real = min(self.captured_prefill_max, n - lo)
-            if self.config.carried:
-                # carried states (a hybrid decoder) would fold padding tokens in for good: the chunk
-                # runs as pieces of power-of-two rows instead, largest first (37 = 32 + 4 + 1), so a
-                # handful of recorded shapes serve every length; a piece of one row is a decode step
-                start = lo
-                for piece in power_of_two_pieces(real):
-                    logits = self._forward(sequence, ids[:, start : start + piece])
-                    start += piece
-                continue
             size = max(self.captured_prefill_min, 1 << (real - 1).bit_length())
             if kv.length + size > kv.capacity or real == 1:
                 # no room for the padding, or one row, which the eager path computes with the
@@ -671,6 +666,32 @@ class DecodeEngine:
             if size > real:
                 chunk = torch.cat((chunk, chunk.new_zeros((1, size - real))), dim=1)
             logits = self._forward(sequence, chunk, real=real)
+        assert logits is not None
+        return logits
+
+    def _prefill_pieces(self, sequence: Sequence, ids: torch.Tensor) -> torch.Tensor:
+        """A prompt of a graph with carried states (a hybrid decoder) over a static cache: chunks of
+        at most ``captured_prefill_max`` tokens (on the CPU ``prefill_chunk`` where smaller), each as
+        unpadded pieces of power-of-two rows, largest first (37 = 32 + 4 + 1; a one-row piece is a
+        decode step). Padding would fold its tokens into the states for good, so pieces are what
+        lets a handful of recorded shapes serve every length. The pieces are the same whether the
+        steps are captured or not: a chunk split otherwise rounds otherwise, and a capture setting
+        would change the generated tokens. Returns the last row's logits."""
+        from onnxgen.progress import Progress
+
+        n = ids.shape[1]
+        span = self.captured_prefill_max
+        if self.device.type == "cpu" and self.prefill_chunk:
+            span = min(span, self.prefill_chunk)
+        threshold = self.prefill_progress_tokens
+        logits = None
+        with Progress("prefill", total=n, unit="tok", enabled=threshold is not None and n >= threshold) as bar:
+            start = 0
+            for lo in range(0, n, span):
+                for piece in power_of_two_pieces(min(span, n - lo)):
+                    logits = self._forward(sequence, ids[:, start : start + piece])
+                    start += piece
+                    bar.update(piece)
         assert logits is not None
         return logits
 
