@@ -197,14 +197,123 @@ def test_tokens_sharing_an_expert_and_prompts(device: str) -> None:
     _kernel_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))
 
 
-@pytest.mark.parametrize("device", KERNEL_DEVICES)
-def test_more_pairs_than_the_kernels_take_keep_the_torch_path(device: str) -> None:
+# ---------------------------------------------------------------- long prompts (gpu/moe_grouped.py)
+
+GROUPED = "moe_grouped"
+
+
+def _grouped_vs_torch(run: Callable[[], torch.Tensor]) -> None:
+    """``run`` takes the grouped kernels once (not the per-pair ones) and matches the torch path
+    within the tolerance of its roundings (fp16 / bf16: the weights and h rounded to the activation
+    dtype for the tensor cores, each one ulp, as a GEMM over dequantized weights rounds them); on
+    CUDA it repeats itself bit for bit."""
+    before, per_pair = LAUNCHES[GROUPED], LAUNCHES[KERNEL]
+    fused = run()
+    assert LAUNCHES[GROUPED] == before + 1 and LAUNCHES[KERNEL] == per_pair, "the grouped kernels did not run"
+    if fused.is_cuda:
+        assert torch.equal(run(), fused), "a second run differs"
+    with options.override(triton=False):
+        reference = run()
+    assert_close_to_torch_path(fused, reference)
+
+
+def _prompt_tokens(k: int) -> int:
+    """Tokens whose pairs exceed what the per-pair kernels take over 8 experts, and leave a partial
+    last tile."""
     from onnxgen.runtime.gpu.moe_experts import PAIRS_PER_EXPERT
 
-    attrs, inputs = _qmoe_inputs("int4_blocks", device, torch.float32, tokens=8 * PAIRS_PER_EXPERT // 2 + 1)
-    before = LAUNCHES[KERNEL]
+    return 8 * PAIRS_PER_EXPERT // k + 7
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("case", list(QMOE_CASES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_grouped_qmoe_kernels_match_the_torch_path(device: str, case: str, dtype: torch.dtype) -> None:
+    k = QMOE_CASES[case][4]
+    attrs, inputs = _qmoe_inputs(case, device, dtype, tokens=_prompt_tokens(k))
+    _grouped_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("case", list(MOE_CASES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_grouped_moe_kernels_match_the_torch_path(device: str, case: str, dtype: torch.dtype) -> None:
+    attrs, inputs = _moe_inputs(case, device, dtype)
+    k = attrs["k"]
+    tokens = _prompt_tokens(k)
+    inp = _Inputs(device, dtype, seed=tokens)
+    inputs[0], inputs[1] = inp.randn(tokens, inputs[0].shape[1]), inp.randn(tokens, inputs[1].shape[1], scale=2.0)
+    _grouped_vs_torch(lambda: moe(_ctx("MoE", device, **attrs), *inputs))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("case", ["swiglu_concatenated_bias", "gelu"])
+def test_grouped_moe_kernels_bf16(case: str) -> None:
+    """bf16 on CUDA only: Triton's interpreter multiplies bf16 operands of tl.dot wrongly (a 16 x 16
+    product comes out ~1e10 off; fp16 and fp32 are right)."""
+    test_grouped_moe_kernels_match_the_torch_path("cuda", case, torch.bfloat16)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_grouped_kernels_take_every_pair_on_one_expert(device: str) -> None:
+    """Routing that sends every token to the same experts: one expert's pairs span many tiles
+    (the most tiles a table can need past P / BLOCK_M), the other experts get none."""
+    attrs, inputs = _qmoe_inputs("int4_blocks_zero_points", device, torch.float16, tokens=_prompt_tokens(2) * 3)
+    inputs[1] = torch.zeros_like(inputs[1])
+    inputs[1][:, 3], inputs[1][:, 5] = 4.0, 3.0
+    _grouped_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_quantization_blocks_past_the_grouped_limit_keep_the_torch_path(device: str) -> None:
+    """Blocks of 256 (past moe_experts.GROUPED_MAX_BLOCK): a long prompt takes the torch path."""
+    inp = _Inputs(device, torch.float32, seed=4)
+    experts, hidden, inter = 8, 256, 256
+    fc1 = _quantized(inp, experts, 2 * inter, hidden, 4, 256, False)
+    fc2 = _quantized(inp, experts, hidden, inter, 4, 256, False)
+    tokens = _prompt_tokens(2)
+    x, router = inp.randn(tokens, hidden), inp.randn(tokens, experts, scale=2.0)
+    attrs = _activation_attrs("swiglu", 2, 1, expert_weight_bits=4, block_size=256)
+    inputs = [x, router, fc1[0], fc1[1], None, fc2[0], fc2[1], None, None, None, None, None, None, None]
+    before = (LAUNCHES[GROUPED], LAUNCHES[KERNEL])
     qmoe(_ctx("QMoE", device, **attrs), *inputs)
-    assert LAUNCHES[KERNEL] == before
+    assert (LAUNCHES[GROUPED], LAUNCHES[KERNEL]) == before
+
+
+def test_group_pairs_tiles_by_hand() -> None:
+    """The tile table of six pairs over four experts in tiles of two, worked out by hand: pairs
+    sorted by expert (stable), expert 2's three pairs in two tiles, and empty tiles (expert E, no
+    pairs) up to P // 2 + min(E, P) = 7."""
+    from onnxgen.runtime.gpu.moe_grouped import group_pairs
+
+    chosen = torch.tensor([[0, 2], [2, 0], [2, 1]])  # pairs 0..5: experts 0 2 2 0 2 1
+    order, expert, first, rows = (t.tolist() for t in group_pairs(chosen, 4, 2))
+    assert order == [0, 3, 5, 1, 2, 4]
+    assert expert == [0, 1, 2, 2, 4, 4, 4]
+    assert first[:4] == [0, 2, 3, 5]
+    assert rows == [2, 1, 2, 1, 0, 0, 0]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_group_pairs_covers_every_pair_once(seed: int) -> None:
+    """Random and lopsided routings: every pair lies in exactly one tile, of its own expert, within
+    the table's bound, and tiles never hold more than BLOCK_M pairs."""
+    from onnxgen.runtime.gpu.moe_grouped import group_pairs
+
+    gen = torch.Generator().manual_seed(seed)
+    experts, k, tokens, block = 16, 4, 37 + seed * 50, 16
+    scores = torch.rand(tokens, experts, generator=gen) ** (1 + 3 * seed)  # later seeds favour few experts
+    chosen = scores.topk(k, dim=-1).indices
+    order, expert, first, rows = group_pairs(chosen, experts, block)
+    flat = chosen.reshape(-1)
+    seen = []
+    for e, f, r in zip(expert.tolist(), first.tolist(), rows.tolist()):
+        assert 0 <= r <= block and (r == 0) == (e == experts)
+        pairs = order[f : f + r].tolist()
+        assert all(flat[p] == e for p in pairs)
+        seen += pairs
+    assert sorted(seen) == list(range(tokens * k))
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
@@ -262,6 +371,32 @@ def test_moe_kernels_compile(bits: int, per_row: bool, zero_kind: int, act: int,
         if bits == 4 and zero_kind == 0:  # codes become floats by the exponent trick
             assert not re.findall(r"cvt\.rn\.f32\.[su]\d+", ptx)
         assert "atom" not in ptx  # no atomics: the sums' order is fixed
+
+
+@pytest.mark.skipif(interpreting() or not triton_importable(), reason="compiles the kernels (not interpreted)")
+@pytest.mark.parametrize(("bits", "per_row", "zero_kind", "act", "dtype"),
+                         [(4, False, 1, 4, "fp16"), (4, True, 3, 3, "bf16"), (8, False, 0, 4, "fp16"),
+                          (0, True, 0, 2, "fp32")])  # fmt: skip
+def test_grouped_kernels_compile(bits: int, per_row: bool, zero_kind: int, act: int, dtype: str) -> None:
+    from onnxgen.runtime.gpu import moe_grouped
+    from tests.test_triton_compile import compile_for_sm90
+
+    weight = f"*{dtype}" if bits == 0 else "*u8"
+    ptrs = dict(x_ptr=f"*{dtype}", h_ptr=f"*{dtype}", w_ptr=weight, w3_ptr=weight, z_ptr="*u8", z3_ptr="*u8",
+                route_ptr="*fp32", y_ptr="*fp32")  # fmt: skip
+    ptrs.update(dict.fromkeys(["s_ptr", "s3_ptr", "b_ptr", "b3_ptr"], f"*{dtype}"))
+    ptrs.update(dict.fromkeys(["order_ptr", "tile_expert_ptr", "tile_first_ptr", "tile_rows_ptr"], "*i32"))
+    form = dict(BITS=bits, PER_ROW=per_row, ZERO_KIND=zero_kind, QBLOCK=32, NB=2, BLOCK_M=32,
+                IEEE=dtype == "fp32")  # fmt: skip
+    fc1 = moe_grouped._grouped_fc1
+    const = dict(ACT=act, HAS_LIMIT=True, HAS_BIAS=True, BLOCK_N=32, **form)
+    ptx1 = compile_for_sm90(fc1, _signature(fc1, ptrs, ("alpha", "beta", "limit")), const)
+    fc2 = moe_grouped._grouped_fc2
+    ptx2 = compile_for_sm90(fc2, _signature(fc2, ptrs), dict(HAS_BIAS=True, BLOCK_N=64, **form))
+    for ptx in (ptx1, ptx2):
+        assert "atom" not in ptx  # no atomics: the sums' order is fixed
+        if dtype != "fp32":
+            assert "mma" in ptx  # the products on tensor cores
 
 
 # ---------------------------------------------------------------- routing (gpu/moe_routing.py)
@@ -357,6 +492,32 @@ def test_kernels_on_the_qwen35_35b_a3b_layer_shape() -> None:
     with torch.cuda.graph(graph):
         recorded = qmoe(ctx, *inputs)
     gen = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        inputs[0].copy_(torch.randn(inputs[0].shape, generator=gen))
+        inputs[1].copy_(torch.randn(inputs[1].shape, generator=gen) * 2)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(recorded, qmoe(ctx, *inputs))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_grouped_kernels_on_the_qwen35_35b_a3b_layer_shape() -> None:
+    """A 300-token prompt chunk of the layer (2,400 pairs: the grouped kernels) against the torch
+    path; then recorded in a CUDA graph (the sort and the tile table included): every replay with
+    new tokens and routing equals the eager call bit for bit."""
+    attrs, inputs = _qwen35_moe_layer(300)
+    ctx = _ctx("QMoE", "cuda", **attrs)
+    _grouped_vs_torch(lambda: qmoe(ctx, *inputs))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        qmoe(ctx, *inputs)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        recorded = qmoe(ctx, *inputs)
+    gen = torch.Generator().manual_seed(2)
     for _ in range(3):
         inputs[0].copy_(torch.randn(inputs[0].shape, generator=gen))
         inputs[1].copy_(torch.randn(inputs[1].shape, generator=gen) * 2)

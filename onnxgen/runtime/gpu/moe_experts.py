@@ -36,9 +36,10 @@ sum over a token's pairs included, has a fixed order and there are no atomics: a
 for bit, and a captured step equals the eager one. The launches depend on shapes only (grid, one
 fp32 [P, inter] and one [T, hidden] output from torch.empty), so the step can be recorded.
 
-Prompts: the kernels serve up to PAIRS_PER_EXPERT * E pairs (module constant, reasoned below), so a
-prompt of up to that many pairs runs on the device without the torch path's host-reading grouped
-form; longer prompts keep it.
+Prompts: the kernels serve up to PAIRS_PER_EXPERT * E pairs (module constant, reasoned below);
+longer prompts take gpu/moe_grouped.py's kernels (the pairs grouped by expert on the device, each
+expert read once per tile of its pairs). Neither reads the routing on the host, so a prompt of any
+length runs without the torch path's host-reading grouped form.
 """
 
 from __future__ import annotations
@@ -54,12 +55,14 @@ from onnxgen.runtime.gpu.linear_q4 import MAGIC, MAGIC_BITS, _block_loads, _code
 from onnxgen.runtime.gpu.pdl import wait_for_previous
 
 # The kernels read one expert's weights per pair, so a call reads up to pairs / E times the bytes
-# of all the layer's experts, where a grouped GEMM would read each chosen expert once. The torch
-# path for many pairs (grouped) reads the routing on the host and runs a few dozen small kernels
-# per expert it uses (dequantization, GEMMs, scatter), and cannot be recorded. Up to 4 passes over
-# every expert's bytes the kernels stay cheaper than that by the reckoning of bytes and launches
-# (not measured): on the 35B-A3B shape (256 experts, k = 8) 1,024 pairs, a 128-token prompt chunk.
+# of all the layer's experts, where the grouped kernels (gpu/moe_grouped.py) read each chosen
+# expert once per tile of its pairs, for a sort and a few more launches and tiles padded to whole
+# rows. Up to 4 passes over every expert's bytes the per-pair kernels are taken (a reckoning of
+# bytes, not measured): on the 35B-A3B shape (256 experts, k = 8) 1,024 pairs, a 128-token chunk.
 PAIRS_PER_EXPERT = 4
+# the largest quantization block the grouped kernels (gpu/moe_grouped.py) take: a K step of theirs
+# spans whole blocks, and a [tile, block] weight tile of a larger one would not stay in registers
+GROUPED_MAX_BLOCK = 128
 # the largest top k the fc2 tile holds (the token's k experts side by side in one program)
 MAX_TOP_K = 32
 # weight bytes one program holds per K-chunk, in WARPS warps: fc1's tile as gpu/linear_q4's one-row
@@ -414,7 +417,7 @@ def moe_experts(
     top_k = chosen.shape[1]
     experts = fc1.weight.shape[0] if fc1.weight.dim() == 3 else 0
     pairs = tokens * top_k
-    if not 1 <= top_k <= MAX_TOP_K or pairs == 0 or pairs > PAIRS_PER_EXPERT * experts:
+    if not 1 <= top_k <= MAX_TOP_K or pairs == 0:
         return None
     if chosen.shape[0] != tokens or routing.shape != chosen.shape or chosen.dtype != torch.int64:
         return None
@@ -441,6 +444,14 @@ def moe_experts(
         inter, gate_step, up_step, up_offset = f1.n, 1, 0, 0
     if fc1.inner != hidden or fc2.inner != inter or f2.n != hidden:
         return None
+    if pairs > PAIRS_PER_EXPERT * experts:  # a long prompt: each expert read once per tile of its pairs
+        if max(f1.qblock, f2.qblock) > GROUPED_MAX_BLOCK:
+            return None
+        from onnxgen.runtime.gpu.moe_grouped import grouped_experts
+
+        return grouped_experts(x.contiguous(), chosen.contiguous(), routing.float().contiguous(), fc1, fc2, up, f1,
+                               f2, f3, act=act, inter=inter, gate_step=gate_step, up_step=up_step,
+                               up_offset=up_offset, alpha=alpha, beta=beta, limit=limit)  # fmt: skip
 
     x = x.contiguous()
     chosen, routing = chosen.contiguous(), routing.contiguous()

@@ -14,10 +14,11 @@ On CUDA (where Triton serves, launch.triton_serves) a call of up to
 gpu/moe_experts.PAIRS_PER_EXPERT * experts (token, expert) pairs runs the experts as two Triton
 kernels that read each pair's expert weights in place (dense, or QMoE's 4- and 8-bit codes, scales
 and zero points as stored): no gathered or dequantized copy, no host read, shapes from the token
-count alone, so a decode step (and a short prompt) containing it can be recorded. The routing
-there is one kernel too (gpu/moe_routing.py: softmax, top k, renormalization), where torch's form
-takes five or six. Forms the kernels do not read (moe_experts.moe_experts says None) and longer
-prompts take the torch path below.
+count alone, so a decode step (and a short prompt) containing it can be recorded. Longer prompts
+take gpu/moe_grouped.py's kernels: the pairs grouped by expert on the device, each expert's
+weights read once per tile of its pairs, on tensor cores; recordable too. The routing is one
+kernel there (gpu/moe_routing.py: softmax, top k, renormalization), where torch's form takes five
+or six. Forms the kernels do not read (moe_experts.moe_experts says None) take the torch path below.
 
 The torch path, two ways to run the experts with the same arithmetic: where a call has at most as
 many pairs as there are experts (a decode step: k pairs) each pair's weights are gathered on the
@@ -25,8 +26,7 @@ device by the routing indices (dequantized to fp32 whole), so nothing waits for 
 shapes depend on the token count alone; with more (a prompt, a wide batched step) the tokens are
 grouped by expert, one GEMM per expert that has tokens, which reads the routing on the host: a
 recording that meets it fails, and the capture runtime quarantines the op and runs it eagerly,
-saying so. A device-side grouped kernel (each expert's weights read once for all its tokens) would
-serve long prompts better than either; it is not built.
+saying so (on CUDA only for forms the kernels do not read).
 """
 
 from __future__ import annotations

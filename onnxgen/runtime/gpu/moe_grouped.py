@@ -1,0 +1,253 @@
+"""The experts of com.microsoft MoE and QMoE for prompts of many (token, expert) pairs: the pairs
+grouped by expert on the device, each expert's weights read once per tile of its pairs, on tensor
+cores. No host read and no allocation that depends on the routing, so a prompt chunk containing it
+can be recorded in a CUDA graph.
+
+Why: gpu/moe_experts.py's kernels read one expert's weights per pair. Past a few pairs per expert
+(moe_experts.PAIRS_PER_EXPERT) that reads the layer's experts several times over, and the torch
+path's grouped form reads the routing on the host (one GEMM per used expert), which a recording
+cannot hold. Here, for P = T * k pairs (pair p: token p // k, expert chosen[p]):
+
+    group_pairs       torch ops, all on the device: the pairs sorted by expert (stable: a pair's
+                      place among its expert's pairs follows the pair order), and a table of at most
+                      P // BLOCK_M + min(E, P) tiles, tile i holding up to BLOCK_M consecutive sorted
+                      pairs of one expert (expert E: an empty tile, its programs return at once)
+    _grouped_fc1      program (tile, j): h[pairs, cols] = act(gate . x[token] (+ b), up . x[token]
+                      (+ b)) for columns j * BLOCK_N .. of the tile's expert, as tl.dot over K
+    _grouped_fc2      program (tile, j): y[pairs, rows] = route[p] * (fc2 rows . h[p] (+ b)), fp32
+    the sum           out[t] = sum over the token's k pairs of y, in pair order (torch's reduction
+                      over a fixed shape), rounded once to the activation dtype
+
+Numerics: a weight is (code - zero) * scale in fp32 (dense weights as stored), rounded to the
+activation dtype for the tensor-core dot, as a dense GEMM over the dequantized weight would see it
+(fp32 activations: IEEE fp32 dots, no rounding); h is rounded to the activation dtype between the
+two products for the same reason. So for fp16 / bf16 the results differ from the torch path's fp32
+arithmetic (and from moe_experts' kernels) by those roundings; tests/test_moe_kernels.py states the
+bound. Every sum has a fixed order for a given routing and launch (no atomics), so a run repeats bit
+for bit and a replay equals the eager call.
+
+Weights: every form moe_experts reads (moe_experts._form: dense, 4- and 8-bit codes with per-row or
+per-block scales and zero points), through its tile loads (moe_experts._expert_loads).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from onnxgen.runtime.gpu.launch import LAUNCHES
+from onnxgen.runtime.gpu.linear_q4 import MAGIC_BITS, _codes_less_zero
+from onnxgen.runtime.gpu.moe_experts import _act, _expert_loads, _Form
+
+WARPS = 4
+
+
+@triton.jit
+def _weight_tile(
+    w_ptr, s_ptr, z_ptr, e, r, row_ok, first, n_blocks, n, k, row_len, z_len, BITS: tl.constexpr,
+    PER_ROW: tl.constexpr, ZERO_KIND: tl.constexpr, QBLOCK: tl.constexpr, NB: tl.constexpr, DTYPE: tl.constexpr,
+):  # fmt: skip
+    """Rows ``r`` of expert ``e`` (vectors of R), compute blocks ``first`` .. ``first + NB - 1``, as
+    [R, NB * QBLOCK] weights in DTYPE: (code - zero) * scale in fp32 rounded once, dense ones as
+    stored (zeros where a row or a block lies outside)."""
+    w, scale, offset = _expert_loads(w_ptr, s_ptr, z_ptr, e, r, row_ok, first, n_blocks, n, k, row_len, z_len, BITS,
+                                     PER_ROW, ZERO_KIND, QBLOCK, NB)  # fmt: skip
+    if BITS == 0:
+        v = w.to(tl.float32)
+    elif BITS == 4:
+        v = _codes_less_zero(w, offset, 0, NB, QBLOCK) * scale[:, :, None]
+    else:
+        v = ((w.to(tl.int32) | MAGIC_BITS).to(tl.float32, bitcast=True) - offset[:, :, None]) * scale[:, :, None]
+    return tl.reshape(v, (r.shape[0], NB * QBLOCK)).to(DTYPE)
+
+
+@triton.jit
+def _dot(a, w, IEEE: tl.constexpr):
+    """a [M, K] . w [N, K]^T in fp32."""
+    if IEEE:
+        return tl.dot(a, tl.trans(w), input_precision="ieee")
+    else:
+        return tl.dot(a, tl.trans(w))
+
+
+@triton.jit
+def _tile_pairs(order_ptr, tile_expert_ptr, tile_first_ptr, tile_rows_ptr, BLOCK_M: tl.constexpr):
+    """(expert, the tile's pairs [BLOCK_M] (int64), which of them are real) of this program's tile."""
+    tile = tl.program_id(0)
+    e = tl.load(tile_expert_ptr + tile).to(tl.int64)
+    count = tl.load(tile_rows_ptr + tile)
+    slot = tl.arange(0, BLOCK_M)
+    ok = slot < count
+    pairs = tl.load(order_ptr + tl.load(tile_first_ptr + tile) + slot, mask=ok, other=0).to(tl.int64)
+    return e, pairs, ok, count
+
+
+@triton.jit
+def _grouped_fc1(
+    x_ptr, order_ptr, tile_expert_ptr, tile_first_ptr, tile_rows_ptr, h_ptr, w_ptr, s_ptr, z_ptr, b_ptr, w3_ptr,
+    s3_ptr, z3_ptr, b3_ptr, top_k, inter, hidden, n1, n3, row_len, z_len, n_blocks, gate_step, up_step, up_offset,
+    alpha, beta, limit, ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_BIAS: tl.constexpr, BITS: tl.constexpr,
+    PER_ROW: tl.constexpr, ZERO_KIND: tl.constexpr, QBLOCK: tl.constexpr, NB: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    """h[pair, cols] = act(gate rows . x[token] (+ bias), up rows . x[token] (+ bias)) for the tile's
+    pairs, rounded to h's dtype: gate row c * gate_step (of w), up row c * up_step + up_offset (of
+    w3: fc3, or fc1 again for the fused layouts)."""
+    e, pairs, pair_ok, count = _tile_pairs(order_ptr, tile_expert_ptr, tile_first_ptr, tile_rows_ptr, BLOCK_M)
+    if count > 0:
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < inter
+        tokens = pairs // top_k
+        ev = e + cols * 0
+        gate_rows = cols * gate_step
+        up_rows = cols * up_step + up_offset
+        BLOCK_K: tl.constexpr = NB * QBLOCK
+        dtype = h_ptr.dtype.element_ty
+        gate = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        up = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        for first in range(0, n_blocks, NB):
+            kcols = first * QBLOCK + tl.arange(0, BLOCK_K)
+            a = tl.load(x_ptr + tokens[:, None] * hidden + kcols[None, :],
+                        mask=pair_ok[:, None] & (kcols < hidden)[None, :], other=0.0)  # fmt: skip
+            gw = _weight_tile(w_ptr, s_ptr, z_ptr, ev, gate_rows, col_ok, first, n_blocks, n1, hidden, row_len, z_len,
+                              BITS, PER_ROW, ZERO_KIND, QBLOCK, NB, dtype)  # fmt: skip
+            gate += _dot(a, gw, IEEE)
+            if ACT == 4:
+                uw = _weight_tile(w3_ptr, s3_ptr, z3_ptr, ev, up_rows, col_ok, first, n_blocks, n3, hidden, row_len,
+                                  z_len, BITS, PER_ROW, ZERO_KIND, QBLOCK, NB, dtype)  # fmt: skip
+                up += _dot(a, uw, IEEE)
+        if HAS_BIAS:
+            gate += tl.load(b_ptr + e * n1 + gate_rows, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+            if ACT == 4:
+                up += tl.load(b3_ptr + e * n3 + up_rows, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        h = _act(gate, up, alpha, beta, limit, ACT, HAS_LIMIT)
+        tl.store(h_ptr + pairs[:, None] * inter + cols[None, :], h.to(dtype), mask=pair_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _grouped_fc2(
+    h_ptr, order_ptr, tile_expert_ptr, tile_first_ptr, tile_rows_ptr, route_ptr, y_ptr, w_ptr, s_ptr, z_ptr, b_ptr,
+    hidden, inter, row_len, z_len, n_blocks, HAS_BIAS: tl.constexpr, BITS: tl.constexpr, PER_ROW: tl.constexpr,
+    ZERO_KIND: tl.constexpr, QBLOCK: tl.constexpr, NB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IEEE: tl.constexpr,
+):  # fmt: skip
+    """y[pair, rows] = route[pair] * (fc2 rows of the tile's expert . h[pair] (+ bias)) in fp32."""
+    e, pairs, pair_ok, count = _tile_pairs(order_ptr, tile_expert_ptr, tile_first_ptr, tile_rows_ptr, BLOCK_M)
+    if count > 0:
+        rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        row_ok = rows < hidden
+        ev = e + rows * 0
+        BLOCK_K: tl.constexpr = NB * QBLOCK
+        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        for first in range(0, n_blocks, NB):
+            kcols = first * QBLOCK + tl.arange(0, BLOCK_K)
+            a = tl.load(h_ptr + pairs[:, None] * inter + kcols[None, :],
+                        mask=pair_ok[:, None] & (kcols < inter)[None, :], other=0.0)  # fmt: skip
+            w = _weight_tile(w_ptr, s_ptr, z_ptr, ev, rows, row_ok, first, n_blocks, hidden, inter, row_len, z_len,
+                             BITS, PER_ROW, ZERO_KIND, QBLOCK, NB, h_ptr.dtype.element_ty)  # fmt: skip
+            acc += _dot(a, w, IEEE)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + e * hidden + rows, mask=row_ok, other=0.0).to(tl.float32)[None, :]
+        route = tl.load(route_ptr + pairs, mask=pair_ok, other=0.0).to(tl.float32)
+        tl.store(y_ptr + pairs[:, None] * hidden + rows[None, :], acc * route[:, None],
+                 mask=pair_ok[:, None] & row_ok[None, :])  # fmt: skip
+
+
+# -- grouping and launch -------------------------------------------------------------------------
+
+
+def tile_rows(pairs: int, experts: int) -> int:
+    """BLOCK_M: pairs per tile, the average pairs per expert rounded up to a power of two, 16 to 64
+    (tl.dot takes at least 16 rows; more rows share a weight tile's loads among more pairs, fewer
+    leave fewer padding rows in each expert's last tile). Not measured (no GPU in reach when
+    written)."""
+    return min(64, max(16, triton.next_power_of_2(-(-pairs // experts))))
+
+
+def group_pairs(chosen: torch.Tensor, experts: int, block_m: int) -> tuple[torch.Tensor, ...]:
+    """(order, tile_expert, tile_first, tile_rows) for the pairs of ``chosen`` [T, k]: the pair
+    indices sorted by expert (stable), and per tile (P // block_m + min(E, P) of them) its expert
+    (E for an empty tile), its first place in ``order`` and its pair count (0 for an empty tile).
+    Device ops of fixed shapes only (sort, searchsorted, cumsum): nothing reads the routing on the
+    host."""
+    flat = chosen.reshape(-1)
+    pairs = flat.numel()
+    device = flat.device
+    sorted_experts, order = torch.sort(flat, stable=True)
+    bounds = torch.searchsorted(sorted_experts, torch.arange(experts + 1, device=device, dtype=flat.dtype))
+    counts = bounds[1:] - bounds[:-1]
+    tiles = (counts + block_m - 1) // block_m
+    tile_end = torch.cumsum(tiles, 0)
+    count = pairs // block_m + min(experts, pairs)
+    index = torch.arange(count, device=device, dtype=tile_end.dtype)
+    expert = torch.searchsorted(tile_end, index, right=True)  # E past the last used tile
+    inside = expert < experts
+    e = expert.clamp(max=experts - 1)
+    local = index - (tile_end[e] - tiles[e])
+    first = bounds[e] + local * block_m
+    rows = torch.where(inside, (counts[e] - local * block_m).clamp(0, block_m), 0)
+    as32 = torch.int32
+    return order.to(as32), expert.to(as32), first.to(as32), rows.to(as32)
+
+
+def grouped_experts(
+    x: torch.Tensor,
+    chosen: torch.Tensor,
+    routing: torch.Tensor,
+    fc1,
+    fc2,
+    up,
+    f1: _Form,
+    f2: _Form,
+    f3: _Form,
+    *,
+    act: int,
+    inter: int,
+    gate_step: int,
+    up_step: int,
+    up_offset: int,
+    alpha: float,
+    beta: float,
+    limit: float | None,
+) -> torch.Tensor:
+    """The experts' weighted sum [T, hidden] in x's dtype; the arguments as moe_experts.moe_experts
+    resolved them (its forms, the SwiGLU row steps), the caller having checked that every form is
+    one the kernels read."""
+    from onnxgen.runtime.gpu.moe_experts import _or
+
+    tokens, hidden = x.shape
+    top_k = chosen.shape[1]
+    experts = fc1.weight.shape[0]
+    pairs = tokens * top_k
+    block_m = tile_rows(pairs, experts)
+    order, tile_expert, tile_first, rows = group_pairs(chosen, experts, block_m)
+    ieee = x.dtype == torch.float32
+    h = torch.empty((pairs, inter), dtype=x.dtype, device=x.device)
+    y = torch.empty((pairs, hidden), dtype=torch.float32, device=x.device)
+    LAUNCHES["moe_grouped"] += 1
+    w1 = fc1.weight
+    block_n1 = 64 if act != 4 else 32  # SwiGLU holds a gate and an up accumulator
+    _grouped_fc1[(tile_expert.numel(), triton.cdiv(inter, block_n1))](
+        x, order, tile_expert, tile_first, rows, h, w1, _or(fc1.scales, w1), _or(fc1.zeros, w1), _or(fc1.bias, w1),
+        up.weight, _or(up.scales, w1), _or(up.zeros, w1), _or(up.bias, w1),
+        top_k, inter, hidden, f1.n, f3.n, f1.row_len, f1.z_len, f1.n_blocks, gate_step, up_step, up_offset,
+        float(alpha), float(beta), float(limit or 0.0),
+        ACT=act, HAS_LIMIT=limit is not None, HAS_BIAS=fc1.bias is not None, BITS=f1.bits, PER_ROW=f1.per_row,
+        ZERO_KIND=f1.zero_kind, QBLOCK=f1.qblock, NB=_blocks(f1), BLOCK_M=block_m, BLOCK_N=block_n1, IEEE=ieee,
+        num_warps=WARPS,
+    )  # fmt: skip
+    w2 = fc2.weight
+    _grouped_fc2[(tile_expert.numel(), triton.cdiv(hidden, 64))](
+        h, order, tile_expert, tile_first, rows, routing, y, w2, _or(fc2.scales, w2), _or(fc2.zeros, w2),
+        _or(fc2.bias, w2), hidden, inter, f2.row_len, f2.z_len, f2.n_blocks,
+        HAS_BIAS=fc2.bias is not None, BITS=f2.bits, PER_ROW=f2.per_row, ZERO_KIND=f2.zero_kind, QBLOCK=f2.qblock,
+        NB=_blocks(f2), BLOCK_M=block_m, BLOCK_N=64, IEEE=ieee, num_warps=WARPS,
+    )  # fmt: skip
+    return y.view(tokens, top_k, hidden).sum(dim=1).to(x.dtype)
+
+
+def _blocks(form: _Form) -> int:
+    """NB: compute blocks per K step, so that a step spans at least 64 elements of K (tl.dot's K is
+    at least 16; a quantization block of 128 is one block a step)."""
+    return max(1, 64 // form.qblock)
