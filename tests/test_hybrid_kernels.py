@@ -122,6 +122,67 @@ def test_gated_delta_decode_state_dtypes_scale_and_no_past(
                                                                        *inputs))  # fmt: skip
 
 
+# ---------------------------------------------------------------- prologues folded in (FusedLinearAttention)
+
+
+def _folded_inputs(case: str, device: str, dtype: torch.dtype, tokens: int, norm: int):
+    """FusedLinearAttention's attributes and inputs for a LA_CASES case: the query and key as the
+    per-head views [B, T, heads, d_k] the norms read (unnormalised: the op normalises them; a zero
+    key head where ``norm`` is 2, LpNormalization's case), and the gate's a, b, dt_bias, decay_scale
+    in place of decay and beta."""
+    attrs, (q, k, v, past, _, _) = _linear_attention_inputs(LA_CASES[case], device, dtype, torch.float32, seed=7,
+                                                            tokens=tokens)  # fmt: skip
+    domain, hq, hkv, _, d_k = LA_CASES[case][:5]
+    gen = torch.Generator().manual_seed(8)
+    batch = q.shape[0]
+    q4, k4 = q.reshape(batch, tokens, -1, d_k) * 3.0, k.reshape(batch, tokens, -1, d_k) * 3.0
+    if norm == 2:
+        k4[:, 0, 0] = 0.0
+    a = torch.randn(batch, tokens, hkv, generator=gen).to(device, dtype)
+    b = torch.randn(batch, tokens, hkv, generator=gen).to(device, dtype)
+    dt_bias = torch.randn(hkv, generator=gen).to(device, dtype)
+    decay_scale = -torch.rand(hkv, generator=gen).to(device, dtype)
+    attrs = {**attrs, "inner_domain": domain, "qk_norm": norm, "qk_epsilon": 1e-6 if norm == 1 else 0.0}
+    return attrs, [q4, k4, v, past, None, None, a, b, dt_bias, decay_scale]
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("case", ["builder", "packed_keys"])
+@pytest.mark.parametrize("norm", [1, 2])
+@pytest.mark.parametrize(("dtype", "tokens"), [(torch.float32, 1), (torch.float16, 1), (torch.float16, 5)])
+def test_folded_prologues_match_the_ops_one_by_one(
+    device: str, case: str, norm: int, dtype: torch.dtype, tokens: int
+) -> None:
+    """The recurrence kernel with the q / k norms and the gate inside, against the ops it replaces
+    run one after another (the L2 norm, LinearAttentionGate, then LinearAttention's torch path)."""
+    from onnxgen.runtime.ops.fused import FUSED_DOMAIN
+    from onnxgen.runtime.ops.fused_linear_attention import fused_linear_attention
+
+    attrs, inputs = _folded_inputs(case, device, dtype, tokens, norm)
+    ctx = NodeContext("fused", "FusedLinearAttention", FUSED_DOMAIN, 1, attrs, torch.device(device), 10, 2,
+                      (True, True))  # fmt: skip
+    _kernel_vs_torch("gated_delta_prologue", lambda: fused_linear_attention(ctx, *inputs))
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_folded_prologues_of_a_long_prompt_run_the_ops_first(device: str) -> None:
+    """Past the sequential kernel's run (the chunked kernel's prompts), the folded ops run first as
+    they would unfused: the prologue kernel does not run, and the result matches the torch path."""
+    from onnxgen.runtime.ops.fused import FUSED_DOMAIN
+    from onnxgen.runtime.ops.fused_linear_attention import fused_linear_attention
+
+    attrs, inputs = _folded_inputs("builder", device, torch.float32, MAX_SEQUENTIAL_TOKENS + 1, 1)
+    ctx = NodeContext("fused", "FusedLinearAttention", FUSED_DOMAIN, 1, attrs, torch.device(device), 10, 2,
+                      (True, True))  # fmt: skip
+    before = LAUNCHES["gated_delta_prologue"]
+    fused = fused_linear_attention(ctx, *inputs)
+    assert LAUNCHES["gated_delta_prologue"] == before
+    with options.override(triton=False):
+        reference = fused_linear_attention(ctx, *inputs)
+    for actual, expected in zip(fused, reference, strict=True):
+        assert_close_to_torch_path(actual, expected)
+
+
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
 @pytest.mark.parametrize("case", ["builder", "gqa", "per_key_dim_decay"])
 @pytest.mark.parametrize("tokens", [2, 9])  # the longest run: the GPU test below (slow interpreted)

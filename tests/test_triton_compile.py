@@ -235,12 +235,16 @@ def test_causal_conv_kernels_compile(dtype: str, past: bool, prompt: bool) -> No
 
 @pytest.mark.parametrize("dtype", ["fp16", "fp32"])
 @pytest.mark.parametrize(("decay", "beta"), [(True, True), (False, True), (True, False)])
-@pytest.mark.parametrize("chunked", [False, True])
-def test_gated_delta_kernels_compile(dtype: str, decay: bool, beta: bool, chunked: bool) -> None:
+@pytest.mark.parametrize(("chunked", "prologue"), [(False, 0), (True, 0), (False, 1), (False, 2)])
+def test_gated_delta_kernels_compile(dtype: str, decay: bool, beta: bool, chunked: bool, prologue: int) -> None:
+    """prologue: the q / k norm (1 or 2) and the gate folded in (FusedLinearAttention)."""
     from onnxgen.runtime.gpu import gated_delta_chunked, gated_delta_decode
 
+    if prologue and not (decay and beta):
+        pytest.skip("a folded gate gives both the decay and beta")
     sig = dict.fromkeys(["q_ptr", "k_ptr", "v_ptr", "decay_ptr", "beta_ptr", "out_ptr"], f"*{dtype}")
     sig.update(past_ptr="*fp32", present_ptr="*fp32", scale="fp32")
+    sig.update(dt_bias_ptr=f"*{dtype}", decay_scale_ptr=f"*{dtype}", eps="fp32")
     names = ["q_row_stride", "q_tok_stride", "k_row_stride", "k_tok_stride", "v_row_stride", "v_tok_stride",
              "decay_row_stride", "decay_tok_stride", "decay_head_stride", "decay_dim_stride", "beta_row_stride",
              "beta_tok_stride", "beta_head_stride", "tokens", "kv_heads", "d_k", "d_v", "group", "q_share",
@@ -251,6 +255,7 @@ def test_gated_delta_kernels_compile(dtype: str, decay: bool, beta: bool, chunke
         kernel, const = gated_delta_chunked._gated_delta_chunk_kernel, {**const, "CHUNK": 16, "SQUARINGS": 3}
     else:
         kernel, const = gated_delta_decode._gated_delta_step_kernel, {**const, "PDL": True}
+        const.update(NORM=prologue, GATE=bool(prologue))
     ptx = compile_for_sm90(kernel, sig, const)
     assert "st.global" in ptx
     if chunked:  # fp32 products in IEEE fp32 on the FMA units, not TF32 tensor cores

@@ -28,6 +28,8 @@ match on the ONNX graph that keeps every value name the rest of the graph reads:
   itself (the same values), and a scalar Mul of LinearAttention's query folds into its scale.
 - ``SigmoidGate`` (fusion_gates.py): Sigmoid(g) -> Mul(y, .) (-> Add(x, .)), the gated attention
   output and the shared expert's gate of gated decoders, as one op.
+- ``FusedLinearAttention`` (fusion_delta_rule.py): a Gated DeltaNet layer's query / key L2 norms
+  and its LinearAttentionGate folded into its LinearAttention, whose step kernel computes them.
 - Prologues: the op that feeds a group and nothing else (SimplifiedLayerNormalization, its Skip
   variant, or SiluMul) moves into the group as its ``prologue``: at one row the group's kernel
   recomputes it per program (gpu/linear_row.py) instead of a kernel of its own; at more
@@ -76,6 +78,7 @@ class FusionReport:
     rotary_casts: int = 0
     query_scales: int = 0
     sigmoid_gates: int = 0
+    delta_prologues: int = 0
 
     @property
     def total(self) -> int:
@@ -85,7 +88,7 @@ class FusionReport:
 ALL_REWRITES = frozenset(
     {
         "attention", "matmul_groups", "matmul_nbits_groups", "silu_mul", "singles", "prologues", "row_sums",
-        "tied_gathers", "l2_norms", "key_repeats", "rotary_casts", "query_scales", "sigmoid_gates",
+        "tied_gathers", "l2_norms", "key_repeats", "rotary_casts", "query_scales", "sigmoid_gates", "delta_prologues",
     }
 )  # fmt: skip
 # what pays on each device (measured, docs/benchmarks/cpu.md and 2026-11-29-h200-capture.md): on the
@@ -125,7 +128,8 @@ _NEEDS = {"attention": (("Softmax",), 1), "silu_mul": (("Sigmoid",), 1), "matmul
           "row_sums": (("ReduceSum",), 1), "tied_gathers": (("Transpose",), 1),
           "l2_norms": (("ReduceSumSquare",), 1), "key_repeats": (("LinearAttention",), 1),
           "rotary_casts": (("RotaryEmbedding", "MRotaryEmbedding"), 1),
-          "query_scales": (("LinearAttention",), 1), "sigmoid_gates": (("Sigmoid",), 1)}  # fmt: skip
+          "query_scales": (("LinearAttention",), 1), "sigmoid_gates": (("Sigmoid",), 1),
+          "delta_prologues": (("LinearAttention",), 1)}  # fmt: skip
 
 
 # what each rewrite looks for, as `onnxgen show --capture` says it where the graph has the op a
@@ -148,6 +152,8 @@ PATTERNS = {
     "query_scales": "LinearAttention (com.microsoft, scale attribute set) whose query is Mul(q, a float scalar "
     "constant) read by it alone",
     "sigmoid_gates": "Sigmoid(g) -> Mul(y, .) (-> Add(x, .)), y not g, each the only reader of the last",
+    "delta_prologues": "LinearAttention whose query and key are Reshape*(L2Normalize or LpNormalization(p=2) of "
+    "Reshape(s, [0, 0, ...])) and/or whose decay and beta are one LinearAttentionGate's outputs, read by it alone",
 }
 
 
@@ -218,6 +224,7 @@ class _Rewriter:
 
     def run(self, report: FusionReport, rewrites: frozenset[str] = ALL_REWRITES) -> None:
         from onnxgen.runtime.fusion_attention import fuse_masked_attention
+        from onnxgen.runtime.fusion_delta_rule import fold_delta_prologues
         from onnxgen.runtime.fusion_gates import fuse_sigmoid_gates
         from onnxgen.runtime.fusion_genai import fold_query_scales, fuse_rotary_casts
         from onnxgen.runtime.fusion_hybrid import elide_key_repeats, fuse_l2_norms
@@ -234,6 +241,8 @@ class _Rewriter:
             report.rotary_casts += fuse_rotary_casts(self)
         if "query_scales" in rewrites:
             report.query_scales += fold_query_scales(self)
+        if "delta_prologues" in rewrites:  # after l2_norms, key_repeats and query_scales: it takes their output
+            report.delta_prologues += fold_delta_prologues(self)
         if "silu_mul" in rewrites:
             report.silu_mul += self._fuse_silu_mul()
         if "sigmoid_gates" in rewrites:  # after silu_mul: a SiLU's Sigmoid is that rewrite's

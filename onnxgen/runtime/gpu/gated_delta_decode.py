@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from onnxgen.runtime.gpu.launch import KERNEL_DTYPES, LAUNCHES, pdl_launch
+from onnxgen.runtime.gpu.linear_attention_gate import _softplus
 from onnxgen.runtime.gpu.pdl import wait_for_previous
 
 # key dims one program holds whole (the tile is d_k x BLOCK_V fp32 values in registers)
@@ -78,9 +79,14 @@ def _gated_delta_step_kernel(
     q_share,
     k_share,
     scale,
+    dt_bias_ptr,
+    decay_scale_ptr,
+    eps,
     HAS_PAST: tl.constexpr,
     HAS_DECAY: tl.constexpr,
     HAS_BETA: tl.constexpr,
+    NORM: tl.constexpr,  # 0: q and k as given; 1: L2-normalised (eps); 2: likewise, a zero vector staying zero
+    GATE: tl.constexpr,  # the decay and beta inputs are LinearAttentionGate's a and b (see gated_delta_prologue)
     BLOCK_K: tl.constexpr,
     BLOCK_V: tl.constexpr,
     PDL: tl.constexpr,  # programmatic dependent launch (launch.pdl_launch)
@@ -107,22 +113,43 @@ def _gated_delta_step_kernel(
                 decay_ptr + b * decay_row_stride + i * decay_tok_stride + h * decay_head_stride
                 + rows * decay_dim_stride, mask=row_ok, other=0.0,
             ).to(tl.float32)  # fmt: skip
+            if GATE:  # LinearAttentionGate's decay, rounded to its dtype (a's) as that op's kernel rounds it
+                dt_bias = tl.load(dt_bias_ptr + h + rows * 0).to(tl.float32)
+                decay_scale = tl.load(decay_scale_ptr + h + rows * 0).to(tl.float32)
+                g = (decay_scale * _softplus(g + dt_bias)).to(decay_ptr.dtype.element_ty).to(tl.float32)
             s = s * tl.exp(g)[:, None]
         k = tl.load(k_ptr + b * k_row_stride + i * k_tok_stride + (h // k_share) * d_k + rows, mask=row_ok,
                     other=0.0).to(tl.float32)  # fmt: skip
+        if NORM != 0:
+            k = _l2_normalized(k, eps, NORM).to(k_ptr.dtype.element_ty).to(tl.float32)
         v = tl.load(v_ptr + b * v_row_stride + i * v_tok_stride + h * d_v + cols, mask=col_ok, other=0.0).to(tl.float32)
         if HAS_BETA:
             beta = tl.load(beta_ptr + b * beta_row_stride + i * beta_tok_stride + h * beta_head_stride).to(tl.float32)
+            if GATE:  # sigmoid(b), rounded to b's dtype
+                beta = (1.0 / (1.0 + tl.exp(-beta))).to(beta_ptr.dtype.element_ty).to(tl.float32)
             v = beta * (v - tl.sum(s * k[:, None], axis=0))
         s = s + k[:, None] * v[None, :]
         for j in range(group):
             head = h * group + j
             q = tl.load(q_ptr + b * q_row_stride + i * q_tok_stride + (head // q_share) * d_k + rows, mask=row_ok,
-                        other=0.0)  # fmt: skip
-            out = tl.sum(q.to(tl.float32)[:, None] * s, axis=0) * scale
+                        other=0.0).to(tl.float32)  # fmt: skip
+            if NORM != 0:
+                q = _l2_normalized(q, eps, NORM).to(q_ptr.dtype.element_ty).to(tl.float32)
+            out = tl.sum(q[:, None] * s, axis=0) * scale
             tl.store(out_ptr + ((b * tokens + i) * heads_out + head) * d_v + cols, out.to(out_ptr.dtype.element_ty),
                      mask=col_ok)  # fmt: skip
     tl.store(present_ptr + cells, s.to(present_ptr.dtype.element_ty), mask=tile_ok)
+
+
+@triton.jit
+def _l2_normalized(x, eps, NORM: tl.constexpr):
+    """x / sqrt(sum(x^2) + eps) in fp32 (masked lanes zero), as gpu/l2_norm.py computes it; NORM 2:
+    a vector whose sum is zero gives zeros (LpNormalization)."""
+    total = tl.sum(x * x, axis=0) + eps
+    if NORM == 2:
+        return tl.where(total == 0.0, 0.0, x / tl.sqrt(tl.where(total == 0.0, 1.0, total)))
+    else:
+        return x / tl.sqrt(total)
 
 
 def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
@@ -280,7 +307,59 @@ def gated_delta_decode(
     _gated_delta_step_kernel[(run.batch * kv_heads, triton.cdiv(run.d_v, block_v))](
         *run.arguments(),
         float(scale),
+        run.query,
+        run.query,
+        0.0,
         **run.forms(),
+        NORM=0,
+        GATE=False,
+        BLOCK_K=block_k,
+        BLOCK_V=block_v,
+        **pdl_launch(run.query, run.present, run.out),
+    )
+    return run.out, run.present
+
+
+def gated_delta_prologue(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    past_state: torch.Tensor | None,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    dt_bias: torch.Tensor,
+    decay_scale: torch.Tensor,
+    *,
+    q_heads: int,
+    kv_heads: int,
+    scale: float,
+    norm: int,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The gated delta rule with the layer's prologues inside (ops/fused_linear_attention.py): the
+    decay per KV head decay_scale * softplus(a + dt_bias) and beta = sigmoid(b) (a, b [B, T, H_kv]),
+    each rounded to a's / b's dtype as gpu/linear_attention_gate.py rounds them, and with ``norm``
+    1 or 2 the query and key heads L2-normalised (gpu/l2_norm.py's arithmetic, rounded to their
+    dtype) as the kernel reads them. None where the kernel does not serve these inputs."""
+    if not 1 <= (query.shape[1] if query.dim() == 3 else 0) <= MAX_SEQUENTIAL_TOKENS:
+        return None
+    if any(t.dtype not in KERNEL_DTYPES or t.device != query.device for t in (dt_bias, decay_scale)):
+        return None
+    run = prepare(query, key, value, past_state, a, b, q_heads=q_heads, kv_heads=kv_heads, per_dim_decay=False)
+    if run is None or run.decay is None or run.strides[9] != 0 or run.beta is None:
+        return None  # the gate's decay is one per head (decay strides: row, token, head, key dim 0)
+    block_k, block_v = _tile(run.batch, kv_heads, run.d_k, run.d_v)
+    LAUNCHES["gated_delta_decode"] += 1
+    LAUNCHES["gated_delta_prologue"] += 1
+    _gated_delta_step_kernel[(run.batch * kv_heads, triton.cdiv(run.d_v, block_v))](
+        *run.arguments(),
+        float(scale),
+        dt_bias.contiguous(),
+        decay_scale.contiguous(),
+        float(eps),
+        **run.forms(),
+        NORM=norm,
+        GATE=True,
         BLOCK_K=block_k,
         BLOCK_V=block_v,
         **pdl_launch(run.query, run.present, run.out),

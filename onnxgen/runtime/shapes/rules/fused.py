@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from onnxgen.runtime.shapes.context import RuleContext
+from onnxgen.runtime.shapes.context import RuleContext, RuleFailed
 from onnxgen.runtime.shapes.rules import rule
 from onnxgen.runtime.shapes.tensor import TensorInfo
 
@@ -54,3 +54,25 @@ def row_sum_cast(ctx: RuleContext) -> list[TensorInfo | None]:
 def row_select(ctx: RuleContext) -> list[TensorInfo | None]:
     x = ctx.shape(0)
     return [ctx.out([x[0], 1, *x[2:]], ctx.dtype(0))]
+
+
+@rule("FusedLinearAttention", domain=FUSED)
+def fused_linear_attention(ctx: RuleContext) -> list[TensorInfo | None]:
+    """LinearAttention (com.microsoft's rule, or the default domain's) over a query of
+    [batch, tokens, prod(query_source.shape[2:])] (runtime/fusion_delta_rule.py)."""
+    b, t, v_hidden = ctx.shape(2)
+    hq, hkv = int(ctx.attr("q_num_heads")), int(ctx.attr("kv_num_heads"))
+    width = ctx.e(ctx.shape(0)[2])
+    for extent in ctx.shape(0)[3:]:
+        width = width * ctx.e(extent)
+    d_k = width.exact_div(hq)
+    d_v = ctx.e(v_hidden).exact_div(hkv)
+    if d_k is None or d_v is None:
+        raise RuleFailed(f"the query's width is not a multiple of {hq} heads, or the value's of {hkv}")
+    inner = ctx.attr("inner_domain", "")
+    heads_out = max(hq, hkv) if (inner.decode() if isinstance(inner, bytes) else inner) else hq
+    state_dtype = ctx.dtype(3) if ctx.has(3) else ctx.dtype(0)
+    return [
+        ctx.out([b, t, ctx.dim(d_v * heads_out)], ctx.dtype(0)),
+        ctx.out([b, hkv, ctx.dim(d_k), ctx.dim(d_v)], state_dtype),
+    ]
