@@ -79,3 +79,26 @@ def test_a_gate_output_read_elsewhere_keeps_the_gate(package: Path) -> None:
     assert report.delta_prologues == 3
     kept = [n for n in fused.graph.node if n.op_type == "LinearAttentionGate"]
     assert [n.output[1] for n in kept] == [gate.output[1]]
+
+
+def test_the_engine_carries_the_states_of_folded_layers(package: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine finds a step's carried states in the graph its session runs, where the folded
+    layers' recurrent states go through FusedLinearAttention (the H200 run of 2026-12-05 found the
+    engine looking for LinearAttention only: every prompt failed with the recurrent states
+    missing). On the CPU with CUDA's rewrites: the same greedy tokens as without this one."""
+    from onnxgen.genai import Generator, SamplingParams
+    from onnxgen.runtime import fusion
+    from tests.test_capture_runtime import write_word_tokenizer
+
+    if not (package / "tokenizer.json").exists():
+        write_word_tokenizer(package, 128)
+    params = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    ids = [3, 17, 91, 5, 44, 120, 8]
+    tokens = {}
+    for name, rewrites in (("without", ALL_REWRITES - {"delta_prologues"}), ("with", ALL_REWRITES)):
+        monkeypatch.setitem(fusion.DEVICE_REWRITES, "cpu", rewrites)
+        generator = Generator(package, "cpu", kv="static")
+        folded = any(n.op_type == "FusedLinearAttention" for n in generator.engine.session.model.graph.node)
+        assert folded == (name == "with")
+        tokens[name] = list(generator.generate_ids(ids, params))
+    assert tokens["with"] == tokens["without"]

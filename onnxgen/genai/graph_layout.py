@@ -14,8 +14,10 @@ import torch
 from onnxgen.errors import ModelLoadError
 from onnxgen.genai.package import CarriedState, PackageConfig
 
-# stateful op type -> (index of its past-state input, index of its present-state output)
-STATEFUL_OPS = {"CausalConvWithState": (3, 1), "LinearAttention": (3, 1)}
+# stateful op type -> (index of its past-state input, index of its present-state output);
+# FusedLinearAttention is LinearAttention with its prologues folded in (the CUDA fusion pass's,
+# runtime/fusion_delta_rule.py), which the session's graph holds in its place
+STATEFUL_OPS = {"CausalConvWithState": (3, 1), "LinearAttention": (3, 1), "FusedLinearAttention": (3, 1)}
 
 
 def carried_states(model: onnx.ModelProto) -> list[CarriedState]:
