@@ -66,6 +66,7 @@ class Options:
     """The switches in force; see ``KNOBS`` for each field's variable and trade-off."""
 
     fuse: bool = True
+    fuse_skip: frozenset[str] = frozenset()
     triton: bool = True
     triton_interpret: bool = False
     triton_linear: Literal["auto", "on", "off"] = "auto"
@@ -114,6 +115,14 @@ def _ints(raw: str, count: int, what: str) -> Config:
     if len(values) != count or min(values) < 1:
         raise ValueError(f"expected {what} ({count} positive integers)")
     return values
+
+
+def _names(raw: str) -> frozenset[str]:
+    """Comma-separated names (runtime/fusion.py checks them against its rewrites)."""
+    names = frozenset(n.strip() for n in raw.split(",") if n.strip())
+    if not all(n.replace("_", "").isalnum() for n in names):
+        raise ValueError("expected rewrite names separated by commas, e.g. delta_prologues,sigmoid_gates")
+    return names
 
 
 def _triton_flag(raw: str) -> bool:
@@ -247,6 +256,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("fuse", "ONNXGEN_FUSE", _flag(), "`1` / `0`",
          "`0`: no graph rewrites (GEMM groups, prologues, attention): more kernels per step, the graph as written",
          lifetime="session", audience="user"),
+    Knob("fuse_skip", "ONNXGEN_FUSE_SKIP", _names, "rewrite names, comma-separated",
+         "leaves those graph rewrites out and runs the others (`onnxgen show --capture` names what each matched): "
+         "to time one rewrite against the graph without it", lifetime="session", default_text="none"),
     Knob("triton", "ONNXGEN_TRITON", _flag(), "`1` / `0`",
          "`0`: no Triton kernels at all; torch's unfused kernels run (slower CUDA decode)", audience="user"),
     Knob("dequant_cache_mb", "ONNXGEN_DEQUANT_CACHE_MB", _cache_mb, "MB (unset: no cap)",
@@ -289,7 +301,8 @@ KNOBS: tuple[Knob, ...] = (
          "4-bit weights times several rows (a prompt): dequantize each layer's weight into a transient "
          "buffer and run cuBLAS, or the Triton GEMM that dequantizes tiles in registers (no buffer); auto: "
          "the GEMM for prompts of at most 16 rows over rows of at most 2,048 elements, else dequant; split: "
-         "the split-K GEMM (gpu/linear_q4_split.py) for prompts of at most 64 rows, else dequant"),
+         "the split-K GEMM (gpu/linear_q4_split.py) for prompts of at most 64 rows, else dequant (slower than "
+         "auto on the H200: docs/benchmarks/2026-12-05-h200.md)"),
     Knob("conv_prompt", "ONNXGEN_CONV_PROMPT", _flag(), "`1` / `0`",
          "`0`: a prompt's CausalConvWithState on a Triton device runs the torch path (about ten kernels) instead "
          "of one Triton kernel (gpu/causal_conv_update.py); one-position steps keep their kernel"),
@@ -410,6 +423,12 @@ def _checked(knob: Knob, value: Any) -> Any:
         if not isinstance(value, bool):
             raise OptionError(f"option {field}={value!r}: expected True or False")
         return value
+    if isinstance(knob.default, frozenset):  # names: a set of them, or the variable's text
+        try:
+            text = value if isinstance(value, str) else ",".join(sorted(value))
+            return knob.parse(text)
+        except (TypeError, ValueError) as exc:
+            raise OptionError(f"option {field}={value!r}: {exc}") from None
     if value is None and knob.default is None:
         return None
     ok = isinstance(value, tuple) or (isinstance(value, _SCALAR_TYPES.get(field, ())) and not isinstance(value, bool))

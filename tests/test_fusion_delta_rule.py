@@ -102,3 +102,20 @@ def test_the_engine_carries_the_states_of_folded_layers(package: Path, monkeypat
         assert folded == (name == "with")
         tokens[name] = list(generator.generate_ids(ids, params))
     assert tokens["with"] == tokens["without"]
+
+
+def test_fuse_skip_leaves_one_rewrite_out(package: Path) -> None:
+    """ONNXGEN_FUSE_SKIP (option fuse_skip) leaves the named rewrites out and runs the others, so a
+    bench can time one rewrite against the graph without it; a name that is no rewrite is refused."""
+    from onnxgen import options
+    from onnxgen.errors import OptionError
+    from onnxgen.runtime.fusion import fuse_for_device
+
+    model = onnx.load(str(package / "model.onnx"))
+    _, every = fuse_for_device(model, "cuda")
+    with options.override(fuse_skip=frozenset({"delta_prologues"})):
+        _, skipped = fuse_for_device(model, "cuda")
+    assert every.delta_prologues == 3 and skipped.delta_prologues == 0
+    assert skipped.l2_norms == every.l2_norms and skipped.total == every.total - 3
+    with options.override(fuse_skip=frozenset({"delta_prologue"})), pytest.raises(OptionError, match="delta_prologue"):
+        fuse_for_device(model, "cuda")

@@ -56,6 +56,7 @@ import onnx.numpy_helper
 from onnx import helper
 
 from onnxgen import options
+from onnxgen.errors import OptionError
 
 FUSED_DOMAIN = "onnxgen"
 DEFAULT_DOMAINS = ("", "ai.onnx")  # the default ONNX domain, as a node may spell it
@@ -118,7 +119,18 @@ def fuse_for_device(
     under ``opts`` (default: the options in force)."""
     if not fusion_enabled(device_type, opts):
         return model, FusionReport()
-    return fuse_graph(model, DEVICE_REWRITES[device_type])
+    return fuse_graph(model, device_rewrites(device_type, opts))
+
+
+def device_rewrites(device_type: str, opts: options.Options | None = None) -> frozenset[str]:
+    """The rewrites a ``device_type`` session runs: the device's, less option ``fuse_skip``
+    (``ONNXGEN_FUSE_SKIP``), whose names must be rewrites."""
+    skip = (opts or options.current()).fuse_skip
+    unknown = sorted(skip - ALL_REWRITES)
+    if unknown:
+        raise OptionError(f"ONNXGEN_FUSE_SKIP names {', '.join(unknown)}, which are not graph rewrites; the rewrites "
+                         f"are {', '.join(sorted(ALL_REWRITES))}")  # fmt: skip
+    return DEVICE_REWRITES.get(device_type, frozenset()) - skip
 
 
 # an op each rewrite needs (at least this many times) before the graph is worth copying
@@ -165,7 +177,7 @@ def unmatched_rewrites(model: onnx.ModelProto, device_type: str, report: FusionR
     """The rewrites a ``device_type`` session tries that matched nothing although the graph has the op
     they start from (and an earlier rewrite did not take them all): rewrite name -> the pattern it
     looks for."""
-    rewrites = DEVICE_REWRITES.get(device_type, frozenset())
+    rewrites = device_rewrites(device_type)
     ops = Counter(n.op_type for n in model.graph.node)
 
     def left(name: str) -> int:
