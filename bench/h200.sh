@@ -32,6 +32,8 @@
 #   hybrid     the hybrid decoders' GPU tests (their Triton kernels for steps and prompts against the torch path,
 #              the MoE experts and routing on the 35B-A3B layer, the rotary kernel against onnxruntime, captured
 #              = eager over 256 tokens, dense and MoE, captured prompt chunks), ~5 min
+#   fold       the Gated DeltaNet q / k norms and gate folded into the step kernel (FusedLinearAttention)
+#              against ONNXGEN_FUSE_SKIP=delta_prologues: capture_decode on the qwen3.5-0.8b shape, ~3 min
 #   q4prompt   issue 18's short prompt on the 1.5B shape: the 4-bit GEMM split along K (ONNXGEN_Q4_PROMPT=split)
 #              against the default policy, dequantize-then-cuBLAS and cuBLAS fp16: its GPU tests, then the layers
 #              alone (gemv_micro --prompt-only, split configurations swept), ~5 min
@@ -150,6 +152,14 @@ stage_hybrid() {
     tests/test_hybrid_small_kernels.py tests/test_gpu_hybrid.py tests/test_moe_kernels.py tests/test_captured_prefill.py \
     tests/test_ops_mrope.py
 }
+stage_fold() {
+  # the Gated DeltaNet prologues folded into the step kernel (FusedLinearAttention) against the graph without
+  # that rewrite, one process each (a session-time switch): decode and TTFT of the 0.8B hybrid shape
+  for skip in "" delta_prologues; do
+    run "fold-skip-${skip:-none}" 150 env ONNXGEN_FUSE_SKIP="$skip" $PY -m bench.capture_decode --shape qwen3.5-0.8b \
+      --precision fp16 --context 512 --capture-only --repeats 3
+  done
+}
 stage_q4prompt() {
   run q4prompt-tests 240 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py -k "matmul_nbits"
   run q4prompt-micro 300 $PY -m bench.gemv_micro $Q15 --prompt-rows 16,64 --prompt-only
@@ -168,7 +178,7 @@ stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
 }
 
-STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid q4prompt q4ttft sampled"
+STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft sampled"
 if [ $# -eq 0 ]; then
   echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
   exit 2
