@@ -38,7 +38,7 @@ import triton.language as tl
 
 from onnxgen.runtime.gpu.launch import LAUNCHES
 from onnxgen.runtime.gpu.linear_q4 import MAGIC_BITS, _codes_less_zero
-from onnxgen.runtime.gpu.moe_experts import _act, _expert_loads, _Form
+from onnxgen.runtime.gpu.moe_experts import ExpertWeights, _act, _expert_loads, _Form, _or
 
 WARPS = 4
 
@@ -195,9 +195,9 @@ def grouped_experts(
     x: torch.Tensor,
     chosen: torch.Tensor,
     routing: torch.Tensor,
-    fc1,
-    fc2,
-    up,
+    fc1: ExpertWeights,
+    fc2: ExpertWeights,
+    up: ExpertWeights,
     f1: _Form,
     f2: _Form,
     f3: _Form,
@@ -214,8 +214,6 @@ def grouped_experts(
     """The experts' weighted sum [T, hidden] in x's dtype; the arguments as moe_experts.moe_experts
     resolved them (its forms, the SwiGLU row steps), the caller having checked that every form is
     one the kernels read."""
-    from onnxgen.runtime.gpu.moe_experts import _or
-
     tokens, hidden = x.shape
     top_k = chosen.shape[1]
     experts = fc1.weight.shape[0]
