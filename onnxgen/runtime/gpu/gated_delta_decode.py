@@ -302,17 +302,24 @@ def gated_delta_decode(
     run = prepare(query, key, value, past_state, decay, beta, q_heads=q_heads, kv_heads=kv_heads)
     if run is None:
         return None
-    block_k, block_v = _tile(run.batch, kv_heads, run.d_k, run.d_v)
+    return _step(run, scale, run.query, run.query, 0.0, norm=0, gate=False)
+
+
+def _step(run: Launch, scale: float, dt_bias, decay_scale, eps: float, *, norm: int, gate: bool):
+    """The sequential kernel's launch over ``run`` (prepare's), with or without the prologues
+    (gated_delta_prologue: dt_bias and decay_scale the gate's; else placeholders it never reads);
+    returns (output, present)."""
+    block_k, block_v = _tile(run.batch, run.kv_heads, run.d_k, run.d_v)
     LAUNCHES["gated_delta_decode"] += 1
-    _gated_delta_step_kernel[(run.batch * kv_heads, triton.cdiv(run.d_v, block_v))](
+    _gated_delta_step_kernel[(run.batch * run.kv_heads, triton.cdiv(run.d_v, block_v))](
         *run.arguments(),
         float(scale),
-        run.query,
-        run.query,
-        0.0,
+        dt_bias,
+        decay_scale,
+        float(eps),
         **run.forms(),
-        NORM=0,
-        GATE=False,
+        NORM=norm,
+        GATE=gate,
         BLOCK_K=block_k,
         BLOCK_V=block_v,
         **pdl_launch(run.query, run.present, run.out),
@@ -346,22 +353,7 @@ def gated_delta_prologue(
     if any(t.dtype not in KERNEL_DTYPES or t.device != query.device for t in (dt_bias, decay_scale)):
         return None
     run = prepare(query, key, value, past_state, a, b, q_heads=q_heads, kv_heads=kv_heads, per_dim_decay=False)
-    if run is None or run.decay is None or run.strides[9] != 0 or run.beta is None:
-        return None  # the gate's decay is one per head (decay strides: row, token, head, key dim 0)
-    block_k, block_v = _tile(run.batch, kv_heads, run.d_k, run.d_v)
-    LAUNCHES["gated_delta_decode"] += 1
+    if run is None:  # a decay per key dim refused: the gate's is one per head
+        return None
     LAUNCHES["gated_delta_prologue"] += 1
-    _gated_delta_step_kernel[(run.batch * kv_heads, triton.cdiv(run.d_v, block_v))](
-        *run.arguments(),
-        float(scale),
-        dt_bias.contiguous(),
-        decay_scale.contiguous(),
-        float(eps),
-        **run.forms(),
-        NORM=norm,
-        GATE=True,
-        BLOCK_K=block_k,
-        BLOCK_V=block_v,
-        **pdl_launch(run.query, run.present, run.out),
-    )
-    return run.out, run.present
+    return _step(run, scale, dt_bias.contiguous(), decay_scale.contiguous(), eps, norm=norm, gate=True)

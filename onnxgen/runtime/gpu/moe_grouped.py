@@ -72,6 +72,15 @@ def _dot(a, w, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _row_tile(ptr, rows, rows_ok, start, width, BLOCK_K: tl.constexpr):
+    """Columns ``start`` .. ``start + BLOCK_K`` of the ``rows`` of a [*, width] tensor, in its dtype
+    (zeros outside): the A tile of a product."""
+    cols = start + tl.arange(0, BLOCK_K)
+    return tl.load(ptr + rows[:, None] * width + cols[None, :], mask=rows_ok[:, None] & (cols < width)[None, :],
+                   other=0.0)  # fmt: skip
+
+
+@triton.jit
 def _tile_pairs(order_ptr, tile_expert_ptr, tile_first_ptr, tile_rows_ptr, BLOCK_M: tl.constexpr):
     """(expert, the tile's pairs [BLOCK_M] (int64), which of them are real) of this program's tile."""
     tile = tl.program_id(0)
@@ -107,9 +116,7 @@ def _grouped_fc1(
         gate = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
         up = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
         for first in range(0, n_blocks, NB):
-            kcols = first * QBLOCK + tl.arange(0, BLOCK_K)
-            a = tl.load(x_ptr + tokens[:, None] * hidden + kcols[None, :],
-                        mask=pair_ok[:, None] & (kcols < hidden)[None, :], other=0.0)  # fmt: skip
+            a = _row_tile(x_ptr, tokens, pair_ok, first * QBLOCK, hidden, BLOCK_K)
             gw = _weight_tile(w_ptr, s_ptr, z_ptr, ev, gate_rows, col_ok, first, n_blocks, n1, hidden, row_len, z_len,
                               BITS, PER_ROW, ZERO_KIND, QBLOCK, NB, dtype)  # fmt: skip
             gate += _dot(a, gw, IEEE)
@@ -141,9 +148,7 @@ def _grouped_fc2(
         BLOCK_K: tl.constexpr = NB * QBLOCK
         acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
         for first in range(0, n_blocks, NB):
-            kcols = first * QBLOCK + tl.arange(0, BLOCK_K)
-            a = tl.load(h_ptr + pairs[:, None] * inter + kcols[None, :],
-                        mask=pair_ok[:, None] & (kcols < inter)[None, :], other=0.0)  # fmt: skip
+            a = _row_tile(h_ptr, pairs, pair_ok, first * QBLOCK, inter, BLOCK_K)
             w = _weight_tile(w_ptr, s_ptr, z_ptr, ev, rows, row_ok, first, n_blocks, hidden, inter, row_len, z_len,
                              BITS, PER_ROW, ZERO_KIND, QBLOCK, NB, h_ptr.dtype.element_ty)  # fmt: skip
             acc += _dot(a, w, IEEE)

@@ -48,7 +48,7 @@ def fused_linear_attention(
     dt_bias: torch.Tensor | None = None,
     decay_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    inner = _text(ctx.attr("inner_domain", ""))
+    inner = ctx.attr("inner_domain", "")
     norm = int(ctx.attr("qk_norm", 0))
     if inner not in ("", MS_DOMAIN) or norm not in (0, 1, 2):
         raise ctx.fail(f"inner_domain {inner!r} / qk_norm {norm}: expected '' or {MS_DOMAIN!r} / 0, 1 or 2")
@@ -75,10 +75,6 @@ def fused_linear_attention(
     return run(inner_ctx, query, key, value, past_state, decay, beta)
 
 
-def _text(v: object) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
 def _normalize(ctx: NodeContext, x: torch.Tensor, norm: int, eps: float) -> torch.Tensor:
     """The folded norm as its own op computes it."""
     if norm == 1:
@@ -101,10 +97,8 @@ def _kernel(ctx, query, key, value, past_state, a, b, dt_bias, decay_scale, norm
     chunked_from = options.current().gdn_chunked_from
     if not 1 <= tokens <= MAX_SEQUENTIAL_TOKENS or (chunked_from and tokens >= chunked_from):
         return None  # the chunked kernel's prompt: the prologues run first
-    rule = ctx.attr("update_rule", "gated_delta")
-    gated = a is not None
-    if rule != "gated_delta" or (gated and b is None) or not gated:
-        return None
+    if ctx.attr("update_rule", "gated_delta") != "gated_delta" or a is None or b is None:
+        return None  # the kernel folds the gated delta rule's gate only
     hq, hkv = int(ctx.attr("q_num_heads", 0)), int(ctx.attr("kv_num_heads", 0))
     if hq <= 0 or hkv <= 0 or (hq % hkv and hkv % hq):
         return None
