@@ -629,14 +629,7 @@ class DecodeEngine:
         chunk = self.prefill_chunk
         if self.device.type != "cpu" or not chunk or n <= chunk or not self._prefill_chunks_apply():
             return self._forward(sequence, ids)
-        from onnxgen.progress import Progress
-
-        threshold = self.prefill_progress_tokens
-        with Progress("prefill", total=n, unit="tok", enabled=threshold is not None and n >= threshold) as bar:
-            for lo in range(0, n, chunk):
-                logits = self._forward(sequence, ids[:, lo : lo + chunk])
-                bar.update(min(chunk, n - lo))
-        return logits
+        return self._prefill_chunks(sequence, ids, chunk, pieces=False)
 
     def _prefill_captured(self, sequence: Sequence, ids: torch.Tensor) -> torch.Tensor:
         """The prompt as captured steps: chunks of at most ``captured_prefill_max`` tokens, each padded
@@ -677,18 +670,25 @@ class DecodeEngine:
         lets a handful of recorded shapes serve every length. The pieces are the same whether the
         steps are captured or not: a chunk split otherwise rounds otherwise, and a capture setting
         would change the generated tokens. Returns the last row's logits."""
-        from onnxgen.progress import Progress
-
-        n = ids.shape[1]
         span = self.captured_prefill_max
         if self.device.type == "cpu" and self.prefill_chunk:
             span = min(span, self.prefill_chunk)
+        return self._prefill_chunks(sequence, ids, span, pieces=True)
+
+    def _prefill_chunks(self, sequence: Sequence, ids: torch.Tensor, span: int, *, pieces: bool) -> torch.Tensor:
+        """The prompt as steps of chunks of at most ``span`` tokens, each whole or (``pieces``) as its
+        power-of-two pieces, largest first; a Progress line on stderr for a prompt of at least
+        ``prefill_progress_tokens`` (None: never). Returns the last row's logits."""
+        from onnxgen.progress import Progress
+
+        n = ids.shape[1]
         threshold = self.prefill_progress_tokens
         logits = None
         with Progress("prefill", total=n, unit="tok", enabled=threshold is not None and n >= threshold) as bar:
             start = 0
             for lo in range(0, n, span):
-                for piece in power_of_two_pieces(min(span, n - lo)):
+                rows = min(span, n - lo)
+                for piece in power_of_two_pieces(rows) if pieces else [rows]:
                     logits = self._forward(sequence, ids[:, start : start + piece])
                     start += piece
                     bar.update(piece)
