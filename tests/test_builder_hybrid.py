@@ -435,3 +435,39 @@ def test_a_moe_config_without_a_dense_width_builds(tmp_path) -> None:
         else:
             with pytest.raises(ModelLoadError, match="intermediate_size"):
                 HFSource(checkpoint)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda d: [d["inputs"].pop(k) for k in ("past_conv_names", "past_recurrent_names")],
+            r"input\(s\) past\.0\.conv.*past_<kind>_names",
+        ),
+        (
+            lambda d: d["outputs"].pop("present_recurrent_names"),
+            "past_recurrent_names declares a carried state.*no 'present_recurrent_names'",
+        ),
+        (lambda d: d["inputs"].update(past_conv_names="state.%d.conv"), "'state.%d.conv' match no input"),
+        (lambda d: d["outputs"].update(present_conv_names="new.%d.conv"), "'new.0.conv'.*is not a graph output"),
+    ],
+    ids=["undeclared", "no-present", "no-such-input", "present-not-an-output"],
+)
+def test_carried_states_come_from_the_declared_names(hybrid, tmp_path, change, message) -> None:
+    """The engine carries what genai_config.json declares (past_<kind>_names with present_<kind>_names,
+    onnxruntime-genai's convention), not what some op type reads, so a device rewrite that renames
+    the op cannot hide a state. Each declaration fault is a one-line error naming it."""
+    import json
+    import shutil
+
+    from onnxgen.genai import Generator
+
+    _, package = hybrid
+    copy = tmp_path / "pkg"
+    shutil.copytree(package, copy)
+    path = copy / "genai_config.json"
+    config = json.loads(path.read_text())
+    change(config["model"]["decoder"])
+    path.write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match=message):
+        Generator(copy)

@@ -1,6 +1,7 @@
-"""What a package's decoder graph carries between steps, read from the graph itself: the layers
-that have a KV cache, and the fixed-size states of hybrid decoders (CausalConvWithState's carry,
-LinearAttention's recurrent state) that a step reads from a graph input and returns as an output.
+"""What a package's decoder graph carries between steps: the layers that have a KV cache (read
+from the graph's inputs), and the fixed-size states of hybrid decoders (a causal convolution's last
+positions, a linear attention's recurrent state) that genai_config.json names and that a step reads
+from a graph input and returns as an output.
 """
 
 from __future__ import annotations
@@ -14,39 +15,40 @@ import torch
 from onnxgen.errors import ModelLoadError
 from onnxgen.genai.package import CarriedState, PackageConfig
 
-# stateful op type -> (index of its past-state input, index of its present-state output);
-# FusedLinearAttention is LinearAttention with its prologues folded in (the CUDA fusion pass's,
-# runtime/fusion_delta_rule.py), which the session's graph holds in its place
-STATEFUL_OPS = {"CausalConvWithState": (3, 1), "LinearAttention": (3, 1), "FusedLinearAttention": (3, 1)}
 
-
-def carried_states(model: onnx.ModelProto) -> list[CarriedState]:
-    """The states a step carries: each stateful node's past input that is a graph input, paired
-    with its present output, which must be a graph output; shapes from the graph input (every
-    dimension after the batch fixed)."""
+def carried_states(config: PackageConfig, model: onnx.ModelProto) -> list[CarriedState]:
+    """The states a step carries, as the package declares them (``config.io.states``): for every
+    layer whose past name is a graph input, that input paired with its present name, which must be
+    a graph output; shapes from the graph input (every dimension after the batch fixed). The graph's
+    ops are not consulted, so a device rewrite that renames the op reading a state changes nothing."""
     graph = model.graph
     initializers = {t.name for t in graph.initializer}
     inputs = {v.name: v for v in graph.input if v.name not in initializers}
     outputs = {v.name for v in graph.output}
     states = []
-    for node in graph.node:
-        slots = STATEFUL_OPS.get(node.op_type)
-        if slots is None or len(node.input) <= slots[0] or node.input[slots[0]] not in inputs:
-            continue
-        past, present = node.input[slots[0]], node.output[slots[1]] if len(node.output) > slots[1] else ""
-        if present not in outputs:
+    for past_names, present_names in config.io.states:
+        layers = [layer for layer in range(config.num_layers) if past_names % layer in inputs]
+        if not layers:
             raise ModelLoadError(
-                f"{node.op_type} node {node.name!r} reads the state {past!r} from a graph input but its updated "
-                "state is not a graph output, so nothing could carry it to the next step"
+                f"{config.config_file}: the carried state names {past_names!r} match no input of the decoder "
+                f"graph for layers 0 to {config.num_layers - 1}"
             )
-        dims = inputs[past].type.tensor_type.shape.dim
-        shape = [d.dim_value if d.HasField("dim_value") else None for d in dims][1:]
-        if not dims or any(d is None or d <= 0 for d in shape):
-            raise ModelLoadError(
-                f"the carried state {past!r} must have a fixed shape after its batch dimension, "
-                f"got {[d.dim_param or d.dim_value for d in dims]}"
-            )
-        states.append(CarriedState(past, present, tuple(shape)))  # type: ignore[arg-type]
+        for layer in layers:
+            past, present = past_names % layer, present_names % layer
+            if present not in outputs:
+                raise ModelLoadError(
+                    f"the decoder reads the carried state {past!r} from a graph input, but {present!r} (the "
+                    "name genai_config.json gives its update) is not a graph output, so nothing could carry "
+                    "it to the next step"
+                )
+            dims = inputs[past].type.tensor_type.shape.dim
+            shape = [d.dim_value if d.HasField("dim_value") else None for d in dims][1:]
+            if not dims or any(d is None or d <= 0 for d in shape):
+                raise ModelLoadError(
+                    f"the carried state {past!r} must have a fixed shape after its batch dimension, "
+                    f"got {[d.dim_param or d.dim_value for d in dims]}"
+                )
+            states.append(CarriedState(past, present, tuple(shape)))  # type: ignore[arg-type]
     return states
 
 
@@ -85,7 +87,10 @@ def position_feed(positions: torch.Tensor, streams: int) -> torch.Tensor:
 
 def with_graph_layout(config: PackageConfig, model: onnx.ModelProto) -> PackageConfig:
     """``config`` with the graph's KV layers, carried states and position streams filled in."""
-    states = tuple(carried_states(model))
-    layers = kv_layers(config, model) if states else None
+    states = tuple(carried_states(config, model))
+    # the layers with a KV input, where they are not simply all of them (a hybrid's; or a count fault
+    # that package_checks names): the first of them tells the KV layout
+    layers = kv_layers(config, model)
+    layers = None if not layers or layers == tuple(range(config.num_layers)) else layers
     streams = position_streams(config, model)
     return dataclasses.replace(config, kv_layers=layers, carried=states, position_streams=streams)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,10 @@ class DecoderIO:
     logits: str = "logits"
     present_key: str = "present.%d.key"
     present_value: str = "present.%d.value"
+    # per-layer states carried beside the KV cache, as (past, present) name patterns: onnxruntime-genai
+    # declares each kind as inputs.past_<kind>_names / outputs.present_<kind>_names (kind: conv,
+    # recurrent for its hybrid decoders)
+    states: tuple[tuple[str, str], ...] = ()
     given: frozenset[str] = frozenset()
 
 
@@ -159,6 +164,24 @@ class _Fields:
             raise self.fail(f"{where}.{key}", value, "a non-empty graph name")
         return value
 
+    def state_names(self, inputs: dict[str, Any], outputs: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+        """The (past, present) name patterns of every carried state kind the config declares: each
+        ``inputs.past_<kind>_names`` other than key and value, with its ``outputs.present_<kind>_names``."""
+        pairs = []
+        for key in inputs:
+            kind = m.group(1) if (m := re.fullmatch(r"past_(\w+)_names", key)) else None
+            if kind is None or kind in ("key", "value"):
+                continue
+            present = f"present_{kind}_names"
+            if present not in outputs:
+                raise ModelLoadError(
+                    f"{self.path}: model.decoder.inputs.{key} declares a carried state, but model.decoder.outputs "
+                    f"has no {present!r} to say where each step returns it"
+                )
+            past = self.name(inputs, key, "model.decoder.inputs", "", per_layer=True)
+            pairs.append((past, self.name(outputs, present, "model.decoder.outputs", "", per_layer=True)))
+        return tuple(pairs)
+
     def flag(self, section: dict[str, Any], key: str, where: str) -> bool:
         value = section.get(key, False)
         if not isinstance(value, bool):
@@ -190,6 +213,7 @@ def load_package_config(directory: str | Path) -> PackageConfig:
         logits=f.name(outputs, "logits", outs, "logits"),
         present_key=f.name(outputs, "present_key_names", outs, "present.%d.key", per_layer=True),
         present_value=f.name(outputs, "present_value_names", outs, "present.%d.value", per_layer=True),
+        states=f.state_names(inputs, outputs),
         given=frozenset(inputs) | frozenset(outputs),
     )
     filename = decoder.get("filename", "model.onnx")

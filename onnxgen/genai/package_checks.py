@@ -16,7 +16,7 @@ from typing import Any
 import onnx
 
 from onnxgen.errors import ModelLoadError
-from onnxgen.genai.graph_layout import carried_states, with_graph_layout
+from onnxgen.genai.graph_layout import with_graph_layout
 from onnxgen.genai.package import PackageConfig
 
 MS_DOMAIN = "com.microsoft"
@@ -56,6 +56,8 @@ class _Checker:
 
     def run(self) -> None:
         self.check_names()
+        self.check_kv_names()
+        self.check_unmapped()
         self.check_layers()
         self.check_shapes()
         self.check_context()
@@ -70,6 +72,22 @@ class _Checker:
                 f"(its {kind}s: {_listing(list(pool))})"
             )
 
+    def check_unmapped(self) -> None:
+        """Every graph input is one onnxgen feeds: checked before the layer counts, since an input the
+        config does not map (a hybrid's undeclared state) explains the count fault it would raise."""
+        io = self.config.io
+        fed = {io.input_ids, *(n for n in (io.attention_mask, io.position_ids) if n)}
+        fed |= {io.past_key % i for i in self._layers_in_graph(io.past_key, self.inputs)}
+        fed |= {io.past_value % i for i in self._layers_in_graph(io.past_value, self.inputs)}
+        fed |= {state.past for state in self.config.carried}
+        unfed = [name for name in self.inputs if name not in fed]
+        if unfed:
+            raise self.fail(
+                f"the decoder graph has input(s) {_listing(unfed)} that model.decoder.inputs does not map; "
+                "onnxgen feeds input_ids, attention_mask, position_ids, the past KV and the carried layer states "
+                "declared as inputs.past_<kind>_names with outputs.present_<kind>_names"
+            )
+
     def check_names(self) -> None:
         io, given = self.config.io, self.config.io.given
         ins, outs = "model.decoder.inputs", "model.decoder.outputs"
@@ -77,10 +95,13 @@ class _Checker:
         for key, name in (("attention_mask", io.attention_mask), ("position_ids", io.position_ids)):
             if name and key in given:  # a default name is fed only where the graph has it
                 self._need(f"{ins}.{key}", name, self.inputs, "input")
+        self._need(f"{outs}.logits", io.logits, self.outputs, "output")
+
+    def check_kv_names(self) -> None:
+        io, ins, outs = self.config.io, "model.decoder.inputs", "model.decoder.outputs"
         first = self.config.first_kv_layer
         self._need(f"{ins}.past_key_names", io.past_key % first, self.inputs, "input")
         self._need(f"{ins}.past_value_names", io.past_value % first, self.inputs, "input")
-        self._need(f"{outs}.logits", io.logits, self.outputs, "output")
         self._need(f"{outs}.present_key_names", io.present_key % first, self.outputs, "output")
         self._need(f"{outs}.present_value_names", io.present_value % first, self.outputs, "output")
 
@@ -93,26 +114,16 @@ class _Checker:
         c, io = self.config, self.config.io
         layers = self._layers_in_graph(io.past_key, self.inputs)
         # a hybrid decoder's linear-attention layers carry fixed-size states instead of a KV cache
-        states = carried_states(self.model)
-        hybrid_ok = bool(states) and layers and layers[-1] < c.num_layers
+        hybrid_ok = bool(c.carried) and layers and layers[-1] < c.num_layers
         if not hybrid_ok and (len(layers) != c.num_layers or layers != list(range(len(layers)))):
             raise self.fail(
                 f"model.decoder.num_hidden_layers is {c.num_layers}, but the decoder has {len(layers)} layers "
                 f"(KV inputs {_listing([io.past_key % i for i in layers], 3)})"
             )
-        fed = {io.input_ids, *(io.past_key % i for i in layers), *(io.past_value % i for i in layers)}
-        fed |= {n for n in (io.attention_mask, io.position_ids) if n}
-        fed |= {state.past for state in states}
         for layer in layers:
             self._need("model.decoder.inputs.past_value_names", io.past_value % layer, self.inputs, "input")
             self._need("model.decoder.outputs.present_key_names", io.present_key % layer, self.outputs, "output")
             self._need("model.decoder.outputs.present_value_names", io.present_value % layer, self.outputs, "output")
-        unfed = [name for name in self.inputs if name not in fed]
-        if unfed:
-            raise self.fail(
-                f"the decoder graph has input(s) {_listing(unfed)} that model.decoder.inputs does not map; "
-                "onnxgen feeds input_ids, attention_mask, position_ids, the past KV and carried layer states only"
-            )
 
     # -- sizes -----------------------------------------------------------------------------------
 
