@@ -39,20 +39,33 @@ def _sequential(
     beta: torch.Tensor | None,
     state: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The spec's recurrence token by token (decode, and per-key-dim decay); output unscaled."""
-    if g is not None:
-        g = g.exp() if g.dim() == 4 else g.exp().unsqueeze(-1)  # (B, H, T, d_k or 1)
+    """The spec's recurrence token by token (decode, and per-key-dim decay); output unscaled.
+
+    Per token, with e = exp(g) (a per-head scalar or one factor per key row) and D = diag(e):
+      S' = D S + k d^T,  d = v (no delta rule) or beta (v - (D S)^T k),  o = q^T S'.
+    The state is the large operand (d_k x d_v per head), so it is read as few times as the algebra
+    allows: (D S)^T k and (D S)^T q are one product of S with the rows [e*k; e*q], and
+    o = (D S)^T q + (q . k) d needs no second read of S'; the update is one scale and one in-place
+    rank-1 add. The decayed state is never the caller's tensor (no in-place write into a past)."""
     outs = []
     for i in range(k.shape[2]):
-        if g is not None:
-            state = state * g[:, :, i].unsqueeze(-1)
-        k_t, v_t = k[:, :, i], v[:, :, i]
+        k_t, q_t, v_t = k[:, :, i : i + 1], q[:, :, :, i], v[:, :, i : i + 1]  # (B,H,1,dk) (B,H,G,dk) (B,H,1,dv)
+        rows = torch.cat([k_t, q_t], dim=2)
+        if g is None:
+            projected = rows @ state
+        else:
+            e = g[:, :, i].exp()  # (B, H) or, per key dim, (B, H, dk)
+            e_row, e_col = (e[..., None, :], e[..., :, None]) if e.dim() == 3 else (e[..., None, None],) * 2
+            projected = (rows * e_row) @ state
+        k_s, q_s = projected[:, :, :1], projected[:, :, 1:]
         if beta is not None:
-            retrieved = torch.einsum("bhdm,bhd->bhm", state, k_t)
-            v_t = beta[:, :, i].unsqueeze(-1) * (v_t - retrieved)
-        state = state + k_t.unsqueeze(-1) * v_t.unsqueeze(-2)
-        # GQA: query head h reads KV head h // group, so the query heads are grouped per KV head
-        outs.append(torch.einsum("bhgd,bhdm->bhgm", q[:, :, :, i], state))
+            v_t = beta[:, :, i, None, None] * (v_t - k_s)
+        k_col = k_t.transpose(-1, -2)
+        if g is None:
+            state = torch.addcmul(state, k_col, v_t)
+        else:
+            state = (state * e_col).addcmul_(k_col, v_t)
+        outs.append(q_s + (q_t @ k_col) * v_t)
     if not outs:  # T == 0: nothing read, state unchanged
         return q.new_zeros(*q.shape[:-1], v.shape[-1]), state
     return torch.stack(outs, dim=3), state
@@ -318,12 +331,11 @@ def causal_conv_with_state_ms(
     if x.dim() < 3:
         raise ctx.fail(f"channels_last input must be (batch, sequence, channels...), got shape {tuple(x.shape)}")
     lead, channel_axes = x.shape[:2], x.shape[2:]
-    past = None if past_state is None else _channels_first(past_state, len(channel_axes))
-    y, present = _causal_conv(ctx, _channels_first(x, len(channel_axes)), weight, bias, past, dilation=dilation,
-                              window=window)  # fmt: skip
-    y = y.transpose(1, 2).reshape(*lead, *channel_axes)
-    present = present.transpose(-1, -2)
-    return y, present.reshape(*present.shape[:-1], *channel_axes).contiguous()
+    # computed in this layout (channels flattened, contiguous along them), not transposed to channels first
+    past = None if past_state is None else past_state.flatten(past_state.dim() - len(channel_axes))
+    y, present = _causal_conv(ctx, x.flatten(2), weight, bias, past, dilation=dilation, window=window,
+                              channels_last=True)  # fmt: skip
+    return y.reshape(*lead, *channel_axes), present.reshape(*present.shape[:-1], *channel_axes)
 
 
 def _conv_step(
@@ -345,9 +357,27 @@ def _conv_step(
                               dilation=dilation, channels_last=channels_last)  # fmt: skip
 
 
-def _channels_first(t: torch.Tensor, channel_axes: int) -> torch.Tensor:
-    """(..., L, d_1, ..., d_n) -> (..., C, L), C = d_1 * ... * d_n."""
-    return t.flatten(-channel_axes).transpose(-1, -2)
+def _depthwise_taps(
+    padded: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dilation: int, length: int, seq: int
+) -> torch.Tensor:
+    """The depthwise causal convolution of ``padded`` (carry + T positions along axis ``seq``,
+    channels along the other non-batch axis) as k multiply-adds of shifted views,
+    y = bias + sum_j w[:, j] * padded[j * dilation : j * dilation + T]: a few passes over the
+    output in place of a general grouped convolution, whose per-call set-up on the CPU outweighs
+    the arithmetic of a decode step's k taps per channel."""
+    taps = weight[:, 0, :]  # (C, k)
+    if seq == 1:  # channels last: a tap is a row of C
+        taps = taps.t()
+
+    def tap(j: int) -> torch.Tensor:
+        return taps[j : j + 1] if seq == 1 else taps[:, j : j + 1]
+
+    y = padded.narrow(seq, 0, length) * tap(0)
+    if bias is not None:
+        y += bias if seq == 1 else bias[:, None]
+    for j in range(1, taps.shape[0 if seq == 1 else 1]):
+        y.addcmul_(padded.narrow(seq, j * dilation, length), tap(j))
+    return y
 
 
 def _causal_conv(
@@ -359,40 +389,42 @@ def _causal_conv(
     *,
     dilation: int,
     window: int,
+    channels_last: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x (B, C, T) and the carry (B, C, (k - 1) * dilation), or (W, B, C, ...) with a window of
-    W carries of which the last is read: y (B, C, T) and the new carry (or carries)."""
+    W carries of which the last is read: y (B, C, T) and the new carry (or carries). With
+    ``channels_last`` every one of them has its position and channel axes swapped."""
     activation = ctx.attr("activation", "none")
     if activation not in ("none", "silu", "swish"):
         raise ctx.fail(f"unknown activation {activation!r}")
     if x.dim() != 3:
         raise ctx.fail(f"input must be (batch, channels, length), got shape {tuple(x.shape)}")
-    batch, channels, length = x.shape
+    seq = 1 if channels_last else 2
+    batch, channels, length = (x.shape[0], x.shape[2], x.shape[1]) if channels_last else x.shape
     k = weight.shape[-1]
     carry = (k - 1) * dilation
     if tuple(weight.shape) != (channels, 1, k):
         raise ctx.fail(f"weight has shape {tuple(weight.shape)}; a depthwise kernel is ({channels}, 1, k)")
-    expected = (window, batch, channels, carry) if window else (batch, channels, carry)
+    one = (batch, carry, channels) if channels_last else (batch, channels, carry)
+    expected = (window, *one) if window else one
     if past_state is None:
-        past = x.new_zeros(batch, channels, carry)
+        past = x.new_zeros(one)
     elif tuple(past_state.shape) != expected:
         raise ctx.fail(f"past_state has shape {tuple(past_state.shape)}; expected {expected}")
     else:
         past = past_state[-1] if window else past_state
     if window > length + 1:
         raise ctx.fail(f"state_window {window} reaches before this call's {length} positions and its carry")
-    padded = torch.cat([past.to(x.dtype), x], dim=2)
-    # depthwise conv in fp32 for half types: CPU half conv is slow or missing, and the sum over k
-    # taps should not round at every step
+    padded = torch.cat([past.to(x.dtype), x], dim=seq)
+    # in fp32 for half types: the sum over k taps should not round at every step
     cd = torch.float32 if x.dtype in _LOW_PRECISION else x.dtype
-    y = F.conv1d(padded.to(cd), weight.to(cd), None if bias is None else bias.to(cd), groups=channels,
-                 dilation=dilation)  # fmt: skip
+    y = _depthwise_taps(padded.to(cd), weight.to(cd), None if bias is None else bias.to(cd), dilation, length, seq)
     y = y.to(x.dtype)
-    if activation != "none":
+    if activation != "none":  # on the sum rounded to x's dtype (gpu/causal_conv_update.py rounds alike)
         y = F.silu(y.to(cd)).to(x.dtype)
     if not window:
-        return y, padded[:, :, padded.shape[2] - carry :].contiguous()
+        return y, padded.narrow(seq, length, carry).contiguous()
     # slot j: the carry after position T - W + j, i.e. the `carry` values of the padded input that
     # end there (slot W - 1 is the plain present state; a slot at position -1 is the past itself)
     ends = range(length - window + 1 + carry, length + 1 + carry)
-    return y, torch.stack([padded[:, :, end - carry : end] for end in ends])
+    return y, torch.stack([padded.narrow(seq, end - carry, carry) for end in ends])
