@@ -13,6 +13,7 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 
 from onnxgen.genai.batched import BatchedDecoder
 from onnxgen.genai.engine import DecodeEngine
@@ -235,3 +236,27 @@ def test_a_batched_hybrid_prompt_runs_the_same_pieces_captured_or_not(package: P
 
     assert pieces(True) == [8, 4, 4, 2, 8, 4, 2]
     assert pieces(False) == [8, 4, 4, 2, 8, 4, 2]
+
+
+@pytest.mark.parametrize("package", ["onnxgen-dense"], indirect=True)
+def test_carried_states_are_rebound_when_nothing_records_them(package: Path) -> None:
+    """With capture off a step's present state becomes the next step's past (no copy of every
+    state per step); where a recording reads the buffers (capture on), the present is copied into
+    them and their addresses stay."""
+    from onnxgen.genai.kv_cache import CarriedStates
+    from onnxgen.runtime.capture.recorder import ReplayRecorder
+
+    for kv in ("static", "dynamic"):
+        eager = make_engine(package, kv=kv)
+        captured = make_engine(package, kv=kv, capture="on", recorder=ReplayRecorder())
+        assert eager._new_kv(16).states.rebind and not captured._new_kv(16).states.rebind, kv
+    config = eager.config
+    outputs = {s.present: torch.randn(1, *s.shape) for s in config.carried}
+    rebound = CarriedStates(config, torch.float32, torch.device("cpu"), rebind=True)
+    rebound.update(outputs)
+    assert all(rebound.buffers[s.past] is outputs[s.present] for s in config.carried)
+    fixed = CarriedStates(config, torch.float32, torch.device("cpu"))
+    addresses = {name: buffer.data_ptr() for name, buffer in fixed.buffers.items()}
+    fixed.update(outputs)
+    assert {name: buffer.data_ptr() for name, buffer in fixed.buffers.items()} == addresses
+    assert all(torch.equal(fixed.buffers[s.past], outputs[s.present]) for s in config.carried)

@@ -426,7 +426,7 @@ class DecodeEngine:
         if self.kv_kind == "static":
             capacity = self._static_capacity(total)
             if self.capture == "off" and self.kv_capacity is None:
-                return StaticKV(self.config, self.kv_dtype, self.device, capacity)
+                return StaticKV(self.config, self.kv_dtype, self.device, capacity, rebind_states=True)
             # captured decode reads the KV buffers at fixed addresses: keep the cache of each capacity,
             # reset in place (a new one would invalidate its recordings and cost a re-record per
             # generation); a fixed capacity keeps it eagerly too (the benches' runs share one cache).
@@ -437,9 +437,12 @@ class DecodeEngine:
             self._static_kv = kv
             kv.reset()
             return kv
+        # with capture off no recording reads a carried state's address: each step's becomes the next past
+        rebind = self.capture == "off"
         if self._grows_in_place():
-            return GrowingKV(self.config, self.kv_dtype, self.device, limit=self.config.context_length)
-        return DynamicKV(self.config, self.kv_dtype, self.device)
+            return GrowingKV(self.config, self.kv_dtype, self.device, limit=self.config.context_length,
+                             rebind_states=rebind)  # fmt: skip
+        return DynamicKV(self.config, self.kv_dtype, self.device, rebind_states=rebind)
 
     def _grows_in_place(self) -> bool:
         """Dynamic KV on the CPU keeps spare rows (GrowingKV) where the graph's attention writes in

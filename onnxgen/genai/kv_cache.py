@@ -53,29 +53,42 @@ def past_feeds_attention_in_place(graph: Any, config: PackageConfig) -> bool:
 
 class CarriedStates:
     """The fixed-size states a hybrid decoder carries beside its KV cache (PackageConfig.carried):
-    zeros before the first step, each step's present copied into the past buffer it came from, so
-    the buffers keep their addresses (what a recorded step reads) for the whole generation.
+    zeros before the first step. Each step's present either is copied into the past buffer it came
+    from, so the buffers keep their addresses (what a recorded step reads) for the whole generation,
+    or, with ``rebind`` (no recording reads them), becomes the next step's past itself: the copy
+    would rewrite every state (a Gated DeltaNet layer's is d_k x d_v per head) once per step for
+    nothing. Readers look a buffer up by name when they use it, never keep one across steps.
     Unlike a KV cache, a state cannot be masked back: a step's tokens are folded in for good."""
 
-    def __init__(self, config: PackageConfig, dtype: torch.dtype, device: torch.device, batch: int = 1):
+    def __init__(
+        self, config: PackageConfig, dtype: torch.dtype, device: torch.device, batch: int = 1, *, rebind: bool = False
+    ):
         self.buffers = {s.past: torch.zeros((batch, *s.shape), dtype=dtype, device=device) for s in config.carried}
-        self._pairs = [(s.present, self.buffers[s.past]) for s in config.carried]
+        self._names = [(s.past, s.present) for s in config.carried]
+        self.rebind = rebind
 
     def reset(self) -> None:
         for buffer in self.buffers.values():
             buffer.zero_()
 
     def update(self, outputs: dict[str, torch.Tensor]) -> None:
-        for present, buffer in self._pairs:
-            out = outputs[present]
-            if out.data_ptr() != buffer.data_ptr():
+        for past, present in self._names:
+            out, buffer = outputs[present], self.buffers[past]
+            if out.data_ptr() == buffer.data_ptr():
+                continue
+            if self.rebind and out.shape == buffer.shape and out.dtype == buffer.dtype:
+                self.buffers[past] = out
+            else:
                 buffer.copy_(out)
 
 
 class DynamicKV:
     kind = "dynamic"
 
-    def __init__(self, config: PackageConfig, dtype: torch.dtype, device: torch.device, batch: int = 1):
+    def __init__(
+        self, config: PackageConfig, dtype: torch.dtype, device: torch.device, batch: int = 1, *,
+        rebind_states: bool = False,
+    ):  # fmt: skip
         self.config = config
         self.length = 0
         shape = (batch, config.num_kv_heads, 0, config.head_size)
@@ -85,7 +98,7 @@ class DynamicKV:
             self.past[config.past_value_name(layer)] = torch.zeros(shape, dtype=dtype, device=device)
         self.device = device
         self.batch = batch
-        self.states = CarriedStates(config, dtype, device, batch)
+        self.states = CarriedStates(config, dtype, device, batch, rebind=rebind_states)
 
     def attention_mask(self, new_tokens: int) -> torch.Tensor:
         return torch.ones((self.batch, self.length + new_tokens), dtype=torch.int64, device=self.device)
@@ -112,7 +125,10 @@ class GrowingKV:
     kind = "dynamic"
     min_capacity = 64
 
-    def __init__(self, config: PackageConfig, dtype: torch.dtype, device: torch.device, limit: int, batch: int = 1):
+    def __init__(
+        self, config: PackageConfig, dtype: torch.dtype, device: torch.device, limit: int, batch: int = 1, *,
+        rebind_states: bool = False,
+    ):  # fmt: skip
         self.config = config
         self.length = 0
         self.limit = limit  # never more rows than this (the context)
@@ -125,7 +141,7 @@ class GrowingKV:
         self._names = [
             (config.past_key_name(layer), config.present_key_name(layer)) for layer in config.kv_layer_ids
         ] + [(config.past_value_name(layer), config.present_value_name(layer)) for layer in config.kv_layer_ids]
-        self.states = CarriedStates(config, dtype, device, batch)
+        self.states = CarriedStates(config, dtype, device, batch, rebind=rebind_states)
         self._grow(self.min_capacity)
 
     def _grow(self, needed: int) -> None:
@@ -170,7 +186,10 @@ class GrowingKV:
 class StaticKV:
     kind = "static"
 
-    def __init__(self, config: PackageConfig, dtype: torch.dtype, device: torch.device, capacity: int, batch: int = 1):
+    def __init__(
+        self, config: PackageConfig, dtype: torch.dtype, device: torch.device, capacity: int, batch: int = 1, *,
+        rebind_states: bool = False,
+    ):  # fmt: skip
         self.config = config
         self.capacity = capacity
         self.length = 0
@@ -182,7 +201,7 @@ class StaticKV:
             self.buffers[config.past_key_name(layer)] = torch.zeros(shape, dtype=dtype, device=device)
             self.buffers[config.past_value_name(layer)] = torch.zeros(shape, dtype=dtype, device=device)
         self.mask = torch.zeros((batch, capacity), dtype=torch.int64, device=device)
-        self.states = CarriedStates(config, dtype, device, batch)
+        self.states = CarriedStates(config, dtype, device, batch, rebind=rebind_states)
         # (present output name, the past buffer it must land in), made once: update() runs every step
         self._pairs = [
             (present, self.buffers[past])

@@ -423,7 +423,8 @@ def _causal_conv(
     if activation != "none":  # on the sum rounded to x's dtype (gpu/causal_conv_update.py rounds alike)
         y = F.silu(y.to(cd)).to(x.dtype)
     if not window:
-        return y, padded.narrow(seq, length, carry).contiguous()
+        # a copy, not a view: a view would keep the whole padded input (a long prompt's) alive
+        return y, padded.narrow(seq, length, carry).clone(memory_format=torch.contiguous_format)
     # slot j: the carry after position T - W + j, i.e. the `carry` values of the padded input that
     # end there (slot W - 1 is the plain present state; a slot at position -1 is the past itself)
     ends = range(length - window + 1 + carry, length + 1 + carry)
