@@ -7,9 +7,10 @@
 Each engine gets one warm-up generation, then `--repeats` timed ones; the median is printed.
 TTFT is prompt prefill + first token; decode tok/s counts the tokens after the first (onnxgen's
 GenerationStats convention, applied to both). EOS is ignored by both (onnxruntime-genai through
-min_length = max_length), so both make exactly --new-tokens tokens. Thread counts: torch uses
-torch.get_num_threads() (its default is the core count); onnxruntime-genai's session uses
-onnxruntime's default intra-op pool (also the core count); both are printed.
+min_length = max_length), so both make exactly --new-tokens tokens. Thread counts: onnxgen's
+(--threads, else its default: OMP_NUM_THREADS or half the cores, onnxgen/threads.py) and
+onnxruntime-genai's (--genai-threads, else onnxruntime's default intra-op pool, one per core); both
+are printed.
 """
 
 from __future__ import annotations
@@ -66,21 +67,22 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kv", default="auto", choices=["auto", "static", "dynamic"])
-    parser.add_argument("--threads", type=int, help="torch threads (default: torch's default)")
+    parser.add_argument("--threads", type=int, help="torch threads (default: onnxgen's, half the cores)")
     parser.add_argument("--genai-threads", type=int, help="onnxruntime intra-op threads (default: its default)")
     parser.add_argument("--skip-genai", action="store_true")
     parser.add_argument("--skip-onnxgen", action="store_true")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
 
     package = args.package or pull(args.precision)
     with tempfile.TemporaryDirectory() as tmp:
         if args.accuracy_level is not None:
             package = with_accuracy_level(package, Path(tmp), args.accuracy_level)
         from onnxgen.genai import Generator
+        from onnxgen.threads import ThreadOptions
 
-        generator = Generator(package, kv=args.kv)
+        # an explicit count, not torch.set_num_threads: onnxgen cannot tell a set_num_threads equal
+        # to torch's own default (one per core) from no choice, and would apply its own default
+        generator = Generator(package, kv=args.kv, threads=ThreadOptions(num_threads=args.threads))
         ids = generator.encode(args.prompt, chat=args.chat)
         print(f"package {package}")
         print(f"prompt {len(ids)} tokens, {args.new_tokens} new tokens, greedy, median of {args.repeats}")
