@@ -330,6 +330,9 @@ def fake_quantize_int8_blocks(a: torch.Tensor, block_size: int) -> torch.Tensor:
 # (int4pack_rows.py); no fp32 copy is kept either way.
 # ONNXGEN_CPU_INT4_GEMM=0 (option cpu_int4_gemm) turns it off.
 _INT4PACK_OP = getattr(getattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", None), "default", None)
+# the same kernel through torch's own binding where it has one: a decode step calls it once per
+# quantized linear layer, and the binding's call costs less than the op overload's dispatch
+_INT4PACK_CALL = getattr(torch, "_weight_int4pack_mm_for_cpu", _INT4PACK_OP)
 
 
 def _int4pack_applies(
@@ -429,9 +432,10 @@ class _Int4Plan:
         if int4pack_rows.serves(self.n, rows):
             x = a.reshape(rows, self.k).to(torch.float32)
             out = int4pack_rows.matmul(x, self.packed, self.sz, k=self.k, n=self.n, block_size=self.block_size)
-        else:
-            x = a.reshape(-1, self.k).to(torch.bfloat16, memory_format=torch.contiguous_format)
-            out = _INT4PACK_OP(x, self.packed, self.block_size, self.sz).to(torch.float32)
+        else:  # the decode step: .bfloat16() / .float() are the cheapest casts to call per layer
+            x = a.reshape(-1, self.k)
+            x = (x if x.is_contiguous() else x.contiguous()).bfloat16()
+            out = _INT4PACK_CALL(x, self.packed, self.block_size, self.sz).float()
         if bias is not None:
             out += bias
         out = out.view(*a.shape[:-1], self.n)
