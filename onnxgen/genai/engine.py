@@ -121,9 +121,10 @@ class DecodeEngine:
         package_model: onnx.ModelProto | None = None,
     ):
         self.session = session
-        # the KV layers, carried states and position streams come from the graph the session runs
-        # (idempotent where the caller filled them in already), so no caller can hand in a hybrid's
-        # config without them
+        # the KV layers, carried states (the state names the package declares, matched against the
+        # graph's inputs) and position streams come from the graph the session runs (idempotent
+        # where the caller filled them in already), so no caller can hand in a hybrid's config
+        # without them
         config = self.config = with_graph_layout(config, session.model)
         self.device = session.device
         inputs = {i.name: i for i in session.graph_inputs}
