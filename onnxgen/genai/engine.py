@@ -424,10 +424,12 @@ class DecodeEngine:
         return min(context, max(256, 1 << max(0, total - 1).bit_length()))
 
     def _new_kv(self, total: int) -> KV:
+        # with capture off no recording reads a carried state's address: each step's becomes the next past
+        rebind = self.capture == "off"
         if self.kv_kind == "static":
             capacity = self._static_capacity(total)
             if self.capture == "off" and self.kv_capacity is None:
-                return StaticKV(self.config, self.kv_dtype, self.device, capacity, rebind_states=True)
+                return StaticKV(self.config, self.kv_dtype, self.device, capacity, rebind_states=rebind)
             # captured decode reads the KV buffers at fixed addresses: keep the cache of each capacity,
             # reset in place (a new one would invalidate its recordings and cost a re-record per
             # generation); a fixed capacity keeps it eagerly too (the benches' runs share one cache).
@@ -438,8 +440,6 @@ class DecodeEngine:
             self._static_kv = kv
             kv.reset()
             return kv
-        # with capture off no recording reads a carried state's address: each step's becomes the next past
-        rebind = self.capture == "off"
         if self._grows_in_place():
             return GrowingKV(self.config, self.kv_dtype, self.device, limit=self.config.context_length,
                              rebind_states=rebind)  # fmt: skip

@@ -365,18 +365,13 @@ def _depthwise_taps(
     y = bias + sum_j w[:, j] * padded[j * dilation : j * dilation + T]: a few passes over the
     output in place of a general grouped convolution, whose per-call set-up on the CPU outweighs
     the arithmetic of a decode step's k taps per channel."""
-    taps = weight[:, 0, :]  # (C, k)
-    if seq == 1:  # channels last: a tap is a row of C
-        taps = taps.t()
-
-    def tap(j: int) -> torch.Tensor:
-        return taps[j : j + 1] if seq == 1 else taps[:, j : j + 1]
-
-    y = padded.narrow(seq, 0, length) * tap(0)
+    # tap j broadcast over the other axes: a row of C (channels last) or a column (channels first)
+    taps = weight[:, 0, :].t() if seq == 1 else weight.movedim(-1, 0)  # (k, C) or (k, C, 1)
+    y = padded.narrow(seq, 0, length) * taps[0]
     if bias is not None:
         y += bias if seq == 1 else bias[:, None]
-    for j in range(1, taps.shape[0 if seq == 1 else 1]):
-        y.addcmul_(padded.narrow(seq, j * dilation, length), tap(j))
+    for j in range(1, taps.shape[0]):
+        y.addcmul_(padded.narrow(seq, j * dilation, length), taps[j])
     return y
 
 
