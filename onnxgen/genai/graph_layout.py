@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Iterable
 
 import onnx
 import torch
@@ -52,11 +53,17 @@ def carried_states(config: PackageConfig, model: onnx.ModelProto) -> list[Carrie
     return states
 
 
+def layers_named(pattern: str, names: Iterable[str]) -> list[int]:
+    """The layer numbers of the names that ``pattern`` (a genai_config name with one %d) matches,
+    ascending."""
+    before, after = pattern.split("%d")
+    regex = re.compile(re.escape(before) + r"(\d+)" + re.escape(after))
+    return sorted(int(m.group(1)) for name in names if (m := regex.fullmatch(name)))
+
+
 def kv_layers(config: PackageConfig, model: onnx.ModelProto) -> tuple[int, ...]:
     """The layers whose past key is a graph input (a hybrid decoder's linear layers have none)."""
-    before, after = config.io.past_key.split("%d")
-    pattern = re.compile(re.escape(before) + r"(\d+)" + re.escape(after))
-    return tuple(sorted(int(m.group(1)) for vi in model.graph.input if (m := pattern.fullmatch(vi.name))))
+    return tuple(layers_named(config.io.past_key, (vi.name for vi in model.graph.input)))
 
 
 def position_streams(config: PackageConfig, model: onnx.ModelProto) -> int:

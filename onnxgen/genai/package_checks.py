@@ -10,13 +10,12 @@ inputs, outputs and nodes.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import onnx
 
 from onnxgen.errors import ModelLoadError
-from onnxgen.genai.graph_layout import with_graph_layout
+from onnxgen.genai.graph_layout import layers_named, with_graph_layout
 from onnxgen.genai.package import PackageConfig
 
 MS_DOMAIN = "com.microsoft"
@@ -77,8 +76,8 @@ class _Checker:
         config does not map (a hybrid's undeclared state) explains the count fault it would raise."""
         io = self.config.io
         fed = {io.input_ids, *(n for n in (io.attention_mask, io.position_ids) if n)}
-        fed |= {io.past_key % i for i in self._layers_in_graph(io.past_key, self.inputs)}
-        fed |= {io.past_value % i for i in self._layers_in_graph(io.past_value, self.inputs)}
+        fed |= {io.past_key % i for i in layers_named(io.past_key, self.inputs)}
+        fed |= {io.past_value % i for i in layers_named(io.past_value, self.inputs)}
         fed |= {state.past for state in self.config.carried}
         unfed = [name for name in self.inputs if name not in fed]
         if unfed:
@@ -105,14 +104,9 @@ class _Checker:
         self._need(f"{outs}.present_key_names", io.present_key % first, self.outputs, "output")
         self._need(f"{outs}.present_value_names", io.present_value % first, self.outputs, "output")
 
-    def _layers_in_graph(self, pattern: str, pool: dict[str, Any]) -> list[int]:
-        before, after = pattern.split("%d")
-        regex = re.compile(re.escape(before) + r"(\d+)" + re.escape(after))
-        return sorted(int(m.group(1)) for name in pool if (m := regex.fullmatch(name)))
-
     def check_layers(self) -> None:
         c, io = self.config, self.config.io
-        layers = self._layers_in_graph(io.past_key, self.inputs)
+        layers = layers_named(io.past_key, self.inputs)
         # a hybrid decoder's linear-attention layers carry fixed-size states instead of a KV cache
         hybrid_ok = bool(c.carried) and layers and layers[-1] < c.num_layers
         if not hybrid_ok and (len(layers) != c.num_layers or layers != list(range(len(layers)))):
@@ -138,7 +132,7 @@ class _Checker:
         c, io = self.config, self.config.io
         self._compare("model.vocab_size", c.vocab_size, io.logits, _shape(self.outputs[io.logits]), -1,
                       "the logits' last dimension is")  # fmt: skip
-        layers = self._layers_in_graph(io.past_key, self.inputs)
+        layers = layers_named(io.past_key, self.inputs)
         kv = [(io.past_key % i, self.inputs) for i in layers]
         kv += [(io.past_value % i, self.inputs) for i in layers]
         kv += [(io.present_key % i, self.outputs) for i in layers]
