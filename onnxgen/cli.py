@@ -422,7 +422,12 @@ def cmd_build(args: argparse.Namespace) -> int:
         # Building needs no GPU and the package may be meant for another machine: say so, go on.
         _eprint(f"onnxgen: note: {problem.split(';')[0]}; the package is built for CUDA all the same")
     path = build_from_source(
-        Path(args.source), Path(args.output), precision=precision, device=args.device, attention=args.attention
+        Path(args.source),
+        Path(args.output),
+        precision=precision,
+        device=args.device,
+        attention=args.attention,
+        int4_zero_points=args.int4_zero_points,
     )
     print(path)
     return 0
@@ -593,6 +598,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     _add_build_options(p)
+    p.add_argument(
+        "--int4-zero-points",
+        choices=["exact", "packed"],
+        default="exact",
+        help="int4 only. exact: a weight already in 4-bit blocks (a GGUF's Q4_1) keeps them, with float zero "
+        "points; packed: 4-bit zero points everywhere, the form onnxruntime's CPU kernel runs fast, each such "
+        "block rounded again (default: exact)",
+    )
     p.set_defaults(func=cmd_build)
     return parser
 

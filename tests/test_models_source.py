@@ -805,3 +805,53 @@ def test_qwen_weights_match_transformers_and_predict_text(qwen_gguf):
     _assert_same_weights(ours, ref)
     del ref
     _layout_check(hf_config, ours, _hf_tokenizer(qwen_gguf))
+
+
+def test_build_of_q4_1_blocks_keeps_them_exactly_or_packs_zero_points_when_asked(tmp_path, capsys):
+    """A GGUF whose linears are Q4_1 (min + d * code per block of 32): the default int4 build keeps
+    every block exactly with float zero points and says once that onnxruntime's CPU kernel runs
+    that form slowly; --int4-zero-points packed writes 4-bit zero points for every MatMulNBits
+    weight instead, whose blocks are rounded again (close to, not equal to, the GGUF's values)."""
+    import gguf
+    import onnx
+
+    from onnxgen.models import pull
+    from onnxgen.models.package_files import float_zero_point_weights
+
+    path = tmp_path / "q41.gguf"
+    write_gguf(path, qtype=gguf.GGMLQuantizationType.Q4_1)
+    source = GGUFWeightSource(path)
+    want = np.asarray(source.get("model.layers.1.mlp.down_proj.weight"), np.float32)
+    source.close()
+
+    def down_proj(package: Path) -> tuple[np.ndarray, np.dtype]:
+        model = onnx.load(str(package / "model.onnx"))
+        inits = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+        node = next(n for n in model.graph.node if "layers.1.mlp.down_proj" in n.name)
+        b, scales, zeros = (inits[name] for name in node.input[1:4])
+        rows, blocks = b.shape[0], b.shape[1]
+        codes = np.stack([b & 0x0F, b >> 4], axis=-1).reshape(rows, blocks, 32).astype(np.float32)
+        if zeros.dtype == np.uint8:
+            zeros = np.stack([zeros & 0x0F, zeros >> 4], axis=-1).reshape(rows, -1)[:, :blocks]
+        w = (codes - zeros.reshape(rows, blocks, 1).astype(np.float32)) * scales.reshape(rows, blocks, 1)
+        return w.reshape(rows, -1), zeros.dtype
+
+    exact = pull.build_from_source(path, tmp_path / "exact", precision="int4", device="cpu", attention="gqa")
+    note = capsys.readouterr().err
+    floats, total = float_zero_point_weights(exact / "model.onnx")
+    assert total == LAYERS * 7 + 1 and floats == total  # every linear and the untied head
+    assert f"{floats} of {total} MatMulNBits weights keep the source's 4-bit blocks exactly" in note
+    assert "--int4-zero-points packed" in note
+    w, dtype = down_proj(exact)
+    assert dtype != np.uint8
+    np.testing.assert_allclose(w, want, rtol=0, atol=1e-6 * np.abs(want).max())
+
+    packed = pull.build_from_source(
+        path, tmp_path / "packed", precision="int4", device="cpu", attention="gqa", int4_zero_points="packed"
+    )
+    assert "zero points" not in capsys.readouterr().err
+    assert float_zero_point_weights(packed / "model.onnx") == (0, total)
+    w, dtype = down_proj(packed)
+    assert dtype == np.uint8
+    error = np.abs(w - want).max() / np.abs(want).max()
+    assert 1e-3 < error < 0.1

@@ -95,7 +95,7 @@ def plan_jobs(config: DecoderConfig, options: BuildOptions, shares_q4_table: boo
                 jobs.append(Job(("experts", layer, first), 3 * count * elements, count))
             continue
         if len(shape) == 2:
-            jobs.append(Job(("linear", name, False), elements, early=name == "lm_head.weight"))
+            jobs.append(Job(("linear", name, options.packed_zero_points), elements, early=name == "lm_head.weight"))
     return jobs
 
 

@@ -24,6 +24,7 @@ from onnxgen.models.graph_writer import GraphWriter
 __all__ = ["BuildError", "build_package", "genai_config"]
 
 MODEL_FILE = "model.onnx"
+INT4_ZERO_POINTS = ("exact", "packed")
 # model.type values onnxruntime-genai runs as a plain decoder; any other family is declared as llama,
 # whose runtime behaviour (decoder-only, KV cache) is the same.
 _GENAI_DECODER_TYPES = {"llama", "qwen2", "mistral", "phi3", "gemma", "granite", "olmo", "smollm3", "qwen3"}
@@ -38,6 +39,7 @@ def build_package(
     context_length: int | None = None,
     progress: Progress | None = None,
     workers: int = 0,
+    int4_zero_points: str = "exact",
 ) -> Path:
     """Write model.onnx (+ external data) and genai_config.json into `out_dir`; returns `out_dir`.
 
@@ -47,9 +49,12 @@ def build_package(
     workers > 0: an int4 `gqa` build computes its quantized weights ahead in that many worker
     processes (build_pool; the same package, byte for byte); the source must pickle, and the
     program's main module must be safe to import (the ``if __name__ == "__main__"`` idiom).
+    int4_zero_points: "exact" keeps a weight that is on a 4-bit grid already (a GGUF's Q4_1
+    blocks) exactly, with float zero points; "packed" gives every MatMulNBits weight 4-bit zero
+    points (BuildOptions.int4_zero_points says why one would).
     """
     config = source.config
-    options = _options(config, precision, device, attention, context_length)
+    options = _options(config, precision, device, attention, context_length, int4_zero_points)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     writer = GraphWriter(out / MODEL_FILE)
@@ -76,12 +81,18 @@ def build_package(
 
 
 def _options(
-    config: DecoderConfig, precision: str, device: str, attention: str, context_length: int | None
+    config: DecoderConfig,
+    precision: str,
+    device: str,
+    attention: str,
+    context_length: int | None,
+    int4_zero_points: str = "exact",
 ) -> BuildOptions:
     for value, allowed, what in (
         (precision, ("fp32", "fp16", "int4"), "precision"),
         (device, ("cpu", "cuda"), "device"),
         (attention, ("gqa", "standard"), "attention"),
+        (int4_zero_points, INT4_ZERO_POINTS, "int4 zero points"),
     ):
         if value not in allowed:
             raise BuildError(f"{what} {value!r} is not one of {', '.join(allowed)}")
@@ -98,7 +109,7 @@ def _options(
     length = context_length or config.max_position_embeddings
     if length <= 0:
         raise BuildError(f"context length must be positive, got {length}")
-    options = BuildOptions(precision, device, attention, int(length))
+    options = BuildOptions(precision, device, attention, int(length), int4_zero_points=int4_zero_points)
     if attention == "gqa" and device == "cuda" and options.io_dtype.itemsize == 4:
         # onnxgen runs it, but onnxruntime's CUDA GroupQueryAttention only takes fp16/bf16.
         warnings.warn("gqa + cuda + fp32: onnxruntime's CUDA GroupQueryAttention needs fp16", stacklevel=3)

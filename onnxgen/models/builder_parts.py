@@ -36,6 +36,14 @@ class BuildOptions:
     attention: str  # gqa | standard
     context_length: int
     block_size: int = 32
+    # "exact": a weight already on a 4-bit grid per block keeps it, with float zero points;
+    # "packed": every MatMulNBits weight gets 4-bit zero points, the form onnxruntime's CPU kernel
+    # runs fast (it takes a slow path for float ones), at the cost of rounding such a weight again.
+    int4_zero_points: str = "exact"
+
+    @property
+    def packed_zero_points(self) -> bool:
+        return self.int4_zero_points == "packed"
 
     @property
     def io_dtype(self) -> np.dtype:
@@ -204,6 +212,7 @@ class DecoderGraph:
     def q4(self, name: str, *, packed_zero_points: bool = False) -> Q4Tensors:
         """The MatMulNBits tensors of weight `name` (q4_tensors): the build pool's, where it computed
         them ahead, else computed here."""
+        packed_zero_points = packed_zero_points or self.opt.packed_zero_points
         if self.pool is not None:
             q = self.pool.take(("linear", name, packed_zero_points))
             if q is not None:

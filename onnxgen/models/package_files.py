@@ -99,3 +99,17 @@ def _all_initializers(graph):
         for attr in node.attribute:
             for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
                 yield from _all_initializers(sub)
+
+
+def float_zero_point_weights(model_path: Path) -> tuple[int, int]:
+    """(MatMulNBits nodes whose zero points are floats, all MatMulNBits nodes) of a model, read
+    without its external data. onnxruntime's CPU kernel takes a slow path for the float form,
+    so a build that writes it says so (pull.build_from_source)."""
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    dtypes = {t.name: t.data_type for t in model.graph.initializer}
+    nodes = [n for n in model.graph.node if n.op_type == "MatMulNBits" and n.domain == "com.microsoft"]
+    floats = sum(1 for n in nodes if len(n.input) > 3 and dtypes.get(n.input[3], onnx.TensorProto.UINT8)
+                 != onnx.TensorProto.UINT8)  # fmt: skip
+    return floats, len(nodes)

@@ -15,7 +15,7 @@ from pathlib import Path
 from onnxgen.errors import ModelFetchError, ModelLoadError
 from onnxgen.models import cache_lock, fetch
 from onnxgen.models.builder_parts import BuildError
-from onnxgen.models.package_files import built_at, foreign_entries, package_problem
+from onnxgen.models.package_files import built_at, float_zero_point_weights, foreign_entries, package_problem
 from onnxgen.models.publish import build_directory
 from onnxgen.models.registry import MODELS, lookup
 from onnxgen.progress import Progress
@@ -44,7 +44,15 @@ def _build_progress(label: str):
     return report
 
 
-def _build_into(source_path: Path, out: Path, precision: str, device: str, attention: str, name: str = "") -> None:
+def _build_into(
+    source_path: Path,
+    out: Path,
+    precision: str,
+    device: str,
+    attention: str,
+    name: str = "",
+    int4_zero_points: str = "exact",
+) -> None:
     """Write a complete package for a GGUF file or a Hugging Face directory into `out`."""
     from onnxgen.models.builder import build_package
 
@@ -60,6 +68,7 @@ def _build_into(source_path: Path, out: Path, precision: str, device: str, atten
             device=device,
             attention=attention,
             progress=_build_progress(f"build {precision}/{device}/{attention}"),
+            int4_zero_points=int4_zero_points,
         )
         copy_hf_tokenizer(source_path, out)
         return
@@ -77,6 +86,7 @@ def _build_into(source_path: Path, out: Path, precision: str, device: str, atten
             device=device,
             attention=attention,
             progress=_build_progress(f"build {precision}/{device}/{attention}"),
+            int4_zero_points=int4_zero_points,
         )
         write_tokenizer_files(source.gguf, out)
     finally:
@@ -138,7 +148,9 @@ def ensure_package(
         )
 
 
-def build_from_source(source: Path, output: Path, *, precision: str, device: str, attention: str) -> Path:
+def build_from_source(
+    source: Path, output: Path, *, precision: str, device: str, attention: str, int4_zero_points: str = "exact"
+) -> Path:
     """`onnxgen build`: a package from a GGUF file or a Hugging Face directory, published at `output`.
 
     Refused before anything is built when `output` is a file, the current directory (or holds
@@ -157,12 +169,30 @@ def build_from_source(source: Path, output: Path, *, precision: str, device: str
         _refuse_output(output, target)
         build_directory(
             target,
-            lambda out: _build_into(source, out, precision, device, attention),
+            lambda out: _build_into(source, out, precision, device, attention, int4_zero_points=int4_zero_points),
             source=str(source),
             foreign=_foreign,
             error=BuildError,
         )
+    if precision == "int4":
+        _say_float_zero_points(target)
     return output
+
+
+def _say_float_zero_points(package: Path) -> None:
+    """One line where the package keeps 4-bit blocks exactly with float zero points: onnxgen runs
+    that form at the speed of the other, onnxruntime's CPU MatMulNBits does not."""
+    from onnxgen.models.builder import MODEL_FILE
+
+    floats, total = float_zero_point_weights(package / MODEL_FILE)
+    if floats:
+        print(
+            f"onnxgen: note: {floats} of {total} MatMulNBits weights keep the source's 4-bit blocks exactly, with "
+            "float zero points; onnxruntime's CPU MatMulNBits runs that form far more slowly than 4-bit zero "
+            "points (README, CPU); --int4-zero-points packed writes those instead, rounding each block again",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _output_target(output: Path) -> Path:
