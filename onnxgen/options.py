@@ -87,7 +87,7 @@ class Options:
     int8_activations: Literal["none", "cpu", "all"] = "none"
     cpu_int4_gemm: bool = True
     conv_prompt: bool = True
-    gdn_chunked_from: int = 65
+    gdn_chunked_from: int = 0
 
     @property
     def dequant_cache_bytes(self) -> int | None:
@@ -309,7 +309,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("gdn_chunked_from", "ONNXGEN_GDN_CHUNKED_FROM", _count("tokens"), "`T` (tokens; `0`: never)",
          "a LinearAttention prompt of at least T tokens on a Triton device runs the chunked kernel "
          "(gpu/gated_delta_chunked.py); shorter ones the sequential kernel up to 64 tokens, the torch path's "
-         "chunked form beyond; `0`: never the chunked kernel"),
+         "chunked form beyond; `0` (the default: the kernel lost to the torch path on the H200, "
+         "docs/benchmarks/2026-12-05-h200-day.md): never the chunked kernel"),
     Knob("q4_norm_apart", "ONNXGEN_Q4_NORM_APART", _count("programs"), "`P` (programs; `0`: never)",
          "a 4-bit one-row product of more than P programs (the lm_head) runs its norm prologue as a kernel of "
          "its own instead of once per program"),

@@ -202,18 +202,19 @@ def test_short_prompts_take_the_kernel_and_match_the_torch_path(device: str, cas
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
 def test_long_prompts_take_the_chunked_kernel_windows_keep_the_torch_path(device: str) -> None:
-    """Prompts longer than MAX_SEQUENTIAL_TOKENS take the chunked kernel (option gdn_chunked_from;
-    0: the torch path); a state window and decays per key dim keep the torch path."""
+    """Prompts longer than MAX_SEQUENTIAL_TOKENS take the chunked kernel where option
+    gdn_chunked_from asks (its default 0: the torch path); a state window and decays per key dim
+    keep the torch path."""
     tokens = MAX_SEQUENTIAL_TOKENS + 1
     attrs, (q, k, v, past, decay, beta) = _linear_attention_inputs(LA_CASES["builder"], device, torch.float32,
                                                                    torch.float32, tokens=tokens)  # fmt: skip
     ctx = _ctx("LinearAttention", MS, device, 6, **attrs)
     launches = lambda: (LAUNCHES["gated_delta_decode"], LAUNCHES["gated_delta_chunked"])  # noqa: E731
     before = launches()
-    out, _ = linear_attention_ms(ctx, q, k, v, past, decay, beta)
-    assert launches() == (before[0], before[1] + 1) and out.shape[1] == tokens
-    with options.override(gdn_chunked_from=0):
-        linear_attention_ms(ctx, q, k, v, past, decay, beta)
+    with options.override(gdn_chunked_from=tokens):
+        out, _ = linear_attention_ms(ctx, q, k, v, past, decay, beta)
+        assert launches() == (before[0], before[1] + 1) and out.shape[1] == tokens
+    linear_attention_ms(ctx, q, k, v, past, decay, beta)
     one = [x[:, :1] for x in (q, k, v, decay, beta)]
     windowed = {**attrs, "state_window": 1}
     _, present = linear_attention_ms(_ctx("LinearAttention", MS, device, 6, **windowed), *one[:3], past[None],
@@ -268,7 +269,8 @@ def test_chunked_kernel_over_a_long_prompt_stays_with_the_recurrence(device: str
     attrs = {"q_num_heads": heads, "kv_num_heads": heads, "update_rule": "gated_delta"}
     ctx = _ctx("LinearAttention", MS, device, 6, **attrs)
     before = LAUNCHES["gated_delta_chunked"]
-    out, state = linear_attention_ms(ctx, *inputs)
+    with options.override(gdn_chunked_from=65):  # the kernel is opt-in (its default is 0: never)
+        out, state = linear_attention_ms(ctx, *inputs)
     assert LAUNCHES["gated_delta_chunked"] == before + 1
     with options.override(triton=False):
         one_by_one = _ctx("LinearAttention", MS, device, 6, **attrs, chunk_size=1)
@@ -437,17 +439,22 @@ def test_kernels_on_the_qwen35_08b_layer_shape() -> None:
                                                  torch.float16, tokens=tokens)  # fmt: skip
         ctx = _ctx("LinearAttention", MS, "cuda", 6, **attrs)
         _kernel_vs_torch("gated_delta_decode", lambda: linear_attention_ms(ctx, *inputs))  # noqa: B023
-    # long prompts of the layer through the chunked kernel, fp16 over an fp16 state
-    for tokens in (MAX_SEQUENTIAL_TOKENS + 1, 1000):
-        attrs, inputs = _linear_attention_inputs((MS, 16, 16, False, 128, 128, 1, "h", "h"), "cuda", torch.float16,
-                                                 torch.float16, tokens=tokens)  # fmt: skip
-        ctx = _ctx("LinearAttention", MS, "cuda", 6, **attrs)
-        _kernel_vs_torch("gated_delta_chunked", lambda: linear_attention_ms(ctx, *inputs))  # noqa: B023
-    # a Gated DeltaNet layer's own inputs (unit keys) over 1,000 tokens against the token recurrence
+    # long prompts of the layer through the chunked kernel (opt-in), fp16 over an fp16 state
+    with options.override(gdn_chunked_from=MAX_SEQUENTIAL_TOKENS + 1):
+        for tokens in (MAX_SEQUENTIAL_TOKENS + 1, 1000):
+            attrs, inputs = _linear_attention_inputs((MS, 16, 16, False, 128, 128, 1, "h", "h"), "cuda",
+                                                     torch.float16, torch.float16, tokens=tokens)  # fmt: skip
+            ctx = _ctx("LinearAttention", MS, "cuda", 6, **attrs)
+            _kernel_vs_torch("gated_delta_chunked", lambda: linear_attention_ms(ctx, *inputs))  # noqa: B023
+    # a Gated DeltaNet layer's own inputs (unit keys) over 1,000 tokens against the token recurrence:
+    # the default path (the torch path's chunked form), then the chunked kernel
     inputs = _gated_delta_net_inputs("cuda", 1000, 16, 128, seed=9)
     attrs = {"q_num_heads": 16, "kv_num_heads": 16, "update_rule": "gated_delta"}
     out, state = linear_attention_ms(_ctx("LinearAttention", MS, "cuda", 6, **attrs), *inputs)
+    with options.override(gdn_chunked_from=2):
+        kernel_out, kernel_state = linear_attention_ms(_ctx("LinearAttention", MS, "cuda", 6, **attrs), *inputs)
     with options.override(triton=False):
         ref_out, ref_state = linear_attention_ms(_ctx("LinearAttention", MS, "cuda", 6, **attrs, chunk_size=1), *inputs)
-    assert_close_to_torch_path(out, ref_out)
-    assert_close_to_torch_path(state, ref_state)
+    for got_out, got_state in ((out, state), (kernel_out, kernel_state)):
+        assert_close_to_torch_path(got_out, ref_out)
+        assert_close_to_torch_path(got_state, ref_state)
