@@ -160,10 +160,14 @@ def test_overrides_reach_the_kernels_launch_tables() -> None:
     with options.override(gemm_q4_split="16,64,256,8,2,0,0"):
         # SPLITS 0 keeps the rule's count: 32 column tiles on 132 SMs want 9 splits, 6 K tiles allow 6
         assert linear_q4_split.split_gemm_config(16, 2048, 1536, 32, 132, True) == (16, 64, 256, 8, 2, 6, 0)
-    # the rule: 32 tiles want 9 splits of 12 K tiles, evened out to 6 of 2; no words where the layout
-    # does not allow them; a quantization block wider than the K tile widens the tile
-    assert linear_q4_split.split_gemm_config(16, 1024, 1536, 32, 132, True) == (16, 32, 128, 4, 3, 6, 1)
-    assert linear_q4_split.split_gemm_config(40, 1024, 1536, 256, 132, False) == (64, 64, 256, 4, 3, 6, 0)
+    # the rule: 32 tiles want 9 splits of 12 K tiles, evened out to 6 of 2; 96 tiles want 3 splits;
+    # a quantization block wider than the K tile widens the tile; words only where forced and the
+    # layout allows them
+    assert linear_q4_split.split_gemm_config(16, 1024, 1536, 32, 132, True) == (16, 32, 128, 4, 3, 6, 0)
+    assert linear_q4_split.split_gemm_config(40, 1024, 1536, 256, 132, False) == (16, 32, 256, 4, 3, 3, 0)
+    with options.override(gemm_q4_split="16,32,128,4,3,0,1"):
+        assert linear_q4_split.split_gemm_config(16, 1024, 1536, 32, 132, True)[6] == 1
+        assert linear_q4_split.split_gemm_config(16, 1024, 1536, 32, 132, False)[6] == 0
     with options.override(gemv_q4="8,512,2,1"):  # the fourth value picks the kernel over 32-bit words
         assert linear_q4._q4_plan(896, 896, 32, cpu) == (8, 512, 2, 1)
     with options.override(triton=False):

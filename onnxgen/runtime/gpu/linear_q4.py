@@ -444,9 +444,9 @@ def matmul_q4(
     (the session's one buffer; without it, a buffer of at most DEQUANT_ROWS_ELEMENTS that lives
     for this call) and multiplies each chunk with cuBLAS: the same weight and GEMM as a cached
     fp16 copy, without keeping the copy; ``gemm`` runs the Triton GEMM that dequantizes tiles in
-    registers; ``auto`` (the default) takes the GEMM where _gemm_serves_short_prompt says,
-    dequant elsewhere; ``split`` the split-K GEMM (gpu/linear_q4_split.py) for prompts of at most
-    SPLIT_MAX_ROWS rows, dequant for longer ones."""
+    registers; ``split`` the split-K GEMM (gpu/linear_q4_split.py) for prompts of at most
+    SPLIT_MAX_ROWS rows, dequant for longer ones; ``auto`` (the default) the split-K GEMM for
+    prompts of at most AUTO_SPLIT_ROWS rows, dequant for longer ones."""
     _check_block(block_size)
     lead = a.shape[:-1]
     a2 = a.reshape(-1, k)
@@ -455,12 +455,12 @@ def matmul_q4(
     m = a2.shape[0]
     packed, scale, zeros, zero_kind = _layout(b, scales, zero_points, n, k, block_size)
     mode = options.current().q4_prompt
-    if m and mode == "split" and m <= SPLIT_MAX_ROWS:
+    if m and m <= (SPLIT_MAX_ROWS if mode == "split" else AUTO_SPLIT_ROWS if mode == "auto" else 0):
         from onnxgen.runtime.gpu.linear_q4_split import matmul_q4_split
 
         out = matmul_q4_split(a2, packed, scale, zeros, zero_kind, bias, n=n, k=k, block_size=block_size)
         return out.reshape(*lead, n)
-    if m and (mode in ("dequant", "split") or (mode == "auto" and not _gemm_serves_short_prompt(m, k))):
+    if m and mode != "gemm":
         out = _dequant_matmul(a2, packed, scale, zeros, zero_kind, bias, n=n, k=k, block_size=block_size,
                               scratch=scratch)  # fmt: skip
         return out.reshape(*lead, n)
@@ -479,15 +479,11 @@ def matmul_q4(
     return out.reshape(*lead, n)
 
 
-def _gemm_serves_short_prompt(m: int, k: int) -> bool:
-    """Under ``q4_prompt=auto``, short prompts over short rows take the tiled GEMM, which needs no
-    buffer: on the H200 it matched dequantize-then-cuBLAS there (16 rows, K = 896) and lost on
-    long rows (K = 4,864), where its few programs each loop over the whole row
-    (docs/benchmarks/2026-12-02-h200-int4-packed.md)."""
-    return m <= 16 and k <= 2048
-
-
 SPLIT_MAX_ROWS = 64  # q4_prompt=split: prompts of at most this many rows take the split-K GEMM
+# q4_prompt=auto: prompts of at most this many rows take the split-K GEMM. On the H200 it beat
+# dequantize-then-cuBLAS and the tiled GEMM on every layer of the 1.5B shape at 16 rows, and lost
+# to them at 64 (docs/benchmarks/2026-12-05-h200-day.md).
+AUTO_SPLIT_ROWS = 16
 
 DEQUANT_ROWS_ELEMENTS = 1 << 25  # weight elements dequantized at once (64 MiB in fp16): bounds the buffer
 SCRATCH_ELEMENTS = 1 << 24  # a session's DequantScratch holds this much (32 MiB in fp16) at most,

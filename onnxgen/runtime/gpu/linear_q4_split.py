@@ -158,19 +158,19 @@ PROGRAMS_PER_SM = 2  # splits are chosen so that a launch makes about this many 
 def split_gemm_config(
     m: int, n: int, k: int, block_size: int, sms: int, words_ok: bool, opts: options.Options | None = None
 ) -> tuple[int, int, int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, splits, WORDS): 16 x 32 tiles up to 16 rows,
-    64 x 64 above (linear_q4.SPLIT_MAX_ROWS at most), K tiles of 128 elements (whole quantization
-    blocks; a word tile needs 128), and
-    as many splits along K as make about PROGRAMS_PER_SM programs on each of ``sms`` SMs (never
-    more splits than K tiles, none empty). Words wherever the codes' layout allows.
-    ``ONNXGEN_GEMM_Q4_SPLIT[_<N>x<K>]`` (option ``gemm_q4_split``) forces one; its SPLITS 0 keeps
-    the count this rule gives."""
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, splits, WORDS): 16 x 32 tiles, K tiles of
+    128 elements (whole quantization blocks), the codes as bytes, and as many splits along K as make
+    about PROGRAMS_PER_SM programs on each of ``sms`` SMs (never more splits than K tiles, none
+    empty). That tile in bytes was the fastest configuration swept on every layer of the 1.5B shape
+    at 16 and 64 rows (64 x 64 tiles and word tiles were slower;
+    docs/benchmarks/2026-12-05-h200-day.md). ``ONNXGEN_GEMM_Q4_SPLIT[_<N>x<K>]`` (option
+    ``gemm_q4_split``) forces one; its SPLITS 0 keeps the count this rule gives, and WORDS 1 takes
+    the codes as 32-bit words where their layout allows."""
     forced = (opts or options.current()).gemm_q4_split.lookup(n, k)
     if forced:
         block_m, block_n, block_k, warps, stages, splits, words = forced
     else:
-        block_m, block_n = (16, 32) if m <= 16 else (64, 64)
-        block_k, warps, stages, splits, words = 128, 4, 3, 0, 1
+        block_m, block_n, block_k, warps, stages, splits, words = 16, 32, 128, 4, 3, 0, 0
     block_k = max(block_k, block_size)
     words = words if words_ok and block_k >= 128 else 0
     k_tiles = triton.cdiv(triton.cdiv(k, block_size) * block_size, block_k)
