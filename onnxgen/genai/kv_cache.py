@@ -68,10 +68,10 @@ class CarriedStates:
         self.rebind = rebind
 
     def reset(self) -> None:
-        for buffer in self.buffers.values():
-            buffer.zero_()
+        zero_all(list(self.buffers.values()))
 
     def update(self, outputs: dict[str, torch.Tensor]) -> None:
+        targets, sources = [], []
         for past, present in self._names:
             out, buffer = outputs[present], self.buffers[past]
             if out.data_ptr() == buffer.data_ptr():
@@ -79,7 +79,18 @@ class CarriedStates:
             if self.rebind and out.shape == buffer.shape and out.dtype == buffer.dtype:
                 self.buffers[past] = out
             else:
-                buffer.copy_(out)
+                targets.append(buffer)
+                sources.append(out)
+        if targets:  # one batched copy: on CUDA a few launches for all the states, not one each
+            torch._foreach_copy_(targets, sources)
+
+
+def zero_all(tensors: list[torch.Tensor]) -> None:
+    """Every tensor set to zeros in one batched call: on CUDA torch's multi-tensor kernels make a
+    few launches for the lot, where a zero_() each costs a launch each (a hybrid decoder's reset
+    touches some fifty buffers before every prompt)."""
+    if tensors:
+        torch._foreach_zero_(tensors)
 
 
 class DynamicKV:
@@ -218,11 +229,9 @@ class StaticKV:
         leaves the old rows in the buffers: the cleared mask hides them, and a step writes a row
         before any step attends to it (a caller that reads only unmasked rows, batched.py)."""
         self.length = 0
-        self.mask.zero_()
-        self.states.reset()  # a state has no rows to hide: it starts from zeros again
-        if zero_rows:
-            for buffer in self.buffers.values():
-                buffer.zero_()
+        # a state has no rows to hide: it starts from zeros again
+        rows = list(self.buffers.values()) if zero_rows else []
+        zero_all([self.mask, *self.states.buffers.values(), *rows])
 
     @staticmethod
     def pinned_symbols(inputs: Iterable[Any], config: PackageConfig) -> set[str]:
