@@ -125,6 +125,15 @@ def test_build_keeps_a_file_written_into_the_output_during_the_build(tiny, tmp_p
     assert tree(tmp_path) == ["out", "out/notes.txt"] and (out / "notes.txt").read_text() == "mine"
 
 
+def test_build_refuses_int4_zero_points_on_another_precision(tiny, tmp_path):
+    gguf, _, _ = tiny
+    done = onnxgen("build", str(gguf), "-o", str(tmp_path / "pkg"), "--precision", "fp16", "--int4-zero-points",
+                   "packed")  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "--int4-zero-points applies to int4 builds; this one is --precision fp16" in done.stderr
+    assert not (tmp_path / "pkg").exists()
+
+
 def test_build_output_checks_before_building(tiny, tmp_path):
     gguf, _, _ = tiny
     (tmp_path / "keep.txt").write_text("x")
