@@ -34,8 +34,9 @@
 #              = eager over 256 tokens, dense and MoE, captured prompt chunks), ~5 min
 #   fold       the Gated DeltaNet q / k norms and gate folded into the step kernel (FusedLinearAttention)
 #              against ONNXGEN_FUSE_SKIP=delta_prologues: capture_decode on the qwen3.5-0.8b shape, ~3 min
-#   q4prompt   issue 18's short prompt on the 1.5B shape: the 4-bit GEMM split along K (ONNXGEN_Q4_PROMPT=split)
-#              against the default policy, dequantize-then-cuBLAS and cuBLAS fp16: its GPU tests, then the layers
+#   q4prompt   issue 18's short prompt on the 1.5B shape: the 4-bit GEMM split along K (the default up to 16 rows;
+#              ONNXGEN_Q4_PROMPT=split up to 64) against the default policy, dequantize-then-cuBLAS, the tiled
+#              GEMM and cuBLAS fp16: its GPU tests, then the layers
 #              alone (gemv_micro --prompt-only, split configurations swept), ~5 min
 #   q4ttft     the same prompt paths in the prompt: TTFT per variant in one process (bench.prefill --variant)
 #              beside the fp16 package, captured = eager (--capture verify), and the 0.5B shape, ~5 min
@@ -166,7 +167,7 @@ stage_q4prompt() {
 }
 stage_q4ttft() {
   local variants=(--variant auto: --variant split:ONNXGEN_Q4_PROMPT=split --variant dequant:ONNXGEN_Q4_PROMPT=dequant
-    --variant auto-again:)
+    --variant gemm:ONNXGEN_Q4_PROMPT=gemm --variant auto-again:)
   run q4prompt-fp16 120 $PY -m bench.prefill $Q15 --precision fp16 --context 2048 --lengths 16,64,1024 --repeats 5
   run q4prompt-int4 200 $PY -m bench.prefill $Q15 --precision int4 --context 2048 --lengths 16,64,1024 --repeats 5 \
     "${variants[@]}"

@@ -9,8 +9,8 @@
 #   bash bench/hybrid_peers_device.sh build-35b   # onnxgen's 35B-A3B int4 package from RandomSource, on every
 #                                                 # core (needs no onnxruntime-genai; its log lands in $OUT)
 #   bash bench/hybrid_peers_device.sh 35b         # the 35B-A3B table on that package
-#   bash bench/hybrid_peers_device.sh profile 0.8b [fp16|int4]   # TTFT with and without the prompt kernels (16,
-#                                                    # 64 and 1,024 tokens), then where a short prompt's time goes
+#   bash bench/hybrid_peers_device.sh profile 0.8b [fp16|int4]   # TTFT with and without the prompt kernels (16, 64,
+#                                                    # 300 and 1,024 tokens), then where a short prompt's time goes
 #                                                    # (both precisions without the third argument: two calls' work)
 #   bash bench/hybrid_peers_device.sh profile 35b    # the same on the 35B-A3B package (after build-35b)
 #
@@ -67,12 +67,13 @@ case "${1:-}" in
     # GPU kernels, host synchronisations); needs no onnxruntime-genai
     case "${2:-}" in
       0.8b)
-        # the prompt kernels (the defaults) against the torch path's conv, the torch path's chunked Gated
-        # DeltaNet, and the chunked kernel for every prompt, in one process per precision
+        # the defaults (the conv prompt kernel; the torch path's chunked Gated DeltaNet beyond 64 tokens)
+        # against the torch path's conv, the chunked Gated DeltaNet kernel from 65 tokens (opt-in since
+        # it lost on 2026-12-05) and for every prompt, in one process per precision
         for p in ${3:-fp16 int4}; do
-          python3 -m bench.prefill --shape qwen3.5-0.8b --precision "$p" --context 2048 --lengths 16,64,1024 \
+          python3 -m bench.prefill --shape qwen3.5-0.8b --precision "$p" --context 2048 --lengths 16,64,300,1024 \
             --repeats 5 --variant default: --variant conv-torch:ONNXGEN_CONV_PROMPT=0 \
-            --variant gdn-torch:ONNXGEN_GDN_CHUNKED_FROM=0 --variant gdn-chunked-all:ONNXGEN_GDN_CHUNKED_FROM=2 \
+            --variant gdn-kernel:ONNXGEN_GDN_CHUNKED_FROM=65 --variant gdn-kernel-all:ONNXGEN_GDN_CHUNKED_FROM=2 \
             --variant default-again: | tee "$out/prefill-qwen3.5-0.8b-$p-variants.log"
           # a user's prompts: 40 lengths between 16 and 300 tokens, each once (first sightings included)
           python3 -m bench.prefill --shape qwen3.5-0.8b --precision "$p" --context 2048 --lengths 16,300 --mixed 40 \
