@@ -96,6 +96,8 @@ def _options(
     ):
         if value not in allowed:
             raise BuildError(f"{what} {value!r} is not one of {', '.join(allowed)}")
+    if int4_zero_points != "exact" and precision != "int4":
+        raise BuildError(f"--int4-zero-points applies to int4 builds; this one is --precision {precision}")
     if config.num_attention_heads % config.num_key_value_heads:
         raise BuildError(
             f"num_attention_heads {config.num_attention_heads} is not a multiple of "
