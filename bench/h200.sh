@@ -72,10 +72,8 @@ run() {
 }
 
 stage_tests() {
-  # query_seqlens: the oracle's gap, not onnxgen's (onnxruntime 1.31's GroupQueryAttention lacks that
-  # input; docs/benchmarks/2026-11-29-h200.md)
   # shellcheck disable=SC2086
-  run tests 420 $PY -m pytest -q -p no:cacheprovider -m gpu $GPU_TESTS -k "not query_seqlens"
+  run tests 420 $PY -m pytest -q -p no:cacheprovider -m gpu $GPU_TESTS
 }
 stage_decode() {
   for p in fp16 int4; do run "decode-$p" 60 $PY -m bench.capture_decode $Q --precision $p --context 512 --capture-only; done

@@ -982,6 +982,9 @@ def _with_extra_input(model: onnx.ModelProto, position: int, name: str, elem_typ
 @pytest.mark.parametrize("device", DEVICES)
 def test_gqa_query_seqlens_chunked_prefill(device: str) -> None:
     """Right-padded fixed-size chunks (query_seqlens), batch 2, an idle entry, shared buffer."""
+    if tuple(int(part) for part in ort.__version__.split(".")[:2]) < (1, 32):
+        # the GPU machine carries onnxruntime-gpu 1.31, whose schema ends before this input
+        pytest.skip(f"the oracle, onnxruntime {ort.__version__}, has no GroupQueryAttention query_seqlens (1.32+)")
     case = GqaCase(rotary="half", attrs={"local_window_size": 5})
     model = case.model()
     _with_extra_input(model, 16, "query_seqlens", TP.INT32, ["B"])
