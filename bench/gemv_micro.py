@@ -254,11 +254,15 @@ def prompt_rows(name, k, n, args, ws, qb, qs, qcopies, add, copies, wbytes, qbyt
 
 
 # BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES of the 4-bit prompt GEMM tried per shape
-GEMM_SWEEP_SMALL = [(16, 32, 128, 4, 3), (16, 64, 128, 4, 3), (16, 64, 256, 4, 3), (16, 128, 128, 4, 3)]
+# (the 32- and 64-row tiles: a tile of 16 rows reads each weight tile four times over 64 rows)
+GEMM_SWEEP_SMALL = [(16, 32, 128, 4, 3), (16, 64, 128, 4, 3), (16, 64, 256, 4, 3), (16, 128, 128, 4, 3),
+                    (32, 64, 128, 4, 3), (64, 64, 128, 4, 3), (64, 32, 128, 4, 3), (64, 128, 64, 4, 3)]  # fmt: skip
 # BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES, SPLITS, WORDS of the split-K GEMM (SPLITS 0: its own rule)
 SPLIT_SWEEP = [(16, 32, 128, 4, 3, 0, 0), (16, 32, 256, 4, 3, 0, 1), (16, 64, 128, 4, 3, 0, 1),
                (16, 32, 128, 4, 3, 1, 1), (16, 32, 128, 4, 3, 2, 1), (16, 32, 128, 4, 3, 8, 1),
-               (16, 32, 128, 8, 3, 0, 1), (16, 16, 128, 4, 3, 0, 1), (16, 128, 128, 4, 3, 0, 1)]  # fmt: skip
+               (16, 32, 128, 8, 3, 0, 1), (16, 16, 128, 4, 3, 0, 1), (16, 128, 128, 4, 3, 0, 1),
+               (32, 32, 128, 4, 3, 0, 0), (64, 32, 128, 4, 3, 0, 0), (64, 64, 128, 4, 3, 0, 0),
+               (32, 64, 128, 4, 3, 0, 0), (64, 32, 128, 8, 3, 0, 0)]  # fmt: skip
 GEMM_SWEEP_LARGE = [(64, 128, 64, 4, 3), (128, 128, 64, 8, 3), (128, 64, 128, 4, 3), (64, 128, 128, 8, 3),
                     (128, 128, 128, 8, 3)]  # fmt: skip
 

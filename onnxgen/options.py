@@ -88,6 +88,7 @@ class Options:
     cpu_int4_gemm: bool = True
     conv_prompt: bool = True
     gdn_chunked_from: int = 0
+    gdn_prompt: tuple[int, int] | None = None
 
     @property
     def dequant_cache_bytes(self) -> int | None:
@@ -162,6 +163,16 @@ def _gqa_decode(raw: str) -> tuple[int, int]:
     if block_n < 16 or block_n & (block_n - 1) or warps not in (1, 2, 4, 8, 16):
         raise ValueError("BLOCK_N must be a power of two >= 16, WARPS 1-16")
     return block_n, warps
+
+
+def _gdn_prompt(raw: str) -> tuple[int, int]:
+    try:
+        block_v, warps = (int(v) for v in raw.split(","))
+    except ValueError:
+        raise ValueError("expected BLOCK_V,WARPS (two integers)") from None
+    if not 4 <= block_v <= 128 or block_v & (block_v - 1) or warps not in (1, 2, 4, 8):
+        raise ValueError("BLOCK_V must be a power of two 4-128, WARPS 1, 2, 4 or 8")
+    return block_v, warps
 
 
 def _cache_mb(raw: str) -> float:
@@ -310,6 +321,10 @@ KNOBS: tuple[Knob, ...] = (
          "(gpu/gated_delta_chunked.py); shorter ones the sequential kernel up to 64 tokens, the torch path's "
          "chunked form beyond; `0` (the default: the kernel lost to the torch path on the H200, "
          "docs/benchmarks/2026-12-05-h200-day.md): never the chunked kernel"),
+    Knob("gdn_prompt", "ONNXGEN_GDN_PROMPT", _gdn_prompt, "`BLOCK_V,WARPS`",
+         "forces the sequential Gated DeltaNet kernel's value columns per program and warps on prompts of 2 "
+         "or more tokens (gpu/gated_delta_decode.py); one-token steps keep their tile",
+         default_text="unset: the step's tile, 4 warps"),
     Knob("q4_norm_apart", "ONNXGEN_Q4_NORM_APART", _count("programs"), "`P` (programs; `0`: never)",
          "a 4-bit one-row product of more than P programs (the lm_head) runs its norm prologue as a kernel of "
          "its own instead of once per program"),

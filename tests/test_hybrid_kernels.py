@@ -184,6 +184,19 @@ def test_folded_prologues_of_a_long_prompt_run_the_ops_first(device: str) -> Non
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("tile", [(4, 1), (8, 2), (128, 8)])
+def test_short_prompt_tiles_match_the_torch_path(device: str, tile: tuple[int, int]) -> None:
+    """The prompt tile the gdn_prompt option forces (value columns per program, warps), narrower and
+    wider than the step's, against the torch path."""
+    from onnxgen import options
+
+    attrs, inputs = _linear_attention_inputs(LA_CASES["builder"], device, torch.float16, torch.float16, tokens=7)
+    with options.override(gdn_prompt=tile):
+        _kernel_vs_torch("gated_delta_decode", lambda: linear_attention_ms(_ctx("LinearAttention", MS, device, 6,
+                                                                                 **attrs), *inputs))  # fmt: skip
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
 @pytest.mark.parametrize("case", ["builder", "gqa", "per_key_dim_decay"])
 @pytest.mark.parametrize("tokens", [2, 9])  # the longest run: the GPU test below (slow interpreted)
 def test_short_prompts_take_the_kernel_and_match_the_torch_path(device: str, case: str, tokens: int) -> None:

@@ -226,6 +226,8 @@ def test_bench_variants_apply_in_process(monkeypatch: pytest.MonkeyPatch) -> Non
         ("fuse", 0, "expected True or False"),
         ("gemv_persist", -1, "expected a number of programs per SM"),
         ("gqa_decode", (100, 8), "BLOCK_N must be a power of two"),
+        ("gdn_prompt", (12, 4), "BLOCK_V must be a power of two 4-128"),
+        ("gdn_prompt", (16, 3), "WARPS 1, 2, 4 or 8"),
         ("dequant_cache_mb", "big", "expected MB"),
         ("gemv_dense", (4, 32), "expected BLOCK_N,BLOCK_K,WARPS"),
         ("gemv_q4", {"9728x896": "1,2"}, "expected BLOCK_N,BLOCK_K,WARPS"),

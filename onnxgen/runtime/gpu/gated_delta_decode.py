@@ -35,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from onnxgen import options
 from onnxgen.runtime.gpu.launch import KERNEL_DTYPES, LAUNCHES, pdl_launch
 from onnxgen.runtime.gpu.linear_attention_gate import _softplus
 from onnxgen.runtime.gpu.pdl import wait_for_previous
@@ -107,38 +108,87 @@ def _gated_delta_step_kernel(
     else:
         s = tl.zeros((BLOCK_K, BLOCK_V), tl.float32)
     heads_out = kv_heads * group
+    if GATE:  # per head: loaded once, not once per token
+        dt_bias = tl.load(dt_bias_ptr + h + rows * 0).to(tl.float32)
+        decay_scale = tl.load(decay_scale_ptr + h + rows * 0).to(tl.float32)
+    else:
+        dt_bias = 0.0
+        decay_scale = 0.0
+    # token i's inputs are loaded and prepared while token i - 1 updates the state (none of them reads
+    # it), so a prompt's chain of dependent steps does not also wait on each token's loads
+    factor, k, v, beta, q = _token_inputs(
+        q_ptr, k_ptr, v_ptr, decay_ptr, beta_ptr, b, h, 0, tokens, rows, row_ok, cols, col_ok, q_row_stride,
+        q_tok_stride, k_row_stride, k_tok_stride, v_row_stride, v_tok_stride, decay_row_stride, decay_tok_stride,
+        decay_head_stride, decay_dim_stride, beta_row_stride, beta_tok_stride, beta_head_stride, d_k, d_v, group,
+        q_share, k_share, dt_bias, decay_scale, eps, HAS_DECAY, HAS_BETA, NORM, GATE,
+    )  # fmt: skip
     for i in range(tokens):
+        next_factor, next_k, next_v, next_beta, next_q = _token_inputs(
+            q_ptr, k_ptr, v_ptr, decay_ptr, beta_ptr, b, h, i + 1, tokens, rows, row_ok, cols, col_ok,
+            q_row_stride, q_tok_stride, k_row_stride, k_tok_stride, v_row_stride, v_tok_stride, decay_row_stride,
+            decay_tok_stride, decay_head_stride, decay_dim_stride, beta_row_stride, beta_tok_stride,
+            beta_head_stride, d_k, d_v, group, q_share, k_share, dt_bias, decay_scale, eps, HAS_DECAY, HAS_BETA,
+            NORM, GATE,
+        )  # fmt: skip
         if HAS_DECAY:
-            g = tl.load(
-                decay_ptr + b * decay_row_stride + i * decay_tok_stride + h * decay_head_stride
-                + rows * decay_dim_stride, mask=row_ok, other=0.0,
-            ).to(tl.float32)  # fmt: skip
-            if GATE:  # LinearAttentionGate's decay, rounded to its dtype (a's) as that op's kernel rounds it
-                dt_bias = tl.load(dt_bias_ptr + h + rows * 0).to(tl.float32)
-                decay_scale = tl.load(decay_scale_ptr + h + rows * 0).to(tl.float32)
-                g = (decay_scale * _softplus(g + dt_bias)).to(decay_ptr.dtype.element_ty).to(tl.float32)
-            s = s * tl.exp(g)[:, None]
-        k = tl.load(k_ptr + b * k_row_stride + i * k_tok_stride + (h // k_share) * d_k + rows, mask=row_ok,
-                    other=0.0).to(tl.float32)  # fmt: skip
-        if NORM != 0:
-            k = _l2_normalized(k, eps, NORM).to(k_ptr.dtype.element_ty).to(tl.float32)
-        v = tl.load(v_ptr + b * v_row_stride + i * v_tok_stride + h * d_v + cols, mask=col_ok, other=0.0).to(tl.float32)
+            s = s * factor[:, None]
         if HAS_BETA:
-            beta = tl.load(beta_ptr + b * beta_row_stride + i * beta_tok_stride + h * beta_head_stride).to(tl.float32)
-            if GATE:  # sigmoid(b), rounded to b's dtype
-                beta = (1.0 / (1.0 + tl.exp(-beta))).to(beta_ptr.dtype.element_ty).to(tl.float32)
             v = beta * (v - tl.sum(s * k[:, None], axis=0))
         s = s + k[:, None] * v[None, :]
         for j in range(group):
             head = h * group + j
-            q = tl.load(q_ptr + b * q_row_stride + i * q_tok_stride + (head // q_share) * d_k + rows, mask=row_ok,
-                        other=0.0).to(tl.float32)  # fmt: skip
-            if NORM != 0:
-                q = _l2_normalized(q, eps, NORM).to(q_ptr.dtype.element_ty).to(tl.float32)
+            if j > 0:  # the first query head of the group came with the token's inputs
+                q = tl.load(q_ptr + b * q_row_stride + i * q_tok_stride + (head // q_share) * d_k + rows, mask=row_ok,
+                            other=0.0).to(tl.float32)  # fmt: skip
+                if NORM != 0:
+                    q = _l2_normalized(q, eps, NORM).to(q_ptr.dtype.element_ty).to(tl.float32)
             out = tl.sum(q[:, None] * s, axis=0) * scale
             tl.store(out_ptr + ((b * tokens + i) * heads_out + head) * d_v + cols, out.to(out_ptr.dtype.element_ty),
                      mask=col_ok)  # fmt: skip
+        factor, k, v, beta, q = next_factor, next_k, next_v, next_beta, next_q
     tl.store(present_ptr + cells, s.to(present_ptr.dtype.element_ty), mask=tile_ok)
+
+
+@triton.jit
+def _token_inputs(
+    q_ptr, k_ptr, v_ptr, decay_ptr, beta_ptr, b, h, next_token, tokens, rows, row_ok, cols, col_ok, q_row_stride,
+    q_tok_stride, k_row_stride, k_tok_stride, v_row_stride, v_tok_stride, decay_row_stride, decay_tok_stride,
+    decay_head_stride, decay_dim_stride, beta_row_stride, beta_tok_stride, beta_head_stride, d_k, d_v, group,
+    q_share, k_share, dt_bias, decay_scale, eps, HAS_DECAY: tl.constexpr, HAS_BETA: tl.constexpr,
+    NORM: tl.constexpr, GATE: tl.constexpr,
+):  # fmt: skip
+    """Token i's (exp(g), k, v, beta, q of the group's first query head) in fp32, as the step reads
+    them: the gate's decay and sigmoid and the L2 norms applied with their roundings. Nothing here
+    reads the state. Past the last token (``next_token`` == ``tokens``) the last token's are read
+    again (never beyond the inputs), the results unused."""
+    i = tl.minimum(next_token, tokens - 1)
+    if HAS_DECAY:
+        g = tl.load(
+            decay_ptr + b * decay_row_stride + i * decay_tok_stride + h * decay_head_stride + rows * decay_dim_stride,
+            mask=row_ok, other=0.0,
+        ).to(tl.float32)  # fmt: skip
+        if GATE:  # LinearAttentionGate's decay, rounded to its dtype (a's) as that op's kernel rounds it
+            g = (decay_scale * _softplus(g + dt_bias)).to(decay_ptr.dtype.element_ty).to(tl.float32)
+        factor = tl.exp(g)
+    else:
+        factor = 1.0
+    k = tl.load(k_ptr + b * k_row_stride + i * k_tok_stride + (h // k_share) * d_k + rows, mask=row_ok,
+                other=0.0).to(tl.float32)  # fmt: skip
+    if NORM != 0:
+        k = _l2_normalized(k, eps, NORM).to(k_ptr.dtype.element_ty).to(tl.float32)
+    v = tl.load(v_ptr + b * v_row_stride + i * v_tok_stride + h * d_v + cols, mask=col_ok,
+                other=0.0).to(tl.float32)  # fmt: skip
+    if HAS_BETA:
+        beta = tl.load(beta_ptr + b * beta_row_stride + i * beta_tok_stride + h * beta_head_stride).to(tl.float32)
+        if GATE:  # sigmoid(b), rounded to b's dtype
+            beta = (1.0 / (1.0 + tl.exp(-beta))).to(beta_ptr.dtype.element_ty).to(tl.float32)
+    else:
+        beta = 0.0
+    q = tl.load(q_ptr + b * q_row_stride + i * q_tok_stride + ((h * group) // q_share) * d_k + rows,
+                mask=row_ok, other=0.0).to(tl.float32)  # fmt: skip
+    if NORM != 0:
+        q = _l2_normalized(q, eps, NORM).to(q_ptr.dtype.element_ty).to(tl.float32)
+    return factor, k, v, beta, q
 
 
 @triton.jit
@@ -310,6 +360,10 @@ def _step(run: Launch, scale: float, dt_bias, decay_scale, eps: float, *, norm: 
     (gated_delta_prologue: dt_bias and decay_scale the gate's; else placeholders it never reads);
     returns (output, present)."""
     block_k, block_v = _tile(run.batch, run.kv_heads, run.d_k, run.d_v)
+    warps = 4
+    forced = options.current().gdn_prompt if run.tokens > 1 else None
+    if forced:
+        block_v, warps = min(forced[0], triton.next_power_of_2(run.d_v)), forced[1]
     LAUNCHES["gated_delta_decode"] += 1
     _gated_delta_step_kernel[(run.batch * run.kv_heads, triton.cdiv(run.d_v, block_v))](
         *run.arguments(),
@@ -322,6 +376,7 @@ def _step(run: Launch, scale: float, dt_bias, decay_scale, eps: float, *, norm: 
         GATE=gate,
         BLOCK_K=block_k,
         BLOCK_V=block_v,
+        num_warps=warps,
         **pdl_launch(run.query, run.present, run.out),
     )
     return run.out, run.present
