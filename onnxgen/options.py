@@ -322,9 +322,9 @@ KNOBS: tuple[Knob, ...] = (
          "chunked form beyond; `0` (the default: the kernel lost to the torch path on the H200, "
          "docs/benchmarks/2026-12-05-h200-day.md): never the chunked kernel"),
     Knob("gdn_prompt", "ONNXGEN_GDN_PROMPT", _gdn_prompt, "`BLOCK_V,WARPS`",
-         "forces the sequential Gated DeltaNet kernel's value columns per program and warps on prompts of 2 "
+         "the sequential Gated DeltaNet kernel's value columns per program and warps on prompts of 2 "
          "or more tokens (gpu/gated_delta_decode.py); one-token steps keep their tile",
-         default_text="unset: the step's tile, 4 warps"),
+         default_text="unset: `8,1`"),
     Knob("q4_norm_apart", "ONNXGEN_Q4_NORM_APART", _count("programs"), "`P` (programs; `0`: never)",
          "a 4-bit one-row product of more than P programs (the lm_head) runs its norm prologue as a kernel of "
          "its own instead of once per program"),

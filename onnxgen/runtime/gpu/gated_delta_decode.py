@@ -44,6 +44,10 @@ from onnxgen.runtime.gpu.pdl import wait_for_previous
 MAX_KEY_DIM = 512
 # the longest run of tokens one program steps through (module docstring)
 MAX_SEQUENTIAL_TOKENS = 64
+# (value columns, warps) of a program on a prompt of 2 or more tokens: narrow tiles of one warp, whose
+# reductions over the key dims stay inside the warp, shorten each of the chain's dependent steps
+# (swept on the GPU: docs/benchmarks/2026-12-05-h100-gdn-prompt.md); option gdn_prompt forces another
+PROMPT_TILE = (8, 1)
 # enough programs to put a batch-1 step's state on every SM of a large GPU: the step reads and
 # writes the whole state once, so it is bound by memory parallelism, not arithmetic
 _TARGET_PROGRAMS = 128
@@ -361,9 +365,9 @@ def _step(run: Launch, scale: float, dt_bias, decay_scale, eps: float, *, norm: 
     returns (output, present)."""
     block_k, block_v = _tile(run.batch, run.kv_heads, run.d_k, run.d_v)
     warps = 4
-    forced = options.current().gdn_prompt if run.tokens > 1 else None
-    if forced:
-        block_v, warps = min(forced[0], triton.next_power_of_2(run.d_v)), forced[1]
+    if run.tokens > 1:  # a prompt: its steps' latency, not the state's bytes, bounds it (PROMPT_TILE)
+        columns, warps = options.current().gdn_prompt or PROMPT_TILE
+        block_v = min(columns, triton.next_power_of_2(run.d_v))
     LAUNCHES["gated_delta_decode"] += 1
     _gated_delta_step_kernel[(run.batch * run.kv_heads, triton.cdiv(run.d_v, block_v))](
         *run.arguments(),
