@@ -166,10 +166,7 @@ def _gqa_decode(raw: str) -> tuple[int, int]:
 
 
 def _gdn_prompt(raw: str) -> tuple[int, int]:
-    try:
-        block_v, warps = (int(v) for v in raw.split(","))
-    except ValueError:
-        raise ValueError("expected BLOCK_V,WARPS (two integers)") from None
+    block_v, warps = _ints(raw, 2, "BLOCK_V,WARPS")
     if not 4 <= block_v <= 128 or block_v & (block_v - 1) or warps not in (1, 2, 4, 8):
         raise ValueError("BLOCK_V must be a power of two 4-128, WARPS 1, 2, 4 or 8")
     return block_v, warps

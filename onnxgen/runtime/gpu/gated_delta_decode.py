@@ -142,10 +142,7 @@ def _gated_delta_step_kernel(
         for j in range(group):
             head = h * group + j
             if j > 0:  # the first query head of the group came with the token's inputs
-                q = tl.load(q_ptr + b * q_row_stride + i * q_tok_stride + (head // q_share) * d_k + rows, mask=row_ok,
-                            other=0.0).to(tl.float32)  # fmt: skip
-                if NORM != 0:
-                    q = _l2_normalized(q, eps, NORM).to(q_ptr.dtype.element_ty).to(tl.float32)
+                q = _query_head(q_ptr, b, i, head, q_row_stride, q_tok_stride, q_share, d_k, rows, row_ok, eps, NORM)
             out = tl.sum(q[:, None] * s, axis=0) * scale
             tl.store(out_ptr + ((b * tokens + i) * heads_out + head) * d_v + cols, out.to(out_ptr.dtype.element_ty),
                      mask=col_ok)  # fmt: skip
@@ -188,11 +185,18 @@ def _token_inputs(
             beta = (1.0 / (1.0 + tl.exp(-beta))).to(beta_ptr.dtype.element_ty).to(tl.float32)
     else:
         beta = 0.0
-    q = tl.load(q_ptr + b * q_row_stride + i * q_tok_stride + ((h * group) // q_share) * d_k + rows,
-                mask=row_ok, other=0.0).to(tl.float32)  # fmt: skip
+    q = _query_head(q_ptr, b, i, h * group, q_row_stride, q_tok_stride, q_share, d_k, rows, row_ok, eps, NORM)
+    return factor, k, v, beta, q
+
+
+@triton.jit
+def _query_head(q_ptr, b, i, head, q_row_stride, q_tok_stride, q_share, d_k, rows, row_ok, eps, NORM: tl.constexpr):
+    """Query head ``head`` of token i in fp32, L2-normalised (with its rounding) where NORM says."""
+    q = tl.load(q_ptr + b * q_row_stride + i * q_tok_stride + (head // q_share) * d_k + rows, mask=row_ok,
+                other=0.0).to(tl.float32)  # fmt: skip
     if NORM != 0:
         q = _l2_normalized(q, eps, NORM).to(q_ptr.dtype.element_ty).to(tl.float32)
-    return factor, k, v, beta, q
+    return q
 
 
 @triton.jit
