@@ -162,9 +162,12 @@ def test_overrides_reach_the_kernels_launch_tables() -> None:
         assert linear_q4_split.split_gemm_config(16, 2048, 1536, 32, 132, True) == (16, 64, 256, 8, 2, 6, 0)
     # the rule: 32 tiles want 9 splits of 12 K tiles, evened out to 6 of 2; 96 tiles want 3 splits;
     # a quantization block wider than the K tile widens the tile; words only where forced and the
-    # layout allows them
+    # layout allows them. Above 16 rows: 64-row tiles, 32 wide on a narrow layer (32 x 12 units of
+    # work, under 8 per SM), 64 wide on a long K (48 x 70 units; 24 tiles want 11 splits of 70 K
+    # tiles, evened out to 10 of 7)
     assert linear_q4_split.split_gemm_config(16, 1024, 1536, 32, 132, True) == (16, 32, 128, 4, 3, 6, 0)
-    assert linear_q4_split.split_gemm_config(40, 1024, 1536, 256, 132, False) == (16, 32, 256, 4, 3, 3, 0)
+    assert linear_q4_split.split_gemm_config(40, 1024, 1536, 256, 132, False) == (64, 32, 256, 4, 3, 6, 0)
+    assert linear_q4_split.split_gemm_config(64, 1536, 8960, 32, 132, False) == (64, 64, 128, 4, 3, 10, 0)
     with options.override(gemm_q4_split="16,32,128,4,3,0,1"):
         assert linear_q4_split.split_gemm_config(16, 1024, 1536, 32, 132, True)[6] == 1
         assert linear_q4_split.split_gemm_config(16, 1024, 1536, 32, 132, False)[6] == 0

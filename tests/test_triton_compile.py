@@ -192,7 +192,8 @@ def test_matmul_q4_compiles(zero_kind: int, dtype: str) -> None:
 @pytest.mark.parametrize("zero_kind", [0, 1, 2])
 @pytest.mark.parametrize("dtype", ["fp16", "fp32"])
 @pytest.mark.parametrize(("words", "split"), [(True, True), (False, True), (True, False)])
-def test_matmul_q4_split_compiles(zero_kind: int, dtype: str, words: bool, split: bool) -> None:
+@pytest.mark.parametrize("tile", [(16, 32), (64, 64)])  # the rule's short-prompt and wide 64-row tiles
+def test_matmul_q4_split_compiles(zero_kind: int, dtype: str, words: bool, split: bool, tile: tuple) -> None:
     from onnxgen.runtime.gpu import linear_q4_split
 
     sig = dict.fromkeys(["a_ptr", "scale_ptr", "bias_ptr", "c_ptr"], f"*{dtype}")
@@ -201,8 +202,8 @@ def test_matmul_q4_split_compiles(zero_kind: int, dtype: str, words: bool, split
     names = ["m", "n", "k", "a_stride", "c_stride", "n_blocks", "row_units", "zp_row_bytes", "tiles_per_split",
              "k_tiles", "magic_bits"]  # fmt: skip
     sig.update(dict.fromkeys(names, "i32"))
-    const = dict(ZERO_KIND=zero_kind, HAS_BIAS=True, QBLOCK=32, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, WORDS=words,
-                 SPLIT=split, IEEE=dtype == "fp32")  # fmt: skip
+    const = dict(ZERO_KIND=zero_kind, HAS_BIAS=True, QBLOCK=32, BLOCK_M=tile[0], BLOCK_N=tile[1], BLOCK_K=128,
+                 WORDS=words, SPLIT=split, IEEE=dtype == "fp32")  # fmt: skip
     ptx = compile_for_sm90(linear_q4_split._q4_split_gemm_kernel, sig, const)
     assert ("mma" in ptx) == (dtype != "fp32")  # half types on tensor cores; fp32 in IEEE fp32, not TF32
     assert ("atom.global" in ptx) == split  # the ticket, only where the partials meet

@@ -480,10 +480,10 @@ def matmul_q4(
 
 
 SPLIT_MAX_ROWS = 64  # q4_prompt=split: prompts of at most this many rows take the split-K GEMM
-# q4_prompt=auto: prompts of at most this many rows take the split-K GEMM. On the H200 it beat
-# dequantize-then-cuBLAS and the tiled GEMM on every layer of the 1.5B shape at 16 rows, and lost
-# to them at 64 (docs/benchmarks/2026-12-05-h200-day.md).
-AUTO_SPLIT_ROWS = 16
+# q4_prompt=auto: prompts of at most this many rows take the split-K GEMM, dequantize-then-cuBLAS
+# longer ones. With 64-row tiles above 16 rows it beat dequantize-then-cuBLAS on every layer of the
+# 1.5B shape at 64 rows on the H100 but o_proj (within 4%): docs/benchmarks/2026-12-05-h100-peers.md.
+AUTO_SPLIT_ROWS = 64
 
 DEQUANT_ROWS_ELEMENTS = 1 << 25  # weight elements dequantized at once (64 MiB in fp16): bounds the buffer
 SCRATCH_ELEMENTS = 1 << 24  # a session's DequantScratch holds this much (32 MiB in fp16) at most,

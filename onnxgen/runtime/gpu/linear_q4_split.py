@@ -153,24 +153,36 @@ def _q4_split_gemm_kernel(
 # -- launch configuration ------------------------------------------------------------------------
 
 PROGRAMS_PER_SM = 2  # splits are chosen so that a launch makes about this many programs per SM
+SHORT_ROWS = 16  # prompts of at most this many rows take 16-row tiles; longer ones 64-row tiles
+# 64-row tiles are 64 columns wide where a layer has at least this many (32-column x K tile) units of
+# work per SM (a long K or many columns), else 32 wide: wider tiles halve the programs that re-read
+# the activations but leave narrow layers too few programs
+WIDE_TILE_WORK_PER_SM = 8
 
 
 def split_gemm_config(
     m: int, n: int, k: int, block_size: int, sms: int, words_ok: bool, opts: options.Options | None = None
 ) -> tuple[int, int, int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, splits, WORDS): 16 x 32 tiles, K tiles of
-    128 elements (whole quantization blocks), the codes as bytes, and as many splits along K as make
-    about PROGRAMS_PER_SM programs on each of ``sms`` SMs (never more splits than K tiles, none
-    empty). That tile in bytes was the fastest configuration swept on every layer of the 1.5B shape
-    at 16 and 64 rows (64 x 64 tiles and word tiles were slower;
-    docs/benchmarks/2026-12-05-h200-day.md). ``ONNXGEN_GEMM_Q4_SPLIT[_<N>x<K>]`` (option
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, splits, WORDS): K tiles of 128 elements (whole
+    quantization blocks), the codes as bytes, and as many splits along K as make about
+    PROGRAMS_PER_SM programs on each of ``sms`` SMs (never more splits than K tiles, none empty).
+    Tiles: 16 x 32 up to SHORT_ROWS rows; above, 64 rows by 64 columns on layers with at least
+    WIDE_TILE_WORK_PER_SM units of work per SM, by 32 on narrower ones. In the sweeps of the 1.5B
+    shape's layers these were the fastest split forms (16 x 32 at 16 rows on the H200 and the H100;
+    at 64 rows 64-row tiles beat 16 x 32 by 1.2-1.6x on qkv, gate_up and down on the H100, and word
+    tiles were slower everywhere: docs/benchmarks/2026-12-05-h200-day.md,
+    docs/benchmarks/2026-12-05-h100-peers.md). ``ONNXGEN_GEMM_Q4_SPLIT[_<N>x<K>]`` (option
     ``gemm_q4_split``) forces one; its SPLITS 0 keeps the count this rule gives, and WORDS 1 takes
     the codes as 32-bit words where their layout allows."""
     forced = (opts or options.current()).gemm_q4_split.lookup(n, k)
     if forced:
         block_m, block_n, block_k, warps, stages, splits, words = forced
-    else:
+    elif m <= SHORT_ROWS:
         block_m, block_n, block_k, warps, stages, splits, words = 16, 32, 128, 4, 3, 0, 0
+    else:
+        work = triton.cdiv(n, 32) * triton.cdiv(k, 128)
+        wide = work >= WIDE_TILE_WORK_PER_SM * sms
+        block_m, block_n, block_k, warps, stages, splits, words = 64, 64 if wide else 32, 128, 4, 3, 0, 0
     block_k = max(block_k, block_size)
     words = words if words_ok and block_k >= 128 else 0
     k_tiles = triton.cdiv(triton.cdiv(k, block_size) * block_size, block_k)
