@@ -308,8 +308,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("q4_prompt", "ONNXGEN_Q4_PROMPT", _q4_prompt, "`auto` / `dequant` / `gemm` / `split`",
          "4-bit weights times several rows (a prompt): dequantize each layer's weight into a transient "
          "buffer and run cuBLAS, or the Triton GEMM that dequantizes tiles in registers (no buffer); split: "
-         "the split-K GEMM (gpu/linear_q4_split.py) for prompts of at most 64 rows, else dequant; auto: the "
-         "split-K GEMM for prompts of at most 16 rows, else dequant (docs/benchmarks/2026-12-05-h200-day.md)"),
+         "the split-K GEMM (gpu/linear_q4_split.py) for prompts of at most 64 rows, else dequant; auto: today the "
+         "same as split (16-row tiles up to 16 rows, 64-row tiles above: docs/benchmarks/2026-12-05-h200-day.md, "
+         "docs/benchmarks/2026-12-05-h100-peers.md); split stays fixed if auto's bound moves"),
     Knob("conv_prompt", "ONNXGEN_CONV_PROMPT", _flag(), "`1` / `0`",
          "`0`: a prompt's CausalConvWithState on a Triton device runs the torch path (about ten kernels) instead "
          "of one Triton kernel (gpu/causal_conv_update.py); one-position steps keep their kernel"),
