@@ -40,6 +40,9 @@
 #              alone (gemv_micro --prompt-only, split configurations swept), ~5 min
 #   q4ttft     the same prompt paths in the prompt: TTFT per variant in one process (bench.prefill --variant)
 #              beside the fp16 package, captured = eager (--capture verify), and the 0.5B shape, ~5 min
+#   ttftgap    why bench.peers_decode's onnxgen TTFT (the Generator, cache sized 256 rows) runs 0.7-0.9 ms above
+#              bench.prefill's (2,048 rows) on the qwen3.5-0.8b shape: both in one call, at both capacities, fp16,
+#              and the 64-row 4-bit prompt tiles checked captured = eager (1.5B int4, 40 and 64 tokens), ~4 min
 #   sampled    the sampling GPU tests, then python -m bench.sampled_decode Q, fp16 and int4: sampled decode
 #              in the graph vs greedy and vs between the steps, same tokens as eager, ~4 min
 #
@@ -173,11 +176,20 @@ stage_q4ttft() {
     --capture verify --variant split:ONNXGEN_Q4_PROMPT=split
   run q4prompt-05b 150 $PY -m bench.prefill $Q --precision int4 --context 2048 --lengths 16,64 --repeats 5 "${variants[@]}"
 }
+stage_ttftgap() {
+  local H="--shape qwen3.5-0.8b --precision fp16 --lengths 16,64 --repeats 7"
+  run ttftgap-prefill-2048 150 $PY -m bench.prefill $H --context 2048
+  run ttftgap-prefill-256 150 $PY -m bench.prefill $H --context 256
+  run ttftgap-generator 150 $PY -m bench.peers_decode --shape qwen3.5-0.8b --precision fp16 --engines onnxgen \
+    --long-prompt-tokens 64 --workdir /tmp/ttftgap
+  run ttftgap-q4-verify 150 $PY -m bench.prefill $Q15 --precision int4 --context 2048 --lengths 40,64 --repeats 1 \
+    --capture verify
+}
 stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
 }
 
-STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft sampled"
+STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap sampled"
 if [ $# -eq 0 ]; then
   echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
   exit 2
