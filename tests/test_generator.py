@@ -30,6 +30,18 @@ def genai_greedy(package, prompt_ids: list[int], new_tokens: int) -> list[int]:
     return tokens
 
 
+# onnxruntime-genai's tokens per (package, prompt, length) for the SmolLM2 packages, which no test
+# changes: the oracle does not depend on onnxgen's KV setting, so both KV cases share one run of it
+_GENAI_TOKENS: dict[tuple[str, tuple[int, ...], int], list[int]] = {}
+
+
+def genai_greedy_once(package, prompt_ids: list[int], new_tokens: int) -> list[int]:
+    key = (str(package), tuple(prompt_ids), new_tokens)
+    if key not in _GENAI_TOKENS:
+        _GENAI_TOKENS[key] = genai_greedy(package, prompt_ids, new_tokens)
+    return list(_GENAI_TOKENS[key])
+
+
 def ours_greedy(generator: Generator, prompt_ids: list[int], new_tokens: int) -> list[int]:
     return list(generator.generate_ids(prompt_ids, SamplingParams(max_new_tokens=new_tokens)))
 
@@ -47,7 +59,7 @@ def test_greedy_tokens_identical_to_onnxruntime_genai(smollm2_packages, flavour,
     generator = Generator(package, kv=kv)
     for prompt in PROMPTS:
         ids = generator.encode(prompt, chat=True)
-        expected = genai_greedy(package, ids, NEW_TOKENS)
+        expected = genai_greedy_once(package, ids, NEW_TOKENS)
         actual = ours_greedy(generator, ids, NEW_TOKENS)
         if expected and expected[-1] in generator.eos_ids:
             expected = expected[:-1]  # onnxruntime-genai returns the EOS token, onnxgen stops before it
