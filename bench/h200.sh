@@ -42,7 +42,8 @@
 #              beside the fp16 package, captured = eager (--capture verify), and the 0.5B shape, ~5 min
 #   ttftgap    why bench.peers_decode's onnxgen TTFT (the Generator, cache sized 256 rows) runs 0.7-0.9 ms above
 #              bench.prefill's (2,048 rows) on the qwen3.5-0.8b shape: both in one call, at both capacities, fp16,
-#              and the 64-row 4-bit prompt tiles checked captured = eager (1.5B int4, 40 and 64 tokens), ~4 min
+#              and the 64-row 4-bit prompt tiles checked captured = eager (1.5B int4, 40 and 64 tokens); needs gguf
+#              carried into /tmp/site (peers_decode's package build reads it, as in the generator stage), ~4 min
 #   sampled    the sampling GPU tests, then python -m bench.sampled_decode Q, fp16 and int4: sampled decode
 #              in the graph vs greedy and vs between the steps, same tokens as eager, ~4 min
 #
