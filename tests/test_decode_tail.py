@@ -24,7 +24,7 @@ from onnxgen.runtime.capture.recorder import ReplayRecorder
 from onnxgen.runtime.capture.runtime import CaptureMismatchError, CaptureRuntime
 from onnxgen.runtime.gpu.launch import triton_serves
 from tests.conftest import HAS_CUDA
-from tests.test_capture_runtime import CAPACITY, Decoder, prompt, write_word_tokenizer
+from tests.test_capture_runtime import Decoder, prompt, write_word_tokenizer
 
 VOCAB = 5000  # three of the kernel's 2,048-entry blocks
 
@@ -203,13 +203,16 @@ def test_generator_tokens_with_the_tail_in_the_graph(package) -> None:
 
 
 def test_generator_tail_fills_the_cache_to_its_last_row(package) -> None:
-    """A generation that ends on the cache's last row: the tail's mask entry stays inside the buffer."""
+    """A generation that ends on the cache's last row: the tail's mask entry stays inside the buffer.
+    A 16-row cache: every step is verified against eager, twice the work per step (and minutes
+    through the Triton interpreter at 64 rows)."""
+    capacity = 16
     eager = Generator(package, kv="static", capture="off")
     generator = Generator(package, kv="static", capture="verify", recorder=ReplayRecorder(), verify_steps=100)
-    generator.engine._static_capacity = lambda total: CAPACITY  # type: ignore[method-assign]
-    eager.engine._static_capacity = lambda total: CAPACITY  # type: ignore[method-assign]
+    generator.engine._static_capacity = lambda total: capacity  # type: ignore[method-assign]
+    eager.engine._static_capacity = lambda total: capacity  # type: ignore[method-assign]
     ids = [3, 141, 59, 26]
-    params = SamplingParams(max_new_tokens=CAPACITY - len(ids), ignore_eos=True)
+    params = SamplingParams(max_new_tokens=capacity - len(ids), ignore_eos=True)
     assert list(generator.generate_ids(ids, params)) == list(eager.generate_ids(ids, params))
     assert generator.capture_stats.verified_steps > 0
 

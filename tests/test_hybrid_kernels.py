@@ -416,8 +416,19 @@ def test_conv_prompt_switched_off_runs_the_torch_path(device: str) -> None:
 # ---------------------------------------------------------------- the drivers
 
 
+# The nine-token prompt of the GQA case takes half a minute interpreted; CI keeps its two-token
+# prompt and the nine-token prompts of the other cases (the same loop, the same head mapping).
+_LONGEST_AGAIN = "short_prompts_take_the_kernel_and_match_the_torch_path[9-gqa-cpu]"
+
+
 @pytest.mark.skipif(interpreting() or not triton_importable(), reason="the parent run starts the interpreted child")
 def test_kernels_match_the_torch_path_through_the_triton_interpreter() -> None:
+    run_interpreted(__file__, f"through_the_triton_interpreter or {_LONGEST_AGAIN}")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(interpreting() or not triton_importable(), reason="the parent run starts the interpreted child")
+def test_every_case_through_the_triton_interpreter() -> None:
     run_interpreted(__file__, "through_the_triton_interpreter")
 
 

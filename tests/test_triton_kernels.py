@@ -98,8 +98,20 @@ _SINGLE_OPS = (
     "gqa_shared or gqa_fp16 or layer_norm or genai_built or silu_mul or prologues or matmul_group_matches"
     " or row_sum_cast or embedding_gather or gather_block_quantized"
 )
+# Cases CI interprets once rather than in both float dtypes (or both layouts): each of these runs the
+# same kernel and launch configuration as a case kept beside it, one float type apart, for a quarter
+# to a third of a minute each. The slow-marked full run keeps them.
+_INTERPRETED_TWICE = (
+    # the long-K prologue rows: 2100 in fp16 and 1300 in fp32 stay
+    "prologues_match_onnxruntime[True-2100-1-1-cpu] or prologues_match_onnxruntime[True-1300-10-1-cpu]"
+    # the real-model heads: packed fp16 and unpacked fp32 stay
+    " or decode_model_heads[False-10-cpu] or decode_model_heads[True-1-cpu]"
+    # the prompt chunks of real-model heads: fp32 without a window and fp16 with one stay
+    " or prompt_chunks_model_heads[-1-10-cpu] or prompt_chunks_model_heads[40-1-cpu]"
+)
 PARITY = interpreted(
-    f"{_SINGLE_OPS} or (growing_kv and gqa and fused and not int4 and not (fp32 and llama))",
+    f"({_SINGLE_OPS} or (growing_kv and gqa and fused and not int4 and not (fp32 and llama)))"
+    f" and not ({_INTERPRETED_TWICE})",
     ONNXGEN_TRITON_LINEAR="1",  # the one-row GEMVs (on by default only where PDL is)
 )
 PARITY_FULL = interpreted(f"{_SINGLE_OPS} or growing_kv", ONNXGEN_TRITON_LINEAR="1", ONNXGEN_TRITON_Q4="1")
@@ -130,9 +142,26 @@ def test_full_parity_through_the_triton_interpreter() -> None:
     assert launches.get("linear_row_q4", 0) >= 20, launches
 
 
+# The 2,100-element rows (down split along K) take a quarter of a minute each through the interpreter:
+# CI keeps the fused kernels in fp16 at one row, the norm apart in fp32 at one row and the prompt path
+# in fp32; the dense kernels over a copy ("copy") are the slow-marked INT4_DENSE run's.
+_INT4_LONG_ROWS_TWICE = " or ".join(
+    f"norm_silu_match_onnxruntime[{case}-cpu]"
+    for case in (
+        "packed-packed-2100-False-1-1",
+        "packed-packed-2100-False-10-5",
+        "apart-packed-2100-False-10-1",
+        "apart-packed-2100-False-1-5",
+        "apart-packed-2100-False-10-5",
+    )
+)
+
+
 @runs(
     INT4_ROW := interpreted(
-        "matmul_nbits or (int4_group and (packed or apart))", ONNXGEN_TRITON_LINEAR="1", ONNXGEN_TRITON_Q4="1"
+        f"matmul_nbits or (int4_group and (packed or apart) and not copy and not ({_INT4_LONG_ROWS_TWICE}))",
+        ONNXGEN_TRITON_LINEAR="1",
+        ONNXGEN_TRITON_Q4="1",
     )
 )
 def test_int4_kernels_parity_through_the_triton_interpreter() -> None:
@@ -167,10 +196,16 @@ def test_int4_word_kernels_parity_through_the_triton_interpreter() -> None:
     assert launches.get("linear_row_q4_words", 0) - split >= 10, launches  # one program per tile
 
 
-@runs(INT4_MODELS := interpreted("growing_kv and int4 and fused", ONNXGEN_TRITON_LINEAR="1", ONNXGEN_TRITON_Q4="1"))
+@runs(
+    INT4_MODELS := interpreted(
+        "growing_kv and int4 and fused and qwen2", ONNXGEN_TRITON_LINEAR="1", ONNXGEN_TRITON_Q4="1"
+    )
+)
 def test_int4_models_take_the_4bit_kernels() -> None:
     """The whole-model int4 parity against onnxruntime through the default 4-bit kernels on the packed
-    codes: one-row groups (prologues fused) in the decode steps, the split-K GEMM in the prompt."""
+    codes: one-row groups (prologues fused) in the decode steps, the split-K GEMM in the prompt. On
+    tiny-qwen2 (biases, the tied head's GatherBlockQuantized); tiny-llama's int4 run is in the
+    slow-marked full run."""
     launches = INT4_MODELS.launches()
     assert launches.get("linear_row_q4", 0) + launches.get("linear_row_q4_words", 0) >= 20, launches
     assert launches.get("matmul_q4_split", 0) >= 4 and launches.get("linear_row", 0) == 0, launches
@@ -185,12 +220,12 @@ def test_int4_groups_take_the_dense_row_kernel_over_the_dequantized_copy() -> No
     assert launches.get("linear_row", 0) >= 20 and launches.get("linear_row_q4", 0) == 0, launches
 
 
-@runs(GQA_SMALL := interpreted("gqa_shared or gqa_fp16", ONNXGEN_GQA_DECODE="16,2"))
+@runs(GQA_SMALL := interpreted("decode_model_heads[True-10-cpu]", ONNXGEN_GQA_DECODE="16,2"))
 def test_gqa_decode_split_merge_through_the_triton_interpreter() -> None:
-    """The attention kernel with 16-key blocks against onnxruntime, so that short caches take the
-    split-K merge that long caches take by default."""
+    """The attention kernel with 16-key blocks against onnxruntime: a decode over a 150-row buffer
+    merges ten splits in one pass where the default 128-key blocks (the parity run) merge two."""
     small = GQA_SMALL.launches()
-    assert small.get("gqa_decode", 0) >= 20, small
+    assert small.get("gqa_decode", 0) >= 3, small  # its three decode steps
 
 
 @pytest.mark.slow
@@ -202,8 +237,11 @@ def test_gqa_decode_late_reads_through_the_triton_interpreter() -> None:
 
 
 @runs(
+    # the one-tile rows only: the builder-made decoder and the long-K rows add no persistent launch
     PERSIST := interpreted(
-        "prologues or genai_built or matmul_group_matches", ONNXGEN_TRITON_LINEAR="1", ONNXGEN_GEMV_PERSIST="2"
+        "(prologues and not 1300 and not 2100) or matmul_group_matches",
+        ONNXGEN_TRITON_LINEAR="1",
+        ONNXGEN_GEMV_PERSIST="2",
     )
 )
 def test_persistent_one_tile_gemv_through_the_triton_interpreter() -> None:
@@ -220,7 +258,7 @@ def test_greedy_tail_kernel_through_the_triton_interpreter() -> None:
     Generator's greedy tokens up to the cache's last row with it in the (CPU stand-in) graph,
     verified against eager steps and compared with eager decoding's tokens."""
     launches = TAIL.launches()
-    assert launches.get("greedy_advance", 0) >= 60, launches
+    assert launches.get("greedy_advance", 0) >= 20, launches
 
 
 @runs(SAMPLED := interpreted("kernel_picks or host_tokens", files=("tests/test_sampled_decoding.py",)))
@@ -237,15 +275,19 @@ def test_sampled_draw_kernel_through_the_triton_interpreter() -> None:
 
 _SMALL_TILES = {"ONNXGEN_TRITON_LINEAR": "1", "ONNXGEN_GEMV_DENSE": "4,32,4"}
 _GROUPS = "prologues or genai_built or matmul_group_matches"
+# The one-row groups and one long-K row (a 1,300-element down projection, fp32): the builder-made
+# decoder and the other long rows run the same launches again, for minutes more
+_ONE_LONG_ROW = "prologues_match_onnxruntime[True-1300-1-1-cpu]"
+_SHORT_GROUPS = f"(prologues and not 1300 and not 2100) or matmul_group_matches or {_ONE_LONG_ROW}"
 
 
-@runs(SPLIT := interpreted(_GROUPS, ONNXGEN_GEMV_SPLIT="4,32,4", **_SMALL_TILES))
+@runs(SPLIT := interpreted(_SHORT_GROUPS, ONNXGEN_GEMV_SPLIT="4,32,4", **_SMALL_TILES))
 def test_split_k_gemvs_through_the_triton_interpreter() -> None:
-    """Rows longer than one tile: with 32-wide tiles (ONNXGEN_GEMV_DENSE) every row of the one-row
-    groups against onnxruntime is long, so they run the split-K kernel (no prologue and SiLU-mul;
-    the norms keep the loop kernel)."""
+    """Rows longer than one tile with small tiles (ONNXGEN_GEMV_DENSE / ONNXGEN_GEMV_SPLIT at 32):
+    the long down projection runs the split-K kernel (no prologue and SiLU-mul; the norms keep the
+    loop kernel) against onnxruntime."""
     split = SPLIT.launches()
-    assert split.get("linear_row_split", 0) >= 4, split
+    assert split.get("linear_row_split", 0) >= 1, split
 
 
 @pytest.mark.slow
