@@ -9,6 +9,9 @@ import sys
 
 import pytest
 
+from onnxgen import options
+from tests.cli_in_process import onnxgen_in_process
+
 
 def onnxgen(
     *args: str, stdin: str | None = None, timeout: int = 300, env: dict[str, str] | None = None
@@ -94,14 +97,14 @@ def test_seeded_sampling_same_output_twice(package):
     ],
 )
 def test_invalid_sampling_values(package, args, message):
-    result = onnxgen("generate", "--model", package, "--prompt", "hi", *args)
+    result = onnxgen_in_process("generate", "--model", package, "--prompt", "hi", *args)
     assert result.returncode == 2
     assert message in result.stderr
     assert "Traceback" not in result.stderr
 
 
 def test_unknown_model_lists_known_ones():
-    result = onnxgen("generate", "--model", "no-such-model", "--prompt", "hi")
+    result = onnxgen_in_process("generate", "--model", "no-such-model", "--prompt", "hi")
     assert result.returncode == 2
     assert "smollm2-135m-instruct" in result.stderr
     assert "Traceback" not in result.stderr
@@ -117,15 +120,16 @@ def test_empty_and_too_long_prompts(package):
 
 def test_show_package_and_capture_plan(smollm2_packages):
     package = str(smollm2_packages["fp32-standard"])
-    shown = onnxgen("show", package)
+    shown = onnxgen_in_process("show", package)
     assert shown.returncode == 0, shown.stderr
     assert "GroupQueryAttention" not in shown.stdout and "MatMul" in shown.stdout and "parameters:" in shown.stdout
-    as_stored = json.loads(onnxgen("show", package, "--capture", "--json", env={"ONNXGEN_FUSE": "0"}).stdout)
+    with options.override(fuse=False):  # ONNXGEN_FUSE=0
+        as_stored = json.loads(onnxgen_in_process("show", package, "--capture", "--json").stdout)
     assert as_stored["segments"] == 31  # 30 layers + 1 for the dynamic-KV decode step
     assert {"name", "op_type", "capturable", "kind", "reason", "segment"} <= set(as_stored["nodes"][0])
     assert not any(as_stored["fusions"].values())
     # what a CPU session runs: the attention rewrite only; a CUDA session: every rewrite
-    plan = onnxgen("show", package, "--capture", "--json")
+    plan = onnxgen_in_process("show", package, "--capture", "--json")
     assert plan.returncode == 0, plan.stderr
     data = json.loads(plan.stdout)
     assert data["device"] == "cpu" and data["fusions"] == {
@@ -134,9 +138,9 @@ def test_show_package_and_capture_plan(smollm2_packages):
         "l2_norms": 0, "key_repeats": 0, "query_scales": 0, "delta_prologues": 0,  # no linear attention
         "rotary_casts": 0, "sigmoid_gates": 0,  # nor a rotary op or a sigmoid gate
     }  # fmt: skip
-    text = onnxgen("show", package, "--capture")
+    text = onnxgen_in_process("show", package, "--capture")
     assert "prompt logits: computed for the last prompt row only" in text.stdout, text.stdout[-500:]
-    fused = json.loads(onnxgen("show", package, "--capture", "--json", "--device", "cuda").stdout)
+    fused = json.loads(onnxgen_in_process("show", package, "--capture", "--json", "--device", "cuda").stdout)
     # o_proj and down_proj as groups of one; SiLU-mul moves into down_proj (this graph spells its
     # RMSNorms out op by op, which the prologue rewrite does not match)
     assert fused["fusions"] == {
@@ -169,7 +173,7 @@ def test_chat_repl_commands(package):
 @pytest.mark.parametrize("seed", ["-1", str(2**64)])
 def test_bench_refuses_a_seed_outside_torch_range_before_loading(seed):
     """`bench --seed` outside [0, 2**64): one line, before any model is pulled or loaded."""
-    done = onnxgen("bench", "-m", "/nonexistent-package-dir", f"--seed={seed}", "-n", "4")
+    done = onnxgen_in_process("bench", "-m", "/nonexistent-package-dir", f"--seed={seed}", "-n", "4")
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == f"onnxgen: error: bench's prompt seed must be an int in [0, 2**64), got {seed}"
 
@@ -179,11 +183,11 @@ def test_show_names_the_kernel_of_each_quantized_form(smollm2_packages):
     it on the device asked about, and names the fallback where none does (here: accuracy_level 0
     on the CPU keeps an fp32 copy)."""
     int4 = str(smollm2_packages["int4-gqa"])
-    cpu = onnxgen("show", int4)
+    cpu = onnxgen_in_process("show", int4)
     assert cpu.returncode == 0, cpu.stderr
     assert "quantized weights on cpu (kernel per form):" in cpu.stdout
     assert "accuracy_level=4: " in cpu.stdout and "-> torch int4 GEMM (bf16 activations)" in cpu.stdout
-    cuda = json.loads(onnxgen("show", int4, "--json", "--device", "cuda").stdout)["quantized_weights"]
+    cuda = json.loads(onnxgen_in_process("show", int4, "--json", "--device", "cuda").stdout)["quantized_weights"]
     assert {f["path"] for f in cuda["forms"] if f["op"] == "MatMulNBits"} == {
         "packed 4-bit kernels (gpu/linear_q4.py), no dequantized copy"
     }
@@ -191,5 +195,5 @@ def test_show_names_the_kernel_of_each_quantized_form(smollm2_packages):
     assert [f["path"] for f in cuda["forms"] if f["op"] == "GatherBlockQuantized"] == [
         "one-kernel 4-bit row gather (gpu/prelude.py)"
     ]
-    level0 = onnxgen("show", str(smollm2_packages["int4-gqa-level0"]))
+    level0 = onnxgen_in_process("show", str(smollm2_packages["int4-gqa-level0"]))
     assert "-> reference: dequantized fp32 copy kept (accuracy_level=0 asks for fp32 compute" in level0.stdout
