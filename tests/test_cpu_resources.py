@@ -14,8 +14,11 @@ import torch
 
 from onnxgen.errors import InvalidInputError
 from onnxgen.genai import Generator, SamplingParams
+from onnxgen.models.builder import build_package
+from onnxgen.models.random_source import TINY_CONFIGS, RandomSource
 from onnxgen.threads import ThreadOptions, default_threads
 from tests.conftest import onnxruntime_prompt_logits
+from tests.test_capture_runtime import write_word_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -222,9 +225,14 @@ def test_chunked_prefill_matches_onnxruntime(smollm2_packages, capsys):
 # -- long generations: dynamic KV grows in place -------------------------------------------------
 
 
-def test_dynamic_kv_grows_in_place_with_same_tokens(smollm2_packages):
-    generator = Generator(smollm2_packages["int4-gqa"], kv="dynamic")
-    ids = generator.encode("Once upon a time, in a small village, there lived")
+def test_dynamic_kv_grows_in_place_with_same_tokens(tmp_path):
+    """On a tiny random-weights package: the growth is the cache's, not the weights' (a real model's
+    300 steps took most of this file's time on two cores)."""
+    config = TINY_CONFIGS["tiny-llama"]
+    package = build_package(RandomSource(config), tmp_path / "tiny", attention="gqa")
+    write_word_tokenizer(package, config.vocab_size)
+    generator = Generator(package, kv="dynamic")
+    ids = list(range(3, 15))  # 12 prompt tokens
     params = SamplingParams(max_new_tokens=150, ignore_eos=True)
     storages = set()
     run = generator.session.run_torch
