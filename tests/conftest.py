@@ -23,6 +23,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs CUDA"))
 
 
+def pytest_collection_finish(session):
+    """The Triton-interpreted child runs the selected tests declare start now, beside the suite."""
+    from tests import interpreted_runs
+
+    interpreted_runs.start(session.items)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    from tests import interpreted_runs
+
+    interpreted_runs.stop()
+
+
 def make_engine(package, device: str = "cpu", **kwargs):
     """The decode engine over ``package`` on ``device`` with the graph's layout (a hybrid's KV layers
     and carried states) filled in; ``kwargs`` go to DecodeEngine."""

@@ -24,7 +24,8 @@ from onnxgen.runtime.ops.linear_attention import (
     linear_attention,
     linear_attention_ms,
 )
-from tests.interpreted_kernels import HAS_CUDA, KERNEL_DEVICES, assert_close_to_torch_path, run_interpreted
+from tests.interpreted_kernels import HAS_CUDA, KERNEL_DEVICES, assert_close_to_torch_path
+from tests.interpreted_runs import interpreted_file, runs
 
 MS = "com.microsoft"
 # gpu/gated_delta_decode.MAX_SEQUENTIAL_TOKENS (imported there with triton; the tests check they agree)
@@ -422,14 +423,16 @@ _LONGEST_AGAIN = "short_prompts_take_the_kernel_and_match_the_torch_path[9-gqa-c
 
 
 @pytest.mark.skipif(interpreting() or not triton_importable(), reason="the parent run starts the interpreted child")
+@runs(KERNELS := interpreted_file(__file__, f"through_the_triton_interpreter or {_LONGEST_AGAIN}"))
 def test_kernels_match_the_torch_path_through_the_triton_interpreter() -> None:
-    run_interpreted(__file__, f"through_the_triton_interpreter or {_LONGEST_AGAIN}")
+    KERNELS.launches()
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(interpreting() or not triton_importable(), reason="the parent run starts the interpreted child")
+@runs(EVERY_CASE := interpreted_file(__file__, "through_the_triton_interpreter"))
 def test_every_case_through_the_triton_interpreter() -> None:
-    run_interpreted(__file__, "through_the_triton_interpreter")
+    EVERY_CASE.launches()
 
 
 @pytest.mark.gpu

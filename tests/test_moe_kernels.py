@@ -19,7 +19,8 @@ from onnxgen import options
 from onnxgen.runtime.gpu.launch import LAUNCHES, interpreting, triton_importable
 from onnxgen.runtime.node_contract import NodeContext
 from onnxgen.runtime.ops.contrib_moe import moe, qmoe
-from tests.interpreted_kernels import HAS_CUDA, KERNEL_DEVICES, assert_close_to_torch_path, run_interpreted
+from tests.interpreted_kernels import HAS_CUDA, KERNEL_DEVICES, assert_close_to_torch_path
+from tests.interpreted_runs import interpreted_file, runs
 
 MS = "com.microsoft"
 KERNEL = "moe_experts"
@@ -464,14 +465,16 @@ _FP32_AGAIN = (
 
 
 @pytest.mark.skipif(interpreting() or not triton_importable(), reason="the parent run starts the interpreted child")
+@runs(KERNELS := interpreted_file(__file__, f"through_the_triton_interpreter or compile or ({_FP32_AGAIN})"))
 def test_kernels_match_the_torch_path_through_the_triton_interpreter() -> None:
-    run_interpreted(__file__, f"through_the_triton_interpreter or compile or ({_FP32_AGAIN})")
+    KERNELS.launches()
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(interpreting() or not triton_importable(), reason="the parent run starts the interpreted child")
+@runs(EVERY_CASE := interpreted_file(__file__, "through_the_triton_interpreter or compile"))
 def test_every_case_through_the_triton_interpreter() -> None:
-    run_interpreted(__file__, "through_the_triton_interpreter or compile")
+    EVERY_CASE.launches()
 
 
 def _qwen35_moe_layer(tokens: int):

@@ -8,86 +8,21 @@ plugin reports how often each fused kernel ran: the test fails if the fused path
 
 from __future__ import annotations
 
-import ast
-import os
-import subprocess
-import sys
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
-
 import pytest
 
 from onnxgen.runtime.gpu.launch import triton_importable
+from tests import interpreted_runs
+from tests.interpreted_runs import Interpreted, runs
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not triton_importable(), reason="triton is not installed")
 
 
 PARITY_FILES = ("tests/test_ops_contrib.py", "tests/test_model_parity.py", "tests/test_fusion.py")
 
 
-@dataclass(frozen=True)
-class Interpreted:
-    """One subprocess run of the parity tests matching ``selection`` with Triton interpreted."""
-
-    selection: str
-    files: tuple[str, ...] = PARITY_FILES
-    env: tuple[tuple[str, str], ...] = ()
-
-    def launches(self) -> dict[str, int]:
-        """The kernel launches the run's probe counted (started early by ``_prefetch``, else now)."""
-        future = _STARTED.get(self)
-        return future.result() if future is not None else _run(self)
-
-
 def interpreted(selection: str, files: tuple[str, ...] = PARITY_FILES, **env: str) -> Interpreted:
-    return Interpreted(selection, files, tuple(sorted(env.items())))
-
-
-def _run(run: Interpreted) -> dict[str, int]:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.triton_probe"]
-    cmd += list(run.files)
-    cmd += ["-k", run.selection, "-m", "not gpu"]
-    # one torch thread per child: the children run side by side, one per core (_prefetch)
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1", "ONNXGEN_TRITON": "1", **dict(run.env)}
-    done = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=1200)
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
-    line = next(x for x in done.stdout.splitlines() if x.startswith("TRITON-LAUNCHES"))
-    return ast.literal_eval(line.split(" ", 1)[1])
-
-
-_STARTED: dict[Interpreted, Future] = {}
-
-
-def runs(*wanted: Interpreted):
-    """Declares the interpreted runs a test reads, so that ``_prefetch`` can start them early."""
-
-    def mark(test):
-        test.interpreted_runs = wanted
-        return test
-
-    return mark
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _prefetch(request):
-    """The interpreter runs take minutes each, spent in one Python thread of a child process: start
-    every run the selected tests of this module need at once, as many at a time as there are cores,
-    instead of one after the other."""
-    wanted = []
-    for item in request.session.items:
-        for run in getattr(getattr(item, "function", None), "interpreted_runs", ()):
-            if item.module is request.module and run not in wanted:
-                wanted.append(run)
-    if not triton_importable() or not wanted:
-        yield
-        return
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    with ThreadPoolExecutor(max_workers=max(1, cores)) as pool:
-        _STARTED.update({run: pool.submit(_run, run) for run in wanted})
-        yield
-        _STARTED.clear()
+    """A child run of the parity tests (tests/interpreted_runs.py: started with the session)."""
+    return interpreted_runs.interpreted(selection, files, **env)
 
 
 # Whole-model decodes are the expensive part of an interpreted run: CI runs the GQA-attention models
