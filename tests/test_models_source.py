@@ -75,8 +75,25 @@ def _hf_tokenizer(path: Path):
     return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
 
 
-def _hf_state_dict(path: Path) -> tuple[object, dict[str, np.ndarray]]:
-    """transformers' GGUF loading: its config, and the tensors it would load into the model."""
+# transformers' GGUF loading per file content: this file's pull and the default cache's hold the same
+# SmolLM2 GGUF, and dequantizing it in transformers takes half a minute (tests/test_real_model_parity.py
+# reads it too). The arrays are shared: callers only read them.
+_HF_STATE_DICTS: dict[str, tuple[object, dict[str, np.ndarray]]] = {}
+
+
+def _hf_state_dict(path: Path, keep: bool = False) -> tuple[object, dict[str, np.ndarray]]:
+    """transformers' GGUF loading: its config, and the tensors it would load into the model; kept
+    for the session where ``keep`` (SmolLM2's, 0.5 GB as fp32)."""
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest in _HF_STATE_DICTS:
+        return _HF_STATE_DICTS[digest]
+    loaded = _hf_state_dict_uncached(path)
+    if keep:
+        _HF_STATE_DICTS[digest] = loaded
+    return loaded
+
+
+def _hf_state_dict_uncached(path: Path) -> tuple[object, dict[str, np.ndarray]]:
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
@@ -581,7 +598,7 @@ def test_corrupt_or_truncated_gguf(smol_head, smol_gguf, tmp_path, case, match):
 
 @pytest.fixture(scope="module")
 def smol_hf(smol_gguf):
-    return _hf_state_dict(smol_gguf)
+    return _hf_state_dict(smol_gguf, keep=True)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ def hf_model(smollm2_packages):
 
     gguf = fetch.cached_gguf("smollm2-135m-instruct")
     assert gguf is not None, "the package fixture pulls the GGUF first"
-    config, tensors = _hf_state_dict(gguf)
+    config, tensors = _hf_state_dict(gguf, keep=True)
     model = transformers.AutoModelForCausalLM.from_config(config).float().eval()
     missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()}, strict=False)
     assert not unexpected and all("lm_head" in m for m in missing), (missing, unexpected)
