@@ -16,7 +16,8 @@ PROMPTS = [
     "def fibonacci(n):",
     "Once upon a time, in a small village,",
 ]
-NEW_TOKENS = 64
+# 48: the ~35-token chat prompts then run past the dynamic cache's first 64 rows (it grows once)
+NEW_TOKENS = 48
 
 
 def genai_greedy(package, prompt_ids: list[int], new_tokens: int) -> list[int]:
