@@ -44,6 +44,10 @@ _INTERPRETED_TWICE = (
     # the prompt chunks of real-model heads: fp32 without a window and fp16 with one stay
     " or prompt_chunks_model_heads[-1-10-cpu] or prompt_chunks_model_heads[40-1-cpu]"
 )
+# The one-row groups of the GEMV variants below take one long-K row (a 1,300-element down projection,
+# fp32) with them: the builder-made decoder and the other long rows run the same launches again, for
+# minutes more (the slow-marked runs keep them)
+_ONE_LONG_ROW = "prologues_match_onnxruntime[True-1300-1-1-cpu]"
 PARITY = interpreted(
     f"({_SINGLE_OPS} or (growing_kv and gqa and fused and not int4 and not (fp32 and llama)))"
     f" and not ({_INTERPRETED_TWICE})",
@@ -172,9 +176,8 @@ def test_gqa_decode_late_reads_through_the_triton_interpreter() -> None:
 
 
 @runs(
-    # the one-tile rows only: the builder-made decoder and the long-K rows add no persistent launch
     PERSIST := interpreted(
-        "(prologues and not 1300 and not 2100) or matmul_group_matches",
+        f"(prologues and not 1300 and not 2100) or matmul_group_matches or {_ONE_LONG_ROW}",
         ONNXGEN_TRITON_LINEAR="1",
         ONNXGEN_GEMV_PERSIST="2",
     )
@@ -210,9 +213,6 @@ def test_sampled_draw_kernel_through_the_triton_interpreter() -> None:
 
 _SMALL_TILES = {"ONNXGEN_TRITON_LINEAR": "1", "ONNXGEN_GEMV_DENSE": "4,32,4"}
 _GROUPS = "prologues or genai_built or matmul_group_matches"
-# The one-row groups and one long-K row (a 1,300-element down projection, fp32): the builder-made
-# decoder and the other long rows run the same launches again, for minutes more
-_ONE_LONG_ROW = "prologues_match_onnxruntime[True-1300-1-1-cpu]"
 _SHORT_GROUPS = f"(prologues and not 1300 and not 2100) or matmul_group_matches or {_ONE_LONG_ROW}"
 
 
@@ -250,3 +250,22 @@ def test_rotary_kernel_through_the_triton_interpreter() -> None:
     multimodal section layouts with three position streams that differ."""
     launches = ROTARY.launches()
     assert launches.get("rotary", 0) >= 25, launches
+
+
+# The CI runs above with their whole selections: every long row, dtype and real-model case again
+INT4_ROW_FULL = interpreted(
+    "matmul_nbits or (int4_group and (packed or apart))", ONNXGEN_TRITON_LINEAR="1", ONNXGEN_TRITON_Q4="1"
+)
+GQA_SMALL_FULL = interpreted("gqa_shared or gqa_fp16", ONNXGEN_GQA_DECODE="16,2")
+SPLIT_FULL = interpreted(_GROUPS, ONNXGEN_GEMV_SPLIT="4,32,4", **_SMALL_TILES)
+PERSIST_FULL = interpreted(_GROUPS, ONNXGEN_TRITON_LINEAR="1", ONNXGEN_GEMV_PERSIST="2")
+
+
+@pytest.mark.slow
+@runs(INT4_ROW_FULL, GQA_SMALL_FULL, SPLIT_FULL, PERSIST_FULL)
+def test_every_case_of_the_ci_runs_through_the_triton_interpreter() -> None:
+    int4 = INT4_ROW_FULL.launches()
+    assert int4.get("linear_row_q4", 0) >= 10 and int4.get("matmul_q4_split", 0) >= 100, int4
+    assert GQA_SMALL_FULL.launches().get("gqa_decode", 0) >= 20
+    assert SPLIT_FULL.launches().get("linear_row_split", 0) >= 4
+    assert PERSIST_FULL.launches().get("linear_row_persistent", 0) >= 20
