@@ -84,13 +84,13 @@ _HF_STATE_DICTS: dict[str, tuple[object, dict[str, np.ndarray]]] = {}
 def _hf_state_dict(path: Path, keep: bool = False) -> tuple[object, dict[str, np.ndarray]]:
     """transformers' GGUF loading: its config, and the tensors it would load into the model; kept
     for the session where ``keep`` (SmolLM2's, 0.5 GB as fp32)."""
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    if digest in _HF_STATE_DICTS:
-        return _HF_STATE_DICTS[digest]
-    loaded = _hf_state_dict_uncached(path)
-    if keep:
-        _HF_STATE_DICTS[digest] = loaded
-    return loaded
+    if not keep:
+        return _hf_state_dict_uncached(path)
+    with path.open("rb") as handle:
+        digest = hashlib.file_digest(handle, "sha256").hexdigest()
+    if digest not in _HF_STATE_DICTS:
+        _HF_STATE_DICTS[digest] = _hf_state_dict_uncached(path)
+    return _HF_STATE_DICTS[digest]
 
 
 def _hf_state_dict_uncached(path: Path) -> tuple[object, dict[str, np.ndarray]]:
