@@ -154,6 +154,7 @@ from onnxgen.models.hf_reference import transformers_config
 from onnxgen.models.package_files import TOKENIZER_FILES
 from onnxgen.models.pull import build_from_source, default_precision, is_complete_package
 from onnxgen.models.random_source import MODEL_SHAPES, TINY_CONFIGS, RandomSource
+from onnxgen.threads import usable_cores
 
 # ../shared/device/README.md: on the H200 "a 4 GiB device-to-device copy moved about 4.2 TB/s".
 H200_COPY_BYTES_PER_S = 4.2e12
@@ -585,8 +586,7 @@ def ensure_package(args: argparse.Namespace, hf_dir: Path | None, workdir: Path)
 def build_workers() -> int:
     """Worker processes for a build from RandomSource: one per core this process may use, but one,
     left to the builder itself (it draws a float embedding table and writes the whole package)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores - 1)
+    return max(1, usable_cores() - 1)
 
 
 def build_from_random_source(args: argparse.Namespace, package: Path) -> None:

@@ -19,6 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
+from onnxgen.runtime.gpu.launch import interpreting, triton_importable
+
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 1200
 NICENESS = 10
@@ -48,6 +52,12 @@ def interpreted(selection: str, files: tuple[str, ...], **env: str) -> Interpret
 def interpreted_file(test_file: str, deselect: str) -> Interpreted:
     """Every case of ``test_file`` but those matching ``deselect``, none of them skipped."""
     return Interpreted(f"not ({deselect})", (str(Path(test_file).relative_to(ROOT)),), no_skips=True)
+
+
+# the tests that read a child's result: in the parent run only, where triton can interpret
+IN_THE_PARENT = pytest.mark.skipif(
+    interpreting() or not triton_importable(), reason="the parent run starts the interpreted child"
+)
 
 
 def runs(*wanted: Interpreted):
@@ -132,7 +142,7 @@ def start(items) -> None:
     """Starts the children the collected ``items`` declare, in the order the tests come, on all
     cores but one (the main run's); none where this process interprets already or triton is missing."""
     global _POOL
-    from onnxgen.runtime.gpu.launch import interpreting, triton_importable
+    from onnxgen.threads import usable_cores
 
     if interpreting() or not triton_importable():
         return
@@ -143,8 +153,7 @@ def start(items) -> None:
                 wanted.append(run)
     if not wanted:
         return
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    _POOL = ThreadPoolExecutor(max_workers=max(1, cores - 1), thread_name_prefix="interpreted")
+    _POOL = ThreadPoolExecutor(max_workers=max(1, usable_cores() - 1), thread_name_prefix="interpreted")
     for run in wanted:
         _POOL.submit(_scheduled(run).take)
 

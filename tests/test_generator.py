@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 from onnxgen.errors import InvalidInputError
 from onnxgen.genai import Generator, SamplingParams
 from onnxgen.genai.generator import PromptTooLongError
+from onnxgen.threads import usable_cores
 
 PROMPTS = [
     "The capital of France is",
@@ -26,8 +26,8 @@ def genai_greedy(package, prompt_ids: list[int], new_tokens: int) -> list[int]:
     about twice as long per test here (the tokens are the same with either count)."""
     og = pytest.importorskip("onnxruntime_genai")
     config = og.Config(str(package))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": cores}}}}))
+    threads = {"intra_op_num_threads": usable_cores()}
+    config.overlay(json.dumps({"model": {"decoder": {"session_options": threads}}}))
     model = og.Model(config)
     params = og.GeneratorParams(model)
     params.set_search_options(do_sample=False, max_length=len(prompt_ids) + new_tokens)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from onnxgen import options
-from onnxgen.runtime.gpu.launch import LAUNCHES, interpreting, triton_importable
+from onnxgen.runtime.gpu.launch import LAUNCHES
 from onnxgen.runtime.node_contract import NodeContext
 from onnxgen.runtime.ops.linear_attention import (
     causal_conv_with_state,
@@ -25,7 +25,7 @@ from onnxgen.runtime.ops.linear_attention import (
     linear_attention_ms,
 )
 from tests.interpreted_kernels import HAS_CUDA, KERNEL_DEVICES, assert_close_to_torch_path
-from tests.interpreted_runs import interpreted_file, runs
+from tests.interpreted_runs import IN_THE_PARENT, interpreted_file, runs
 
 MS = "com.microsoft"
 # gpu/gated_delta_decode.MAX_SEQUENTIAL_TOKENS (imported there with triton; the tests check they agree)
@@ -422,14 +422,14 @@ def test_conv_prompt_switched_off_runs_the_torch_path(device: str) -> None:
 _LONGEST_AGAIN = "short_prompts_take_the_kernel_and_match_the_torch_path[9-gqa-cpu]"
 
 
-@pytest.mark.skipif(interpreting() or not triton_importable(), reason="the parent run starts the interpreted child")
+@IN_THE_PARENT
 @runs(KERNELS := interpreted_file(__file__, f"through_the_triton_interpreter or {_LONGEST_AGAIN}"))
 def test_kernels_match_the_torch_path_through_the_triton_interpreter() -> None:
     KERNELS.launches()
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(interpreting() or not triton_importable(), reason="the parent run starts the interpreted child")
+@IN_THE_PARENT
 @runs(EVERY_CASE := interpreted_file(__file__, "through_the_triton_interpreter"))
 def test_every_case_through_the_triton_interpreter() -> None:
     EVERY_CASE.launches()

@@ -24,14 +24,14 @@ from onnxgen import options
 from onnxgen.models.random_source import MODEL_SHAPES
 from onnxgen.runtime import InferenceSession
 from onnxgen.runtime.fusion import fuse_graph
-from onnxgen.runtime.gpu.launch import LAUNCHES, interpreting, triton_importable
+from onnxgen.runtime.gpu.launch import LAUNCHES, interpreting
 from onnxgen.runtime.node_contract import NodeContext
 from onnxgen.runtime.ops.contrib_gated import gated_rms_norm, linear_attention_gate
 from onnxgen.runtime.ops.fused import l2_normalize
 from onnxgen.runtime.ops.normalization import lp_normalization
 from tests.conftest import gated_delta_feeds, make_model, ort_run
 from tests.interpreted_kernels import HAS_CUDA, KERNEL_DEVICES
-from tests.interpreted_runs import interpreted_file, runs
+from tests.interpreted_runs import IN_THE_PARENT, interpreted_file, runs
 
 # relative to the reference's largest magnitude: fp32 rounding, about one ulp of the half types
 TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
@@ -342,7 +342,7 @@ def test_near_misses_of_the_sigmoid_gate_are_not_rewritten(near_miss: dict) -> N
 # ---------------------------------------------------------------- the drivers
 
 
-@pytest.mark.skipif(interpreting() or not triton_importable(), reason="the parent run starts the interpreted child")
+@IN_THE_PARENT
 @runs(KERNELS := interpreted_file(__file__, "through_the_triton_interpreter or near_miss or other_key_layouts"))
 def test_kernels_match_the_torch_path_through_the_triton_interpreter() -> None:
     KERNELS.launches()

@@ -20,7 +20,7 @@ from onnxgen.runtime.gpu.launch import LAUNCHES, interpreting, triton_importable
 from onnxgen.runtime.node_contract import NodeContext
 from onnxgen.runtime.ops.contrib_moe import moe, qmoe
 from tests.interpreted_kernels import HAS_CUDA, KERNEL_DEVICES, assert_close_to_torch_path
-from tests.interpreted_runs import interpreted_file, runs
+from tests.interpreted_runs import IN_THE_PARENT, interpreted_file, runs
 
 MS = "com.microsoft"
 KERNEL = "moe_experts"
@@ -464,14 +464,14 @@ _FP32_AGAIN = (
 )
 
 
-@pytest.mark.skipif(interpreting() or not triton_importable(), reason="the parent run starts the interpreted child")
+@IN_THE_PARENT
 @runs(KERNELS := interpreted_file(__file__, f"through_the_triton_interpreter or compile or ({_FP32_AGAIN})"))
 def test_kernels_match_the_torch_path_through_the_triton_interpreter() -> None:
     KERNELS.launches()
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(interpreting() or not triton_importable(), reason="the parent run starts the interpreted child")
+@IN_THE_PARENT
 @runs(EVERY_CASE := interpreted_file(__file__, "through_the_triton_interpreter or compile"))
 def test_every_case_through_the_triton_interpreter() -> None:
     EVERY_CASE.launches()
