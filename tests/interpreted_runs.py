@@ -11,6 +11,7 @@ worker has taken it runs that child itself. A test reads its child's result with
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
 import subprocess
 import sys
@@ -121,8 +122,11 @@ def _run_child(run: Interpreted) -> dict[str, int]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1", "ONNXGEN_TRITON": "1", **dict(run.env)}
     child = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _PROCESSES.add(child)
-    # below the main run's priority: the children take the core it leaves idle, not its time
-    os.setpriority(os.PRIO_PROCESS, child.pid, NICENESS)
+    # below the main run's priority: the children take the core it leaves idle, not its time. The
+    # child is not reaped before communicate(), so its pid stays valid even if it has exited already;
+    # the suppress only guards platforms that refuse a zombie's priority.
+    with contextlib.suppress(ProcessLookupError):
+        os.setpriority(os.PRIO_PROCESS, child.pid, NICENESS)
     try:
         out, err = child.communicate(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
