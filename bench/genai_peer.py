@@ -91,6 +91,12 @@ def genai_config_variant(package: Path, out: Path, edit: Callable[[dict[str, Any
     return out
 
 
+def pin_intra_op_threads(config: dict[str, Any], threads: int) -> None:
+    """Pins onnxruntime's intra-op thread count for the decoder's session. Its default is not one per
+    core everywhere: on a 2-vCPU guest it runs one thread, so a comparison must pin the count it means."""
+    config["model"]["decoder"].setdefault("session_options", {})["intra_op_num_threads"] = threads
+
+
 def set_provider_option(config: dict[str, Any], provider: str, key: str, value: str) -> None:
     """Sets one option of a provider the decoder's session already names (it must name it: a
     variant should change how a provider runs, not which one)."""

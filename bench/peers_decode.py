@@ -7,7 +7,8 @@ directory into a package (attention gqa) for the target device and precision. En
     onnxgen          onnxgen's Generator on the package, CUDA graphs on (capture="on"; the CPU has none)
     onnxgen-eager    the same with capture="off"
     ort-genai-graph  onnxruntime-genai on the same package, cuda provider option enable_cuda_graph "1" (CUDA only)
-    ort-genai        the same with enable_cuda_graph "0" (on the CPU: its CPU provider)
+    ort-genai        the same with enable_cuda_graph "0" (on the CPU: its CPU provider, its intra-op threads
+                     pinned to torch's count by --genai-threads: onnxruntime's own default is one on a 2-vCPU guest)
     ort-genai-own-graph, ort-genai-own
                      onnxruntime-genai on a package its own builder made from the same checkpoint
                      (python -m onnxruntime_genai.models.builder -p PRECISION -e DEVICE): its best form
@@ -148,7 +149,15 @@ import numpy as np
 import torch
 
 from bench import reproduce_line
-from bench.genai_peer import Run, genai_config_variant, run_genai, run_onnxgen, set_provider_option, timed_runs
+from bench.genai_peer import (
+    Run,
+    genai_config_variant,
+    pin_intra_op_threads,
+    run_genai,
+    run_onnxgen,
+    set_provider_option,
+    timed_runs,
+)
 from onnxgen.models.config import DecoderConfig, weight_shapes
 from onnxgen.models.hf_reference import transformers_config
 from onnxgen.models.package_files import TOKENIZER_FILES
@@ -192,6 +201,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
+        "--genai-threads", type=int,
+        help="CPU: onnxruntime-genai's intra-op threads, written into its genai_config.json (default: torch's thread "
+        "count, so both engines get the same cores; 0: onnxruntime's own default, one thread on a 2-vCPU machine)",
+    )  # fmt: skip
+    parser.add_argument(
         "--warmup-s", type=float, default=2.0,
         help="each engine's warm-up generations go on until this many seconds have passed (at least three)",
     )  # fmt: skip
@@ -228,6 +242,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"prompt + new tokens exceed {args.label}'s context ({args.config.max_position_embeddings})")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda, but torch sees no CUDA device (use --device cpu for a smoke run)")
+    if args.genai_threads is not None and (args.device != "cpu" or args.genai_threads < 0):
+        parser.error("--genai-threads is for --device cpu and takes a count >= 0")
+    if args.device == "cpu" and args.genai_threads is None:
+        args.genai_threads = torch.get_num_threads()
     if args.build_only and not args.workdir:
         parser.error("--build-only needs --workdir (where a later run finds what it built)")
     args.engines = choose_engines(parser, args)
@@ -951,6 +969,12 @@ def run_genai_engine(bench: Bench, graph: bool, own: bool = False) -> EngineResu
         edits.append(lambda config: [config["model"]["decoder"][part].update(names) for part, names in missing.items()])
         whose += " + its state names added to genai_config.json"
     package, note = base, f"{whose}, CPU provider"
+    if args.device == "cpu" and args.genai_threads:
+        threads = args.genai_threads
+        edits.append(lambda config: pin_intra_op_threads(config, threads))
+        note += f", {threads} intra-op threads"
+    elif args.device == "cpu":
+        note += ", onnxruntime's default intra-op threads"
     if args.device == "cuda":
         value = "1" if graph else "0"
         edits.append(lambda config: set_provider_option(config, "cuda", "enable_cuda_graph", value))

@@ -3,6 +3,7 @@ gets a measured row; and its plans for the hybrid shapes too large to write on t
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -52,20 +53,25 @@ def test_pool_lines_group_segments_by_pool_largest_first() -> None:
     ]
 
 
-def test_hybrid_tiny_cpu_onnxgen_and_onnxruntime_genai_on_its_package() -> None:
+def test_hybrid_tiny_cpu_onnxgen_and_onnxruntime_genai_on_its_package(tmp_path: Path) -> None:
     """The hybrid path of the bench, lean: onnxgen's package of a Qwen3.5-layout checkpoint, and
-    onnxruntime-genai on that package as built (its genai_config.json names the recurrent states)."""
+    onnxruntime-genai on that package as built (its genai_config.json names the recurrent states),
+    with its intra-op threads pinned (its default is not one per core everywhere)."""
     pytest.importorskip("onnxruntime_genai")
     transformers = pytest.importorskip("transformers")
     if not hasattr(transformers, "Qwen3_5TextConfig"):
         pytest.skip("this transformers has no Qwen3_5TextConfig")
     command = [sys.executable, "-m", "bench.peers_decode", "--device", "cpu", "--tiny", "tiny-qwen3.5"]
     command += ["--precision", "fp32", "--new-tokens", "8", "--repeats", "1", "--warmup-s", "0"]
-    command += ["--engines", "onnxgen,ort-genai"]
+    command += ["--engines", "onnxgen,ort-genai", "--genai-threads", "2", "--workdir", str(tmp_path)]
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     rows = {line.split("|")[1].strip(): line for line in done.stdout.splitlines() if line.startswith("| ")}
     assert "state names added" not in rows["ort-genai"]  # the builder names them itself
+    assert "2 intra-op threads" in rows["ort-genai"], rows["ort-genai"]
+    (variant,) = tmp_path.glob("*-genai-variant-plain")
+    session = json.loads((variant / "genai_config.json").read_text())["model"]["decoder"]["session_options"]
+    assert session["intra_op_num_threads"] == 2
     for engine in ("onnxgen", "ort-genai"):
         assert float(rows[engine].split("|")[2]) > 0, rows[engine]
     assert "tokens: ort-genai = onnxgen over all 8 greedy tokens" in done.stdout, done.stdout
