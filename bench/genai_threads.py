@@ -58,10 +58,7 @@ def main() -> None:
         parser.error("counts threads through /proc: Linux only")
     from bench.cpu_decode import pull, with_genai_threads
 
-    if args.package:
-        package = args.package
-    else:
-        package = pull("int4")
+    package = args.package or pull("int4")
     print(f"package {package}; cpus {os.cpu_count()}, usable {len(os.sched_getaffinity(0))}")
     default = count_in_child(package)
     print(f"onnxruntime default: +{default} OS threads")

@@ -48,6 +48,8 @@ _INTERPRETED_TWICE = (
 # fp32) with them: the builder-made decoder and the other long rows run the same launches again, for
 # minutes more (the slow-marked runs keep them)
 _ONE_LONG_ROW = "prologues_match_onnxruntime[True-1300-1-1-cpu]"
+_GROUPS = "prologues or genai_built or matmul_group_matches"
+_SHORT_GROUPS = f"(prologues and not 1300 and not 2100) or matmul_group_matches or {_ONE_LONG_ROW}"
 PARITY = interpreted(
     f"({_SINGLE_OPS} or (growing_kv and gqa and fused and not int4 and not (fp32 and llama)))"
     f" and not ({_INTERPRETED_TWICE})",
@@ -177,7 +179,7 @@ def test_gqa_decode_late_reads_through_the_triton_interpreter() -> None:
 
 @runs(
     PERSIST := interpreted(
-        f"(prologues and not 1300 and not 2100) or matmul_group_matches or {_ONE_LONG_ROW}",
+        _SHORT_GROUPS,
         ONNXGEN_TRITON_LINEAR="1",
         ONNXGEN_GEMV_PERSIST="2",
     )
@@ -212,8 +214,6 @@ def test_sampled_draw_kernel_through_the_triton_interpreter() -> None:
 
 
 _SMALL_TILES = {"ONNXGEN_TRITON_LINEAR": "1", "ONNXGEN_GEMV_DENSE": "4,32,4"}
-_GROUPS = "prologues or genai_built or matmul_group_matches"
-_SHORT_GROUPS = f"(prologues and not 1300 and not 2100) or matmul_group_matches or {_ONE_LONG_ROW}"
 
 
 @runs(SPLIT := interpreted(_SHORT_GROUPS, ONNXGEN_GEMV_SPLIT="4,32,4", **_SMALL_TILES))
