@@ -40,10 +40,10 @@
 #              alone (gemv_micro --prompt-only, split configurations swept), ~5 min
 #   q4ttft     the same prompt paths in the prompt: TTFT per variant in one process (bench.prefill --variant)
 #              beside the fp16 package, captured = eager (--capture verify), and the 0.5B shape, ~5 min
-#   ttftgap    why bench.peers_decode's onnxgen TTFT (the Generator, cache sized 256 rows) runs 0.7-0.9 ms above
-#              bench.prefill's (2,048 rows) on the qwen3.5-0.8b shape: both in one call, at both capacities, fp16,
-#              and the 64-row 4-bit prompt tiles checked captured = eager (1.5B int4, 40 and 64 tokens); needs gguf
-#              carried into /tmp/site (peers_decode's package build reads it, as in the generator stage), ~4 min
+#   ttftgap    why bench.peers_decode's onnxgen TTFT (the Generator, after 128-token generations) runs 0.7-0.9 ms
+#              above bench.prefill's (the engine alone, one-token generations) on the qwen3.5-0.8b shape:
+#              python -m bench.ttft_paths, the four paths interleaved in one process, caches of 2,048 and 256
+#              rows, fp16, ~3 min
 #   sampled    the sampling GPU tests, then python -m bench.sampled_decode Q, fp16 and int4: sampled decode
 #              in the graph vs greedy and vs between the steps, same tokens as eager, ~4 min
 #
@@ -178,14 +178,10 @@ stage_q4ttft() {
   run q4prompt-05b 150 $PY -m bench.prefill $Q --precision int4 --context 2048 --lengths 16,64 --repeats 5 "${variants[@]}"
 }
 stage_ttftgap() {
+  # the engine and the Generator, with 1 and with 128 new tokens, interleaved in one process
   local H="--shape qwen3.5-0.8b --precision fp16 --lengths 16,64 --repeats 7"
-  # the correctness check first: a call cut short by its limit loses a timing, not the check
-  run ttftgap-q4-verify 150 $PY -m bench.prefill $Q15 --precision int4 --context 2048 --lengths 40,64 --repeats 1 \
-    --capture verify
-  run ttftgap-prefill-2048 150 $PY -m bench.prefill $H --context 2048
-  run ttftgap-prefill-256 150 $PY -m bench.prefill $H --context 256
-  run ttftgap-generator 150 $PY -m bench.peers_decode --shape qwen3.5-0.8b --precision fp16 --engines onnxgen \
-    --long-prompt-tokens 64 --workdir /tmp/ttftgap
+  run ttftgap-2048 200 $PY -m bench.ttft_paths $H --context 2048
+  run ttftgap-256 150 $PY -m bench.ttft_paths $H --context 256
 }
 stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
