@@ -88,6 +88,7 @@ class Options:
     cpu_int4_gemm: bool = True
     conv_prompt: bool = True
     gdn_chunked_from: int = 0
+    moe_pairs_per_expert: int = 4
     gdn_prompt: tuple[int, int] | None = None
 
     @property
@@ -153,6 +154,12 @@ def _count(unit: str) -> Callable[[str], int]:
         return int(raw)
 
     return parse
+
+
+def _pairs_per_expert(raw: str) -> int:
+    if not raw.isdigit():
+        raise ValueError("expected a number of (token, expert) pairs per expert (0: every prompt grouped)")
+    return int(raw)
 
 
 def _gqa_decode(raw: str) -> tuple[int, int]:
@@ -319,6 +326,12 @@ KNOBS: tuple[Knob, ...] = (
          "(gpu/gated_delta_chunked.py); shorter ones the sequential kernel up to 64 tokens, the torch path's "
          "chunked form beyond; `0` (the default: the kernel lost to the torch path on the H200, "
          "docs/benchmarks/2026-12-05-h200-day.md): never the chunked kernel"),
+    Knob("moe_pairs_per_expert", "ONNXGEN_MOE_PAIRS_PER_EXPERT", _pairs_per_expert,
+         "`P` ((token, expert) pairs per expert; `0`: every prompt)",
+         "a MoE / QMoE prompt of more than P (token, expert) pairs per expert on a Triton device runs the grouped "
+         "expert kernels (gpu/moe_grouped.py: each chosen expert read once per tile of its pairs); fewer pairs the "
+         "per-pair kernels (gpu/moe_experts.py: each pair reads its expert); one-token steps always the per-pair "
+         "kernels"),
     Knob("gdn_prompt", "ONNXGEN_GDN_PROMPT", _gdn_prompt, "`BLOCK_V,WARPS`",
          "the sequential Gated DeltaNet kernel's value columns per program and warps on prompts of 2 "
          "or more tokens (gpu/gated_delta_decode.py); one-token steps keep their tile",
@@ -416,6 +429,7 @@ _SCALAR_TYPES: dict[str, tuple[type, ...]] = {
     "gemv_persist": (int,),
     "q4_norm_apart": (int,),
     "gdn_chunked_from": (int,),
+    "moe_pairs_per_expert": (int,),
     "dequant_cache_mb": (int, float),
 }
 _NAMED_VALUES = {

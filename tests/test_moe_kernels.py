@@ -187,7 +187,7 @@ def test_qmoe_kernels_plain_activations(device: str, activation: str) -> None:
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
 def test_tokens_sharing_an_expert_and_prompts(device: str) -> None:
     """Two tokens whose top k overlap (an expert serves both); a prompt of more pairs than experts
-    (the kernels take up to PAIRS_PER_EXPERT * E pairs in place of the grouped torch path)."""
+    (the kernels take up to moe_pairs_per_expert * E pairs in place of the grouped torch path)."""
     attrs, inputs = _qmoe_inputs("int4_blocks_zero_points", device, torch.float32, tokens=2)
     router = inputs[1]
     router[1] = router[0] * 0.5  # the same top k, other routing weights
@@ -221,9 +221,7 @@ def _grouped_vs_torch(run: Callable[[], torch.Tensor]) -> None:
 def _prompt_tokens(k: int) -> int:
     """Tokens whose pairs exceed what the per-pair kernels take over 8 experts, and leave a partial
     last tile."""
-    from onnxgen.runtime.gpu.moe_experts import PAIRS_PER_EXPERT
-
-    return 8 * PAIRS_PER_EXPERT // k + 7
+    return 8 * options.current().moe_pairs_per_expert // k + 7
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
@@ -254,6 +252,19 @@ def test_grouped_moe_kernels_bf16(case: str) -> None:
     """bf16 on CUDA only: Triton's interpreter multiplies bf16 operands of tl.dot wrongly (a 16 x 16
     product comes out ~1e10 off; fp16 and fp32 are right)."""
     test_grouped_moe_kernels_match_the_torch_path("cuda", case, torch.bfloat16)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_pairs_per_expert_option_picks_the_kernels(device: str) -> None:
+    """moe_pairs_per_expert moves the bound between the per-pair and the grouped kernels: at 0 a
+    prompt of 3 tokens (6 pairs over 8 experts, which the default gives the per-pair kernels) takes
+    the grouped ones, and a one-token step keeps the per-pair kernels whatever the bound."""
+    attrs, inputs = _qmoe_inputs("int4_blocks", device, torch.float16, tokens=3)
+    _kernel_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))
+    with options.override(moe_pairs_per_expert=0):
+        _grouped_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))
+        attrs, inputs = _qmoe_inputs("int4_blocks", device, torch.float16, tokens=1)
+        _kernel_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)

@@ -36,7 +36,7 @@ sum over a token's pairs included, has a fixed order and there are no atomics: a
 for bit, and a captured step equals the eager one. The launches depend on shapes only (grid, one
 fp32 [P, inter] and one [T, hidden] output from torch.empty), so the step can be recorded.
 
-Prompts: the kernels serve up to PAIRS_PER_EXPERT * E pairs (module constant, reasoned below);
+Prompts: the kernels serve up to P * E pairs (P: option moe_pairs_per_expert, reasoned below);
 longer prompts take gpu/moe_grouped.py's kernels (the pairs grouped by expert on the device, each
 expert read once per tile of its pairs). Neither reads the routing on the host, so a prompt of any
 length runs without the torch path's host-reading grouped form.
@@ -50,6 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
+from onnxgen import options
 from onnxgen.runtime.gpu.launch import KERNEL_DTYPES, LAUNCHES, pdl_launch, settled_before_launch
 from onnxgen.runtime.gpu.linear_q4 import MAGIC, MAGIC_BITS, _block_loads, _codes_less_zero
 from onnxgen.runtime.gpu.pdl import wait_for_previous
@@ -57,9 +58,9 @@ from onnxgen.runtime.gpu.pdl import wait_for_previous
 # The kernels read one expert's weights per pair, so a call reads up to pairs / E times the bytes
 # of all the layer's experts, where the grouped kernels (gpu/moe_grouped.py) read each chosen
 # expert once per tile of its pairs, for a sort and a few more launches and tiles padded to whole
-# rows. Up to 4 passes over every expert's bytes the per-pair kernels are taken (a reckoning of
-# bytes, not measured): on the 35B-A3B shape (256 experts, k = 8) 1,024 pairs, a 128-token chunk.
-PAIRS_PER_EXPERT = 4
+# rows. Option moe_pairs_per_expert (ONNXGEN_MOE_PAIRS_PER_EXPERT) sets how many passes over every
+# expert's bytes a prompt may take here before the grouped kernels do: on the 35B-A3B shape (256
+# experts, k = 8) P passes are 256 * P pairs, a 32 * P-token chunk.
 # the largest quantization block the grouped kernels (gpu/moe_grouped.py) take: a K step of theirs
 # spans whole blocks, and a [tile, block] weight tile of a larger one would not stay in registers
 GROUPED_MAX_BLOCK = 128
@@ -444,7 +445,7 @@ def moe_experts(
         inter, gate_step, up_step, up_offset = f1.n, 1, 0, 0
     if fc1.inner != hidden or fc2.inner != inter or f2.n != hidden:
         return None
-    if pairs > PAIRS_PER_EXPERT * experts:  # a long prompt: each expert read once per tile of its pairs
+    if tokens > 1 and pairs > options.current().moe_pairs_per_expert * experts:  # each expert read once per tile
         if max(f1.qblock, f2.qblock) > GROUPED_MAX_BLOCK:
             return None
         from onnxgen.runtime.gpu.moe_grouped import grouped_experts

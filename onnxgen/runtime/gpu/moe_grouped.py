@@ -4,7 +4,7 @@ cores. No host read and no allocation that depends on the routing, so a prompt c
 can be recorded in a CUDA graph.
 
 Why: gpu/moe_experts.py's kernels read one expert's weights per pair. Past a few pairs per expert
-(moe_experts.PAIRS_PER_EXPERT) that reads the layer's experts several times over, and the torch
+(option moe_pairs_per_expert) that reads the layer's experts several times over, and the torch
 path's grouped form reads the routing on the host (one GEMM per used expert), which a recording
 cannot hold. Here, for P = T * k pairs (pair p: token p // k, expert chosen[p]):
 

@@ -11,7 +11,7 @@ the tensor type once.
 "gelu" is the tanh approximation, as onnxruntime's CPU kernel computes it.
 
 On CUDA (where Triton serves, launch.triton_serves) a call of up to
-gpu/moe_experts.PAIRS_PER_EXPERT * experts (token, expert) pairs runs the experts as two Triton
+option moe_pairs_per_expert times experts (token, expert) pairs runs the experts as two Triton
 kernels that read each pair's expert weights in place (dense, or QMoE's 4- and 8-bit codes, scales
 and zero points as stored): no gathered or dequantized copy, no host read, shapes from the token
 count alone, so a decode step (and a short prompt) containing it can be recorded. Longer prompts
