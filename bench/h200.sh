@@ -40,10 +40,10 @@
 #              alone (gemv_micro --prompt-only, split configurations swept), ~5 min
 #   q4ttft     the same prompt paths in the prompt: TTFT per variant in one process (bench.prefill --variant)
 #              beside the fp16 package, captured = eager (--capture verify), and the 0.5B shape, ~5 min
-#   ttftgap    why bench.peers_decode's onnxgen TTFT (the Generator, after 128-token generations) runs 0.7-0.9 ms
-#              above bench.prefill's (the engine alone, one-token generations) on the qwen3.5-0.8b shape:
-#              python -m bench.ttft_paths, the four paths interleaved in one process, caches of 2,048 and 256
-#              rows, fp16, ~3 min
+#   ttftgap    the decode engine's TTFT (bench.prefill's path) against the Generator's (bench.peers_decode's), each
+#              after 1- and 128-token generations, interleaved in one process (python -m bench.ttft_paths), caches
+#              of 2,048 and 256 rows, qwen3.5-0.8b fp16; on 2026-12-06 they agreed within 0.02 ms
+#              (docs/benchmarks/2026-12-06-h100-ttft-paths.md), ~2 min
 #   sampled    the sampling GPU tests, then python -m bench.sampled_decode Q, fp16 and int4: sampled decode
 #              in the graph vs greedy and vs between the steps, same tokens as eager, ~4 min
 #

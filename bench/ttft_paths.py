@@ -2,8 +2,9 @@
 
 bench.peers_decode times onnxgen's TTFT through the Generator, at the start of generations of
 --new-tokens tokens; bench.prefill times it through the decode engine alone, over one-token
-generations on a cache of --context rows. On the GPU the first has read higher than the second.
-This runs four paths over the same package (two sessions), interleaved round by round so that clocks and caches
+generations on a cache of --context rows. Where the two disagree (they once read 0.7-0.9 ms apart
+in different processes; in one process on 2026-12-06 they agreed, docs/benchmarks/2026-12-06-h100-ttft-paths.md),
+this runs four paths over the same package (two sessions), interleaved round by round so that clocks and caches
 drift alike for all, and prints each one's median TTFT per prompt length:
 
   engine-1     the decode engine as bench.prefill makes it (one static cache of --context rows), 1 new token
