@@ -1,0 +1,114 @@
+"""One routed-expert layer of a prompt, timed per expert path: the per-pair kernels (each (token,
+expert) pair reads its expert, gpu/moe_experts.py) against the grouped ones (each chosen expert
+read once per tile of its pairs, gpu/moe_grouped.py), at the bound option moe_pairs_per_expert sets.
+
+    python -m bench.moe_prompt --tokens 1,16,32,64,128,256 --bounds 4,2,1,0
+
+The layer is the Qwen3.5-35B-A3B shape as onnxgen's int4 build writes it (--experts 256, top
+--top-k 8, --hidden 2048, --inter 512; SwiGLU interleaved; 4-bit blocks of 32 with zero points;
+fp16 activations), random codes and router logits (seeded). Each (tokens, bound) call is recorded
+in a CUDA graph, as a captured prompt chunk runs it, and replayed --repeats times between two
+events; the median replay is printed with the bytes it must read (every chosen expert once) and
+what that is per second, and the largest difference from the first bound's output (the grouped
+kernels round the weights and h to fp16 for the tensor cores; the per-pair ones keep fp32).
+CUDA only: the kernels' timing is the point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+from onnxgen import options
+from onnxgen.runtime.gpu.launch import LAUNCHES
+from onnxgen.runtime.node_contract import NodeContext
+from onnxgen.runtime.ops.contrib_moe import qmoe
+
+MS = "com.microsoft"
+BLOCK = 32
+
+
+def quantized(gen: torch.Generator, experts: int, n: int, k: int) -> tuple[torch.Tensor, ...]:
+    """(codes [E, N, K / 2], fp16 scales [E, N, K / 32], packed 4-bit zero points) on the GPU."""
+    codes = torch.randint(0, 256, (experts, n, k // 2), generator=gen, dtype=torch.uint8)
+    scales = (torch.rand(experts, n, k // BLOCK, generator=gen) + 0.5) / (8 * k**0.5)
+    zeros = torch.randint(0, 256, (experts, n, -(-k // BLOCK // 2)), generator=gen, dtype=torch.uint8)
+    return codes.cuda(), scales.half().cuda(), zeros.cuda()
+
+
+def replay_us(call, repeats: int) -> tuple[float, torch.Tensor]:
+    """The call recorded in a CUDA graph (after a warm-up that compiles its kernels): the median
+    replay in microseconds, and the recorded output."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(1000 * start.elapsed_time(end))
+    return statistics.median(times), out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", default="1,16,32,64,128,256", help="prompt lengths, comma-separated")
+    parser.add_argument("--bounds", default="4,2,1,0", help="moe_pairs_per_expert values, comma-separated")
+    parser.add_argument("--experts", type=int, default=256)
+    parser.add_argument("--top-k", type=int, default=8)
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--inter", type=int, default=512)
+    parser.add_argument("--repeats", type=int, default=50)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench.moe_prompt times CUDA kernels: no CUDA device here")
+    gen = torch.Generator().manual_seed(0)
+    e, h, inter = args.experts, args.hidden, args.inter
+    fc1 = quantized(gen, e, 2 * inter, h)
+    fc2 = quantized(gen, e, h, inter)
+    attrs = {"activation_type": "swiglu", "k": args.top_k, "swiglu_fusion": 1, "normalize_routing_weights": 1,
+             "expert_weight_bits": 4, "block_size": BLOCK}  # fmt: skip
+    ctx = NodeContext("QMoE", "QMoE", MS, 1, attrs, torch.device("cuda"), 14, 1, (True,))
+    expert_bytes = sum(
+        t[0].numel() + 2 * t[1].numel() + t[2].numel()
+        for t in ((fc1[0][0], fc1[1][0], fc1[2][0]), (fc2[0][0], fc2[1][0], fc2[2][0]))
+    )
+    bounds = [int(b) for b in args.bounds.split(",")]
+    print(
+        f"moe_prompt: {e} experts, top {args.top_k}, hidden {h}, inter {inter}, int4 blocks of {BLOCK} with zero "
+        f"points, fp16; {expert_bytes / 1e6:.2f} MB per expert; {torch.cuda.get_device_name()}"
+    )
+    for tokens in (int(t) for t in args.tokens.split(",")):
+        x = (torch.randn(tokens, h, generator=gen)).half().cuda()
+        router = (torch.randn(tokens, e, generator=gen) * 2).half().cuda()
+        chosen = router.float().topk(args.top_k, dim=-1).indices
+        distinct = int(chosen.unique().numel())
+        inputs = [x, router, fc1[0], fc1[1], None, fc2[0], fc2[1], None, None, None, None, fc1[2], fc2[2], None]
+        floor_mb = distinct * expert_bytes / 1e6
+        first = None
+        for bound in bounds:
+            with options.override(moe_pairs_per_expert=bound):
+                grouped_before = LAUNCHES["moe_grouped"]
+                us, out = replay_us(lambda inputs=inputs: qmoe(ctx, *inputs), args.repeats)
+                path = "grouped" if LAUNCHES["moe_grouped"] > grouped_before else "per-pair"
+            diff = 0.0 if first is None else float((out.float() - first.float()).abs().max())
+            first = out if first is None else first
+            print(
+                f"tokens {tokens:4d} ({tokens * args.top_k:5d} pairs, {distinct:3d} experts, {floor_mb:7.1f} MB): "
+                f"bound {bound} -> {path:8s} {us:8.1f} us  {floor_mb / us:6.2f} TB/s of the chosen experts' bytes  "
+                f"max |diff| {diff:.2e}"
+            )
+
+
+if __name__ == "__main__":
+    main()
