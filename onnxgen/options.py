@@ -88,7 +88,7 @@ class Options:
     cpu_int4_gemm: bool = True
     conv_prompt: bool = True
     gdn_chunked_from: int = 0
-    moe_pairs_per_expert: int = 4
+    moe_pairs_per_expert: int = 1
     gdn_prompt: tuple[int, int] | None = None
 
     @property
@@ -331,7 +331,8 @@ KNOBS: tuple[Knob, ...] = (
          "a MoE / QMoE prompt of more than P (token, expert) pairs per expert on a Triton device runs the grouped "
          "expert kernels (gpu/moe_grouped.py: each chosen expert read once per tile of its pairs); fewer pairs the "
          "per-pair kernels (gpu/moe_experts.py: each pair reads its expert); one-token steps always the per-pair "
-         "kernels"),
+         "kernels. Default 1: on the 35B-A3B layer the two break even near 0.9 pairs per expert "
+         "(docs/benchmarks/2026-12-06-h100-ttft-paths.md)"),
     Knob("gdn_prompt", "ONNXGEN_GDN_PROMPT", _gdn_prompt, "`BLOCK_V,WARPS`",
          "the sequential Gated DeltaNet kernel's value columns per program and warps on prompts of 2 "
          "or more tokens (gpu/gated_delta_decode.py); one-token steps keep their tile",
