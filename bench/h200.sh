@@ -44,6 +44,9 @@
 #              after 1- and 128-token generations, interleaved in one process (python -m bench.ttft_paths), caches
 #              of 2,048 and 256 rows, qwen3.5-0.8b fp16; on 2026-12-06 they agreed within 0.02 ms
 #              (docs/benchmarks/2026-12-06-h100-ttft-paths.md), ~2 min
+#   moe        the MoE expert kernels: their GPU tests, then python -m bench.moe_prompt, one 35B-A3B expert layer per
+#              prompt length, per-pair against grouped kernels at several moe_pairs_per_expert bounds (no package
+#              build), ~2 min
 #   sampled    the sampling GPU tests, then python -m bench.sampled_decode Q, fp16 and int4: sampled decode
 #              in the graph vs greedy and vs between the steps, same tokens as eager, ~4 min
 #
@@ -132,6 +135,10 @@ stage_profile() {
 stage_prefill() {
   for p in fp16 int4; do run "prefill-$p" 120 $PY -m bench.prefill $Q --precision $p --context 2048 --lengths 16,1024 --profile --top 12; done
 }
+stage_moe() {
+  run moe-tests 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_moe_kernels.py
+  run moe-prompt 120 $PY -m bench.moe_prompt --tokens 1,16,24,32,48,64,128,256 --bounds 4,1,0
+}
 stage_sampled() {
   run sampled-tests 240 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_sampled_decoding.py tests/test_decode_tail.py tests/test_sampling_inputs.py
   for p in fp16 int4; do run "sampled-$p" 150 $PY -m bench.sampled_decode $Q --precision $p --context 512; done
@@ -187,7 +194,7 @@ stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
 }
 
-STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap sampled"
+STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe sampled"
 if [ $# -eq 0 ]; then
   echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
   exit 2
