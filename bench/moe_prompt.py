@@ -3,6 +3,8 @@ expert) pair reads its expert, gpu/moe_experts.py) against the grouped ones (eac
 read once per tile of its pairs, gpu/moe_grouped.py), at the bound option moe_pairs_per_expert sets.
 
     python -m bench.moe_prompt --tokens 1,16,32,64,128,256 --bounds 4,2,1,0
+    python -m bench.moe_prompt --tokens 32,64,128 --bounds 0 --variant rule: \
+        --variant m32:ONNXGEN_MOE_GROUPED=32,32,64,64,4 --variant k128:ONNXGEN_MOE_GROUPED=0,32,64,128,4
 
 The layer is the Qwen3.5-35B-A3B shape as onnxgen's int4 build writes it (--experts 256, top
 --top-k 8, --hidden 2048, --inter 512; SwiGLU interleaved; 4-bit blocks of 32 with zero points;
@@ -11,6 +13,8 @@ in a CUDA graph, as a captured prompt chunk runs it, and replayed --repeats time
 events; the median replay is printed with the bytes it must read (every chosen expert once) and
 what that is per second, and the largest difference from the first bound's output (the grouped
 kernels round the weights and h to fp16 for the tensor cores; the per-pair ones keep fp32).
+Each --variant NAME:ENV=VALUE,... (bench/step_sweep.py's form, e.g. a forced grouped tile,
+ONNXGEN_MOE_GROUPED) runs every length and bound again under those settings, in this process.
 CUDA only: the kernels' timing is the point.
 """
 
@@ -21,6 +25,7 @@ import statistics
 
 import torch
 
+from bench.step_sweep import apply_env, check_variant, parse_variant
 from onnxgen import options
 from onnxgen.runtime.gpu.launch import LAUNCHES
 from onnxgen.runtime.node_contract import NodeContext
@@ -69,7 +74,11 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--inter", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--variant", action="append", default=[], help="NAME:ENV=VALUE,... (step_sweep's form)")
     args = parser.parse_args()
+    variants = [parse_variant(v) for v in args.variant] or [("", {})]
+    for _, env in variants:
+        check_variant(env)
     if not torch.cuda.is_available():
         raise SystemExit("bench.moe_prompt times CUDA kernels: no CUDA device here")
     gen = torch.Generator().manual_seed(0)
@@ -88,26 +97,31 @@ def main() -> None:
         f"moe_prompt: {e} experts, top {args.top_k}, hidden {h}, inter {inter}, int4 blocks of {BLOCK} with zero "
         f"points, fp16; {expert_bytes / 1e6:.2f} MB per expert; {torch.cuda.get_device_name()}"
     )
-    for tokens in (int(t) for t in args.tokens.split(",")):
-        x = (torch.randn(tokens, h, generator=gen)).half().cuda()
-        router = (torch.randn(tokens, e, generator=gen) * 2).half().cuda()
-        chosen = router.float().topk(args.top_k, dim=-1).indices
-        distinct = int(chosen.unique().numel())
-        inputs = [x, router, fc1[0], fc1[1], None, fc2[0], fc2[1], None, None, None, None, fc1[2], fc2[2], None]
-        floor_mb = distinct * expert_bytes / 1e6
-        first = None
-        for bound in bounds:
-            with options.override(moe_pairs_per_expert=bound):
-                grouped_before = LAUNCHES["moe_grouped"]
-                us, out = replay_us(lambda inputs=inputs: qmoe(ctx, *inputs), args.repeats)
-                path = "grouped" if LAUNCHES["moe_grouped"] > grouped_before else "per-pair"
-            diff = 0.0 if first is None else float((out.float() - first.float()).abs().max())
-            first = out if first is None else first
-            print(
-                f"tokens {tokens:4d} ({tokens * args.top_k:5d} pairs, {distinct:3d} experts, {floor_mb:7.1f} MB): "
-                f"bound {bound} -> {path:8s} {us:8.1f} us  {floor_mb / us:6.2f} TB/s of the chosen experts' bytes  "
-                f"max |diff| {diff:.2e}"
-            )
+    for name, env in variants:
+        if name or env:
+            apply_env(env)
+            print(f"variant {name}: {', '.join(f'{k}={v}' for k, v in env.items()) or 'the process settings'}")
+        gen.manual_seed(1)  # the same prompts and routing for every variant
+        for tokens in (int(t) for t in args.tokens.split(",")):
+            x = (torch.randn(tokens, h, generator=gen)).half().cuda()
+            router = (torch.randn(tokens, e, generator=gen) * 2).half().cuda()
+            chosen = router.float().topk(args.top_k, dim=-1).indices
+            distinct = int(chosen.unique().numel())
+            inputs = [x, router, fc1[0], fc1[1], None, fc2[0], fc2[1], None, None, None, None, fc1[2], fc2[2], None]
+            floor_mb = distinct * expert_bytes / 1e6
+            first = None
+            for bound in bounds:
+                with options.override(moe_pairs_per_expert=bound):
+                    grouped_before = LAUNCHES["moe_grouped"]
+                    us, out = replay_us(lambda inputs=inputs: qmoe(ctx, *inputs), args.repeats)
+                    path = "grouped" if LAUNCHES["moe_grouped"] > grouped_before else "per-pair"
+                diff = 0.0 if first is None else float((out.float() - first.float()).abs().max())
+                first = out if first is None else first
+                print(
+                    f"tokens {tokens:4d} ({tokens * args.top_k:5d} pairs, {distinct:3d} experts, {floor_mb:7.1f} MB): "
+                    f"bound {bound} -> {path:8s} {us:8.1f} us  {floor_mb / us:6.2f} TB/s of the chosen experts' bytes  "
+                    f"max |diff| {diff:.2e}"
+                )
 
 
 if __name__ == "__main__":

@@ -89,6 +89,7 @@ class Options:
     conv_prompt: bool = True
     gdn_chunked_from: int = 0
     moe_pairs_per_expert: int = 1
+    moe_grouped: tuple[int, int, int, int, int] | None = None
     gdn_prompt: tuple[int, int] | None = None
 
     @property
@@ -160,6 +161,22 @@ def _pairs_per_expert(raw: str) -> int:
     if not raw.isdigit():
         raise ValueError("expected a number of (token, expert) pairs per expert (0: every prompt grouped)")
     return int(raw)
+
+
+def _moe_grouped(raw: str) -> tuple[int, int, int, int, int]:
+    try:
+        values = tuple(int(v) for v in raw.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 5:
+        raise ValueError("expected BLOCK_M,BLOCK_N1,BLOCK_N2,K_STEP,WARPS (five integers; BLOCK_M 0: the rule)")
+    block_m, n1, n2, k_step, warps = values
+    powers = all(v > 0 and not v & (v - 1) for v in (n1, n2, k_step))
+    if block_m not in (0, 16, 32, 64, 128) or not powers or not (16 <= n1 <= 256 and 16 <= n2 <= 256):
+        raise ValueError("BLOCK_M must be 0, 16, 32, 64 or 128; BLOCK_N1 and BLOCK_N2 powers of two 16-256")
+    if not 16 <= k_step <= 512 or warps not in (1, 2, 4, 8):
+        raise ValueError("K_STEP must be a power of two 16-512, WARPS 1, 2, 4 or 8")
+    return values  # type: ignore[return-value]
 
 
 def _gqa_decode(raw: str) -> tuple[int, int]:
@@ -333,6 +350,10 @@ KNOBS: tuple[Knob, ...] = (
          "per-pair kernels (gpu/moe_experts.py: each pair reads its expert); one-token steps always the per-pair "
          "kernels. Default 1: on the 35B-A3B layer the two break even near 0.9 pairs per expert "
          "(docs/benchmarks/2026-12-06-h100-ttft-paths.md)"),
+    Knob("moe_grouped", "ONNXGEN_MOE_GROUPED", _moe_grouped, "`BLOCK_M,BLOCK_N1,BLOCK_N2,K_STEP,WARPS`",
+         "forces the grouped expert kernels' tiles (gpu/moe_grouped.py): pairs per tile (0: the kernel's rule), "
+         "fc1's and fc2's output columns per program, K elements per step (at least one quantization block), warps",
+         default_text="unset: the kernels' rule"),
     Knob("gdn_prompt", "ONNXGEN_GDN_PROMPT", _gdn_prompt, "`BLOCK_V,WARPS`",
          "the sequential Gated DeltaNet kernel's value columns per program and warps on prompts of 2 "
          "or more tokens (gpu/gated_delta_decode.py); one-token steps keep their tile",

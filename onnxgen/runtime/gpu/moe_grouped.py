@@ -36,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from onnxgen import options
 from onnxgen.runtime.gpu.launch import LAUNCHES
 from onnxgen.runtime.gpu.linear_q4 import MAGIC_BITS, _codes_less_zero
 from onnxgen.runtime.gpu.moe_experts import ExpertWeights, _act, _expert_loads, _Form, _or
@@ -223,7 +224,8 @@ def grouped_experts(
     top_k = chosen.shape[1]
     experts = fc1.weight.shape[0]
     pairs = tokens * top_k
-    block_m = tile_rows(pairs, experts)
+    forced = options.current().moe_grouped
+    block_m = forced[0] if forced and forced[0] else tile_rows(pairs, experts)
     order, tile_expert, tile_first, rows = group_pairs(chosen, experts, block_m)
     ieee = x.dtype == torch.float32
     h = torch.empty((pairs, inter), dtype=x.dtype, device=x.device)
@@ -231,26 +233,30 @@ def grouped_experts(
     LAUNCHES["moe_grouped"] += 1
     w1 = fc1.weight
     block_n1 = 64 if act != 4 else 32  # SwiGLU holds a gate and an up accumulator
+    block_n2, warps, nb1, nb2 = 64, WARPS, _blocks(f1), _blocks(f2)
+    if forced:  # option moe_grouped (a sweep's configuration)
+        block_n1, block_n2, warps = forced[1], forced[2], forced[4]
+        nb1, nb2 = _blocks(f1, forced[3]), _blocks(f2, forced[3])
     _grouped_fc1[(tile_expert.numel(), triton.cdiv(inter, block_n1))](
         x, order, tile_expert, tile_first, rows, h, w1, _or(fc1.scales, w1), _or(fc1.zeros, w1), _or(fc1.bias, w1),
         up.weight, _or(up.scales, w1), _or(up.zeros, w1), _or(up.bias, w1),
         top_k, inter, hidden, f1.n, f3.n, f1.row_len, f1.z_len, f1.n_blocks, gate_step, up_step, up_offset,
         float(alpha), float(beta), float(limit or 0.0),
         ACT=act, HAS_LIMIT=limit is not None, HAS_BIAS=fc1.bias is not None, BITS=f1.bits, PER_ROW=f1.per_row,
-        ZERO_KIND=f1.zero_kind, QBLOCK=f1.qblock, NB=_blocks(f1), BLOCK_M=block_m, BLOCK_N=block_n1, IEEE=ieee,
-        num_warps=WARPS,
+        ZERO_KIND=f1.zero_kind, QBLOCK=f1.qblock, NB=nb1, BLOCK_M=block_m, BLOCK_N=block_n1, IEEE=ieee,
+        num_warps=warps,
     )  # fmt: skip
     w2 = fc2.weight
-    _grouped_fc2[(tile_expert.numel(), triton.cdiv(hidden, 64))](
+    _grouped_fc2[(tile_expert.numel(), triton.cdiv(hidden, block_n2))](
         h, order, tile_expert, tile_first, rows, routing, y, w2, _or(fc2.scales, w2), _or(fc2.zeros, w2),
         _or(fc2.bias, w2), hidden, inter, f2.row_len, f2.z_len, f2.n_blocks,
         HAS_BIAS=fc2.bias is not None, BITS=f2.bits, PER_ROW=f2.per_row, ZERO_KIND=f2.zero_kind, QBLOCK=f2.qblock,
-        NB=_blocks(f2), BLOCK_M=block_m, BLOCK_N=64, IEEE=ieee, num_warps=WARPS,
+        NB=nb2, BLOCK_M=block_m, BLOCK_N=block_n2, IEEE=ieee, num_warps=warps,
     )  # fmt: skip
     return y.view(tokens, top_k, hidden).sum(dim=1).to(x.dtype)
 
 
-def _blocks(form: _Form) -> int:
-    """NB: compute blocks per K step, so that a step spans at least 64 elements of K (tl.dot's K is
-    at least 16; a quantization block of 128 is one block a step)."""
-    return max(1, 64 // form.qblock)
+def _blocks(form: _Form, k_step: int = 64) -> int:
+    """NB: compute blocks per K step, so that a step spans at least ``k_step`` elements of K (64 by
+    default; tl.dot's K is at least 16; a quantization block of 128 is one block a step)."""
+    return max(1, k_step // form.qblock)
