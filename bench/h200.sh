@@ -46,7 +46,7 @@
 #              (docs/benchmarks/2026-12-06-h100-ttft-paths.md), ~2 min
 #   moe        the MoE expert kernels: their GPU tests, then python -m bench.moe_prompt, one 35B-A3B expert layer per
 #              prompt length, per-pair against grouped kernels at several moe_pairs_per_expert bounds (no package
-#              build), ~2 min
+#              build), then the grouped kernels' tiles swept (ONNXGEN_MOE_GROUPED variants), ~5 min
 #   sampled    the sampling GPU tests, then python -m bench.sampled_decode Q, fp16 and int4: sampled decode
 #              in the graph vs greedy and vs between the steps, same tokens as eager, ~4 min
 #
@@ -138,6 +138,12 @@ stage_prefill() {
 stage_moe() {
   run moe-tests 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_moe_kernels.py
   run moe-prompt 120 $PY -m bench.moe_prompt --tokens 1,16,24,32,48,64,128,256 --bounds 4,1,0
+  # the grouped kernels' tiles (ONNXGEN_MOE_GROUPED=BLOCK_M,BLOCK_N1,BLOCK_N2,K_STEP,WARPS; BLOCK_M 0: the rule)
+  run moe-tiles 240 $PY -m bench.moe_prompt --tokens 32,64,128,256 --bounds 0 --variant rule: \
+    --variant n16:ONNXGEN_MOE_GROUPED=0,16,32,64,4 --variant n64:ONNXGEN_MOE_GROUPED=0,64,128,64,4 \
+    --variant k128:ONNXGEN_MOE_GROUPED=0,32,64,128,4 --variant k32:ONNXGEN_MOE_GROUPED=0,32,64,32,4 \
+    --variant w8:ONNXGEN_MOE_GROUPED=0,32,64,64,8 --variant w2:ONNXGEN_MOE_GROUPED=0,32,64,64,2 \
+    --variant m32:ONNXGEN_MOE_GROUPED=32,32,64,64,4 --variant rule-again:
 }
 stage_sampled() {
   run sampled-tests 240 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_sampled_decoding.py tests/test_decode_tail.py tests/test_sampling_inputs.py
