@@ -2,14 +2,14 @@
 
 bench.peers_decode times onnxgen's TTFT through the Generator, at the start of generations of
 --new-tokens tokens; bench.prefill times it through the decode engine alone, over one-token
-generations on a cache of --context rows. Where the two disagree (they once read 0.7-0.9 ms apart
-in different processes; in one process on 2026-12-06 they agreed, docs/benchmarks/2026-12-06-h100-ttft-paths.md),
-this runs four paths over the same package (two sessions), interleaved round by round so that clocks and caches
-drift alike for all, and prints each one's median TTFT per prompt length:
+generations on a cache of --context rows. Where the two disagree across processes, this runs four
+paths over the same package (two sessions) in one process, interleaved round by round so that
+clocks and caches drift alike for all, and prints each one's median TTFT per prompt length
+(docs/benchmarks/2026-12-06-h100-ttft-paths.md):
 
   engine-1     the decode engine as bench.prefill makes it (one static cache of --context rows), 1 new token
   engine-N     the same engine, --new-tokens new tokens (each TTFT follows a whole generation)
-  generator-1  onnxgen.genai.Generator on the same session (its own cache sizing), 1 new token
+  generator-1  onnxgen.genai.Generator on the same package (its own session and cache sizing), 1 new token
   generator-N  the Generator, --new-tokens new tokens (as bench.peers_decode times it)
 
     python -m bench.ttft_paths --shape qwen3.5-0.8b --precision fp16 --lengths 16,64 --repeats 7
