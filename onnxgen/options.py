@@ -348,7 +348,7 @@ KNOBS: tuple[Knob, ...] = (
          "a MoE / QMoE prompt of more than P (token, expert) pairs per expert on a Triton device runs the grouped "
          "expert kernels (gpu/moe_grouped.py: each chosen expert read once per tile of its pairs); fewer pairs the "
          "per-pair kernels (gpu/moe_experts.py: each pair reads its expert); one-token steps always the per-pair "
-         "kernels. Default 1: on the 35B-A3B layer the two break even near 0.9 pairs per expert "
+         "kernels. Default 1: about where the two break even on the 35B-A3B expert layer "
          "(docs/benchmarks/2026-12-06-h100-ttft-paths.md)"),
     Knob("moe_grouped", "ONNXGEN_MOE_GROUPED", _moe_grouped, "`BLOCK_M,BLOCK_N1,BLOCK_N2,K_STEP,WARPS`",
          "forces the grouped expert kernels' tiles (gpu/moe_grouped.py): pairs per tile (0: the kernel's rule), "
