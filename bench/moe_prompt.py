@@ -9,10 +9,11 @@ read once per tile of its pairs, gpu/moe_grouped.py), at the bound option moe_pa
 The layer is the Qwen3.5-35B-A3B shape as onnxgen's int4 build writes it (--experts 256, top
 --top-k 8, --hidden 2048, --inter 512; SwiGLU interleaved; 4-bit blocks of 32 with zero points;
 fp16 activations), random codes and router logits (seeded). Each (tokens, bound) call is recorded
-in a CUDA graph, as a captured prompt chunk runs it, and replayed --repeats times between two
-events; the median replay is printed with the bytes it must read (every chosen expert once) and
-what that is per second, and the largest difference from the first bound's output (the grouped
-kernels round the weights and h to fp16 for the tensor cores; the per-pair ones keep fp32).
+in a CUDA graph, as a captured prompt chunk runs it, and timed over its replays
+(gemv_micro.time_in_graph: the median of five runs of 20 back-to-back replays). That time is
+printed with the bytes the call must read (every chosen expert once) and what that is per second,
+and the largest difference from the first bound's output (the grouped kernels round the weights
+and h to fp16 for the tensor cores; the per-pair ones keep fp32).
 Each --variant NAME:ENV=VALUE,... (bench/step_sweep.py's form, e.g. a forced grouped tile,
 ONNXGEN_MOE_GROUPED) runs every length and bound again under those settings, in this process.
 CUDA only: the kernels' timing is the point.
@@ -21,10 +22,10 @@ CUDA only: the kernels' timing is the point.
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 
+from bench.gemv_micro import time_in_graph
 from bench.step_sweep import apply_env, check_variant, parse_variant
 from onnxgen import options
 from onnxgen.runtime.gpu.launch import LAUNCHES
@@ -43,26 +44,12 @@ def quantized(gen: torch.Generator, experts: int, n: int, k: int) -> tuple[torch
     return codes.cuda(), scales.half().cuda(), zeros.cuda()
 
 
-def replay_us(call, repeats: int) -> tuple[float, torch.Tensor]:
-    """The call recorded in a CUDA graph (after a warm-up that compiles its kernels): the median
-    replay in microseconds, and the recorded output."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = call()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(1000 * start.elapsed_time(end))
-    return statistics.median(times), out
+def graph_us(call) -> tuple[float, torch.Tensor]:
+    """``call`` recorded in a CUDA graph and timed by gemv_micro.time_in_graph (us per replay), and
+    the recorded output."""
+    out: list[torch.Tensor] = []
+    us = time_in_graph(lambda _: out.append(call()), 1)
+    return us, out[-1]
 
 
 def main() -> None:
@@ -73,7 +60,6 @@ def main() -> None:
     parser.add_argument("--top-k", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--inter", type=int, default=512)
-    parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--variant", action="append", default=[], help="NAME:ENV=VALUE,... (step_sweep's form)")
     args = parser.parse_args()
     variants = [parse_variant(v) for v in args.variant] or [("", {})]
@@ -113,7 +99,7 @@ def main() -> None:
             for bound in bounds:
                 with options.override(moe_pairs_per_expert=bound):
                     grouped_before = LAUNCHES["moe_grouped"]
-                    us, out = replay_us(lambda inputs=inputs: qmoe(ctx, *inputs), args.repeats)
+                    us, out = graph_us(lambda inputs=inputs: qmoe(ctx, *inputs))
                     path = "grouped" if LAUNCHES["moe_grouped"] > grouped_before else "per-pair"
                 diff = 0.0 if first is None else float((out.float() - first.float()).abs().max())
                 first = out if first is None else first

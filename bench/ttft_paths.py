@@ -28,18 +28,12 @@ from collections.abc import Callable
 
 import torch
 
+from bench.genai_peer import run_onnxgen
 from bench.peers_decode import write_tokenizer
 from bench.random_package import add_package_args, build_random_package, describe, greedy_run, make_engine, open_package
-from onnxgen.genai import Generator, SamplingParams
+from onnxgen.genai import Generator
 from onnxgen.genai.benchmark import prompt_ids
 from onnxgen.models.random_source import MODEL_SHAPES
-
-
-def generator_ttft_s(generator: Generator, ids: list[int], new_tokens: int) -> float:
-    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
-    for _ in generator.generate_ids(ids, params):
-        pass
-    return generator.last_stats.ttft_s
 
 
 def main() -> None:
@@ -67,7 +61,7 @@ def main() -> None:
             return lambda: greedy_run(engine, args, new_tokens=new_tokens).ttft_s
 
         def generator_path(new_tokens: int) -> Callable[[], float]:
-            return lambda: generator_ttft_s(generator, prompt_ids(config.vocab_size, args.prompt_tokens), new_tokens)
+            return lambda: run_onnxgen(generator, prompt_ids(config.vocab_size, args.prompt_tokens), new_tokens).ttft_s
 
         paths = {
             "engine-1": engine_path(1),

@@ -146,21 +146,15 @@ def _persist(raw: str) -> int:
     return int(raw)
 
 
-def _count(unit: str) -> Callable[[str], int]:
-    """A parser of a number of ``unit`` (digits only; 0: never)."""
+def _count(unit: str, zero: str = "never") -> Callable[[str], int]:
+    """A parser of a number of ``unit`` (digits only; 0 means ``zero``)."""
 
     def parse(raw: str) -> int:
         if not raw.isdigit():
-            raise ValueError(f"expected a number of {unit} (0: never)")
+            raise ValueError(f"expected a number of {unit} (0: {zero})")
         return int(raw)
 
     return parse
-
-
-def _pairs_per_expert(raw: str) -> int:
-    if not raw.isdigit():
-        raise ValueError("expected a number of (token, expert) pairs per expert (0: every prompt grouped)")
-    return int(raw)
 
 
 def _moe_grouped(raw: str) -> tuple[int, int, int, int, int]:
@@ -343,7 +337,8 @@ KNOBS: tuple[Knob, ...] = (
          "(gpu/gated_delta_chunked.py); shorter ones the sequential kernel up to 64 tokens, the torch path's "
          "chunked form beyond; `0` (the default: the kernel lost to the torch path on the H200, "
          "docs/benchmarks/2026-12-05-h200-day.md): never the chunked kernel"),
-    Knob("moe_pairs_per_expert", "ONNXGEN_MOE_PAIRS_PER_EXPERT", _pairs_per_expert,
+    Knob("moe_pairs_per_expert", "ONNXGEN_MOE_PAIRS_PER_EXPERT",
+         _count("(token, expert) pairs per expert", zero="every prompt grouped"),
          "`P` ((token, expert) pairs per expert; `0`: every prompt)",
          "a MoE / QMoE prompt of more than P (token, expert) pairs per expert on a Triton device runs the grouped "
          "expert kernels (gpu/moe_grouped.py: each chosen expert read once per tile of its pairs); fewer pairs the "
