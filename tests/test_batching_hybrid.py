@@ -260,3 +260,27 @@ def test_carried_states_are_rebound_when_nothing_records_them(package: Path) -> 
     fixed.update(outputs)
     assert {name: buffer.data_ptr() for name, buffer in fixed.buffers.items()} == addresses
     assert all(torch.equal(fixed.buffers[s.past], outputs[s.present]) for s in config.carried)
+
+
+@pytest.mark.parametrize("package", ["onnxgen-dense"], indirect=True)
+def test_a_static_cache_resets_to_zeros_in_place(package: Path) -> None:
+    """reset() empties a used static cache: every KV row, every carried state (one rebound to a
+    step's output included) and the mask are zeros again, in the buffers of the first step (the
+    addresses a recording reads); the buffers share one block per kind, so each starts aligned and
+    none overlaps another (a write to one shows in no other)."""
+    from onnxgen.genai.kv_cache import VIEW_ALIGN_BYTES, StaticKV
+
+    config = make_engine(package, kv="static").config
+    assert config.carried, "the hybrid package carries states"
+    kv = StaticKV(config, torch.float32, torch.device("cpu"), capacity=16, rebind_states=True)
+    first = {name: t.data_ptr() for name, t in kv.feeds().items()}
+    assert all(t.storage_offset() * t.element_size() % VIEW_ALIGN_BYTES == 0 for t in kv.feeds().values())
+    for i, t in enumerate(kv.feeds().values()):
+        t.fill_(i + 1.0)
+    assert all(bool((t == i + 1.0).all()) for i, t in enumerate(kv.feeds().values())), "views overlap"
+    kv.attention_mask(5)
+    kv.states.update({s.present: torch.ones(1, *s.shape) for s in config.carried})
+    assert {name: t.data_ptr() for name, t in kv.feeds().items()} != first  # the states were rebound
+    kv.reset()
+    assert {name: t.data_ptr() for name, t in kv.feeds().items()} == first
+    assert all(not t.any() for t in kv.feeds().values()) and not kv.mask.any() and kv.length == 0

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -63,12 +64,16 @@ class CarriedStates:
     def __init__(
         self, config: PackageConfig, dtype: torch.dtype, device: torch.device, batch: int = 1, *, rebind: bool = False
     ):
-        self.buffers = {s.past: torch.zeros((batch, *s.shape), dtype=dtype, device=device) for s in config.carried}
+        self._block, views = views_of_one_block([(batch, *s.shape) for s in config.carried], dtype, device)
+        self._views = {s.past: view for s, view in zip(config.carried, views, strict=True)}
+        self.buffers = dict(self._views)
         self._names = [(s.past, s.present) for s in config.carried]
         self.rebind = rebind
 
     def reset(self) -> None:
-        zero_all(list(self.buffers.values()))
+        """Zeros again, in the first buffers (a rebound past goes back to its view of the block)."""
+        self.buffers = dict(self._views)
+        self._block.zero_()
 
     def update(self, outputs: dict[str, torch.Tensor]) -> None:
         targets, sources = [], []
@@ -85,12 +90,26 @@ class CarriedStates:
             torch._foreach_copy_(targets, sources)
 
 
-def zero_all(tensors: list[torch.Tensor]) -> None:
-    """Every tensor set to zeros in one batched call: on CUDA torch's multi-tensor kernels make a
-    few launches for the lot, where a zero_() each costs a launch each (a hybrid decoder's reset
-    touches some fifty buffers before every prompt)."""
-    if tensors:
-        torch._foreach_zero_(tensors)
+# where each view of views_of_one_block starts: a multiple of this many bytes, so every buffer is as
+# aligned as a tensor of its own (the kernels' vector loads and their pointer specialisation)
+VIEW_ALIGN_BYTES = 256
+
+
+def views_of_one_block(
+    shapes: list[tuple[int, ...]], dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(block, views): one zeroed 1-D tensor and a contiguous view of it per shape, each starting at a
+    multiple of VIEW_ALIGN_BYTES. A reset then zeroes the block in one kernel: a hybrid decoder
+    carries some fifty buffers, and zeroing them one by one (torch's _foreach_zero_ included, which
+    launched a fill kernel per tensor on the GPU) put that many launches before every prompt."""
+    align = max(1, VIEW_ALIGN_BYTES // torch.empty((), dtype=dtype).element_size())
+    starts, end = [], 0
+    for shape in shapes:
+        starts.append(end)
+        end += -(-math.prod(shape) // align) * align
+    block = torch.zeros(end, dtype=dtype, device=device)
+    views = [block[start : start + math.prod(shape)].view(shape) for start, shape in zip(starts, shapes, strict=True)]
+    return block, views
 
 
 class DynamicKV:
@@ -207,10 +226,9 @@ class StaticKV:
         self.device = device
         self.batch = batch
         shape = (batch, config.num_kv_heads, capacity, config.head_size)
-        self.buffers = {}
-        for layer in config.kv_layer_ids:
-            self.buffers[config.past_key_name(layer)] = torch.zeros(shape, dtype=dtype, device=device)
-            self.buffers[config.past_value_name(layer)] = torch.zeros(shape, dtype=dtype, device=device)
+        names = [n for i in config.kv_layer_ids for n in (config.past_key_name(i), config.past_value_name(i))]
+        self._rows, views = views_of_one_block([shape] * len(names), dtype, device)
+        self.buffers = dict(zip(names, views, strict=True))
         self.mask = torch.zeros((batch, capacity), dtype=torch.int64, device=device)
         self.states = CarriedStates(config, dtype, device, batch, rebind=rebind_states)
         # (present output name, the past buffer it must land in), made once: update() runs every step
@@ -229,9 +247,11 @@ class StaticKV:
         leaves the old rows in the buffers: the cleared mask hides them, and a step writes a row
         before any step attends to it (a caller that reads only unmasked rows, batched.py)."""
         self.length = 0
+        self.mask.zero_()
         # a state has no rows to hide: it starts from zeros again
-        rows = list(self.buffers.values()) if zero_rows else []
-        zero_all([self.mask, *self.states.buffers.values(), *rows])
+        self.states.reset()
+        if zero_rows:
+            self._rows.zero_()
 
     @staticmethod
     def pinned_symbols(inputs: Iterable[Any], config: PackageConfig) -> set[str]:
