@@ -168,8 +168,9 @@ def _moe_grouped(raw: str) -> tuple[int, int, int, int, int]:
     powers = all(v > 0 and not v & (v - 1) for v in (n1, n2, k_step))
     if block_m not in (0, 16, 32, 64, 128) or not powers or not (16 <= n1 <= 256 and 16 <= n2 <= 256):
         raise ValueError("BLOCK_M must be 0, 16, 32, 64 or 128; BLOCK_N1 and BLOCK_N2 powers of two 16-256")
-    if not 16 <= k_step <= 512 or warps not in (1, 2, 4, 8):
-        raise ValueError("K_STEP must be a power of two 16-512, WARPS 1, 2, 4 or 8")
+    # 32 and up: the compiled kernels summed wrong with 16-element K steps (gpu/moe_grouped.MIN_K_STEP)
+    if not 32 <= k_step <= 512 or warps not in (1, 2, 4, 8):
+        raise ValueError("K_STEP must be a power of two 32-512, WARPS 1, 2, 4 or 8")
     return values  # type: ignore[return-value]
 
 
@@ -347,7 +348,8 @@ KNOBS: tuple[Knob, ...] = (
          "(docs/benchmarks/2026-12-06-h100-ttft-paths.md)"),
     Knob("moe_grouped", "ONNXGEN_MOE_GROUPED", _moe_grouped, "`BLOCK_M,BLOCK_N1,BLOCK_N2,K_STEP,WARPS`",
          "forces the grouped expert kernels' tiles (gpu/moe_grouped.py): pairs per tile (0: the kernel's rule), "
-         "fc1's and fc2's output columns per program, K elements per step (at least one quantization block), warps",
+         "fc1's and fc2's output columns per program, K elements per step (32 or more, and at least one quantization "
+         "block), warps",
          default_text="unset: the kernels' rule"),
     Knob("gdn_prompt", "ONNXGEN_GDN_PROMPT", _gdn_prompt, "`BLOCK_V,WARPS`",
          "the sequential Gated DeltaNet kernel's value columns per program and warps on prompts of 2 "

@@ -285,7 +285,7 @@ class _LaunchSpy:
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
 def test_grouped_kernels_under_a_forced_tile(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Option moe_grouped's tiles (a sweep's configuration: 32 pairs per tile, narrow fc1 and fc2
-    tiles, one 16-element K step of these 16-element blocks, two warps) reach both launches, and
+    tiles, a 32-element K step of two of these 16-element blocks, two warps) reach both launches, and
     compute what the torch path does."""
     from onnxgen.runtime.gpu import moe_grouped
 
@@ -293,10 +293,10 @@ def test_grouped_kernels_under_a_forced_tile(device: str, monkeypatch: pytest.Mo
     monkeypatch.setattr(moe_grouped, "_grouped_fc1", fc1)
     monkeypatch.setattr(moe_grouped, "_grouped_fc2", fc2)
     attrs, inputs = _qmoe_inputs("int4_blocks", device, torch.float16, tokens=_prompt_tokens(2))
-    with options.override(moe_grouped=(32, 16, 32, 16, 2)):
+    with options.override(moe_grouped=(32, 16, 32, 32, 2)):
         _grouped_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))
     tiles = [(k["BLOCK_M"], k["BLOCK_N"], k["NB"], k["num_warps"]) for k in (fc1.launches[0], fc2.launches[0])]
-    assert tiles == [(32, 16, 1, 2), (32, 32, 1, 2)], tiles
+    assert tiles == [(32, 16, 2, 2), (32, 32, 2, 2)], tiles
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)

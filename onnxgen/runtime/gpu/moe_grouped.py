@@ -42,6 +42,12 @@ from onnxgen.runtime.gpu.linear_q4 import MAGIC_BITS, _codes_less_zero
 from onnxgen.runtime.gpu.moe_experts import ExpertWeights, _act, _expert_loads, _Form, _or
 
 WARPS = 4
+# K elements per step of both kernels by default (a sweep of the tiles on the 35B-A3B expert layer:
+# docs/benchmarks/2026-12-06-h100-moe-tiles-ttft.md); option moe_grouped forces another
+K_STEP = 32
+# the shortest K step: with 16 (one block of 16, or a forced step of 16) the compiled kernels summed
+# wrong on an H100 under Triton 3.6 while the interpreter agreed with the torch path; 32 and up agree
+MIN_K_STEP = 32
 
 
 @triton.jit
@@ -256,7 +262,7 @@ def grouped_experts(
     return y.view(tokens, top_k, hidden).sum(dim=1).to(x.dtype)
 
 
-def _blocks(form: _Form, k_step: int = 64) -> int:
-    """NB: compute blocks per K step, so that a step spans at least ``k_step`` elements of K (64 by
-    default; tl.dot's K is at least 16; a quantization block of 128 is one block a step)."""
-    return max(1, k_step // form.qblock)
+def _blocks(form: _Form, k_step: int = K_STEP) -> int:
+    """NB: compute blocks per K step, so that a step spans at least max(``k_step``, MIN_K_STEP)
+    elements of K (a quantization block of 128 is one block a step)."""
+    return max(1, max(k_step, MIN_K_STEP) // form.qblock)
