@@ -325,13 +325,32 @@ def test_quantization_blocks_past_the_grouped_limit_keep_the_torch_path(device: 
     assert (LAUNCHES[GROUPED], LAUNCHES[KERNEL]) == before
 
 
-def test_group_pairs_tiles_by_hand() -> None:
+def _group_pairs_by_sorting(chosen: torch.Tensor, experts: int, block_m: int) -> tuple[torch.Tensor, ...]:
+    """group_pairs' results the other way round, with torch's stable sort, searchsorted and cumsum
+    (what the torch ops of an earlier group_pairs did): the kernels' reference."""
+    flat = chosen.reshape(-1).cpu()
+    pairs = flat.numel()
+    sorted_experts, order = torch.sort(flat, stable=True)
+    bounds = torch.searchsorted(sorted_experts, torch.arange(experts + 1, dtype=flat.dtype))
+    counts = bounds[1:] - bounds[:-1]
+    tiles = (counts + block_m - 1) // block_m
+    tile_end = torch.cumsum(tiles, 0)
+    index = torch.arange(pairs // block_m + min(experts, pairs), dtype=tile_end.dtype)
+    expert = torch.searchsorted(tile_end, index, right=True)
+    e = expert.clamp(max=experts - 1)
+    local = index - (tile_end[e] - tiles[e])
+    rows = torch.where(expert < experts, (counts[e] - local * block_m).clamp(0, block_m), 0)
+    return order, expert, bounds[e] + local * block_m, rows
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_group_pairs_tiles_by_hand(device: str) -> None:
     """The tile table of six pairs over four experts in tiles of two, worked out by hand: pairs
     sorted by expert (stable), expert 2's three pairs in two tiles, and empty tiles (expert E, no
     pairs) up to P // 2 + min(E, P) = 7."""
     from onnxgen.runtime.gpu.moe_grouped import group_pairs
 
-    chosen = torch.tensor([[0, 2], [2, 0], [2, 1]])  # pairs 0..5: experts 0 2 2 0 2 1
+    chosen = torch.tensor([[0, 2], [2, 0], [2, 1]], device=device)  # pairs 0..5: experts 0 2 2 0 2 1
     order, expert, first, rows = (t.tolist() for t in group_pairs(chosen, 4, 2))
     assert order == [0, 3, 5, 1, 2, 4]
     assert expert == [0, 1, 2, 2, 4, 4, 4]
@@ -339,25 +358,45 @@ def test_group_pairs_tiles_by_hand() -> None:
     assert rows == [2, 1, 2, 1, 0, 0, 0]
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_group_pairs_covers_every_pair_once(seed: int) -> None:
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_group_pairs_covers_every_pair_once(device: str) -> None:
     """Random and lopsided routings: every pair lies in exactly one tile, of its own expert, within
     the table's bound, and tiles never hold more than BLOCK_M pairs."""
     from onnxgen.runtime.gpu.moe_grouped import group_pairs
 
-    gen = torch.Generator().manual_seed(seed)
-    experts, k, tokens, block = 16, 4, 37 + seed * 50, 16
-    scores = torch.rand(tokens, experts, generator=gen) ** (1 + 3 * seed)  # later seeds favour few experts
-    chosen = scores.topk(k, dim=-1).indices
-    order, expert, first, rows = group_pairs(chosen, experts, block)
-    flat = chosen.reshape(-1)
-    seen = []
-    for e, f, r in zip(expert.tolist(), first.tolist(), rows.tolist()):
-        assert 0 <= r <= block and (r == 0) == (e == experts)
-        pairs = order[f : f + r].tolist()
-        assert all(flat[p] == e for p in pairs)
-        seen += pairs
-    assert sorted(seen) == list(range(tokens * k))
+    for seed in range(4):
+        gen = torch.Generator().manual_seed(seed)
+        experts, k, tokens, block = 16, 4, 37 + seed * 50, 16
+        scores = torch.rand(tokens, experts, generator=gen) ** (1 + 3 * seed)  # later seeds favour few experts
+        chosen = scores.topk(k, dim=-1).indices
+        order, expert, first, rows = (t.cpu() for t in group_pairs(chosen.to(device), experts, block))
+        flat = chosen.reshape(-1)
+        seen = []
+        for e, f, r in zip(expert.tolist(), first.tolist(), rows.tolist()):
+            assert 0 <= r <= block and (r == 0) == (e == experts)
+            pairs = order[f : f + r].tolist()
+            assert all(flat[p] == e for p in pairs)
+            seen += pairs
+        assert sorted(seen) == list(range(tokens * k)), seed
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_group_pairs_matches_a_sort(device: str) -> None:
+    """The grouping kernels against torch's stable sort, element for element: many pair blocks
+    (the places count every earlier block), expert counts that are not powers of two, one expert
+    taking every token, and the 35B-A3B layer's routing (256 experts, top 8) at a long prompt."""
+    from onnxgen.runtime.gpu.moe_grouped import group_pairs
+
+    gen = torch.Generator().manual_seed(7)
+    cases = [(256, 8, 300, 16), (256, 8, 64, 64), (60, 4, 97, 32), (3, 2, 50, 16), (1, 1, 40, 16)]
+    for experts, k, tokens, block in cases:
+        chosen = torch.rand(tokens, experts, generator=gen).topk(k, dim=-1).indices
+        if experts == 3:
+            chosen[:, 0] = 2  # expert 2 in every token
+        got = [t.cpu().long() for t in group_pairs(chosen.to(device), experts, block)]
+        want = _group_pairs_by_sorting(chosen, experts, block)
+        for name, g, w in zip(("order", "tile_expert", "tile_first", "tile_rows"), got, want, strict=True):
+            assert torch.equal(g, w), (experts, k, tokens, block, name)
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)

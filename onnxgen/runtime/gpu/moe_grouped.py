@@ -8,8 +8,8 @@ Why: gpu/moe_experts.py's kernels read one expert's weights per pair. Past a few
 path's grouped form reads the routing on the host (one GEMM per used expert), which a recording
 cannot hold. Here, for P = T * k pairs (pair p: token p // k, expert chosen[p]):
 
-    group_pairs       torch ops, all on the device: the pairs sorted by expert (stable: a pair's
-                      place among its expert's pairs follows the pair order), and a table of at most
+    group_pairs       two small kernels: the pairs sorted by expert (stable: a pair's place
+                      among its expert's pairs follows the pair order), and a table of at most
                       P // BLOCK_M + min(E, P) tiles, tile i holding up to BLOCK_M consecutive sorted
                       pairs of one expert (expert E: an empty tile, its programs return at once)
     _grouped_fc1      program (tile, j): h[pairs, cols] = act(gate . x[token] (+ b), up . x[token]
@@ -177,30 +177,93 @@ def tile_rows(pairs: int, experts: int) -> int:
     return min(64, max(16, triton.next_power_of_2(-(-pairs // experts))))
 
 
+# pairs (or tiles) per program of the grouping kernels, and the cap on one one-hot [block, E] tile of
+# their registers: a program's comparisons against every expert at once
+_GROUP_BLOCK = 64
+_GROUP_CELLS = 8192
+
+
+@triton.jit
+def _count_pairs_kernel(chosen_ptr, counts_ptr, pairs, BLOCK: tl.constexpr):
+    """counts[e] += the pairs of this program's block routed to expert e (counts zeroed before)."""
+    p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = p < pairs
+    e = tl.load(chosen_ptr + p, mask=ok, other=0).to(tl.int32)
+    tl.atomic_add(counts_ptr + e, tl.full((BLOCK,), 1, tl.int32), mask=ok)
+
+
+@triton.jit
+def _pick(one_hot, values):
+    """values[e] for each row's expert e (one_hot [R, E_PAD] with at most one True per row)."""
+    return tl.sum(tl.where(one_hot, values[None, :], 0), axis=1)
+
+
+@triton.jit
+def _group_pairs_kernel(
+    chosen_ptr, counts_ptr, order_ptr, tile_expert_ptr, tile_first_ptr, tile_rows_ptr, pairs, experts, tiles_total,
+    pair_programs, BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Programs below ``pair_programs``: the sorted places of a block of pairs (order[place] = pair);
+    the rest: a block of the tile table. Each program derives the per-expert sums it needs from the
+    counts (exclusive prefix sums over E_PAD bins: a few vector ops, cheaper than a launch)."""
+    bins = tl.arange(0, E_PAD)
+    real = bins < experts
+    counts = tl.load(counts_ptr + bins, mask=real, other=0)
+    bounds = tl.cumsum(counts, axis=0) - counts  # the first sorted place of each expert's pairs
+    tiles = (counts + BLOCK_M - 1) // BLOCK_M
+    tile_end = tl.cumsum(tiles, axis=0)
+    program = tl.program_id(0)
+    lane = tl.arange(0, BLOCK)
+    if program < pair_programs:
+        p = program * BLOCK + lane
+        ok = p < pairs
+        e = tl.load(chosen_ptr + p, mask=ok, other=E_PAD).to(tl.int32)
+        # stable: a pair's place among its expert's pairs is the count of that expert's earlier pairs
+        rank = tl.zeros((BLOCK,), tl.int32)
+        for before in range(0, program):
+            q = before * BLOCK + lane
+            f = tl.load(chosen_ptr + q, mask=q < pairs, other=E_PAD + 1).to(tl.int32)
+            rank += tl.sum((e[:, None] == f[None, :]).to(tl.int32), axis=1)
+        rank += tl.sum(((e[:, None] == e[None, :]) & (lane[None, :] < lane[:, None])).to(tl.int32), axis=1)
+        place = _pick(e[:, None] == bins[None, :], bounds) + rank
+        tl.store(order_ptr + place, p, mask=ok)
+    else:
+        t = (program - pair_programs) * BLOCK + lane
+        ok = t < tiles_total
+        # the tile's expert: how many experts' tiles end at or before it (E: past the last used tile)
+        expert = tl.sum(((tile_end[None, :] <= t[:, None]) & real[None, :]).to(tl.int32), axis=1)
+        inside = expert < experts
+        one_hot = tl.minimum(expert, experts - 1)[:, None] == bins[None, :]
+        local = t - (_pick(one_hot, tile_end) - _pick(one_hot, tiles))
+        left = _pick(one_hot, counts) - local * BLOCK_M
+        tl.store(tile_expert_ptr + t, expert, mask=ok)
+        tl.store(tile_first_ptr + t, _pick(one_hot, bounds) + local * BLOCK_M, mask=ok)
+        tl.store(tile_rows_ptr + t, tl.where(inside, tl.minimum(tl.maximum(left, 0), BLOCK_M), 0), mask=ok)
+
+
 def group_pairs(chosen: torch.Tensor, experts: int, block_m: int) -> tuple[torch.Tensor, ...]:
-    """(order, tile_expert, tile_first, tile_rows) for the pairs of ``chosen`` [T, k]: the pair
-    indices sorted by expert (stable), and per tile (P // block_m + min(E, P) of them) its expert
-    (E for an empty tile), its first place in ``order`` and its pair count (0 for an empty tile).
-    Device ops of fixed shapes only (sort, searchsorted, cumsum): nothing reads the routing on the
-    host."""
+    """(order, tile_expert, tile_first, tile_rows), int32, for the pairs of ``chosen`` [T, k]: the
+    pair indices sorted by expert (stable), and per tile (P // block_m + min(E, P) of them) its
+    expert (E for an empty tile), its first place in ``order`` and its pair count (0 for an empty
+    tile). Two kernels and a zeroed count buffer, shapes fixed by (T, k, E): nothing reads the
+    routing on the host, and no sort (torch's radix sort and the searchsorted / cumsum / gather ops
+    around it were some twenty launches per layer)."""
     flat = chosen.reshape(-1)
     pairs = flat.numel()
+    tiles_total = pairs // block_m + min(experts, pairs)
+    e_pad = triton.next_power_of_2(experts)
+    block = max(16, min(_GROUP_BLOCK, _GROUP_CELLS // e_pad))
     device = flat.device
-    sorted_experts, order = torch.sort(flat, stable=True)
-    bounds = torch.searchsorted(sorted_experts, torch.arange(experts + 1, device=device, dtype=flat.dtype))
-    counts = bounds[1:] - bounds[:-1]
-    tiles = (counts + block_m - 1) // block_m
-    tile_end = torch.cumsum(tiles, 0)
-    count = pairs // block_m + min(experts, pairs)
-    index = torch.arange(count, device=device, dtype=tile_end.dtype)
-    expert = torch.searchsorted(tile_end, index, right=True)  # E past the last used tile
-    inside = expert < experts
-    e = expert.clamp(max=experts - 1)
-    local = index - (tile_end[e] - tiles[e])
-    first = bounds[e] + local * block_m
-    rows = torch.where(inside, (counts[e] - local * block_m).clamp(0, block_m), 0)
-    as32 = torch.int32
-    return order.to(as32), expert.to(as32), first.to(as32), rows.to(as32)
+    counts = torch.zeros(experts, dtype=torch.int32, device=device)
+    order = torch.empty(pairs, dtype=torch.int32, device=device)
+    table = torch.empty((3, tiles_total), dtype=torch.int32, device=device)
+    pair_programs = triton.cdiv(pairs, block)
+    _count_pairs_kernel[(pair_programs,)](flat, counts, pairs, BLOCK=block)
+    _group_pairs_kernel[(pair_programs + triton.cdiv(tiles_total, block),)](
+        flat, counts, order, table[0], table[1], table[2], pairs, experts, tiles_total, pair_programs,
+        BLOCK_M=block_m, E_PAD=e_pad, BLOCK=block,
+    )  # fmt: skip
+    return order, table[0], table[1], table[2]
 
 
 def grouped_experts(
