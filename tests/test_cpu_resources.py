@@ -171,6 +171,35 @@ def test_int4_packing_is_row_separable():
         contrib_quant._PACK_ROWS = old
 
 
+def test_int4_scales_and_zeros_in_row_slices():
+    """_int4pack_scales_zeros, made _PACK_ROWS rows at a time (64 here: 176 rows, the last slice
+    short), is MatMulNBits' dequantization (code - zero_point) * scale as the kernel's pair (scale,
+    (8 - zero_point) * scale) in bf16, [K / block, N, 2], for every row: packed 4-bit zero points
+    (low nibble first, rows padded to whole bytes) and none (zero point 8)."""
+    from onnxgen.runtime.ops import contrib_quant
+
+    n, k, block = 176, 96, 32  # three blocks a row: the packed zero points pad each row to two bytes
+    gen = torch.Generator().manual_seed(3)
+    scales = torch.rand(n * 3, generator=gen) + 0.1
+    zp = torch.randint(0, 16, (n, 4), generator=gen)
+    zp[:, 3] = 0
+    packed_zp = (zp[:, 0::2] | (zp[:, 1::2] << 4)).to(torch.uint8).reshape(-1)
+    old = contrib_quant._PACK_ROWS
+    try:
+        contrib_quant._PACK_ROWS = 64
+        got = contrib_quant._int4pack_scales_zeros(scales, packed_zp, k=k, n=n, block_size=block)
+        plain = contrib_quant._int4pack_scales_zeros(scales, None, k=k, n=n, block_size=block)
+    finally:
+        contrib_quant._PACK_ROWS = old
+    assert got.shape == (3, n, 2) and got.dtype == torch.bfloat16
+    for row in (0, 63, 64, 130, 175):
+        for b in range(3):
+            scale = float(scales[row * 3 + b])
+            want = torch.tensor([scale, (8 - int(zp[row, b])) * scale]).to(torch.bfloat16)
+            assert torch.equal(got[b, row], want), (row, b)
+            assert torch.equal(plain[b, row], torch.tensor([scale, 0.0]).to(torch.bfloat16)), (row, b)
+
+
 def test_no_dequantized_copy_on_the_int4_path(smollm2_packages):
     from onnxgen.runtime.ops.contrib_quant import DEQUANT_CACHE
 

@@ -355,7 +355,10 @@ def _int4pack_applies(
     return why is None and b.dtype == torch.uint8 and a.is_floating_point()
 
 
-_PACK_ROWS = 4096  # output rows packed at a time: a multiple of the packing's row tiles (64 with AVX-512)
+# output rows packed at a time: a multiple of the packing's row tiles (64 with AVX-512), small enough
+# that an embedding-sized lm_head's temporaries stay a fraction of its packed size (with 4,096 rows
+# packing a 49,152-row lm_head raised the load's peak resident memory by four times its result)
+_PACK_ROWS = 1024
 
 
 def _int4pack_weight(b: torch.Tensor, *, k: int, n: int) -> torch.Tensor:
@@ -374,18 +377,25 @@ def _int4pack_weight(b: torch.Tensor, *, k: int, n: int) -> torch.Tensor:
 def _int4pack_scales_zeros(
     scales: torch.Tensor, zero_points: torch.Tensor | None, *, k: int, n: int, block_size: int
 ) -> torch.Tensor:
-    """[K / block, N, 2] bf16: (scale, (8 - zero_point) * scale), computed in fp32, rounded once."""
+    """[K / block, N, 2] bf16: (scale, (8 - zero_point) * scale), computed in fp32, rounded once;
+    _PACK_ROWS rows at a time, so the fp32 temporaries stay small beside the result."""
     n_blocks = k // block_size
-    scale = scales.reshape(n, -1)[:, :n_blocks].float()
-    if zero_points is None:
-        zero = torch.zeros_like(scale)  # default zero point 8: nothing to shift
-    else:
-        if zero_points.dtype == torch.uint8:
-            zp = unpack_codes(zero_points.reshape(n, -1), 4)[:, :n_blocks].float()
+    scales = scales.reshape(n, -1)
+    zero_rows = zero_points.reshape(n, -1) if zero_points is not None else None
+    out = torch.empty((n_blocks, n, 2), dtype=torch.bfloat16)
+    for lo in range(0, n, _PACK_ROWS):
+        hi = min(n, lo + _PACK_ROWS)
+        scale = scales[lo:hi, :n_blocks].float()
+        if zero_rows is None:
+            zero = torch.zeros_like(scale)  # default zero point 8: nothing to shift
         else:
-            zp = zero_points.reshape(n, -1)[:, :n_blocks].float()
-        zero = (8.0 - zp) * scale
-    return torch.stack((scale, zero), dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
+            if zero_rows.dtype == torch.uint8:
+                zp = unpack_codes(zero_rows[lo:hi], 4)[:, :n_blocks].float()
+            else:
+                zp = zero_rows[lo:hi, :n_blocks].float()
+            zero = (8.0 - zp) * scale
+        out[:, lo:hi] = torch.stack((scale, zero), dim=-1).transpose(0, 1)
+    return out
 
 
 def _weak(t: torch.Tensor | None) -> Any:
