@@ -36,3 +36,17 @@ def assert_close_to_torch_path(actual: torch.Tensor, expected: torch.Tensor) -> 
     error = float((a - e).abs().max()) / max(float(e.abs().max()), 1e-6)
     interpreted_bf16 = expected.dtype == torch.bfloat16 and actual.device.type == "cpu"
     assert error < (INTERPRETED_BF16_TOL if interpreted_bf16 else TOL[expected.dtype]), error
+
+
+class LaunchSpy:
+    """Stands in for a Triton kernel: records each launch's keyword arguments, then launches it."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel, self.launches = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append(kwargs)
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch

@@ -19,7 +19,7 @@ from onnxgen import options
 from onnxgen.runtime.gpu.launch import LAUNCHES, interpreting, triton_importable
 from onnxgen.runtime.node_contract import NodeContext
 from onnxgen.runtime.ops.contrib_moe import moe, qmoe
-from tests.interpreted_kernels import HAS_CUDA, KERNEL_DEVICES, assert_close_to_torch_path
+from tests.interpreted_kernels import HAS_CUDA, KERNEL_DEVICES, LaunchSpy, assert_close_to_torch_path
 from tests.interpreted_runs import IN_THE_PARENT, interpreted_file, runs
 
 MS = "com.microsoft"
@@ -268,20 +268,6 @@ def test_pairs_per_expert_option_picks_the_kernels(device: str) -> None:
         _kernel_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))
 
 
-class _LaunchSpy:
-    """Stands in for a Triton kernel: records each launch's keyword arguments, then launches it."""
-
-    def __init__(self, kernel) -> None:
-        self.kernel, self.launches = kernel, []
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.launches.append(kwargs)
-            return self.kernel[grid](*args, **kwargs)
-
-        return launch
-
-
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
 def test_grouped_kernels_under_a_forced_tile(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Option moe_grouped's tiles (a sweep's configuration: 32 pairs per tile, narrow fc1 and fc2
@@ -289,7 +275,7 @@ def test_grouped_kernels_under_a_forced_tile(device: str, monkeypatch: pytest.Mo
     compute what the torch path does."""
     from onnxgen.runtime.gpu import moe_grouped
 
-    fc1, fc2 = _LaunchSpy(moe_grouped._grouped_fc1), _LaunchSpy(moe_grouped._grouped_fc2)
+    fc1, fc2 = LaunchSpy(moe_grouped._grouped_fc1), LaunchSpy(moe_grouped._grouped_fc2)
     monkeypatch.setattr(moe_grouped, "_grouped_fc1", fc1)
     monkeypatch.setattr(moe_grouped, "_grouped_fc2", fc2)
     attrs, inputs = _qmoe_inputs("int4_blocks", device, torch.float16, tokens=_prompt_tokens(2))
