@@ -12,7 +12,8 @@
 #   bash bench/hybrid_peers_device.sh profile 0.8b [fp16|int4]   # TTFT with and without the prompt kernels (16, 64,
 #                                                    # 300 and 1,024 tokens), then where a short prompt's time goes
 #                                                    # (both precisions without the third argument: two calls' work)
-#   bash bench/hybrid_peers_device.sh profile 35b    # the same on the 35B-A3B package (after build-35b)
+#   bash bench/hybrid_peers_device.sh profile 35b    # the same on the 35B-A3B package (after build-35b), then
+#                                                    # the decode step's anatomy (bench.step_anatomy --kernels)
 #
 # Tables land in $OUT. Optional llama.cpp row for the 0.8B shape: LLAMACPP=/tmp/lc TOKENIZER_FROM=<dir
 # with a Qwen2.5 tokenizer.json> (bench/llamacpp_peer.py says how to build the tree and where a tokenizer
@@ -87,6 +88,9 @@ case "${1:-}" in
         [ -n "$pkg" ] || { echo "no 35B-A3B package under $w35: call build-35b first"; exit 3; }
         python3 -m bench.prefill --package "$pkg" --context 2048 --lengths 16,64 --repeats 5 --profile --top 25 \
           | tee "$out/prefill-qwen3.5-35b-a3b-int4.log"
+        # and where a decode step goes (at 9x its bytes floor on 2026-12-04): host, GPU, kernel timeline
+        python3 -m bench.step_anatomy --package "$pkg" --context 2048 --kernels \
+          | tee "$out/anatomy-qwen3.5-35b-a3b-int4.log"
         ;;
       *) echo "usage: $0 profile 0.8b [fp16|int4] | profile 35b"; exit 2 ;;
     esac
