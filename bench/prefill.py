@@ -10,7 +10,8 @@ first token read back) of the last --repeats runs is printed, and the first thre
 captured prefill, the CUDA default for static KV: two eager warm-up runs, then the recording).
 With --profile, one more prefill per length runs under the torch profiler and cProfile: GPU busy
 time against wall time, kernels launched, host synchronisations, the top GPU kernels and the top
-host functions. A prefill whose wall time is
+host functions; --copies adds the onnxgen lines that issue copies and fills (with --capture off;
+it takes the place of cProfile, whose hook the stacks need). A prefill whose wall time is
 far above its GPU busy time is bound by the host (the node loop, host reads), not by the kernels.
 Each --variant NAME:ENV=VALUE,... runs the lengths again under those settings (bench/step_sweep.py's
 form), on a fresh engine over the same package and session:
@@ -76,9 +77,10 @@ def profile_prefill(engine: DecodeEngine, args: argparse.Namespace, top: int) ->
     if cuda:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     python = cProfile.Profile()
-    with torch.profiler.profile(activities=activities) as prof:
+    with torch.profiler.profile(activities=activities, with_stack=args.copies) as prof:
         t0 = time.perf_counter()
-        python.enable()
+        if not args.copies:  # the profiler's stacks and cProfile share the interpreter's profile hook
+            python.enable()
         run = greedy_run(engine, args, new_tokens=1)
         python.disable()
         wall = time.perf_counter() - t0
@@ -103,12 +105,52 @@ def profile_prefill(engine: DecodeEngine, args: argparse.Namespace, top: int) ->
         print(f"  top {top} GPU activities (count, ms):")
         for name, us in gpu_us.most_common(top):
             print(f"    {kernels[name]:5d}  {us / 1000:8.3f}  {name[:100]}")
+    if args.copies:
+        print_copy_sites(prof, top)
+        return
     text = io.StringIO()
     pstats.Stats(python, stream=text).sort_stats("tottime").print_stats(top)
     print(f"  top {top} host functions by own time (cProfile):")
     for line in text.getvalue().splitlines():
         if line.strip() and (line.lstrip()[0].isdigit() or "ncalls" in line):
             print("    " + line.rstrip())
+
+
+COPY_OPS = {"aten::copy_", "aten::fill_", "aten::zero_"}
+
+
+def print_copy_sites(prof: torch.profiler.profile, top: int) -> None:
+    """The onnxgen lines that issued the prefill's copies and fills (aten::copy_ / fill_ / zero_, casts
+    and .contiguous() included), by count: each is a kernel of its own on the GPU. Run with --capture
+    off: a replayed graph issues no aten ops, though it replays the kernels its eager run made."""
+    sites: Counter[str] = Counter()
+    for event in prof.events():
+        if event.name in COPY_OPS and event.device_type != torch.autograd.DeviceType.CUDA:
+            sites[f"{_op_chain(event)} at {_onnxgen_line(event)}"] += 1
+    print(f"  top {top} copy and fill sites (count, op at the innermost onnxgen line):")
+    for site, count in sites.most_common(top):
+        print(f"    {count:5d}  {site}")
+
+
+def _op_chain(event) -> str:
+    """The aten ops above ``event`` up to the first Python frame, outermost first (aten::to > copy_)."""
+    chain, parent = [event.name], event.cpu_parent
+    while parent is not None and parent.name.startswith("aten::"):
+        chain.append(parent.name)
+        parent = parent.cpu_parent
+    return " > ".join(reversed(chain))
+
+
+def _onnxgen_line(event) -> str:
+    """The innermost onnxgen source line among the event's callers (the profiler records each Python
+    frame as an event of its own, named 'path(line): function')."""
+    parent = event.cpu_parent
+    while parent is not None:
+        name = parent.name
+        if "onnxgen/" in name and ".py(" in name:
+            return name[name.index("onnxgen/") :]
+        parent = parent.cpu_parent
+    return "no onnxgen frame"
 
 
 def main() -> None:
@@ -119,6 +161,12 @@ def main() -> None:
     parser.add_argument("--capture", default=None, choices=["on", "off", "verify"], help="default: on for CUDA")
     parser.add_argument("--profile", action="store_true", help="profile one more prefill per length")
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument(
+        "--copies",
+        action="store_true",
+        help="with --profile: the onnxgen lines issuing copies and fills (use "
+        "--capture off: a replayed graph's copies issue no ops to attribute)",
+    )
     parser.add_argument(
         "--mixed",
         type=int,
