@@ -468,6 +468,22 @@ def test_grouped_kernels_compile(bits: int, per_row: bool, zero_kind: int, act: 
             assert "mma" in ptx  # the products on tensor cores
 
 
+@pytest.mark.skipif(interpreting() or not triton_importable(), reason="compiles the kernels (not interpreted)")
+def test_grouping_kernels_compile() -> None:
+    """The count kernel adds atomically (exact integer counts, in any order); the grouping kernel
+    only reads them and writes each pair's place and the tile table."""
+    from onnxgen.runtime.gpu import moe_grouped
+    from tests.test_triton_compile import compile_for_sm90
+
+    sig = dict(chosen_ptr="*i64", counts_ptr="*i32", pairs="i32")
+    ptx = compile_for_sm90(moe_grouped._count_pairs_kernel, sig, dict(BLOCK=32))
+    assert "atom" in ptx
+    sig.update(dict.fromkeys(["order_ptr", "tile_expert_ptr", "tile_first_ptr", "tile_rows_ptr"], "*i32"))
+    sig.update(dict.fromkeys(["experts", "tiles_total", "pair_programs"], "i32"))
+    ptx = compile_for_sm90(moe_grouped._group_pairs_kernel, sig, dict(BLOCK_M=16, E_PAD=256, BLOCK=32))
+    assert "st.global" in ptx and "atom" not in ptx
+
+
 # ---------------------------------------------------------------- routing (gpu/moe_routing.py)
 
 
