@@ -138,44 +138,32 @@ def _gated_delta_step_kernel(
             beta_head_stride, d_k, d_v, group, q_share, k_share, dt_bias, decay_scale, eps, HAS_DECAY, HAS_BETA,
             NORM, GATE,
         )  # fmt: skip
-        if EARLY_OUT:
-            # out = q . (S f + k v'^T) = (q f) . S + (q . k) v': every reduction reads the state before
-            # the update, so the step's chain is one reduction deep (module docstring)
-            if HAS_DECAY:
-                kf = k * factor
-            else:
-                kf = k
-            if HAS_BETA:
-                v = beta * (v - tl.sum(s * kf[:, None], axis=0))
-            for j in range(group):
-                head = h * group + j
-                if j > 0:
-                    q = _query_head(q_ptr, b, i, head, q_row_stride, q_tok_stride, q_share, d_k, rows, row_ok, eps,
-                                    NORM)  # fmt: skip
-                if HAS_DECAY:
-                    qf = q * factor
-                else:
-                    qf = q
+        # EARLY_OUT: out = q . (S f + k v'^T) = (q f) . S + (q . k) v', so every reduction reads the state
+        # before its update and the step's chain is one reduction deep (module docstring); otherwise the
+        # decay, the delta rule and the update come first and the output reads the updated state
+        decayed = HAS_DECAY and EARLY_OUT  # the decay folded into k and q, not yet into S
+        if HAS_DECAY and not EARLY_OUT:
+            s = s * factor[:, None]
+        if HAS_BETA:
+            kf = k * factor if decayed else k
+            v = beta * (v - tl.sum(s * kf[:, None], axis=0))
+        if not EARLY_OUT:
+            s = s + k[:, None] * v[None, :]
+        for j in range(group):
+            head = h * group + j
+            if j > 0:  # the first query head of the group came with the token's inputs
+                q = _query_head(q_ptr, b, i, head, q_row_stride, q_tok_stride, q_share, d_k, rows, row_ok, eps, NORM)
+            if EARLY_OUT:
+                qf = q * factor if decayed else q
                 out = (tl.sum(qf[:, None] * s, axis=0) + tl.sum(q * k, axis=0) * v) * scale
-                tl.store(out_ptr + ((b * tokens + i) * heads_out + head) * d_v + cols,
-                         out.to(out_ptr.dtype.element_ty), mask=col_ok)  # fmt: skip
-            if HAS_DECAY:
-                s = s * factor[:, None]
-            s = s + k[:, None] * v[None, :]
-        else:
-            if HAS_DECAY:
-                s = s * factor[:, None]
-            if HAS_BETA:
-                v = beta * (v - tl.sum(s * k[:, None], axis=0))
-            s = s + k[:, None] * v[None, :]
-            for j in range(group):
-                head = h * group + j
-                if j > 0:  # the first query head of the group came with the token's inputs
-                    q = _query_head(q_ptr, b, i, head, q_row_stride, q_tok_stride, q_share, d_k, rows, row_ok, eps,
-                                    NORM)  # fmt: skip
+            else:
                 out = tl.sum(q[:, None] * s, axis=0) * scale
-                tl.store(out_ptr + ((b * tokens + i) * heads_out + head) * d_v + cols,
-                         out.to(out_ptr.dtype.element_ty), mask=col_ok)  # fmt: skip
+            tl.store(out_ptr + ((b * tokens + i) * heads_out + head) * d_v + cols, out.to(out_ptr.dtype.element_ty),
+                     mask=col_ok)  # fmt: skip
+        if EARLY_OUT:
+            if HAS_DECAY:
+                s = s * factor[:, None]
+            s = s + k[:, None] * v[None, :]
         factor, k, v, beta, q = next_factor, next_k, next_v, next_beta, next_q
     tl.store(present_ptr + cells, s.to(present_ptr.dtype.element_ty), mask=tile_ok)
 
