@@ -126,8 +126,8 @@ def test_gated_delta_decode_state_dtypes_scale_and_no_past(
 # ---------------------------------------------------------------- prologues folded in (FusedLinearAttention)
 
 
-def _folded_inputs(case: str, device: str, dtype: torch.dtype, tokens: int, norm: int):
-    """FusedLinearAttention's attributes and inputs for a LA_CASES case: the query and key as the
+def _folded_node(case: str, device: str, dtype: torch.dtype, tokens: int, norm: int):
+    """FusedLinearAttention's node context and inputs for a LA_CASES case: the query and key as the
     per-head views [B, T, heads, d_k] the norms read (unnormalised: the op normalises them; a zero
     key head where ``norm`` is 2, LpNormalization's case), and the gate's a, b, dt_bias, decay_scale
     in place of decay and beta."""
@@ -143,8 +143,12 @@ def _folded_inputs(case: str, device: str, dtype: torch.dtype, tokens: int, norm
     b = torch.randn(batch, tokens, hkv, generator=gen).to(device, dtype)
     dt_bias = torch.randn(hkv, generator=gen).to(device, dtype)
     decay_scale = -torch.rand(hkv, generator=gen).to(device, dtype)
+    from onnxgen.runtime.ops.fused import FUSED_DOMAIN
+
     attrs = {**attrs, "inner_domain": domain, "qk_norm": norm, "qk_epsilon": 1e-6 if norm == 1 else 0.0}
-    return attrs, [q4, k4, v, past, None, None, a, b, dt_bias, decay_scale]
+    ctx = NodeContext("fused", "FusedLinearAttention", FUSED_DOMAIN, 1, attrs, torch.device(device), 10, 2,
+                      (True, True))  # fmt: skip
+    return ctx, [q4, k4, v, past, None, None, a, b, dt_bias, decay_scale]
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
@@ -156,12 +160,9 @@ def test_folded_prologues_match_the_ops_one_by_one(
 ) -> None:
     """The recurrence kernel with the q / k norms and the gate inside, against the ops it replaces
     run one after another (the L2 norm, LinearAttentionGate, then LinearAttention's torch path)."""
-    from onnxgen.runtime.ops.fused import FUSED_DOMAIN
     from onnxgen.runtime.ops.fused_linear_attention import fused_linear_attention
 
-    attrs, inputs = _folded_inputs(case, device, dtype, tokens, norm)
-    ctx = NodeContext("fused", "FusedLinearAttention", FUSED_DOMAIN, 1, attrs, torch.device(device), 10, 2,
-                      (True, True))  # fmt: skip
+    ctx, inputs = _folded_node(case, device, dtype, tokens, norm)
     _kernel_vs_torch("gated_delta_prologue", lambda: fused_linear_attention(ctx, *inputs))
 
 
@@ -169,12 +170,9 @@ def test_folded_prologues_match_the_ops_one_by_one(
 def test_folded_prologues_of_a_long_prompt_run_the_ops_first(device: str) -> None:
     """Past the sequential kernel's run (the chunked kernel's prompts), the folded ops run first as
     they would unfused: the prologue kernel does not run, and the result matches the torch path."""
-    from onnxgen.runtime.ops.fused import FUSED_DOMAIN
     from onnxgen.runtime.ops.fused_linear_attention import fused_linear_attention
 
-    attrs, inputs = _folded_inputs("builder", device, torch.float32, MAX_SEQUENTIAL_TOKENS + 1, 1)
-    ctx = NodeContext("fused", "FusedLinearAttention", FUSED_DOMAIN, 1, attrs, torch.device(device), 10, 2,
-                      (True, True))  # fmt: skip
+    ctx, inputs = _folded_node("builder", device, torch.float32, MAX_SEQUENTIAL_TOKENS + 1, 1)
     before = LAUNCHES["gated_delta_prologue"]
     fused = fused_linear_attention(ctx, *inputs)
     assert LAUNCHES["gated_delta_prologue"] == before
@@ -216,12 +214,9 @@ def test_early_output_matches_the_torch_path(device: str, case: str, monkeypatch
         attrs, inputs = _linear_attention_inputs(LA_CASES[case], device, torch.float16, torch.float32, tokens=3)
         _kernel_vs_torch("gated_delta_decode", lambda: op(_ctx("LinearAttention", domain, device, 6, **attrs), *inputs))
     if case in ("builder", "packed_keys"):
-        from onnxgen.runtime.ops.fused import FUSED_DOMAIN
         from onnxgen.runtime.ops.fused_linear_attention import fused_linear_attention
 
-        attrs, inputs = _folded_inputs(case, device, torch.float16, 3, 1)
-        ctx = NodeContext("fused", "FusedLinearAttention", FUSED_DOMAIN, 1, attrs, torch.device(device), 10, 2,
-                          (True, True))  # fmt: skip
+        ctx, inputs = _folded_node(case, device, torch.float16, 3, 1)
         with options.override(gdn_early_output=True):
             _kernel_vs_torch("gated_delta_prologue", lambda: fused_linear_attention(ctx, *inputs))
     early = [launch["EARLY_OUT"] for launch in spy.launches]
