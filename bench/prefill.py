@@ -10,8 +10,8 @@ first token read back) of the last --repeats runs is printed, and the first thre
 captured prefill, the CUDA default for static KV: two eager warm-up runs, then the recording).
 With --profile, one more prefill per length runs under the torch profiler and cProfile: GPU busy
 time against wall time, kernels launched, host synchronisations, the top GPU kernels and the top
-host functions; --copies adds the onnxgen lines that issue copies and fills (with --capture off;
-it takes the place of cProfile, whose hook the stacks need). A prefill whose wall time is
+host functions; --copies then names the onnxgen lines whose ops issue copies and fills, cuBLAS'
+operand copies included (one more eager prefill, each op labelled; use --capture off). A prefill whose wall time is
 far above its GPU busy time is bound by the host (the node loop, host reads), not by the kernels.
 Each --variant NAME:ENV=VALUE,... runs the lengths again under those settings (bench/step_sweep.py's
 form), on a fresh engine over the same package and session:
@@ -36,9 +36,11 @@ import random
 import statistics
 import tempfile
 import time
+import traceback
 from collections import Counter
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench.random_package import add_package_args, build_random_package, describe, greedy_run, make_engine, open_package
 from bench.step_sweep import apply_env, check_variant, parse_variant
@@ -77,10 +79,9 @@ def profile_prefill(engine: DecodeEngine, args: argparse.Namespace, top: int) ->
     if cuda:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     python = cProfile.Profile()
-    with torch.profiler.profile(activities=activities, with_stack=args.copies) as prof:
+    with torch.profiler.profile(activities=activities) as prof:
         t0 = time.perf_counter()
-        if not args.copies:  # the profiler's stacks and cProfile share the interpreter's profile hook
-            python.enable()
+        python.enable()
         run = greedy_run(engine, args, new_tokens=1)
         python.disable()
         wall = time.perf_counter() - t0
@@ -106,7 +107,7 @@ def profile_prefill(engine: DecodeEngine, args: argparse.Namespace, top: int) ->
         for name, us in gpu_us.most_common(top):
             print(f"    {kernels[name]:5d}  {us / 1000:8.3f}  {name[:100]}")
     if args.copies:
-        print_copy_sites(prof, top)
+        print_copy_sites(engine, args, top)
         return
     text = io.StringIO()
     pstats.Stats(python, stream=text).sort_stats("tottime").print_stats(top)
@@ -116,41 +117,60 @@ def profile_prefill(engine: DecodeEngine, args: argparse.Namespace, top: int) ->
             print("    " + line.rstrip())
 
 
-COPY_OPS = {"aten::copy_", "aten::fill_", "aten::zero_"}
+COPY_OPS = {"copy_", "fill_", "zero_", "clone", "_to_copy"}
+COPY_KERNELS = ("direct_copy", "copy_kernel", "FillFunctor", "CUDAFunctor_add")
 
 
-def print_copy_sites(prof: torch.profiler.profile, top: int) -> None:
-    """The onnxgen lines that issued the prefill's copies and fills (aten::copy_ / fill_ / zero_, casts
-    and .contiguous() included), by count: each is a kernel of its own on the GPU. Run with --capture
-    off: a replayed graph issues no aten ops, though it replays the kernels its eager run made."""
+class _SiteLabels(TorchDispatchMode):
+    """Runs each op that reaches the dispatcher inside a profiler range named after the innermost
+    onnxgen line that issued it, so that every kernel the op launches, those its C++ launches
+    behind the dispatcher's back included (cuBLAS' operand copies), can be traced to that line."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        with torch.profiler.record_function(f"site {func.__name__.split('.')[0]} at {_onnxgen_line()}"):
+            return func(*args, **(kwargs or {}))
+
+
+def _onnxgen_line() -> str:
+    for frame in reversed(traceback.extract_stack()):
+        path = frame.filename.replace("\\", "/")
+        if "/onnxgen/" in path:
+            return f"{path[path.rindex('/onnxgen/') + 1 :]}:{frame.lineno} ({frame.name})"
+    return "no onnxgen frame"
+
+
+def print_copy_sites(engine: DecodeEngine, args: argparse.Namespace, top: int) -> None:
+    """The onnxgen lines whose ops issue a prefill's copies and fills, by count: on the GPU each is
+    a kernel of its own. One more eager prefill, each op labelled with its line (run with --capture
+    off: a replayed graph issues no ops to label, though it replays the kernels its eager run made).
+    On the CPU, the copies and fills the ops themselves dispatch; on the GPU, the copy and fill
+    kernels launched under each label."""
+    cuda = engine.device.type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=activities) as prof, _SiteLabels():
+        greedy_run(engine, args, new_tokens=1)
     sites: Counter[str] = Counter()
     for event in prof.events():
-        if event.name in COPY_OPS and event.device_type != torch.autograd.DeviceType.CUDA:
-            sites[f"{_op_chain(event)} at {_onnxgen_line(event)}"] += 1
-    print(f"  top {top} copy and fill sites (count, op at the innermost onnxgen line):")
+        if not event.name.startswith("site "):
+            continue
+        if cuda:
+            for kernel in _kernels_under(event):
+                if any(k in kernel for k in COPY_KERNELS):
+                    sites[f"{event.name[5:]} -> {kernel[:60]}"] += 1
+        elif event.name.split()[1] in COPY_OPS:
+            sites[event.name[5:]] += 1
+    print(f"  top {top} copy and fill sites (count, op at the innermost onnxgen line), {sites.total()} in all:")
     for site, count in sites.most_common(top):
         print(f"    {count:5d}  {site}")
 
 
-def _op_chain(event) -> str:
-    """The aten ops above ``event`` up to the first Python frame, outermost first (aten::to > copy_)."""
-    chain, parent = [event.name], event.cpu_parent
-    while parent is not None and parent.name.startswith("aten::"):
-        chain.append(parent.name)
-        parent = parent.cpu_parent
-    return " > ".join(reversed(chain))
-
-
-def _onnxgen_line(event) -> str:
-    """The innermost onnxgen source line among the event's callers (the profiler records each Python
-    frame as an event of its own, named 'path(line): function')."""
-    parent = event.cpu_parent
-    while parent is not None:
-        name = parent.name
-        if "onnxgen/" in name and ".py(" in name:
-            return name[name.index("onnxgen/") :]
-        parent = parent.cpu_parent
-    return "no onnxgen frame"
+def _kernels_under(event) -> list[str]:
+    """The GPU kernels launched by ``event`` and the host events nested in it, not by nested site labels."""
+    names = [k.name for k in event.kernels]
+    for child in event.cpu_children:
+        if not child.name.startswith("site "):
+            names += _kernels_under(child)
+    return names
 
 
 def main() -> None:
