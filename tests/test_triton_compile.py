@@ -38,7 +38,7 @@ def test_rms_norm_compiles(dtype: str, skip: bool, pdl: bool) -> None:
 
     ptr = f"*{dtype}"
     sig = dict.fromkeys(["x_ptr", "skip_ptr", "bias_ptr", "gamma_ptr", "y_ptr", "sum_ptr"], ptr)
-    sig.update(inv_ptr="*fp32", hidden="i32", eps="fp32")
+    sig.update(inv_ptr="*fp32", hidden="i32", x_heads="i32", x_outer_stride="i32", x_head_stride="i32", eps="fp32")
     const = dict(HAS_SKIP=skip, HAS_BIAS=False, WRITE_SUM=skip, WRITE_INV=not skip, BLOCK=1024, PDL=pdl)
     assert compile_for_sm90(rms_norm._rms_norm_kernel, sig, const)
 
@@ -73,7 +73,7 @@ def test_gqa_decode_kernels_compile(
 def test_silu_mul_compiles(pdl: bool) -> None:
     from onnxgen.runtime.gpu import silu_mul
 
-    sig = dict(g_ptr="*fp16", u_ptr="*fp16", out_ptr="*fp16", n="i32")
+    sig = dict(g_ptr="*fp16", u_ptr="*fp16", out_ptr="*fp16", width="i32", g_row_stride="i32", u_row_stride="i32")
     assert compile_for_sm90(silu_mul._silu_mul_kernel, sig, dict(BLOCK=1024, PDL=pdl))
 
 
@@ -291,7 +291,7 @@ def test_sigmoid_gate_compiles(dtype: str, per_row: bool, has_x: bool) -> None:
     from onnxgen.runtime.gpu import sigmoid_gate
 
     sig = dict.fromkeys(["y_ptr", "g_ptr", "x_ptr", "out_ptr"], f"*{dtype}")
-    sig.update(n="i32", cols="i32")
+    sig.update(dict.fromkeys(["cols", "y_row_stride", "g_row_stride", "x_row_stride"], "i32"))
     const = dict(PER_ROW=per_row, HAS_X=has_x, BLOCK=1024, PDL=True)
     assert "st.global" in compile_for_sm90(sigmoid_gate._sigmoid_gate_kernel, sig, const)
 

@@ -27,6 +27,9 @@ def _rms_norm_kernel(
     sum_ptr,
     inv_ptr,
     hidden,
+    x_heads,
+    x_outer_stride,
+    x_head_stride,
     eps,
     HAS_SKIP: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -40,7 +43,8 @@ def _rms_norm_kernel(
     cols = tl.arange(0, BLOCK)
     inside = cols < hidden
     offsets = row * hidden + cols
-    total = tl.load(x_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
+    x_row = (row // x_heads) * x_outer_stride + (row % x_heads) * x_head_stride
+    total = tl.load(x_ptr + x_row + cols, mask=inside, other=0.0).to(tl.float32)
     if HAS_SKIP:
         total += tl.load(skip_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
     if HAS_BIAS:
@@ -67,9 +71,11 @@ def fused_rms_norm(
     sum_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(y, x + skip + bias in x's dtype or None, 1/rms per row [..., 1] in fp32 or None); the sum
-    goes into ``sum_out`` when given (x's shape and dtype, contiguous)."""
+    goes into ``sum_out`` when given (x's shape and dtype, contiguous). x is read in place where its
+    rows are (tokens x heads) at two strides, the last axis contiguous (the heads of one projection
+    in a packed q | k | v GEMM's output); y, the sum and 1/rms are contiguous."""
     hidden = x.shape[-1]
-    x = x.contiguous()
+    x, heads, outer_stride, head_stride = _head_rows(x)
     rows = x.numel() // hidden if hidden else 0
     y = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
     total = sum_out if sum_out is not None else (torch.empty_like(x) if want_sum else None)
@@ -86,6 +92,9 @@ def fused_rms_norm(
             total if total is not None else y,
             inv if inv is not None else y,
             hidden,
+            heads,
+            outer_stride,
+            head_stride,
             float(eps),
             HAS_SKIP=skip is not None,
             HAS_BIAS=bias is not None,
@@ -95,6 +104,21 @@ def fused_rms_norm(
             **pdl_launch(x, y, total, inv),
         )
     return y, total, inv
+
+
+def _head_rows(x: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
+    """(x or a contiguous copy, heads, outer stride, head stride): row r of x's [rows, hidden] is at
+    (r // heads) * outer + (r % heads) * head. Contiguous x: one "head" per row of ``hidden``."""
+    hidden = x.shape[-1]
+    if x.is_contiguous() or x.dim() < 2 or x.stride(-1) != 1:
+        x = x.contiguous()
+        return x, 1, hidden, 0
+    try:  # the leading axes as one uniformly strided axis of [outer, heads, hidden]
+        rows = x.view(-1, x.shape[-2], hidden)
+    except RuntimeError:
+        x = x.contiguous()
+        return x, 1, hidden, 0
+    return x, rows.shape[1], rows.stride(0), rows.stride(1)
 
 
 def rms_norm_applies(x: torch.Tensor, gamma: torch.Tensor, *others: torch.Tensor | None) -> bool:

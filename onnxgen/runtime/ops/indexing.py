@@ -109,9 +109,12 @@ def _split_sizes(ctx: NodeContext, total: int, split: list[int] | None) -> list[
 
 
 def _split(ctx: NodeContext, x: torch.Tensor, split: list[int] | None) -> tuple[torch.Tensor, ...]:
+    """Views of x, not copies: a split of a packed projection (q | k | v along the last axis) is rows
+    at a uniform stride, which the row kernels and cuBLAS read in place; a consumer that needs
+    contiguous memory makes it so itself (one copy there, as here before)."""
     axis = normalize_axis(ctx.attr("axis", 0), x.dim())
     sizes = _split_sizes(ctx, x.shape[axis], split)
-    return tuple(t.contiguous() for t in torch.split(x, sizes, dim=axis))
+    return tuple(torch.split(x, sizes, dim=axis))
 
 
 @implements("Split", since=1)
