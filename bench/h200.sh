@@ -47,10 +47,9 @@
 #   moe        the MoE expert kernels: their GPU tests, then python -m bench.moe_prompt, one 35B-A3B expert layer per
 #              prompt length, per-pair against grouped kernels at several moe_pairs_per_expert bounds (no package
 #              build), then the grouped kernels' tiles swept (ONNXGEN_MOE_GROUPED variants), ~5 min
-#   ttft08     the qwen3.5-0.8b fp16 prompt: the hybrid kernel GPU tests; TTFT with and without option
-#              gdn_early_output (the Gated DeltaNet step's output from the state before its update), interleaved in
-#              one process (bench.prefill --variant); decode both ways (bench.peers_decode, onnxgen); then the
-#              copies and fills an eager 16-token prompt issues, by onnxgen line (bench.prefill --copies), ~6 min
+#   ttft08     the qwen3.5-0.8b fp16 prompt: the hybrid kernel GPU tests (and the strided-row kernels'); TTFT at
+#              16 and 64 tokens; then the copies and fills an eager 16-token prompt issues, by onnxgen line
+#              (bench.prefill --copies), ~3 min
 #   sampled    the sampling GPU tests, then python -m bench.sampled_decode Q, fp16 and int4: sampled decode
 #              in the graph vs greedy and vs between the steps, same tokens as eager, ~4 min
 #
@@ -150,13 +149,10 @@ stage_moe() {
     --variant m32:ONNXGEN_MOE_GROUPED=32,32,64,64,4 --variant rule-again:
 }
 stage_ttft08() {
-  run ttft08-tests 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_hybrid_kernels.py
+  run ttft08-tests 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_hybrid_kernels.py \
+    tests/test_strided_row_kernels.py
   local H="--shape qwen3.5-0.8b --precision fp16"
-  run ttft08-prefill 200 $PY -m bench.prefill $H --context 2048 --lengths 16,64 --repeats 7 --variant default: \
-    --variant early:ONNXGEN_GDN_EARLY_OUTPUT=1 --variant default-again: --variant early-again:ONNXGEN_GDN_EARLY_OUTPUT=1
-  for e in 0 1; do
-    run "ttft08-decode-$e" 120 env ONNXGEN_GDN_EARLY_OUTPUT=$e $PY -m bench.peers_decode $H --engines onnxgen
-  done
+  run ttft08-prefill 120 $PY -m bench.prefill $H --context 2048 --lengths 16,64 --repeats 7
   run ttft08-copies 120 $PY -m bench.prefill $H --context 2048 --lengths 16 --repeats 1 --capture off --profile \
     --copies --top 20
 }

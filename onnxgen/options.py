@@ -91,7 +91,6 @@ class Options:
     moe_pairs_per_expert: int = 1
     moe_grouped: tuple[int, int, int, int, int] | None = None
     gdn_prompt: tuple[int, int] | None = None
-    gdn_early_output: bool = False
 
     @property
     def dequant_cache_bytes(self) -> int | None:
@@ -356,10 +355,6 @@ KNOBS: tuple[Knob, ...] = (
          "the sequential Gated DeltaNet kernel's value columns per program and warps on prompts of 2 "
          "or more tokens (gpu/gated_delta_decode.py); one-token steps keep their tile",
          default_text="unset: `8,1`"),
-    Knob("gdn_early_output", "ONNXGEN_GDN_EARLY_OUTPUT", _flag(), "`1` / `0`",
-         "`1`: the sequential Gated DeltaNet kernel takes each token's output from the state before the "
-         "token's update ((q decay) . S + (q . k) v', the same sum grouped otherwise), so a token step "
-         "waits on one reduction instead of two; off by default until timed on a GPU"),
     Knob("q4_norm_apart", "ONNXGEN_Q4_NORM_APART", _count("programs"), "`P` (programs; `0`: never)",
          "a 4-bit one-row product of more than P programs (the lm_head) runs its norm prologue as a kernel of "
          "its own instead of once per program"),

@@ -236,15 +236,9 @@ def test_causal_conv_kernels_compile(dtype: str, past: bool, prompt: bool) -> No
 
 @pytest.mark.parametrize("dtype", ["fp16", "fp32"])
 @pytest.mark.parametrize(("decay", "beta"), [(True, True), (False, True), (True, False)])
-@pytest.mark.parametrize(
-    ("chunked", "prologue", "early"), [(False, 0, False), (True, 0, False), (False, 1, False), (False, 2, False),
-                                       (False, 0, True), (False, 1, True)]
-)  # fmt: skip
-def test_gated_delta_kernels_compile(
-    dtype: str, decay: bool, beta: bool, chunked: bool, prologue: int, early: bool
-) -> None:
-    """prologue: the q / k norm (1 or 2) and the gate folded in (FusedLinearAttention); early: the
-    output from the state before the update (option gdn_early_output)."""
+@pytest.mark.parametrize(("chunked", "prologue"), [(False, 0), (True, 0), (False, 1), (False, 2)])
+def test_gated_delta_kernels_compile(dtype: str, decay: bool, beta: bool, chunked: bool, prologue: int) -> None:
+    """prologue: the q / k norm (1 or 2) and the gate folded in (FusedLinearAttention)."""
     from onnxgen.runtime.gpu import gated_delta_chunked, gated_delta_decode
 
     if prologue and not (decay and beta):
@@ -262,7 +256,7 @@ def test_gated_delta_kernels_compile(
         kernel, const = gated_delta_chunked._gated_delta_chunk_kernel, {**const, "CHUNK": 16, "SQUARINGS": 3}
     else:
         kernel, const = gated_delta_decode._gated_delta_step_kernel, {**const, "PDL": True}
-        const.update(NORM=prologue, GATE=bool(prologue), EARLY_OUT=early)
+        const.update(NORM=prologue, GATE=bool(prologue))
     ptx = compile_for_sm90(kernel, sig, const)
     assert "st.global" in ptx
     if chunked:  # fp32 products in IEEE fp32 on the FMA units, not TF32 tensor cores

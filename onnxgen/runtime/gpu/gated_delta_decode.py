@@ -12,10 +12,7 @@ program owns a (batch row, KV head, value-dim tile) of the state S [d_k, d_v] an
     out = scale * S^T q             once per query head that reads this KV head
 
 For T tokens the program repeats this token after token with S in registers (the recurrence's own
-order), reading the state once and writing it once. With option gdn_early_output the output comes
-from the state before the update, out = scale * ((q exp(g)) . S + (q . k) v'), which is the same
-sum grouped otherwise: the output's reduction then no longer waits for the update, and each token's
-step is one reduction deep instead of two (the sums round in another order). That is a chain of T dependent steps, so it
+order), reading the state once and writing it once. That is a chain of T dependent steps, so it
 serves up to MAX_SEQUENTIAL_TOKENS; longer prompts keep the torch path's chunked form, whose matrix
 products do the same work in T / chunk dependent steps.
 
@@ -97,7 +94,6 @@ def _gated_delta_step_kernel(
     GATE: tl.constexpr,  # the decay and beta inputs are LinearAttentionGate's a and b (see gated_delta_prologue)
     BLOCK_K: tl.constexpr,
     BLOCK_V: tl.constexpr,
-    EARLY_OUT: tl.constexpr,  # each token's output from the state before its update (option gdn_early_output)
     PDL: tl.constexpr,  # programmatic dependent launch (launch.pdl_launch)
 ):
     wait_for_previous(PDL)
@@ -138,32 +134,18 @@ def _gated_delta_step_kernel(
             beta_head_stride, d_k, d_v, group, q_share, k_share, dt_bias, decay_scale, eps, HAS_DECAY, HAS_BETA,
             NORM, GATE,
         )  # fmt: skip
-        # EARLY_OUT: out = q . (S f + k v'^T) = (q f) . S + (q . k) v', so every reduction reads the state
-        # before its update and the step's chain is one reduction deep (module docstring); otherwise the
-        # decay, the delta rule and the update come first and the output reads the updated state
-        decayed = HAS_DECAY and EARLY_OUT  # the decay folded into k and q, not yet into S
-        if HAS_DECAY and not EARLY_OUT:
+        if HAS_DECAY:
             s = s * factor[:, None]
         if HAS_BETA:
-            kf = k * factor if decayed else k
-            v = beta * (v - tl.sum(s * kf[:, None], axis=0))
-        if not EARLY_OUT:
-            s = s + k[:, None] * v[None, :]
+            v = beta * (v - tl.sum(s * k[:, None], axis=0))
+        s = s + k[:, None] * v[None, :]
         for j in range(group):
             head = h * group + j
             if j > 0:  # the first query head of the group came with the token's inputs
                 q = _query_head(q_ptr, b, i, head, q_row_stride, q_tok_stride, q_share, d_k, rows, row_ok, eps, NORM)
-            if EARLY_OUT:
-                qf = q * factor if decayed else q
-                out = (tl.sum(qf[:, None] * s, axis=0) + tl.sum(q * k, axis=0) * v) * scale
-            else:
-                out = tl.sum(q[:, None] * s, axis=0) * scale
+            out = tl.sum(q[:, None] * s, axis=0) * scale
             tl.store(out_ptr + ((b * tokens + i) * heads_out + head) * d_v + cols, out.to(out_ptr.dtype.element_ty),
                      mask=col_ok)  # fmt: skip
-        if EARLY_OUT:
-            if HAS_DECAY:
-                s = s * factor[:, None]
-            s = s + k[:, None] * v[None, :]
         factor, k, v, beta, q = next_factor, next_k, next_v, next_beta, next_q
     tl.store(present_ptr + cells, s.to(present_ptr.dtype.element_ty), mask=tile_ok)
 
@@ -402,7 +384,6 @@ def _step(run: Launch, scale: float, dt_bias, decay_scale, eps: float, *, norm: 
         GATE=gate,
         BLOCK_K=block_k,
         BLOCK_V=block_v,
-        EARLY_OUT=options.current().gdn_early_output,
         num_warps=warps,
         **pdl_launch(run.query, run.present, run.out),
     )
