@@ -2,7 +2,7 @@
 expert) pair reads its expert, gpu/moe_experts.py) against the grouped ones (each chosen expert
 read once per tile of its pairs, gpu/moe_grouped.py), at the bound option moe_pairs_per_expert sets.
 
-    python -m bench.moe_prompt --tokens 1,16,32,64,128,256 --bounds 4,2,1,0
+    python -m bench.moe_prompt --tokens 1,16,32,64,128,256 --bounds 4,1,0.5,0
     python -m bench.moe_prompt --tokens 32,64,128 --bounds 0 --variant rule: \
         --variant m32:ONNXGEN_MOE_GROUPED=32,32,64,64,4 --variant k128:ONNXGEN_MOE_GROUPED=0,32,64,128,4
 
@@ -55,7 +55,7 @@ def graph_us(call) -> tuple[float, torch.Tensor]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", default="1,16,32,64,128,256", help="prompt lengths, comma-separated")
-    parser.add_argument("--bounds", default="4,2,1,0", help="moe_pairs_per_expert values, comma-separated")
+    parser.add_argument("--bounds", default="4,1,0.5,0", help="moe_pairs_per_expert values, comma-separated")
     parser.add_argument("--experts", type=int, default=256)
     parser.add_argument("--top-k", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=2048)
@@ -78,7 +78,7 @@ def main() -> None:
         t[0].numel() + 2 * t[1].numel() + t[2].numel()
         for t in ((fc1[0][0], fc1[1][0], fc1[2][0]), (fc2[0][0], fc2[1][0], fc2[2][0]))
     )
-    bounds = [int(b) for b in args.bounds.split(",")]
+    bounds = [float(b) for b in args.bounds.split(",")]
     print(
         f"moe_prompt: {e} experts, top {args.top_k}, hidden {h}, inter {inter}, int4 blocks of {BLOCK} with zero "
         f"points, fp16; {expert_bytes / 1e6:.2f} MB per expert; {torch.cuda.get_device_name()}"
@@ -105,8 +105,8 @@ def main() -> None:
                 first = out if first is None else first
                 print(
                     f"tokens {tokens:4d} ({tokens * args.top_k:5d} pairs, {distinct:3d} experts, {floor_mb:7.1f} MB): "
-                    f"bound {bound} -> {path:8s} {us:8.1f} us  {floor_mb / us:6.2f} TB/s of the chosen experts' bytes  "
-                    f"max |diff| {diff:.2e}"
+                    f"bound {bound:g} -> {path:8s} {us:8.1f} us  {floor_mb / us:6.2f} TB/s of the chosen experts' "
+                    f"bytes  max |diff| {diff:.2e}"
                 )
 
 

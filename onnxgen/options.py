@@ -88,7 +88,7 @@ class Options:
     cpu_int4_gemm: bool = True
     conv_prompt: bool = True
     gdn_chunked_from: int = 0
-    moe_pairs_per_expert: int = 1
+    moe_pairs_per_expert: float = 0.5
     moe_grouped: tuple[int, int, int, int, int] | None = None
     gdn_prompt: tuple[int, int] | None = None
 
@@ -155,6 +155,16 @@ def _count(unit: str, zero: str = "never") -> Callable[[str], int]:
         return int(raw)
 
     return parse
+
+
+def _pairs_per_expert(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise ValueError("expected a number of (token, expert) pairs per expert, 0 or more (0: every prompt grouped)")
+    return value
 
 
 def _moe_grouped(raw: str) -> tuple[int, int, int, int, int]:
@@ -338,14 +348,13 @@ KNOBS: tuple[Knob, ...] = (
          "(gpu/gated_delta_chunked.py); shorter ones the sequential kernel up to 64 tokens, the torch path's "
          "chunked form beyond; `0` (the default: the kernel lost to the torch path on the H200, "
          "docs/benchmarks/2026-12-05-h200-day.md): never the chunked kernel"),
-    Knob("moe_pairs_per_expert", "ONNXGEN_MOE_PAIRS_PER_EXPERT",
-         _count("(token, expert) pairs per expert", zero="every prompt grouped"),
-         "`P` ((token, expert) pairs per expert; `0`: every prompt)",
+    Knob("moe_pairs_per_expert", "ONNXGEN_MOE_PAIRS_PER_EXPERT", _pairs_per_expert,
+         "`P` ((token, expert) pairs per expert, a number such as `0.5`; `0`: every prompt)",
          "a MoE / QMoE prompt of more than P (token, expert) pairs per expert on a Triton device runs the grouped "
          "expert kernels (gpu/moe_grouped.py: each chosen expert read once per tile of its pairs); fewer pairs the "
          "per-pair kernels (gpu/moe_experts.py: each pair reads its expert); one-token steps always the per-pair "
-         "kernels. Default 1: about where the two break even on the 35B-A3B expert layer "
-         "(docs/benchmarks/2026-12-06-h100-ttft-paths.md)"),
+         "kernels. Default 0.5: where the two break even on the 35B-A3B expert layer since the grouping became "
+         "two kernels (16-token prompts; docs/benchmarks/2026-12-06-h100-prompt-copies.md)"),
     Knob("moe_grouped", "ONNXGEN_MOE_GROUPED", _moe_grouped, "`BLOCK_M,BLOCK_N1,BLOCK_N2,K_STEP,WARPS`",
          "forces the grouped expert kernels' tiles (gpu/moe_grouped.py): pairs per tile (0: the kernel's rule), "
          "fc1's and fc2's output columns per program, K elements per step (32 or more, and at least one quantization "
@@ -448,7 +457,7 @@ _SCALAR_TYPES: dict[str, tuple[type, ...]] = {
     "gemv_persist": (int,),
     "q4_norm_apart": (int,),
     "gdn_chunked_from": (int,),
-    "moe_pairs_per_expert": (int,),
+    "moe_pairs_per_expert": (int, float),
     "dequant_cache_mb": (int, float),
 }
 _NAMED_VALUES = {

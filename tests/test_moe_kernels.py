@@ -45,6 +45,13 @@ def _kernel_vs_torch(run: Callable[[], torch.Tensor]) -> torch.Tensor:
     return fused
 
 
+def _per_pair_vs_torch(run: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """_kernel_vs_torch with the bound at 4 pairs per expert, so that these small prompts (up to 3
+    pairs per expert) stay on the per-pair kernels, whose forms the cases cover."""
+    with options.override(moe_pairs_per_expert=4):
+        return _kernel_vs_torch(run)
+
+
 class _Inputs:
     """Random tokens, router logits and expert tensors, made on the CPU and moved to the device."""
 
@@ -103,13 +110,13 @@ def _moe_inputs(case: str, device: str, dtype: torch.dtype, experts: int = 8, hi
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_moe_kernels_match_the_torch_path(device: str, case: str, dtype: torch.dtype) -> None:
     attrs, inputs = _moe_inputs(case, device, dtype)
-    _kernel_vs_torch(lambda: moe(_ctx("MoE", device, **attrs), *inputs))
+    _per_pair_vs_torch(lambda: moe(_ctx("MoE", device, **attrs), *inputs))
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
 def test_moe_kernels_bf16(device: str) -> None:
     attrs, inputs = _moe_inputs("swiglu_concatenated_bias", device, torch.bfloat16)
-    _kernel_vs_torch(lambda: moe(_ctx("MoE", device, **attrs), *inputs))
+    _per_pair_vs_torch(lambda: moe(_ctx("MoE", device, **attrs), *inputs))
 
 
 # ---------------------------------------------------------------- QMoE (integer experts)
@@ -173,7 +180,7 @@ def _qmoe_inputs(case: str, device: str, dtype: torch.dtype, *, tokens: int | No
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_qmoe_kernels_match_the_torch_path(device: str, case: str, dtype: torch.dtype) -> None:
     attrs, inputs = _qmoe_inputs(case, device, dtype)
-    _kernel_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))
+    _per_pair_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
@@ -222,7 +229,7 @@ def _grouped_vs_torch(run: Callable[[], torch.Tensor]) -> None:
 def _prompt_tokens(k: int) -> int:
     """Tokens whose pairs exceed what the per-pair kernels take over 8 experts, and leave a partial
     last tile."""
-    return 8 * options.current().moe_pairs_per_expert // k + 7
+    return int(8 * options.current().moe_pairs_per_expert // k) + 7
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
@@ -257,11 +264,17 @@ def test_grouped_moe_kernels_bf16(case: str) -> None:
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
 def test_pairs_per_expert_option_picks_the_kernels(device: str) -> None:
-    """moe_pairs_per_expert moves the bound between the per-pair and the grouped kernels: at 0 a
-    prompt of 3 tokens (6 pairs over 8 experts, which the default gives the per-pair kernels) takes
-    the grouped ones, and a one-token step keeps the per-pair kernels whatever the bound."""
-    attrs, inputs = _qmoe_inputs("int4_blocks", device, torch.float16, tokens=3)
+    """moe_pairs_per_expert moves the bound between the per-pair and the grouped kernels: a prompt
+    of 2 tokens (4 pairs over 8 experts) takes the per-pair kernels at the default 0.5 pairs per
+    expert, a prompt of 3 (6 pairs) the grouped ones, and at a bound of 1 the per-pair ones again;
+    at 0 the 2 tokens take the grouped ones, and a one-token step keeps the per-pair kernels
+    whatever the bound."""
+    attrs, inputs = _qmoe_inputs("int4_blocks", device, torch.float16, tokens=2)
     _kernel_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))
+    three = _qmoe_inputs("int4_blocks", device, torch.float16, tokens=3)
+    _grouped_vs_torch(lambda: qmoe(_ctx("QMoE", device, **three[0]), *three[1]))
+    with options.override(moe_pairs_per_expert=1):
+        _kernel_vs_torch(lambda: qmoe(_ctx("QMoE", device, **three[0]), *three[1]))
     with options.override(moe_pairs_per_expert=0):
         _grouped_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))
         attrs, inputs = _qmoe_inputs("int4_blocks", device, torch.float16, tokens=1)
@@ -397,12 +410,12 @@ def test_long_rows_loop_over_k_and_unsettled_routing_waits_first(device: str, mo
     monkeypatch.setattr(moe_experts, "_compute_block", lambda k: 16)  # per-row scales, dense
     for case in ("int4_blocks_concatenated", "int4_rows_zero_points_fc3", "int8_blocks_zero_points"):
         attrs, inputs = _qmoe_inputs(case, device, torch.float32)
-        _kernel_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))  # noqa: B023
+        _per_pair_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))  # noqa: B023
     attrs, inputs = _moe_inputs("swiglu_fc3_limit", device, torch.float16)
-    _kernel_vs_torch(lambda: moe(_ctx("MoE", device, **attrs), *inputs))
+    _per_pair_vs_torch(lambda: moe(_ctx("MoE", device, **attrs), *inputs))
     monkeypatch.setattr(moe_experts, "settled_before_launch", lambda *tensors: False)
     attrs, inputs = _moe_inputs("swiglu_interleaved", device, torch.float32)
-    _kernel_vs_torch(lambda: moe(_ctx("MoE", device, **attrs), *inputs))
+    _per_pair_vs_torch(lambda: moe(_ctx("MoE", device, **attrs), *inputs))
 
 
 # ---------------------------------------------------------------- sm_90 compilation
