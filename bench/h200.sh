@@ -47,6 +47,8 @@
 #   moe        the MoE expert kernels: their GPU tests, then python -m bench.moe_prompt, one 35B-A3B expert layer per
 #              prompt length, per-pair against grouped kernels at several moe_pairs_per_expert bounds (no package
 #              build), then the grouped kernels' tiles swept (ONNXGEN_MOE_GROUPED variants), ~5 min
+#   moedecode  the per-pair expert kernels' tiles swept on the 35B-A3B expert layer (ONNXGEN_MOE_PER_PAIR variants,
+#              bench.moe_prompt at 1 and 8 tokens: a decode step, and the pairs of a short prompt), ~3 min
 #   ttft08     the qwen3.5-0.8b fp16 prompt: the hybrid kernel GPU tests (and the strided-row kernels'); TTFT at
 #              16 and 64 tokens; then the copies and fills an eager 16-token prompt issues, by onnxgen line
 #              (bench.prefill --copies), ~3 min
@@ -148,6 +150,16 @@ stage_moe() {
     --variant w8:ONNXGEN_MOE_GROUPED=0,32,64,64,8 --variant w2:ONNXGEN_MOE_GROUPED=0,32,64,64,2 \
     --variant m32:ONNXGEN_MOE_GROUPED=32,32,64,64,4 --variant rule-again:
 }
+stage_moedecode() {
+  # FC1_ROWS,FC1_BYTES,FC2_ROWS,FC2_BYTES,WARPS; the rule is 16,16384,0,8192,8 for 4-bit experts
+  local v=(--variant rule:)
+  for t in r8:8,16384,0,8192,8 r32:32,16384,0,8192,8 b8k:16,8192,0,8192,8 b32k:16,32768,0,8192,8 \
+    w4:16,16384,0,8192,4 w16:16,16384,0,8192,16 n2:16,16384,2,8192,8 n8:16,16384,8,8192,8 \
+    n16:16,16384,16,16384,8 f4k:16,16384,0,4096,8 f16k:16,16384,0,16384,8; do
+    v+=(--variant "${t%%:*}:ONNXGEN_MOE_PER_PAIR=${t#*:}")
+  done
+  run moedecode 300 $PY -m bench.moe_prompt --tokens 1,8 --bounds 4 "${v[@]}" --variant rule-again:
+}
 stage_ttft08() {
   run ttft08-tests 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_hybrid_kernels.py \
     tests/test_strided_row_kernels.py
@@ -211,7 +223,7 @@ stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
 }
 
-STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe ttft08 sampled"
+STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 sampled"
 if [ $# -eq 0 ]; then
   echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
   exit 2

@@ -90,6 +90,7 @@ class Options:
     gdn_chunked_from: int = 0
     moe_pairs_per_expert: float = 0.5
     moe_grouped: tuple[int, int, int, int, int] | None = None
+    moe_per_pair: tuple[int, int, int, int, int] | None = None
     gdn_prompt: tuple[int, int] | None = None
 
     @property
@@ -181,6 +182,22 @@ def _moe_grouped(raw: str) -> tuple[int, int, int, int, int]:
     # 32 and up: the compiled kernels summed wrong with 16-element K steps (gpu/moe_grouped.MIN_K_STEP)
     if not 32 <= k_step <= 512 or warps not in (1, 2, 4, 8):
         raise ValueError("K_STEP must be a power of two 32-512, WARPS 1, 2, 4 or 8")
+    return values  # type: ignore[return-value]
+
+
+def _moe_per_pair(raw: str) -> tuple[int, int, int, int, int]:
+    try:
+        values = tuple(int(v) for v in raw.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 5:
+        raise ValueError("expected FC1_ROWS,FC1_BYTES,FC2_ROWS,FC2_BYTES,WARPS (five integers; FC2_ROWS 0: the rule)")
+    fc1_rows, fc1_bytes, fc2_rows, fc2_bytes, warps = values
+    power = lambda v, lo, hi: lo <= v <= hi and not v & (v - 1)  # noqa: E731
+    if not (power(fc1_rows, 2, 64) and (fc2_rows == 0 or power(fc2_rows, 2, 32))):
+        raise ValueError("FC1_ROWS must be a power of two 2-64, FC2_ROWS 0 or a power of two 2-32")
+    if not (power(fc1_bytes, 1024, 65536) and power(fc2_bytes, 1024, 65536)) or warps not in (1, 2, 4, 8, 16):
+        raise ValueError("FC1_BYTES and FC2_BYTES must be powers of two 1024-65536, WARPS 1, 2, 4, 8 or 16")
     return values  # type: ignore[return-value]
 
 
@@ -360,6 +377,11 @@ KNOBS: tuple[Knob, ...] = (
          "fc1's and fc2's output columns per program, K elements per step (32 or more, and at least one quantization "
          "block), warps",
          default_text="unset: the kernels' rule"),
+    Knob("moe_per_pair", "ONNXGEN_MOE_PER_PAIR", _moe_per_pair, "`FC1_ROWS,FC1_BYTES,FC2_ROWS,FC2_BYTES,WARPS`",
+         "forces the per-pair expert kernels' tiles (gpu/moe_experts.py: decode steps and short prompts): fc1's "
+         "weight rows per program (SwiGLU: gate and up rows together), its bytes per K chunk, fc2's rows per "
+         "expert and program (0: the rule), its bytes per K chunk, warps (for a sweep: bench/moe_prompt.py)",
+         default_text="unset: `16,16384,0,8192,8` for 4-bit experts (4 fc1 rows for dense ones)"),
     Knob("gdn_prompt", "ONNXGEN_GDN_PROMPT", _gdn_prompt, "`BLOCK_V,WARPS`",
          "the sequential Gated DeltaNet kernel's value columns per program and warps on prompts of 2 "
          "or more tokens (gpu/gated_delta_decode.py); one-token steps keep their tile",

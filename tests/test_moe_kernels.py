@@ -299,6 +299,35 @@ def test_grouped_kernels_under_a_forced_tile(device: str, monkeypatch: pytest.Mo
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_per_pair_kernels_under_forced_tiles(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Option moe_per_pair's tiles (a sweep's configuration: 4 fc1 rows, so 2 SwiGLU columns, per
+    program, 8 fc2 rows per expert, two warps) reach both launches, in a decode step and a short
+    prompt, and compute what the torch path does; unset, the rules' tiles (8 columns, 16 rows, 8
+    warps) come back."""
+    from onnxgen.runtime.gpu import moe_experts
+
+    fc1, fc2 = LaunchSpy(moe_experts._moe_fc1_kernel), LaunchSpy(moe_experts._moe_fc2_kernel)
+    monkeypatch.setattr(moe_experts, "_moe_fc1_kernel", fc1)
+    monkeypatch.setattr(moe_experts, "_moe_fc2_kernel", fc2)
+    step = _qmoe_inputs("int4_blocks", device, torch.float16)
+    prompt = _qmoe_inputs("int4_blocks", device, torch.float16, tokens=3)
+
+    def tiles() -> set[tuple[int, ...]]:
+        launched = {(a["BLOCK_I"], a["NB"], a["num_warps"], b["BLOCK_N"], b["NB"], b["num_warps"])
+                    for a, b in zip(fc1.launches, fc2.launches, strict=True)}  # fmt: skip
+        fc1.launches.clear()
+        fc2.launches.clear()
+        return launched
+
+    with options.override(moe_per_pair=(4, 1024, 8, 1024, 2)):
+        _kernel_vs_torch(lambda: qmoe(_ctx("QMoE", device, **step[0]), *step[1]))
+        _per_pair_vs_torch(lambda: qmoe(_ctx("QMoE", device, **prompt[0]), *prompt[1]))
+    assert tiles() == {(2, 4, 2, 8, 4, 2)}
+    _kernel_vs_torch(lambda: qmoe(_ctx("QMoE", device, **step[0]), *step[1]))
+    assert tiles() == {(8, 4, 8, 16, 4, 8)}
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
 def test_grouped_kernels_take_every_pair_on_one_expert(device: str) -> None:
     """Routing that sends every token to the same experts: one expert's pairs span many tiles
     (the most tiles a table can need past P / BLOCK_M), the other experts get none."""

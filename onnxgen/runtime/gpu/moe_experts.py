@@ -372,27 +372,45 @@ def _blocks_per_chunk(form: _Form, k: int, rows: int, budget_bytes: int) -> int:
     return max(1, chunk // form.qblock)
 
 
+def _forced_tiles() -> tuple[int, int, int, int, int] | None:
+    """Option moe_per_pair's (FC1_ROWS, FC1_BYTES, FC2_ROWS, FC2_BYTES, WARPS), or None: the rules."""
+    return options.current().moe_per_pair
+
+
 def fc1_config(form: _Form, hidden: int, inter: int, rows_per_column: int) -> tuple[int, int]:
     """(BLOCK_I, NB) of _moe_fc1_kernel: a program's rows as the one-row kernels hold them (16 rows of
     4-bit codes, linear_q4.q4_config; 4 rows of a dense weight, linear_row.dense_config), the
     columns of SwiGLU taking a gate and an up row each; K in chunks of about _FC1_BYTES. On the
-    35B-A3B shape a decode step is 8 pairs x 64 programs of 8 gate and 8 up rows. Not measured for
-    the experts (no GPU in reach when written)."""
-    rows = 16 if form.bits else 4
+    35B-A3B shape a decode step is 8 pairs x 64 programs of 8 gate and 8 up rows. Option
+    moe_per_pair forces the rows and the chunk's bytes."""
+    forced = _forced_tiles()
+    rows = forced[0] if forced else 16 if form.bits else 4
+    budget = forced[1] if forced else _FC1_BYTES
     block_i = min(max(1, rows // rows_per_column), triton.next_power_of_2(inter))
-    return block_i, _blocks_per_chunk(form, hidden, block_i * rows_per_column, _FC1_BYTES)
+    return block_i, _blocks_per_chunk(form, hidden, block_i * rows_per_column, budget)
 
 
 def fc2_config(form: _Form, hidden: int, inter: int, top_k: int) -> tuple[int, int, int]:
     """(KP, BLOCK_N, NB) of _moe_fc2_kernel: the token's k experts (KP, a power of two >= k) times
     BLOCK_N rows, BLOCK_N as large as one chunk of the whole of K allows (2 to 16), then K in chunks
     of about _FC2_BYTES. On the 35B-A3B shape (k = 8, K = 512, 4-bit) a decode step is 512
-    programs of 8 experts x 4 rows; unmeasured, like fc1_config."""
+    programs of 8 experts x 4 rows. Option moe_per_pair forces BLOCK_N and the chunk's bytes."""
+    forced = _forced_tiles()
+    budget_bytes = forced[3] if forced else _FC2_BYTES
     kp = triton.next_power_of_2(top_k)
-    budget = _FC2_BYTES * 8 // form.weight_bits
-    block_n = min(16, max(2, _floor_power(budget // (kp * triton.next_power_of_2(inter)))))
+    if forced and forced[2]:
+        block_n = forced[2]
+    else:
+        budget = budget_bytes * 8 // form.weight_bits
+        block_n = min(16, max(2, _floor_power(budget // (kp * triton.next_power_of_2(inter)))))
     block_n = min(block_n, max(2, triton.next_power_of_2(hidden)))
-    return kp, block_n, _blocks_per_chunk(form, inter, kp * block_n, _FC2_BYTES)
+    return kp, block_n, _blocks_per_chunk(form, inter, kp * block_n, budget_bytes)
+
+
+def launch_warps() -> int:
+    """Warps of both per-pair kernels: WARPS, or option moe_per_pair's."""
+    forced = _forced_tiles()
+    return forced[4] if forced else WARPS
 
 
 def moe_experts(
@@ -471,7 +489,7 @@ def moe_experts(
         top_k, inter, hidden, f1.n, f3.n, f1.row_len, f1.z_len, f1.n_blocks, gate_step, up_step, up_offset,
         float(alpha), float(beta), float(limit or 0.0),
         ACT=act, HAS_LIMIT=limit is not None, HAS_BIAS=fc1.bias is not None, BITS=f1.bits, PER_ROW=f1.per_row,
-        ZERO_KIND=f1.zero_kind, QBLOCK=f1.qblock, NB=nb1, BLOCK_I=block_i, EARLY=early, num_warps=WARPS,
+        ZERO_KIND=f1.zero_kind, QBLOCK=f1.qblock, NB=nb1, BLOCK_I=block_i, EARLY=early, num_warps=launch_warps(),
         **pdl_launch(x, h),
     )  # fmt: skip
     kp, block_n, nb2 = fc2_config(f2, hidden, inter, top_k)
@@ -481,7 +499,7 @@ def moe_experts(
         h, chosen, routing, out, w2, _or(fc2.scales, w2), _or(fc2.zeros, w2), _or(fc2.bias, w2),
         top_k, hidden, inter, f2.row_len, f2.z_len, f2.n_blocks,
         HAS_BIAS=fc2.bias is not None, BITS=f2.bits, PER_ROW=f2.per_row, ZERO_KIND=f2.zero_kind, QBLOCK=f2.qblock,
-        NB=nb2, KP=kp, BLOCK_N=block_n, EARLY=early, num_warps=WARPS, **pdl_launch(x, out),
+        NB=nb2, KP=kp, BLOCK_N=block_n, EARLY=early, num_warps=launch_warps(), **pdl_launch(x, out),
     )  # fmt: skip
     return out
 
