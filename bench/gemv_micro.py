@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from onnxgen import options
+from onnxgen.models.config import DecoderConfig
 from onnxgen.models.random_source import MODEL_SHAPES
 from onnxgen.runtime.gpu import linear_q4 as Q4
 from onnxgen.runtime.gpu import linear_row as TL
@@ -38,16 +39,33 @@ from onnxgen.runtime.ops.contrib_quant import dequantize_nbits
 
 
 def layer_shapes(shape: str) -> list[tuple[str, int, int]]:
-    c = MODEL_SHAPES[shape]
+    return config_layer_shapes(MODEL_SHAPES[shape])
+
+
+def config_layer_shapes(c: DecoderConfig) -> list[tuple[str, int, int]]:
+    """(name, K, N) of each one-row product a decode step of ``c`` runs, members of one
+    MatMulGroup (the same input) as one product: a dense decoder's QKV, o_proj, gate_up, down and
+    lm_head; a hybrid's Gated DeltaNet input projections (qkv, z, b, a) and output, its gated
+    attention's q (with the gate), k and v, and, for a mixture of experts, the router grouped with
+    the shared expert's gate and gate_up, and the shared expert's down (the routed experts are
+    bench/moe_prompt.py's)."""
     hd = c.head_dim
-    qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * hd
-    return [
-        ("qkv", c.hidden_size, qkv),
-        ("o_proj", c.num_attention_heads * hd, c.hidden_size),
-        ("gate_up", c.hidden_size, 2 * c.intermediate_size),
-        ("down", c.intermediate_size, c.hidden_size),
-        ("lm_head", c.hidden_size, c.vocab_size),
-    ]
+    q = c.num_attention_heads * hd * (2 if c.attn_output_gate else 1)
+    qkv = q + 2 * c.num_key_value_heads * hd
+    layers = [("qkv", c.hidden_size, qkv), ("o_proj", c.num_attention_heads * hd, c.hidden_size)]
+    la = c.linear_attention
+    if la is not None:
+        key_dim, value_dim = la.num_key_heads * la.key_head_dim, la.num_value_heads * la.value_head_dim
+        gdn_in = 2 * key_dim + 2 * value_dim + 2 * la.num_value_heads  # qkv, z, then b and a per value head
+        layers += [("gdn_in", c.hidden_size, gdn_in), ("gdn_out", value_dim, c.hidden_size)]
+    if c.moe is not None:
+        moe_in = c.moe.num_experts + (1 + 2 * c.moe.shared_intermediate if c.moe.shared_intermediate else 0)
+        layers += [("moe_in", c.hidden_size, moe_in)]
+        if c.moe.shared_intermediate:
+            layers += [("shared_down", c.moe.shared_intermediate, c.hidden_size)]
+    else:
+        layers += [("gate_up", c.hidden_size, 2 * c.intermediate_size), ("down", c.intermediate_size, c.hidden_size)]
+    return [*layers, ("lm_head", c.hidden_size, c.vocab_size)]
 
 
 def time_in_graph(fn, copies: int, replays: int = 20) -> float:
@@ -79,9 +97,7 @@ def time_in_graph(fn, copies: int, replays: int = 20) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    # layer_shapes lists a dense decoder's projections: the hybrid shapes have other layers
-    dense = sorted(name for name, config in MODEL_SHAPES.items() if not config.layer_types)
-    parser.add_argument("--shape", default="qwen2.5-coder-0.5b-instruct", choices=dense)
+    parser.add_argument("--shape", default="qwen2.5-coder-0.5b-instruct", choices=sorted(MODEL_SHAPES))
     parser.add_argument("--quick", action="store_true", help="a smaller sweep")
     parser.add_argument("--block-size", type=int, default=32, help="MatMulNBits block size")
     parser.add_argument(
@@ -92,7 +108,8 @@ def main() -> int:
     )
     parser.add_argument("--prompt-only", action="store_true", help="only the --prompt-rows products")
     parser.add_argument("--words", action="store_true", help="also sweep the 4-bit kernel over 32-bit words")
-    parser.add_argument("--layers", help="comma list of qkv, o_proj, gate_up, down, lm_head (default: all)")
+    parser.add_argument("--layers", help="comma list of layer_shapes' names: qkv, o_proj, gate_up, down, lm_head; "
+                        "gdn_in, gdn_out, moe_in, shared_down for the hybrid shapes (default: all)")  # fmt: skip
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)

@@ -47,8 +47,9 @@
 #   moe        the MoE expert kernels: their GPU tests, then python -m bench.moe_prompt, one 35B-A3B expert layer per
 #              prompt length, per-pair against grouped kernels at several moe_pairs_per_expert bounds (no package
 #              build), then the grouped kernels' tiles swept (ONNXGEN_MOE_GROUPED variants), ~5 min
-#   moedecode  the per-pair expert kernels' tiles swept on the 35B-A3B expert layer (ONNXGEN_MOE_PER_PAIR variants,
-#              bench.moe_prompt at 1 and 8 tokens: a decode step, and the pairs of a short prompt), ~3 min
+#   moedecode  the 35B-A3B decode step's products: the per-pair expert kernels' tiles swept on its expert layer
+#              (ONNXGEN_MOE_PER_PAIR variants, bench.moe_prompt at 1 and 8 tokens: a decode step, and the pairs of
+#              a short prompt), then its one-row 4-bit GEMVs swept (bench.gemv_micro --quick, lm_head aside), ~6 min
 #   ttft08     the qwen3.5-0.8b fp16 prompt: the hybrid kernel GPU tests (and the strided-row kernels'); TTFT at
 #              16 and 64 tokens; then the copies and fills an eager 16-token prompt issues, by onnxgen line
 #              (bench.prefill --copies), ~3 min
@@ -159,6 +160,8 @@ stage_moedecode() {
     v+=(--variant "${t%%:*}:ONNXGEN_MOE_PER_PAIR=${t#*:}")
   done
   run moedecode 300 $PY -m bench.moe_prompt --tokens 1,8 --bounds 4 "${v[@]}" --variant rule-again:
+  run gemv-35b 240 $PY -m bench.gemv_micro --shape qwen3.5-35b-a3b --quick \
+    --layers qkv,o_proj,gdn_in,gdn_out,moe_in,shared_down
 }
 stage_ttft08() {
   run ttft08-tests 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_hybrid_kernels.py \
