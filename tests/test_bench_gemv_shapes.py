@@ -26,7 +26,7 @@ def _grouped_products(model: onnx.ModelProto, inits: dict[str, tuple[int, ...]])
     return products
 
 
-@pytest.mark.parametrize(("name", "precision"), [("tiny-qwen2", "fp32"), ("tiny-qwen3.5", "int4"),
+@pytest.mark.parametrize(("name", "precision"), [("tiny-qwen2", "fp16"), ("tiny-qwen3.5", "int4"),
                                                  ("tiny-qwen3.5-moe", "int4")])  # fmt: skip
 def test_gemv_bench_times_the_products_the_runtime_groups(tmp_path, name: str, precision: str) -> None:
     config = TINY_CONFIGS[name]
