@@ -89,7 +89,7 @@ class Options:
     conv_prompt: bool = True
     gdn_chunked_from: int = 0
     moe_pairs_per_expert: float = 0.5
-    moe_grouped: tuple[int, int, int, int, int] | None = None
+    moe_grouped: tuple[int, int, int, int, int, int] | None = None
     moe_per_pair: tuple[int, int, int, int, int] | None = None
     gdn_prompt: tuple[int, int] | None = None
 
@@ -168,20 +168,25 @@ def _pairs_per_expert(raw: str) -> float:
     return value
 
 
-def _moe_grouped(raw: str) -> tuple[int, int, int, int, int]:
+def _moe_grouped(raw: str) -> tuple[int, int, int, int, int, int]:
     try:
         values = tuple(int(v) for v in raw.split(","))
     except ValueError:
         values = ()
-    if len(values) != 5:
-        raise ValueError("expected BLOCK_M,BLOCK_N1,BLOCK_N2,K_STEP,WARPS (five integers; BLOCK_M 0: the rule)")
-    block_m, n1, n2, k_step, warps = values
+    if len(values) == 5:
+        values = (*values, 0)
+    if len(values) != 6:
+        raise ValueError("expected BLOCK_M,BLOCK_N1,BLOCK_N2,K_STEP,WARPS[,SWAP] (five or six integers; BLOCK_M 0: "
+                         "the rule)")  # fmt: skip
+    block_m, n1, n2, k_step, warps, swap = values
     powers = all(v > 0 and not v & (v - 1) for v in (n1, n2, k_step))
     if block_m not in (0, 16, 32, 64, 128) or not powers or not (16 <= n1 <= 256 and 16 <= n2 <= 256):
         raise ValueError("BLOCK_M must be 0, 16, 32, 64 or 128; BLOCK_N1 and BLOCK_N2 powers of two 16-256")
     # 32 and up: the compiled kernels summed wrong with 16-element K steps (gpu/moe_grouped.MIN_K_STEP)
     if not 32 <= k_step <= 512 or warps not in (1, 2, 4, 8):
         raise ValueError("K_STEP must be a power of two 32-512, WARPS 1, 2, 4 or 8")
+    if swap not in (0, 1):
+        raise ValueError("SWAP must be 0 (pairs as the product's rows) or 1 (weight rows)")
     return values  # type: ignore[return-value]
 
 
@@ -372,10 +377,11 @@ KNOBS: tuple[Knob, ...] = (
          "per-pair kernels (gpu/moe_experts.py: each pair reads its expert); one-token steps always the per-pair "
          "kernels. Default 0.5: where the two break even on the 35B-A3B expert layer since the grouping became "
          "two kernels (16-token prompts; docs/benchmarks/2026-12-06-h100-prompt-copies.md)"),
-    Knob("moe_grouped", "ONNXGEN_MOE_GROUPED", _moe_grouped, "`BLOCK_M,BLOCK_N1,BLOCK_N2,K_STEP,WARPS`",
+    Knob("moe_grouped", "ONNXGEN_MOE_GROUPED", _moe_grouped, "`BLOCK_M,BLOCK_N1,BLOCK_N2,K_STEP,WARPS[,SWAP]`",
          "forces the grouped expert kernels' tiles (gpu/moe_grouped.py): pairs per tile (0: the kernel's rule), "
          "fc1's and fc2's output columns per program, K elements per step (32 or more, and at least one quantization "
-         "block), warps",
+         "block), warps, and SWAP 1: each product as weight rows times pairs (the weights as the tensor cores' "
+         "first operand), untimed",
          default_text="unset: the kernels' rule"),
     Knob("moe_per_pair", "ONNXGEN_MOE_PER_PAIR", _moe_per_pair, "`FC1_ROWS,FC1_BYTES,FC2_ROWS,FC2_BYTES,WARPS`",
          "forces the per-pair expert kernels' tiles (gpu/moe_experts.py: decode steps and short prompts): fc1's "

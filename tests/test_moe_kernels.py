@@ -282,20 +282,22 @@ def test_pairs_per_expert_option_picks_the_kernels(device: str) -> None:
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
-def test_grouped_kernels_under_a_forced_tile(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("swap", [0, 1])
+def test_grouped_kernels_under_a_forced_tile(device: str, swap: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Option moe_grouped's tiles (a sweep's configuration: 32 pairs per tile, narrow fc1 and fc2
-    tiles, a 32-element K step of two of these 16-element blocks, two warps) reach both launches, and
-    compute what the torch path does."""
+    tiles, a 32-element K step of two of these 16-element blocks, two warps; with and without the
+    products swapped, weights first) reach both launches, and compute what the torch path does."""
     from onnxgen.runtime.gpu import moe_grouped
 
     fc1, fc2 = LaunchSpy(moe_grouped._grouped_fc1), LaunchSpy(moe_grouped._grouped_fc2)
     monkeypatch.setattr(moe_grouped, "_grouped_fc1", fc1)
     monkeypatch.setattr(moe_grouped, "_grouped_fc2", fc2)
     attrs, inputs = _qmoe_inputs("int4_blocks", device, torch.float16, tokens=_prompt_tokens(2))
-    with options.override(moe_grouped=(32, 16, 32, 32, 2)):
+    with options.override(moe_grouped=(32, 16, 32, 32, 2, swap)):
         _grouped_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))
-    tiles = [(k["BLOCK_M"], k["BLOCK_N"], k["NB"], k["num_warps"]) for k in (fc1.launches[0], fc2.launches[0])]
-    assert tiles == [(32, 16, 2, 2), (32, 32, 2, 2)], tiles
+    launches = (fc1.launches[0], fc2.launches[0])
+    tiles = [(k["BLOCK_M"], k["BLOCK_N"], k["NB"], k["num_warps"], k["SWAP"]) for k in launches]
+    assert tiles == [(32, 16, 2, 2, bool(swap)), (32, 32, 2, 2, bool(swap))], tiles
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
@@ -485,10 +487,13 @@ def test_moe_kernels_compile(bits: int, per_row: bool, zero_kind: int, act: int,
 
 
 @pytest.mark.skipif(interpreting() or not triton_importable(), reason="compiles the kernels (not interpreted)")
-@pytest.mark.parametrize(("bits", "per_row", "zero_kind", "act", "dtype"),
-                         [(4, False, 1, 4, "fp16"), (4, True, 3, 3, "bf16"), (8, False, 0, 4, "fp16"),
-                          (0, True, 0, 2, "fp32")])  # fmt: skip
-def test_grouped_kernels_compile(bits: int, per_row: bool, zero_kind: int, act: int, dtype: str) -> None:
+@pytest.mark.parametrize(
+    ("bits", "per_row", "zero_kind", "act", "dtype", "swap"),
+    [(4, False, 1, 4, "fp16", False), (4, True, 3, 3, "bf16", False), (8, False, 0, 4, "fp16", False),
+     (0, True, 0, 2, "fp32", False), (4, False, 1, 4, "fp16", True), (0, True, 0, 2, "fp32", True)],
+)  # fmt: skip
+def test_grouped_kernels_compile(bits: int, per_row: bool, zero_kind: int, act: int, dtype: str, swap: bool) -> None:
+    """swap: option moe_grouped's SWAP, the weights as the products' first operand."""
     from onnxgen.runtime.gpu import moe_grouped
     from tests.test_triton_compile import compile_for_sm90
 
@@ -498,7 +503,7 @@ def test_grouped_kernels_compile(bits: int, per_row: bool, zero_kind: int, act: 
     ptrs.update(dict.fromkeys(["s_ptr", "s3_ptr", "b_ptr", "b3_ptr"], f"*{dtype}"))
     ptrs.update(dict.fromkeys(["order_ptr", "tile_expert_ptr", "tile_first_ptr", "tile_rows_ptr"], "*i32"))
     form = dict(BITS=bits, PER_ROW=per_row, ZERO_KIND=zero_kind, QBLOCK=32, NB=2, BLOCK_M=32,
-                IEEE=dtype == "fp32")  # fmt: skip
+                IEEE=dtype == "fp32", SWAP=swap)  # fmt: skip
     fc1 = moe_grouped._grouped_fc1
     const = dict(ACT=act, HAS_LIMIT=True, HAS_BIAS=True, BLOCK_N=32, **form)
     ptx1 = compile_for_sm90(fc1, _signature(fc1, ptrs, ("alpha", "beta", "limit")), const)

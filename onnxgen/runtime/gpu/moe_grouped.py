@@ -70,9 +70,16 @@ def _weight_tile(
 
 
 @triton.jit
-def _dot(a, w, IEEE: tl.constexpr):
-    """a [M, K] . w [N, K]^T in fp32."""
-    if IEEE:
+def _dot(a, w, IEEE: tl.constexpr, SWAP: tl.constexpr):
+    """a [M, K] . w [N, K]^T in fp32; SWAP: its transpose, w . a^T [N, M], the weights as the first
+    operand (the tensor cores' A, which may stay in registers, and the weight rows, not the few
+    pairs, as the product's M)."""
+    if SWAP:
+        if IEEE:
+            return tl.dot(w, tl.trans(a), input_precision="ieee")
+        else:
+            return tl.dot(w, tl.trans(a))
+    elif IEEE:
         return tl.dot(a, tl.trans(w), input_precision="ieee")
     else:
         return tl.dot(a, tl.trans(w))
@@ -105,11 +112,11 @@ def _grouped_fc1(
     s3_ptr, z3_ptr, b3_ptr, top_k, inter, hidden, n1, n3, row_len, z_len, n_blocks, gate_step, up_step, up_offset,
     alpha, beta, limit, ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_BIAS: tl.constexpr, BITS: tl.constexpr,
     PER_ROW: tl.constexpr, ZERO_KIND: tl.constexpr, QBLOCK: tl.constexpr, NB: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_N: tl.constexpr, IEEE: tl.constexpr, SWAP: tl.constexpr,
 ):  # fmt: skip
     """h[pair, cols] = act(gate rows . x[token] (+ bias), up rows . x[token] (+ bias)) for the tile's
     pairs, rounded to h's dtype: gate row c * gate_step (of w), up row c * up_step + up_offset (of
-    w3: fc3, or fc1 again for the fused layouts)."""
+    w3: fc3, or fc1 again for the fused layouts). SWAP: the products as [cols, pairs] (_dot)."""
     e, pairs, pair_ok, count = _tile_pairs(order_ptr, tile_expert_ptr, tile_first_ptr, tile_rows_ptr, BLOCK_M)
     if count > 0:
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -120,17 +127,21 @@ def _grouped_fc1(
         up_rows = cols * up_step + up_offset
         BLOCK_K: tl.constexpr = NB * QBLOCK
         dtype = h_ptr.dtype.element_ty
-        gate = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        up = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        ACC_SHAPE: tl.constexpr = (BLOCK_N, BLOCK_M) if SWAP else (BLOCK_M, BLOCK_N)
+        gate = tl.zeros(ACC_SHAPE, tl.float32)
+        up = tl.zeros(ACC_SHAPE, tl.float32)
         for first in range(0, n_blocks, NB):
             a = _row_tile(x_ptr, tokens, pair_ok, first * QBLOCK, hidden, BLOCK_K)
             gw = _weight_tile(w_ptr, s_ptr, z_ptr, ev, gate_rows, col_ok, first, n_blocks, n1, hidden, row_len, z_len,
                               BITS, PER_ROW, ZERO_KIND, QBLOCK, NB, dtype)  # fmt: skip
-            gate += _dot(a, gw, IEEE)
+            gate += _dot(a, gw, IEEE, SWAP)
             if ACT == 4:
                 uw = _weight_tile(w3_ptr, s3_ptr, z3_ptr, ev, up_rows, col_ok, first, n_blocks, n3, hidden, row_len,
                                   z_len, BITS, PER_ROW, ZERO_KIND, QBLOCK, NB, dtype)  # fmt: skip
-                up += _dot(a, uw, IEEE)
+                up += _dot(a, uw, IEEE, SWAP)
+        if SWAP:
+            gate = tl.trans(gate)
+            up = tl.trans(up)
         if HAS_BIAS:
             gate += tl.load(b_ptr + e * n1 + gate_rows, mask=col_ok, other=0.0).to(tl.float32)[None, :]
             if ACT == 4:
@@ -144,21 +155,25 @@ def _grouped_fc2(
     h_ptr, order_ptr, tile_expert_ptr, tile_first_ptr, tile_rows_ptr, route_ptr, y_ptr, w_ptr, s_ptr, z_ptr, b_ptr,
     hidden, inter, row_len, z_len, n_blocks, HAS_BIAS: tl.constexpr, BITS: tl.constexpr, PER_ROW: tl.constexpr,
     ZERO_KIND: tl.constexpr, QBLOCK: tl.constexpr, NB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    IEEE: tl.constexpr,
+    IEEE: tl.constexpr, SWAP: tl.constexpr,
 ):  # fmt: skip
-    """y[pair, rows] = route[pair] * (fc2 rows of the tile's expert . h[pair] (+ bias)) in fp32."""
+    """y[pair, rows] = route[pair] * (fc2 rows of the tile's expert . h[pair] (+ bias)) in fp32; SWAP:
+    the product as [rows, pairs] (_dot)."""
     e, pairs, pair_ok, count = _tile_pairs(order_ptr, tile_expert_ptr, tile_first_ptr, tile_rows_ptr, BLOCK_M)
     if count > 0:
         rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         row_ok = rows < hidden
         ev = e + rows * 0
         BLOCK_K: tl.constexpr = NB * QBLOCK
-        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        ACC_SHAPE: tl.constexpr = (BLOCK_N, BLOCK_M) if SWAP else (BLOCK_M, BLOCK_N)
+        acc = tl.zeros(ACC_SHAPE, tl.float32)
         for first in range(0, n_blocks, NB):
             a = _row_tile(h_ptr, pairs, pair_ok, first * QBLOCK, inter, BLOCK_K)
             w = _weight_tile(w_ptr, s_ptr, z_ptr, ev, rows, row_ok, first, n_blocks, hidden, inter, row_len, z_len,
                              BITS, PER_ROW, ZERO_KIND, QBLOCK, NB, h_ptr.dtype.element_ty)  # fmt: skip
-            acc += _dot(a, w, IEEE)
+            acc += _dot(a, w, IEEE, SWAP)
+        if SWAP:
+            acc = tl.trans(acc)
         if HAS_BIAS:
             acc += tl.load(b_ptr + e * hidden + rows, mask=row_ok, other=0.0).to(tl.float32)[None, :]
         route = tl.load(route_ptr + pairs, mask=pair_ok, other=0.0).to(tl.float32)
@@ -303,9 +318,9 @@ def grouped_experts(
     LAUNCHES["moe_grouped"] += 1
     w1 = fc1.weight
     block_n1 = 64 if act != 4 else 32  # SwiGLU holds a gate and an up accumulator
-    block_n2, warps, nb1, nb2 = 64, WARPS, _blocks(f1), _blocks(f2)
+    block_n2, warps, nb1, nb2, swap = 64, WARPS, _blocks(f1), _blocks(f2), False
     if forced:  # option moe_grouped (a sweep's configuration)
-        block_n1, block_n2, warps = forced[1], forced[2], forced[4]
+        block_n1, block_n2, warps, swap = forced[1], forced[2], forced[4], bool(forced[5])
         nb1, nb2 = _blocks(f1, forced[3]), _blocks(f2, forced[3])
     _grouped_fc1[(tile_expert.numel(), triton.cdiv(inter, block_n1))](
         x, order, tile_expert, tile_first, rows, h, w1, _or(fc1.scales, w1), _or(fc1.zeros, w1), _or(fc1.bias, w1),
@@ -313,7 +328,7 @@ def grouped_experts(
         top_k, inter, hidden, f1.n, f3.n, f1.row_len, f1.z_len, f1.n_blocks, gate_step, up_step, up_offset,
         float(alpha), float(beta), float(limit or 0.0),
         ACT=act, HAS_LIMIT=limit is not None, HAS_BIAS=fc1.bias is not None, BITS=f1.bits, PER_ROW=f1.per_row,
-        ZERO_KIND=f1.zero_kind, QBLOCK=f1.qblock, NB=nb1, BLOCK_M=block_m, BLOCK_N=block_n1, IEEE=ieee,
+        ZERO_KIND=f1.zero_kind, QBLOCK=f1.qblock, NB=nb1, BLOCK_M=block_m, BLOCK_N=block_n1, IEEE=ieee, SWAP=swap,
         num_warps=warps,
     )  # fmt: skip
     w2 = fc2.weight
@@ -321,7 +336,7 @@ def grouped_experts(
         h, order, tile_expert, tile_first, rows, routing, y, w2, _or(fc2.scales, w2), _or(fc2.zeros, w2),
         _or(fc2.bias, w2), hidden, inter, f2.row_len, f2.z_len, f2.n_blocks,
         HAS_BIAS=fc2.bias is not None, BITS=f2.bits, PER_ROW=f2.per_row, ZERO_KIND=f2.zero_kind, QBLOCK=f2.qblock,
-        NB=nb2, BLOCK_M=block_m, BLOCK_N=block_n2, IEEE=ieee, num_warps=warps,
+        NB=nb2, BLOCK_M=block_m, BLOCK_N=block_n2, IEEE=ieee, SWAP=swap, num_warps=warps,
     )  # fmt: skip
     return y.view(tokens, top_k, hidden).sum(dim=1).to(x.dtype)
 
