@@ -136,6 +136,27 @@ def test_hybrid_package_matches_transformers(hybrid, engine: str) -> None:
     np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("engine", ["onnxgen", "onnxruntime"])
+def test_folded_reshape_chains_keep_the_hybrid_logits(hybrid, engine: str, tmp_path: Path) -> None:
+    """The graph with its Reshape chains folded (runtime/fusion_reshapes.py: the gated attention's
+    query heads, and the keys' repeat where value heads outnumber key heads) gives transformers'
+    logits as the graph as built does."""
+    import shutil
+
+    from onnxgen.runtime.fusion import fuse_graph
+
+    checkpoint, package = hybrid
+    folded_package = tmp_path / "folded"
+    shutil.copytree(package, folded_package)
+    folded, report = fuse_graph(onnx.load(str(package / "model.onnx")), frozenset({"reshape_chains"}))
+    assert report.reshape_chains >= 1
+    onnx.save(folded, str(folded_package / "model.onnx"))  # the weights inline: a tiny model
+    expected = hf_logits(checkpoint, PROMPT + DECODE)
+    stepper = Stepper(folded_package, (_onnxgen_run if engine == "onnxgen" else _ort_run)(folded_package))
+    rows = [stepper.step(PROMPT)] + [stepper.step([t]) for t in DECODE]
+    np.testing.assert_allclose(np.concatenate(rows, axis=0), expected, rtol=1e-4, atol=1e-4)
+
+
 def test_hybrid_config_is_read_from_the_checkpoint(hybrid) -> None:
     checkpoint, _ = hybrid
     config = HFSource(checkpoint).config

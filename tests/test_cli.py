@@ -137,6 +137,7 @@ def test_show_package_and_capture_plan(smollm2_packages):
         "row_sums": 0, "tied_gathers": 0,  # onnxgen's builder stores the embedding table as it is read
         "l2_norms": 0, "key_repeats": 0, "query_scales": 0, "delta_prologues": 0,  # no linear attention
         "rotary_casts": 0, "sigmoid_gates": 0,  # nor a rotary op or a sigmoid gate
+        "reshape_chains": 0,  # a CUDA rewrite
     }  # fmt: skip
     text = onnxgen_in_process("show", package, "--capture")
     assert "prompt logits: computed for the last prompt row only" in text.stdout, text.stdout[-500:]
@@ -147,7 +148,7 @@ def test_show_package_and_capture_plan(smollm2_packages):
         "attention": 30, "matmul_groups": 60, "matmul_nbits_groups": 0, "silu_mul": 30, "singles": 60, "prologues": 30,
         "row_sums": 0,  # this layout has no ReduceSum -> Sub -> Cast of the mask (GroupQueryAttention's lengths)
         "tied_gathers": 0, "l2_norms": 0, "key_repeats": 0, "rotary_casts": 0, "query_scales": 0, "sigmoid_gates": 0,
-        "delta_prologues": 0,
+        "delta_prologues": 0, "reshape_chains": 0,  # no Reshape reads another in a Llama layer
     }  # fmt: skip
     assert data["segments"] == fused["segments"] == 31 and len(fused["nodes"]) < len(data["nodes"])
     # attention over the growing KV: one eager op per layer instead of a dozen

@@ -116,6 +116,8 @@ def test_fuse_skip_leaves_one_rewrite_out(package: Path) -> None:
     with options.override(fuse_skip=frozenset({"delta_prologues"})):
         _, skipped = fuse_for_device(model, "cuda")
     assert every.delta_prologues == 3 and skipped.delta_prologues == 0
-    assert skipped.l2_norms == every.l2_norms and skipped.total == every.total - 3
+    assert skipped.l2_norms == every.l2_norms
+    # the Reshapes around the keys that the folded prologues take fold as chains without them
+    assert skipped.total - skipped.reshape_chains == every.total - every.reshape_chains - 3
     with options.override(fuse_skip=frozenset({"delta_prologue"})), pytest.raises(OptionError, match="delta_prologue"):
         fuse_for_device(model, "cuda")

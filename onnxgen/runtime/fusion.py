@@ -30,6 +30,8 @@ match on the ONNX graph that keeps every value name the rest of the graph reads:
   output and the shared expert's gate of gated decoders, as one op.
 - ``FusedLinearAttention`` (fusion_delta_rule.py): a Gated DeltaNet layer's query / key L2 norms
   and its LinearAttentionGate folded into its LinearAttention, whose step kernel computes them.
+- Reshape chains (fusion_reshapes.py): Reshape(Reshape(x, s1), s2) as one Reshape, so that a
+  strided view is not copied into a shape it is reshaped out of at once (gated attention's query).
 - Prologues: the op that feeds a group and nothing else (SimplifiedLayerNormalization, its Skip
   variant, or SiluMul) moves into the group as its ``prologue``: at one row the group's kernel
   recomputes it per program (gpu/linear_row.py) instead of a kernel of its own; at more
@@ -80,6 +82,7 @@ class FusionReport:
     query_scales: int = 0
     sigmoid_gates: int = 0
     delta_prologues: int = 0
+    reshape_chains: int = 0
 
     @property
     def total(self) -> int:
@@ -90,6 +93,7 @@ ALL_REWRITES = frozenset(
     {
         "attention", "matmul_groups", "matmul_nbits_groups", "silu_mul", "singles", "prologues", "row_sums",
         "tied_gathers", "l2_norms", "key_repeats", "rotary_casts", "query_scales", "sigmoid_gates", "delta_prologues",
+        "reshape_chains",
     }
 )  # fmt: skip
 # what pays on each device (measured, docs/benchmarks/cpu.md and 2026-11-29-h200-capture.md): on the
@@ -141,7 +145,7 @@ _NEEDS = {"attention": (("Softmax",), 1), "silu_mul": (("Sigmoid",), 1), "matmul
           "l2_norms": (("ReduceSumSquare",), 1), "key_repeats": (("LinearAttention",), 1),
           "rotary_casts": (("RotaryEmbedding", "MRotaryEmbedding"), 1),
           "query_scales": (("LinearAttention",), 1), "sigmoid_gates": (("Sigmoid",), 1),
-          "delta_prologues": (("LinearAttention",), 1)}  # fmt: skip
+          "delta_prologues": (("LinearAttention",), 1), "reshape_chains": (("Reshape",), 2)}  # fmt: skip
 
 
 # what each rewrite looks for, as `onnxgen show --capture` says it where the graph has the op a
@@ -166,6 +170,8 @@ PATTERNS = {
     "sigmoid_gates": "Sigmoid(g) -> Mul(y, .) (-> Add(x, .)), y not g, each the only reader of the last",
     "delta_prologues": "LinearAttention whose query and key are Reshape*(L2Normalize or LpNormalization(p=2) of "
     "Reshape(s, [0, 0, ...])) and/or whose decay and beta are one LinearAttentionGate's outputs, read by it alone",
+    "reshape_chains": "Reshape(Reshape(x, s1), s2), constant shapes, the inner one read by the outer alone, no "
+    "allowzero, no 0 of s2 where s1 has -1",
 }
 
 
@@ -240,6 +246,7 @@ class _Rewriter:
         from onnxgen.runtime.fusion_gates import fuse_sigmoid_gates
         from onnxgen.runtime.fusion_genai import fold_query_scales, fuse_rotary_casts
         from onnxgen.runtime.fusion_hybrid import elide_key_repeats, fuse_l2_norms
+        from onnxgen.runtime.fusion_reshapes import fold_reshape_chains
 
         if "tied_gathers" in rewrites:
             report.tied_gathers += self._fuse_tied_gathers()
@@ -270,6 +277,8 @@ class _Rewriter:
             report.prologues += self._fuse_prologues()
         if "row_sums" in rewrites:
             report.row_sums += self._fuse_row_sums()
+        if "reshape_chains" in rewrites:  # last: the patterns above read the Reshapes as written
+            report.reshape_chains += fold_reshape_chains(self)
 
     # -- the only-consumer test every pattern needs ----------------------------------------
 
