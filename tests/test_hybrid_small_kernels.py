@@ -327,6 +327,24 @@ def test_sigmoid_gates_become_one_op_and_match_onnxruntime(elem: int, tol: float
     np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol)
 
 
+def test_a_product_of_two_sigmoids_becomes_one_gate() -> None:
+    """Mul(Sigmoid(a), Sigmoid(b)): either Sigmoid starts a gate over the one Mul; the rewrite takes
+    the first and leaves the other Sigmoid as the gate's y (a second match over the taken Mul left
+    a gate reading the first Sigmoid's removed output), and the result is onnxruntime's."""
+    nodes = [helper.make_node("Sigmoid", ["a"], ["sa"]), helper.make_node("Sigmoid", ["b"], ["sb"]),
+             helper.make_node("Mul", ["sa", "sb"], ["out"])]  # fmt: skip
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3, 8]) for n in ("a", "b")]
+    model = make_model(nodes, inputs, [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)])
+    fused, report = fuse_graph(model, frozenset({"sigmoid_gates"}))
+    assert report.sigmoid_gates == 1
+    assert [n.op_type for n in fused.graph.node] == ["Sigmoid", "SigmoidGate"]
+    rng = np.random.default_rng(4)
+    feeds = {n: rng.standard_normal((3, 8)).astype(np.float32) for n in ("a", "b")}
+    (want,) = ort_run(model, feeds)
+    (got,) = InferenceSession(fused, device="cpu").run(None, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("near_miss", [{"silu": True}, {"sigmoid_read_twice": True}])
 def test_near_misses_of_the_sigmoid_gate_are_not_rewritten(near_miss: dict) -> None:
     from onnxgen.runtime.fusion import unmatched_rewrites

@@ -300,7 +300,7 @@ class _Rewriter:
         index = {id(n): i for i, n in enumerate(self.graph.node)}
         count = 0
         for node in self.graph.node:
-            if node.op_type != "Sigmoid" or node.domain not in ("", "ai.onnx") or id(node) in replace:
+            if node.op_type != "Sigmoid" or node.domain not in ("", "ai.onnx") or index[id(node)] in replace:
                 continue
             gate, sig = node.input[0], node.output[0]
             first = self._sole_consumer(sig, consumers)
@@ -551,7 +551,9 @@ class _Rewriter:
             if any(a.name == "prologue" for a in node.attribute):
                 continue
             before = producer.get(node.input[0])
-            if before is None or id(before) in replace or self._sole_consumer(node.input[0], consumers) is not node:
+            if before is None or index[id(before)] in replace:
+                continue
+            if self._sole_consumer(node.input[0], consumers) is not node:
                 continue
             found = self._prologue_of(before)
             if found is None:

@@ -34,18 +34,18 @@ def fuse_sigmoid_gates(rewriter: Any) -> int:
     replace: dict[int, onnx.NodeProto | None] = {}
     count = 0
     for sigmoid in rewriter.graph.node:
-        if sigmoid.op_type != "Sigmoid" or sigmoid.domain not in DEFAULT_DOMAINS or id(sigmoid) in replace:
+        if sigmoid.op_type != "Sigmoid" or sigmoid.domain not in DEFAULT_DOMAINS or index[id(sigmoid)] in replace:
             continue
         gate, s = sigmoid.input[0], sigmoid.output[0]
         mul = rewriter._sole_consumer(s, consumers)
-        if mul is None or mul.op_type != "Mul" or mul.domain not in DEFAULT_DOMAINS or id(mul) in replace:
+        if mul is None or mul.op_type != "Mul" or mul.domain not in DEFAULT_DOMAINS or index[id(mul)] in replace:
             continue
         y = _other(mul, s)
         if y is None or y == gate:  # y == gate: SiLU
             continue
         inputs, last = [y, gate], mul
         add = rewriter._sole_consumer(mul.output[0], consumers)
-        if add is not None and add.op_type == "Add" and add.domain in DEFAULT_DOMAINS and id(add) not in replace:
+        if add is not None and add.op_type == "Add" and add.domain in DEFAULT_DOMAINS and index[id(add)] not in replace:
             x = _other(add, mul.output[0])
             if x is not None:
                 inputs, last = [y, gate, x], add
