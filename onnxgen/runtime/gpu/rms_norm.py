@@ -15,6 +15,7 @@ import triton.language as tl
 
 from onnxgen.runtime.gpu.launch import LAUNCHES, pdl_launch
 from onnxgen.runtime.gpu.pdl import wait_for_previous
+from onnxgen.runtime.gpu.strided_rows import as_rows
 
 
 @triton.jit
@@ -74,12 +75,15 @@ def fused_rms_norm(
     goes into ``sum_out`` when given (x's shape and dtype, contiguous). x is read in place where its
     rows are (tokens x heads) at two strides, the last axis contiguous (the heads of one projection
     in a packed q | k | v GEMM's output); y, the sum and 1/rms are contiguous."""
-    hidden = x.shape[-1]
+    shape, hidden = x.shape, x.shape[-1]
     x, heads, outer_stride, head_stride = _head_rows(x)
     rows = x.numel() // hidden if hidden else 0
-    y = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
-    total = sum_out if sum_out is not None else (torch.empty_like(x) if want_sum else None)
-    inv = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device) if want_inv else None
+    # y and the sum contiguous whatever x's strides (the kernel writes row r at r * hidden)
+    y = torch.empty(shape, dtype=out_dtype or x.dtype, device=x.device)
+    total = sum_out
+    if total is None and want_sum:
+        total = torch.empty(shape, dtype=x.dtype, device=x.device)
+    inv = torch.empty((*shape[:-1], 1), dtype=torch.float32, device=x.device) if want_inv else None
     LAUNCHES["rms_norm"] += 1
     if rows:
         skip_c = skip.contiguous() if skip is not None else x
@@ -107,18 +111,14 @@ def fused_rms_norm(
 
 
 def _head_rows(x: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
-    """(x or a contiguous copy, heads, outer stride, head stride): row r of x's [rows, hidden] is at
-    (r // heads) * outer + (r % heads) * head. Contiguous x: one "head" per row of ``hidden``."""
-    hidden = x.shape[-1]
-    if x.is_contiguous() or x.dim() < 2 or x.stride(-1) != 1:
-        x = x.contiguous()
-        return x, 1, hidden, 0
-    try:  # the leading axes as one uniformly strided axis of [outer, heads, hidden]
-        rows = x.view(-1, x.shape[-2], hidden)
-    except RuntimeError:
-        x = x.contiguous()
-        return x, 1, hidden, 0
-    return x, rows.shape[1], rows.stride(0), rows.stride(1)
+    """(x's rows as the kernel reads them, heads, outer stride, head stride): row r of x's [rows,
+    hidden] is at (r // heads) * outer + (r % heads) * head. Contiguous x: one "head" per row; else
+    [outer, heads, hidden] over x's last two axes, a view where two strides describe x (as_rows), or
+    a contiguous copy."""
+    if x.dim() < 2 or x.is_contiguous():
+        return x.contiguous(), 1, x.shape[-1], 0
+    rows = as_rows(x, x.shape[-2], x.shape[-1])
+    return rows, rows.shape[1], rows.stride(0), rows.stride(1)
 
 
 def rms_norm_applies(x: torch.Tensor, gamma: torch.Tensor, *others: torch.Tensor | None) -> bool:
