@@ -118,7 +118,7 @@ def profile_prefill(engine: DecodeEngine, args: argparse.Namespace, top: int) ->
 
 
 COPY_OPS = {"copy_", "fill_", "zero_", "clone", "_to_copy"}
-COPY_KERNELS = ("direct_copy", "copy_kernel", "FillFunctor", "CUDAFunctor_add")
+COPY_KERNELS = ("direct_copy", "copy_kernel", "FillFunctor")
 
 
 class _SiteLabels(TorchDispatchMode):
