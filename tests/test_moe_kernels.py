@@ -355,6 +355,45 @@ def test_quantization_blocks_past_the_grouped_limit_keep_the_torch_path(device: 
     assert (LAUNCHES[GROUPED], LAUNCHES[KERNEL]) == before
 
 
+if triton_importable():
+    import triton
+    import triton.language as tl
+
+    from onnxgen.runtime.gpu.moe_grouped import _codes_less_zero_half
+
+    @triton.jit
+    def _half_dequant_kernel(w_ptr, zero_ptr, scale_ptr, out_ptr):
+        """256 rows of 16 code bytes, one zero point and scale each, through _codes_less_zero_half."""
+        rows = tl.arange(0, 256)
+        w = tl.load(w_ptr + rows[:, None, None] * 16 + tl.arange(0, 16)[None, None, :])  # [256, 1, 16]
+        offset = tl.load(zero_ptr + rows[:, None]).to(tl.float32) + 8388608.0  # 2^23 + zero, as loaded
+        scale = tl.load(scale_ptr + rows[:, None]).to(tl.float32)
+        v = tl.reshape(_codes_less_zero_half(w, offset, scale, 1, 32), (256, 32))
+        tl.store(out_ptr + rows[:, None] * 32 + tl.arange(0, 32)[None, :], v)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_half_dequantization_equals_the_fp32_one_rounded(device: str) -> None:
+    """The grouped kernels dequantize 4-bit codes in fp16 arithmetic for fp16 activations
+    (moe_grouped._codes_less_zero_half); every code pair of a byte against every zero point, and
+    scales from subnormal to large, must give (code - zero) * scale in fp32 rounded once to fp16,
+    bit for bit (the torch path's and the dense kernels' weights)."""
+    dtype = torch.float16
+    gen = torch.Generator().manual_seed(5)
+    codes = torch.arange(256, dtype=torch.uint8).repeat_interleave(16).view(256, 16)  # every byte, 16 times
+    codes = codes[torch.randperm(256, generator=gen)]
+    zeros = torch.arange(256, dtype=torch.uint8) % 16
+    tiny = torch.finfo(dtype).tiny
+    scales = torch.cat([torch.tensor([tiny / 8, tiny, 1.0, 1 / 3, 1e-3, 7.0e3]),
+                        torch.randn(250, generator=gen).abs() * 0.02]).to(dtype)  # fmt: skip
+    out = torch.empty(256, 32, dtype=dtype)
+    args = [t.to(device) for t in (codes, zeros, scales, out)]
+    _half_dequant_kernel[(1,)](*args)
+    nibbles = torch.stack([codes & 0xF, codes >> 4], dim=-1).view(256, 32).float()
+    expected = ((nibbles - zeros.float()[:, None]) * scales.float()[:, None]).to(dtype)
+    assert torch.equal(args[3].cpu().view(torch.int16), expected.view(torch.int16))
+
+
 def _group_pairs_by_sorting(chosen: torch.Tensor, experts: int, block_m: int) -> tuple[torch.Tensor, ...]:
     """group_pairs' results the other way round, with torch's stable sort, searchsorted and cumsum
     (what the torch ops of an earlier group_pairs did): the kernels' reference."""

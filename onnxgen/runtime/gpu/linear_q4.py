@@ -77,16 +77,36 @@ def _block_loads(
     """The constant inputs of NB quantization blocks from ``first_block`` of each row: the codes
     [BLOCK_N, NB, QBLOCK / 2] bytes, the block scales [BLOCK_N, NB] and the offset a code's magic
     float loses to become code - zero (2^23 + zero; for float zero points the zero alone)."""
+    scale, zero = _block_scales(scale_ptr, zero_ptr, rows, row_ok, first_block, n_blocks, zp_row_bytes, NB,
+                                ZERO_KIND)  # fmt: skip
+    return _block_codes(b_ptr, rows, row_ok, first_block, n_blocks, row_bytes, NB, QBLOCK), scale, zero
+
+
+@triton.jit
+def _block_codes(b_ptr, rows, row_ok, first_block, n_blocks, row_bytes, NB: tl.constexpr, QBLOCK: tl.constexpr):
+    """The codes of _block_loads alone, [BLOCK_N, NB, QBLOCK / 2] bytes."""
     HALF: tl.constexpr = QBLOCK // 2
     blk = first_block + tl.arange(0, NB)
     block_ok = row_ok[:, None] & (blk < n_blocks)[None, :]
     byte = blk[:, None] * HALF + tl.arange(0, HALF)[None, :]
-    codes = tl.load(b_ptr + rows[:, None, None] * row_bytes + byte[None, :, :], mask=block_ok[:, :, None], other=0)
+    return tl.load(b_ptr + rows[:, None, None] * row_bytes + byte[None, :, :], mask=block_ok[:, :, None], other=0)
+
+
+@triton.jit
+def _block_scales(
+    scale_ptr, zero_ptr, rows, row_ok, first_block, n_blocks, zp_row_bytes, NB: tl.constexpr, ZERO_KIND: tl.constexpr
+):  # fmt: skip
+    """(scale, offset) of _block_loads alone. Loops over K load these one step ahead: a row's zero
+    points (and a few blocks' scales) are a few bytes per step, narrower than the 4 bytes per
+    thread cp.async moves, so Triton's pipeline leaves them to a plain load at their use, and a
+    step would wait out its memory round trip there. Blocks past ``n_blocks`` read as zeros."""
+    blk = first_block + tl.arange(0, NB)
+    block_ok = row_ok[:, None] & (blk < n_blocks)[None, :]
     scale = tl.load(scale_ptr + rows[:, None] * n_blocks + blk[None, :], mask=block_ok, other=0.0).to(tl.float32)
     zero = _block_zeros(zero_ptr, rows[:, None], blk[None, :], block_ok, n_blocks, zp_row_bytes, ZERO_KIND)
     if ZERO_KIND != 2:
         zero += MAGIC
-    return codes, scale, zero
+    return scale, zero
 
 
 @triton.jit
@@ -121,6 +141,37 @@ def _codes_less_zero(codes, offset, ZERO_KIND: tl.constexpr, NB: tl.constexpr, Q
     if ZERO_KIND == 2:
         q -= MAGIC
     return q - offset[:, :, None]
+
+
+@triton.jit
+def _codes_less_zero_half(w, offset, scale, NB: tl.constexpr, QBLOCK: tl.constexpr):
+    """(code - zero) * scale of 4-bit codes in fp16 arithmetic, two weights per instruction (the
+    compiler pairs them: HADD2, HMUL2): a nibble OR-ed into the mantissa of the fp16 1024 reads as
+    exactly 1024 + code, and less 1024 + zero it is code - zero, exact; its fp16 product with the
+    scale is rounded once, as the fp32 product (exact: 5 bits times the scale's 11) rounded to fp16
+    is. So the weights equal _codes_less_zero's times the scale rounded to fp16, bit for bit
+    (tests/test_moe_kernels.py), for integer zero points (ZERO_KIND 0, 1; offset 2^23 + zero).
+    Fewer instructions per weight in the prompt GEMMs, whose loops issue more instructions than
+    their loads need. bf16 stays on the fp32 form: Triton's interpreter, the check CI has,
+    misreads a bitcast to bf16."""
+    wide = w.to(tl.int16)
+    lo = ((wide & 0xF) | 0x6400).to(tl.float16, bitcast=True)
+    hi = ((wide >> 4) | 0x6400).to(tl.float16, bitcast=True)
+    q = tl.reshape(tl.join(lo, hi), (w.shape[0], NB, QBLOCK))
+    # offset is 2^23 + zero in fp32 (_block_loads): 1024 + zero, exact in fp16
+    less = (offset - (MAGIC - 1024.0)).to(tl.float16)
+    return (q - less[:, :, None]) * scale.to(tl.float16)[:, :, None]
+
+
+@triton.jit
+def _dequantized(codes, scale, offset, ZERO_KIND: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr,
+                 DTYPE: tl.constexpr):  # fmt: skip
+    """_block_loads' codes as weights [BLOCK_N, NB, QBLOCK] in DTYPE, (code - zero) * scale rounded
+    once: in fp16 arithmetic for fp16 with integer zero points (_codes_less_zero_half), else in
+    fp32."""
+    if DTYPE == tl.float16 and ZERO_KIND != 2:
+        return _codes_less_zero_half(codes, offset, scale, NB, QBLOCK)
+    return (_codes_less_zero(codes, offset, ZERO_KIND, NB, QBLOCK) * scale[:, :, None]).to(DTYPE)
 
 
 @triton.jit
@@ -203,11 +254,15 @@ def _q4_matmul_kernel(
     row_ok = rows < m
     col_ok = cols < n
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    scale, zero = _block_scales(scale_ptr, zero_ptr, cols, col_ok, 0, n_blocks, zp_row_bytes, NBT, ZERO_KIND)
     for first in range(0, n_blocks, NBT):
-        codes, scale, zero = _block_loads(b_ptr, scale_ptr, zero_ptr, cols, col_ok, first, n_blocks, row_bytes,
-                                          zp_row_bytes, NBT, QBLOCK, ZERO_KIND)  # fmt: skip
-        q = _codes_less_zero(codes, zero, ZERO_KIND, NBT, QBLOCK)
-        w = tl.reshape(q * scale[:, :, None], (BLOCK_N, BLOCK_K)).to(a_ptr.dtype.element_ty)
+        codes = _block_codes(b_ptr, cols, col_ok, first, n_blocks, row_bytes, NBT, QBLOCK)
+        # the next step's scales and zero points, loaded a step ahead (_block_scales)
+        scale2, zero2 = _block_scales(scale_ptr, zero_ptr, cols, col_ok, first + NBT, n_blocks, zp_row_bytes, NBT,
+                                      ZERO_KIND)  # fmt: skip
+        w = tl.reshape(_dequantized(codes, scale, zero, ZERO_KIND, NBT, QBLOCK, a_ptr.dtype.element_ty),
+                       (BLOCK_N, BLOCK_K))  # fmt: skip
+        scale, zero = scale2, zero2
         kcols = first * QBLOCK + tl.arange(0, BLOCK_K)
         a = tl.load(a_ptr + rows[:, None] * a_stride + kcols[None, :], mask=row_ok[:, None] & (kcols < k)[None, :],
                     other=0.0)  # fmt: skip

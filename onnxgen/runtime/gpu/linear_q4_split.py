@@ -30,24 +30,28 @@ import triton.language as tl
 
 from onnxgen import options
 from onnxgen.runtime.gpu.launch import LAUNCHES
-from onnxgen.runtime.gpu.linear_q4 import MAGIC, _as_words, _block_loads, _block_zeros, _codes_less_zero
+from onnxgen.runtime.gpu.linear_q4 import (
+    MAGIC,
+    _as_words,
+    _block_codes,
+    _block_scales,
+    _block_zeros,
+    _dequantized,
+)
 from onnxgen.runtime.gpu.linear_q4_words import MAGIC_WORD
 from onnxgen.runtime.gpu.linear_row import _multiprocessors, split_scratch
 
 
 @triton.jit
 def _byte_tile(
-    a_ptr, b_ptr, scale_ptr, zero_ptr, rows, row_ok, cols, col_ok, tile, k, a_stride, n_blocks, row_bytes,
-    zp_row_bytes, ZERO_KIND: tl.constexpr, QBLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    IEEE: tl.constexpr,
+    a_ptr, b_ptr, scale, zero, rows, row_ok, cols, col_ok, tile, k, a_stride, n_blocks, row_bytes,
+    ZERO_KIND: tl.constexpr, QBLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
-    """A[rows, K tile] @ W[cols, K tile]^T in fp32 over the codes as bytes."""
+    """A[rows, K tile] @ W[cols, K tile]^T in fp32 over the codes as bytes, with the tile's
+    ``scale`` and ``zero`` (linear_q4._block_scales, loaded a tile ahead by the caller)."""
     NBT: tl.constexpr = BLOCK_K // QBLOCK
-    first = tile * NBT
-    codes, scale, zero = _block_loads(b_ptr, scale_ptr, zero_ptr, cols, col_ok, first, n_blocks, row_bytes,
-                                      zp_row_bytes, NBT, QBLOCK, ZERO_KIND)  # fmt: skip
-    q = _codes_less_zero(codes, zero, ZERO_KIND, NBT, QBLOCK)
-    w = tl.reshape(q * scale[:, :, None], (BLOCK_N, BLOCK_K)).to(a_ptr.dtype.element_ty)
+    codes = _block_codes(b_ptr, cols, col_ok, tile * NBT, n_blocks, row_bytes, NBT, QBLOCK)
+    w = tl.reshape(_dequantized(codes, scale, zero, ZERO_KIND, NBT, QBLOCK, a_ptr.dtype.element_ty), (BLOCK_N, BLOCK_K))
     return _a_times(a_ptr, rows, row_ok, tile * BLOCK_K + tl.arange(0, BLOCK_K), k, a_stride, w, IEEE)
 
 
@@ -120,14 +124,22 @@ def _q4_split_gemm_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     first = split * tiles_per_split
     last = tl.minimum(first + tiles_per_split, k_tiles)
+    NBT: tl.constexpr = BLOCK_K // QBLOCK
+    if not WORDS:
+        scale, zero = _block_scales(scale_ptr, zero_ptr, cols, col_ok, first * NBT, n_blocks, zp_row_bytes, NBT,
+                                    ZERO_KIND)  # fmt: skip
     for tile in range(first, last):
         if WORDS:
             acc += _word_tile(a_ptr, b_ptr, scale_ptr, zero_ptr, rows, row_ok, cols, col_ok, tile, k, a_stride,
                               n_blocks, row_units, zp_row_bytes, magic_bits, ZERO_KIND, QBLOCK, BLOCK_K,
                               IEEE)  # fmt: skip
         else:
-            acc += _byte_tile(a_ptr, b_ptr, scale_ptr, zero_ptr, rows, row_ok, cols, col_ok, tile, k, a_stride,
-                              n_blocks, row_units, zp_row_bytes, ZERO_KIND, QBLOCK, BLOCK_N, BLOCK_K, IEEE)  # fmt: skip
+            # the next tile's scales and zero points, loaded a tile ahead (linear_q4._block_scales)
+            scale2, zero2 = _block_scales(scale_ptr, zero_ptr, cols, col_ok, (tile + 1) * NBT, n_blocks, zp_row_bytes,
+                                          NBT, ZERO_KIND)  # fmt: skip
+            acc += _byte_tile(a_ptr, b_ptr, scale, zero, rows, row_ok, cols, col_ok, tile, k, a_stride, n_blocks,
+                              row_units, ZERO_KIND, QBLOCK, BLOCK_N, BLOCK_K, IEEE)  # fmt: skip
+            scale, zero = scale2, zero2
     inside = row_ok[:, None] & col_ok[None, :]
     cell = rows[:, None] * n + cols[None, :]
     if SPLIT:

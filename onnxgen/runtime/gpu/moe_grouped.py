@@ -38,7 +38,7 @@ import triton.language as tl
 
 from onnxgen import options
 from onnxgen.runtime.gpu.launch import LAUNCHES
-from onnxgen.runtime.gpu.linear_q4 import MAGIC_BITS, _codes_less_zero
+from onnxgen.runtime.gpu.linear_q4 import MAGIC_BITS, _codes_less_zero, _codes_less_zero_half
 from onnxgen.runtime.gpu.moe_experts import ExpertWeights, _act, _expert_loads, _Form, _or
 
 WARPS = 4
@@ -51,22 +51,41 @@ MIN_K_STEP = 32
 
 
 @triton.jit
-def _weight_tile(
-    w_ptr, s_ptr, z_ptr, e, r, row_ok, first, n_blocks, n, k, row_len, z_len, BITS: tl.constexpr,
-    PER_ROW: tl.constexpr, ZERO_KIND: tl.constexpr, QBLOCK: tl.constexpr, NB: tl.constexpr, DTYPE: tl.constexpr,
-):  # fmt: skip
-    """Rows ``r`` of expert ``e`` (vectors of R), compute blocks ``first`` .. ``first + NB - 1``, as
-    [R, NB * QBLOCK] weights in DTYPE: (code - zero) * scale in fp32 rounded once, dense ones as
-    stored (zeros where a row or a block lies outside)."""
-    w, scale, offset = _expert_loads(w_ptr, s_ptr, z_ptr, e, r, row_ok, first, n_blocks, n, k, row_len, z_len, BITS,
-                                     PER_ROW, ZERO_KIND, QBLOCK, NB)  # fmt: skip
+def _weight_tile(w, scale, offset, BITS: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr, DTYPE: tl.constexpr):
+    """moe_experts._expert_loads' (weights, scale, offset) of R rows and NB compute blocks as [R,
+    NB * QBLOCK] weights in DTYPE: (code - zero) * scale in fp32 rounded once, dense ones as stored
+    (zeros where a row or a block lies outside)."""
     if BITS == 0:
         v = w.to(tl.float32)
+    elif BITS == 4 and DTYPE == tl.float16:
+        v = _codes_less_zero_half(w, offset, scale, NB, QBLOCK)
     elif BITS == 4:
         v = _codes_less_zero(w, offset, 0, NB, QBLOCK) * scale[:, :, None]
     else:
         v = ((w.to(tl.int32) | MAGIC_BITS).to(tl.float32, bitcast=True) - offset[:, :, None]) * scale[:, :, None]
-    return tl.reshape(v, (r.shape[0], NB * QBLOCK)).to(DTYPE)
+    return tl.reshape(v, (w.shape[0], NB * QBLOCK)).to(DTYPE)
+
+
+@triton.jit
+def _codes(w_ptr, s_ptr, z_ptr, e, r, row_ok, first, n_blocks, n, k, row_len, z_len, BITS: tl.constexpr,
+           PER_ROW: tl.constexpr, ZERO_KIND: tl.constexpr, QBLOCK: tl.constexpr, NB: tl.constexpr):  # fmt: skip
+    """The weights (codes) of _expert_loads alone: its scale and zero loads go unused and are
+    dropped, so the compiler's pipeline streams these (cp.async) as it does the activations."""
+    w, _, _ = _expert_loads(w_ptr, s_ptr, z_ptr, e, r, row_ok, first, n_blocks, n, k, row_len, z_len, BITS, PER_ROW,
+                            ZERO_KIND, QBLOCK, NB)  # fmt: skip
+    return w
+
+
+@triton.jit
+def _scales(w_ptr, s_ptr, z_ptr, e, r, row_ok, first, n_blocks, n, k, row_len, z_len, BITS: tl.constexpr,
+            PER_ROW: tl.constexpr, ZERO_KIND: tl.constexpr, QBLOCK: tl.constexpr, NB: tl.constexpr):  # fmt: skip
+    """(scale, offset) of _expert_loads alone, for the kernels to load one K step ahead: a row's
+    scales and zero points are a few bytes per step, too narrow for the compiler's pipeline
+    (cp.async moves 4 bytes and up per thread), so loaded where they are used each step would
+    wait out a memory round trip (the codes are dropped: unused loads)."""
+    _, scale, offset = _expert_loads(w_ptr, s_ptr, z_ptr, e, r, row_ok, first, n_blocks, n, k, row_len, z_len, BITS,
+                                     PER_ROW, ZERO_KIND, QBLOCK, NB)  # fmt: skip
+    return scale, offset
 
 
 @triton.jit
@@ -130,15 +149,28 @@ def _grouped_fc1(
         ACC_SHAPE: tl.constexpr = (BLOCK_N, BLOCK_M) if SWAP else (BLOCK_M, BLOCK_N)
         gate = tl.zeros(ACC_SHAPE, tl.float32)
         up = tl.zeros(ACC_SHAPE, tl.float32)
+        # the scales and zero points one K step ahead (_scales)
+        gs, go = _scales(w_ptr, s_ptr, z_ptr, ev, gate_rows, col_ok, 0, n_blocks, n1, hidden, row_len, z_len, BITS,
+                         PER_ROW, ZERO_KIND, QBLOCK, NB)  # fmt: skip
+        us, uo = gs, go
+        if ACT == 4:
+            us, uo = _scales(w3_ptr, s3_ptr, z3_ptr, ev, up_rows, col_ok, 0, n_blocks, n3, hidden, row_len, z_len,
+                             BITS, PER_ROW, ZERO_KIND, QBLOCK, NB)  # fmt: skip
         for first in range(0, n_blocks, NB):
             a = _row_tile(x_ptr, tokens, pair_ok, first * QBLOCK, hidden, BLOCK_K)
-            gw = _weight_tile(w_ptr, s_ptr, z_ptr, ev, gate_rows, col_ok, first, n_blocks, n1, hidden, row_len, z_len,
-                              BITS, PER_ROW, ZERO_KIND, QBLOCK, NB, dtype)  # fmt: skip
-            gate += _dot(a, gw, IEEE, SWAP)
+            gw = _codes(w_ptr, s_ptr, z_ptr, ev, gate_rows, col_ok, first, n_blocks, n1, hidden, row_len, z_len, BITS,
+                        PER_ROW, ZERO_KIND, QBLOCK, NB)  # fmt: skip
+            gs2, go2 = _scales(w_ptr, s_ptr, z_ptr, ev, gate_rows, col_ok, first + NB, n_blocks, n1, hidden, row_len,
+                               z_len, BITS, PER_ROW, ZERO_KIND, QBLOCK, NB)  # fmt: skip
+            gate += _dot(a, _weight_tile(gw, gs, go, BITS, NB, QBLOCK, dtype), IEEE, SWAP)
+            gs, go = gs2, go2
             if ACT == 4:
-                uw = _weight_tile(w3_ptr, s3_ptr, z3_ptr, ev, up_rows, col_ok, first, n_blocks, n3, hidden, row_len,
-                                  z_len, BITS, PER_ROW, ZERO_KIND, QBLOCK, NB, dtype)  # fmt: skip
-                up += _dot(a, uw, IEEE, SWAP)
+                uw = _codes(w3_ptr, s3_ptr, z3_ptr, ev, up_rows, col_ok, first, n_blocks, n3, hidden, row_len, z_len,
+                            BITS, PER_ROW, ZERO_KIND, QBLOCK, NB)  # fmt: skip
+                us2, uo2 = _scales(w3_ptr, s3_ptr, z3_ptr, ev, up_rows, col_ok, first + NB, n_blocks, n3, hidden,
+                                   row_len, z_len, BITS, PER_ROW, ZERO_KIND, QBLOCK, NB)  # fmt: skip
+                up += _dot(a, _weight_tile(uw, us, uo, BITS, NB, QBLOCK, dtype), IEEE, SWAP)
+                us, uo = us2, uo2
         if SWAP:
             gate = tl.trans(gate)
             up = tl.trans(up)
@@ -167,11 +199,17 @@ def _grouped_fc2(
         BLOCK_K: tl.constexpr = NB * QBLOCK
         ACC_SHAPE: tl.constexpr = (BLOCK_N, BLOCK_M) if SWAP else (BLOCK_M, BLOCK_N)
         acc = tl.zeros(ACC_SHAPE, tl.float32)
+        dtype = h_ptr.dtype.element_ty
+        ws, wo = _scales(w_ptr, s_ptr, z_ptr, ev, rows, row_ok, 0, n_blocks, hidden, inter, row_len, z_len, BITS,
+                         PER_ROW, ZERO_KIND, QBLOCK, NB)  # fmt: skip
         for first in range(0, n_blocks, NB):
             a = _row_tile(h_ptr, pairs, pair_ok, first * QBLOCK, inter, BLOCK_K)
-            w = _weight_tile(w_ptr, s_ptr, z_ptr, ev, rows, row_ok, first, n_blocks, hidden, inter, row_len, z_len,
-                             BITS, PER_ROW, ZERO_KIND, QBLOCK, NB, h_ptr.dtype.element_ty)  # fmt: skip
-            acc += _dot(a, w, IEEE, SWAP)
+            w = _codes(w_ptr, s_ptr, z_ptr, ev, rows, row_ok, first, n_blocks, hidden, inter, row_len, z_len, BITS,
+                       PER_ROW, ZERO_KIND, QBLOCK, NB)  # fmt: skip
+            ws2, wo2 = _scales(w_ptr, s_ptr, z_ptr, ev, rows, row_ok, first + NB, n_blocks, hidden, inter, row_len,
+                               z_len, BITS, PER_ROW, ZERO_KIND, QBLOCK, NB)  # fmt: skip
+            acc += _dot(a, _weight_tile(w, ws, wo, BITS, NB, QBLOCK, dtype), IEEE, SWAP)
+            ws, wo = ws2, wo2
         if SWAP:
             acc = tl.trans(acc)
         if HAS_BIAS:
