@@ -53,6 +53,9 @@
 #   ttft08     the qwen3.5-0.8b fp16 prompt: the hybrid kernel GPU tests (and the strided-row kernels'); TTFT at
 #              16 and 64 tokens; then the copies and fills an eager 16-token prompt issues, by onnxgen line
 #              (bench.prefill --copies), ~3 min
+#   pieces     option prefill_pieces (a hybrid prompt between powers of two in fewer passes: 56 = 48 + 8, not
+#              32 + 16 + 8) against the powers of two: bench.prefill at 24-100 tokens, qwen3.5-0.8b fp16, and the
+#              35B-A3B int4 package where bench/hybrid_peers_device.sh build-35b has built it, ~4 min
 #   sampled    the sampling GPU tests, then python -m bench.sampled_decode Q, fp16 and int4: sampled decode
 #              in the graph vs greedy and vs between the steps, same tokens as eager, ~4 min
 #
@@ -174,6 +177,16 @@ stage_ttft08() {
   run ttft08-copies 120 $PY -m bench.prefill $H --context 2048 --lengths 16 --repeats 1 --capture off --profile \
     --copies --top 20
 }
+stage_pieces() {
+  local v=(--variant pow2: --variant fine:ONNXGEN_PREFILL_PIECES=fine --variant pow2-again:
+    --variant fine-again:ONNXGEN_PREFILL_PIECES=fine)
+  run pieces-08 150 $PY -m bench.prefill --shape qwen3.5-0.8b --precision fp16 --context 2048 \
+    --lengths 24,32,48,56,64,100 --repeats 5 "${v[@]}"
+  local p35
+  p35=$(compgen -G "/tmp/peers-qwen3.5-35b-a3b/pkg-qwen3.5-35b-a3b-int4-cuda-gqa-seed*[0-9]" | head -1)
+  [ -n "$p35" ] && run pieces-35b 240 $PY -m bench.prefill --package "$p35" --context 2048 \
+    --lengths 24,32,48,56,64,100 --repeats 5 "${v[@]}"
+}
 stage_sampled() {
   run sampled-tests 240 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_sampled_decoding.py tests/test_decode_tail.py tests/test_sampling_inputs.py
   for p in fp16 int4; do run "sampled-$p" 150 $PY -m bench.sampled_decode $Q --precision $p --context 512; done
@@ -229,7 +242,7 @@ stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
 }
 
-STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 sampled"
+STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces sampled"
 if [ $# -eq 0 ]; then
   echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
   exit 2

@@ -242,6 +242,68 @@ def test_hybrid_prompts_run_as_recorded_power_of_two_pieces(hybrid) -> None:
     assert engine.prefill_capture_stats.captured_steps > 0
 
 
+@pytest.mark.parametrize(
+    ("rows", "pow2", "fine"),
+    [
+        (37, [32, 4, 1], [32, 4, 1]),
+        (24, [16, 8], [24]),
+        (56, [32, 16, 8], [48, 8]),
+        (100, [64, 32, 4], [96, 4]),
+        (1000, [512, 256, 128, 64, 32, 8], [768, 192, 32, 8]),
+        (1024, [1024], [1024]),
+        (12, [8, 4], [8, 4]),  # no 1.5x piece below 24 rows
+    ],
+)
+def test_prompt_pieces(rows: int, pow2: list[int], fine: list[int]) -> None:
+    """A hybrid prompt chunk's unpadded pieces: powers of two, or (option prefill_pieces fine) also
+    1.5 times a power of two from 24 on; largest first, summing to the chunk, and no more than 16
+    sizes up to 1,024 rows besides the one-row decode step (the recordings they need)."""
+    from onnxgen import options
+    from onnxgen.genai.engine import prompt_pieces
+
+    assert prompt_pieces(rows) == pow2  # the default
+    assert prompt_pieces(rows, fine=False) == pow2
+    with options.override(prefill_pieces="fine"):
+        assert prompt_pieces(rows) == fine
+    sizes = {p for n in range(1, 1025) for p in prompt_pieces(n, fine=True) if p > 1}
+    assert len(sizes) == 16 and sum(prompt_pieces(999, fine=True)) == 999
+
+
+def test_hybrid_prompts_in_fine_pieces(hybrid) -> None:
+    """Option prefill_pieces fine: a 56-token prompt runs as 48 + 8 rows, 24 as one piece, 100 as
+    96 + 4, captured (the CPU stand-in for CUDA graphs) or not, and the last row's logits equal
+    transformers' either way."""
+    from onnxgen import options
+    from onnxgen.genai import Generator, SamplingParams
+    from onnxgen.runtime.capture.recorder import ReplayRecorder
+
+    checkpoint, package = hybrid
+    write_word_tokenizer(package, 128)
+    model = hf_model(checkpoint)
+    rng = np.random.default_rng(13)
+    prompts = [rng.integers(1, 128, size=n).tolist() for n in (56, 24, 100)]
+    with options.override(prefill_pieces="fine"):
+        for capture in ("on", "off"):
+            recorder = ReplayRecorder() if capture == "on" else None
+            engine = Generator(package, "cpu", kv="static", capture=capture, recorder=recorder).engine
+            engine.prefill_chunk = 0  # the CPU's 256-token chunks would not cut these anyway; one span
+            rows: list[int] = []
+            forward = engine._forward
+            engine._forward = lambda seq, chunk, *a, _f=forward, _r=rows, **k: (
+                _r.append(chunk.shape[1]) or _f(seq, chunk, *a, **k)
+            )
+            for attempt in range(3 if capture == "on" else 1):  # warm-up, recording, replay
+                for ids in prompts:
+                    sequence = engine.new_sequence(ids, SamplingParams(max_new_tokens=1))
+                    sequence.kv = engine._new_kv(len(ids) + 1)
+                    with torch.inference_mode():
+                        ours = engine._prefill(sequence, torch.tensor([ids])).float().numpy()
+                    with torch.no_grad():
+                        expected = model(torch.tensor([ids])).logits[0, -1].numpy()
+                    np.testing.assert_allclose(ours, expected, rtol=1e-4, atol=1e-4, err_msg=f"{capture} {attempt}")
+            assert rows[:5] == [48, 8, 24, 96, 4], (capture, rows)
+
+
 def test_a_hybrid_prompt_computes_the_same_bits_captured_or_not(hybrid) -> None:
     """The capture setting must not change what a prompt computes: with a static cache a hybrid's
     prompt runs in the same power-of-two pieces whether its steps are recorded or not. (The H200

@@ -48,7 +48,7 @@ import torch
 
 from onnxgen.errors import InvalidInputError, OnnxgenError
 from onnxgen.genai.batch_buckets import BucketFeeds, batch_buckets, bucket_for
-from onnxgen.genai.engine import DecodeEngine, power_of_two_pieces
+from onnxgen.genai.engine import DecodeEngine, prompt_pieces
 from onnxgen.genai.kv_cache import StaticKV, past_feeds_attention_in_place
 from onnxgen.genai.kv_pool import KVPool
 from onnxgen.genai.package import PackageConfig
@@ -352,9 +352,9 @@ class BatchedDecoder:
             hi = point
         if self.captured:
             return self._prefill_chunk_captured(sequence, lo, hi), hi - lo
-        # a hybrid's chunk in the captured path's power-of-two pieces (engine._prefill_pieces): split
-        # otherwise it would round otherwise, and the capture setting would change the tokens
-        pieces = power_of_two_pieces(hi - lo) if engine.config.carried else [hi - lo]
+        # a hybrid's chunk in the captured path's pieces (engine._prefill_pieces): split otherwise it
+        # would round otherwise, and the capture setting would change the tokens
+        pieces = prompt_pieces(hi - lo) if engine.config.carried else [hi - lo]
         start = lo
         for piece in pieces:
             logits = self._prefill_piece(sequence, start, start + piece)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import onnx
 import torch
 
+from onnxgen import options
 from onnxgen.errors import InvalidInputError
 from onnxgen.genai.decode_tail import GreedyTail, SampledTail
 from onnxgen.genai.graph_layout import position_feed, with_graph_layout
@@ -68,10 +69,23 @@ class BatchNotSupportedError(InvalidInputError):
     """More than one sequence was handed to the engine: it decodes one sequence at a time so far."""
 
 
-def power_of_two_pieces(rows: int) -> list[int]:
-    """``rows`` as powers of two, largest first (37 -> [32, 4, 1]): the prompt pieces of a graph
-    whose chunks cannot be padded."""
-    return [1 << bit for bit in range(rows.bit_length() - 1, -1, -1) if rows >> bit & 1]
+def prompt_pieces(rows: int, fine: bool | None = None) -> list[int]:
+    """``rows`` as the prompt pieces of a graph whose chunks cannot be padded, largest first: powers
+    of two (37 -> [32, 4, 1], 56 -> [32, 16, 8]); ``fine`` (default: option prefill_pieces) also 1.5
+    times a power of two from 24 on (56 -> [48, 8], 100 -> [96, 4]). Each piece is a pass over the
+    weights (on a MoE model nearly all its experts), so fewer pieces take less time; each piece size
+    is a recording, so the sizes stay few: 11 up to 1,024 rows, 17 with ``fine`` (the one-row piece
+    is a decode step's)."""
+    if fine is None:
+        fine = options.current().prefill_pieces == "fine"
+    pieces = []
+    while rows:
+        piece = 1 << (rows.bit_length() - 1)
+        if fine and piece >= 16 and rows >= piece + piece // 2:
+            piece += piece // 2
+        pieces.append(piece)
+        rows -= piece
+    return pieces
 
 
 class DecodeEngine:
@@ -642,7 +656,7 @@ class DecodeEngine:
         sound because the graph's attention (GroupQueryAttention over the shared cache) is causal
         within a chunk: a prompt row never sees the padding rows after it, and the padding's KV rows
         are unmasked again and overwritten by the next step. A graph with carried states takes
-        unpadded power-of-two pieces instead (_prefill_pieces). Each chunk is a binding key of the
+        unpadded pieces instead (_prefill_pieces, prompt_pieces). Each chunk is a binding key of the
         capture runtime (chunk rows; the mask spans the cache, so not the chunk's position): warmed,
         recorded and then replayed like the decode step, and checked against eager in verify mode."""
         if self.config.carried:
@@ -669,11 +683,12 @@ class DecodeEngine:
     def _prefill_pieces(self, sequence: Sequence, ids: torch.Tensor) -> torch.Tensor:
         """A prompt of a graph with carried states (a hybrid decoder) over a static cache: chunks of
         at most ``captured_prefill_max`` tokens (on the CPU ``prefill_chunk`` where smaller), each as
-        unpadded pieces of power-of-two rows, largest first (37 = 32 + 4 + 1; a one-row piece is a
-        decode step). Padding would fold its tokens into the states for good, so pieces are what
-        lets a handful of recorded shapes serve every length. The pieces are the same whether the
-        steps are captured or not: a chunk split otherwise rounds otherwise, and a capture setting
-        would change the generated tokens. Returns the last row's logits."""
+        unpadded pieces, largest first (prompt_pieces: powers of two, 37 = 32 + 4 + 1, or option
+        prefill_pieces's finer sizes; a one-row piece is a decode step). Padding would fold its
+        tokens into the states for good, so pieces are what lets a handful of recorded shapes serve
+        every length. The pieces are the same whether the steps are captured or not: a chunk split
+        otherwise rounds otherwise, and a capture setting would change the generated tokens.
+        Returns the last row's logits."""
         span = self.captured_prefill_max
         if self.device.type == "cpu" and self.prefill_chunk:
             span = min(span, self.prefill_chunk)
@@ -681,7 +696,7 @@ class DecodeEngine:
 
     def _prefill_chunks(self, sequence: Sequence, ids: torch.Tensor, span: int, *, pieces: bool) -> torch.Tensor:
         """The prompt as steps of chunks of at most ``span`` tokens, each whole or (``pieces``) as its
-        power-of-two pieces, largest first; a Progress line on stderr for a prompt of at least
+        prompt_pieces, largest first; a Progress line on stderr for a prompt of at least
         ``prefill_progress_tokens`` (None: never). Returns the last row's logits."""
         from onnxgen.progress import Progress
 
@@ -692,7 +707,7 @@ class DecodeEngine:
             start = 0
             for lo in range(0, n, span):
                 rows = min(span, n - lo)
-                for piece in power_of_two_pieces(rows) if pieces else [rows]:
+                for piece in prompt_pieces(rows) if pieces else [rows]:
                     logits = self._forward(sequence, ids[:, start : start + piece])
                     start += piece
                     bar.update(piece)
