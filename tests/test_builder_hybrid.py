@@ -304,13 +304,15 @@ def test_hybrid_prompts_in_fine_pieces(hybrid) -> None:
             assert rows[:5] == [48, 8, 24, 96, 4], (capture, rows)
 
 
-def test_a_hybrid_prompt_computes_the_same_bits_captured_or_not(hybrid) -> None:
+@pytest.mark.parametrize("pieces", ["pow2", "fine"])
+def test_a_hybrid_prompt_computes_the_same_bits_captured_or_not(hybrid, pieces: str) -> None:
     """The capture setting must not change what a prompt computes: with a static cache a hybrid's
     prompt runs in the same power-of-two pieces whether its steps are recorded or not. (The H200
     run of 2026-12-05 found a captured generation parting from the uncaptured one after 30 tokens:
     the captured prompt ran as 8 + 4 rows, the uncaptured one as 12, and a chunk split otherwise
     rounds otherwise.) The last row's logits are compared bit for bit, recorded (the CPU stand-in
     for CUDA graphs) against not, for lengths of one, two and three pieces."""
+    from onnxgen import options
     from onnxgen.genai import Generator, SamplingParams
     from onnxgen.runtime.capture.recorder import ReplayRecorder
 
@@ -321,14 +323,14 @@ def test_a_hybrid_prompt_computes_the_same_bits_captured_or_not(hybrid) -> None:
         "off": Generator(package, "cpu", kv="static", capture="off").engine,
         "on": Generator(package, "cpu", kv="static", capture="on", recorder=ReplayRecorder()).engine,
     }
-    for n in (16, 12, 37):
+    for n in (16, 12, 37, 56):  # 56: three pieces, or two of option prefill_pieces's finer sizes
         ids = rng.integers(1, 128, size=n).tolist()
         logits = {}
         for mode, engine in engines.items():
             for _ in range(3):  # warm-up, recording, replay
                 sequence = engine.new_sequence(ids, SamplingParams(max_new_tokens=1))
                 sequence.kv = engine._new_kv(n + 1)
-                with torch.inference_mode():
+                with torch.inference_mode(), options.override(prefill_pieces=pieces):
                     logits[mode] = engine._prefill(sequence, torch.tensor([ids])).clone()
         assert torch.equal(logits["on"], logits["off"]), n
     assert engines["on"].prefill_capture_stats.captured_steps > 0
