@@ -205,13 +205,28 @@ def test_generator_greedy_equals_transformers(hybrid, kv: str) -> None:
     assert list(generator.generate_ids(PROMPT, params)) == expected  # the states start from zero again
 
 
+def _prompt_matches_transformers(engine, model, ids: list[int], what: str) -> None:
+    """The engine's prompt over a fresh static cache: the last row's logits equal transformers' and
+    the cache holds the prompt."""
+    from onnxgen.genai import SamplingParams
+
+    sequence = engine.new_sequence(ids, SamplingParams(max_new_tokens=1))
+    sequence.kv = engine._new_kv(len(ids) + 1)
+    with torch.inference_mode():
+        ours = engine._prefill(sequence, torch.tensor([ids])).float().numpy()
+    with torch.no_grad():
+        expected = model(torch.tensor([ids])).logits[0, -1].numpy()
+    np.testing.assert_allclose(ours, expected, rtol=1e-4, atol=1e-4, err_msg=what)
+    assert sequence.kv.length == len(ids)
+
+
 def test_hybrid_prompts_run_as_recorded_power_of_two_pieces(hybrid) -> None:
     """A hybrid's prompt chunk cannot be padded (the padding would enter its states): with a static
     cache it runs as power-of-two pieces, largest first (37 = 32 + 4 + 1; the one-row piece is a
     decode step), so two prompt lengths share the 4-row recording, and the 32-row one replays at a
     later position (the mask spans the cache). The last row's logits equal transformers' for every
     phase (warm-up, recording, replay: the CPU stand-in for CUDA graphs)."""
-    from onnxgen.genai import Generator, SamplingParams
+    from onnxgen.genai import Generator
     from onnxgen.runtime.capture.recorder import ReplayRecorder
 
     checkpoint, package = hybrid
@@ -227,14 +242,7 @@ def test_hybrid_prompts_run_as_recorded_power_of_two_pieces(hybrid) -> None:
     model = hf_model(checkpoint)
     for attempt in range(4):
         for ids in prompts:
-            sequence = engine.new_sequence(ids, SamplingParams(max_new_tokens=1))
-            sequence.kv = engine._new_kv(len(ids) + 1)
-            with torch.inference_mode():
-                ours = engine._prefill(sequence, torch.tensor([ids])).float().numpy()
-            with torch.no_grad():
-                expected = model(torch.tensor([ids])).logits[0, -1].numpy()
-            np.testing.assert_allclose(ours, expected, rtol=1e-4, atol=1e-4, err_msg=f"{len(ids)}, {attempt}")
-            assert sequence.kv.length == len(ids)
+            _prompt_matches_transformers(engine, model, ids, f"{len(ids)}, {attempt}")
     assert rows == [32, 4, 16, 4, 64, 4] * 4
     # one recorded shape per piece size, whatever the piece's position (the 4-row piece sits at rows
     # 32, 16 and 64)
@@ -274,7 +282,7 @@ def test_hybrid_prompts_in_fine_pieces(hybrid) -> None:
     96 + 4, captured (the CPU stand-in for CUDA graphs) or not, and the last row's logits equal
     transformers' either way."""
     from onnxgen import options
-    from onnxgen.genai import Generator, SamplingParams
+    from onnxgen.genai import Generator
     from onnxgen.runtime.capture.recorder import ReplayRecorder
 
     checkpoint, package = hybrid
@@ -294,13 +302,7 @@ def test_hybrid_prompts_in_fine_pieces(hybrid) -> None:
             )
             for attempt in range(3 if capture == "on" else 1):  # warm-up, recording, replay
                 for ids in prompts:
-                    sequence = engine.new_sequence(ids, SamplingParams(max_new_tokens=1))
-                    sequence.kv = engine._new_kv(len(ids) + 1)
-                    with torch.inference_mode():
-                        ours = engine._prefill(sequence, torch.tensor([ids])).float().numpy()
-                    with torch.no_grad():
-                        expected = model(torch.tensor([ids])).logits[0, -1].numpy()
-                    np.testing.assert_allclose(ours, expected, rtol=1e-4, atol=1e-4, err_msg=f"{capture} {attempt}")
+                    _prompt_matches_transformers(engine, model, ids, f"{capture} {attempt}")
             assert rows[:5] == [48, 8, 24, 96, 4], (capture, rows)
 
 

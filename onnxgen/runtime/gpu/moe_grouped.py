@@ -105,6 +105,22 @@ def _dot(a, w, IEEE: tl.constexpr, SWAP: tl.constexpr):
 
 
 @triton.jit
+def _step(
+    a, w_ptr, s_ptr, z_ptr, e, r, row_ok, first, n_blocks, n, k, row_len, z_len, scale, offset, BITS: tl.constexpr,
+    PER_ROW: tl.constexpr, ZERO_KIND: tl.constexpr, QBLOCK: tl.constexpr, NB: tl.constexpr, DTYPE: tl.constexpr,
+    IEEE: tl.constexpr, SWAP: tl.constexpr,
+):  # fmt: skip
+    """One K step of a product: (a . the weights of rows ``r`` at step ``first``, made with this
+    step's ``scale`` and ``offset``, then the next step's scale and offset), the next ones loaded
+    before this step's weights are made (_scales)."""
+    w = _codes(w_ptr, s_ptr, z_ptr, e, r, row_ok, first, n_blocks, n, k, row_len, z_len, BITS, PER_ROW, ZERO_KIND,
+               QBLOCK, NB)  # fmt: skip
+    next_scale, next_offset = _scales(w_ptr, s_ptr, z_ptr, e, r, row_ok, first + NB, n_blocks, n, k, row_len, z_len,
+                                      BITS, PER_ROW, ZERO_KIND, QBLOCK, NB)  # fmt: skip
+    return _dot(a, _weight_tile(w, scale, offset, BITS, NB, QBLOCK, DTYPE), IEEE, SWAP), next_scale, next_offset
+
+
+@triton.jit
 def _row_tile(ptr, rows, rows_ok, start, width, BLOCK_K: tl.constexpr):
     """Columns ``start`` .. ``start + BLOCK_K`` of the ``rows`` of a [*, width] tensor, in its dtype
     (zeros outside): the A tile of a product."""
@@ -158,19 +174,15 @@ def _grouped_fc1(
                              BITS, PER_ROW, ZERO_KIND, QBLOCK, NB)  # fmt: skip
         for first in range(0, n_blocks, NB):
             a = _row_tile(x_ptr, tokens, pair_ok, first * QBLOCK, hidden, BLOCK_K)
-            gw = _codes(w_ptr, s_ptr, z_ptr, ev, gate_rows, col_ok, first, n_blocks, n1, hidden, row_len, z_len, BITS,
-                        PER_ROW, ZERO_KIND, QBLOCK, NB)  # fmt: skip
-            gs2, go2 = _scales(w_ptr, s_ptr, z_ptr, ev, gate_rows, col_ok, first + NB, n_blocks, n1, hidden, row_len,
-                               z_len, BITS, PER_ROW, ZERO_KIND, QBLOCK, NB)  # fmt: skip
-            gate += _dot(a, _weight_tile(gw, gs, go, BITS, NB, QBLOCK, dtype), IEEE, SWAP)
-            gs, go = gs2, go2
+            product, gs, go = _step(a, w_ptr, s_ptr, z_ptr, ev, gate_rows, col_ok, first, n_blocks, n1, hidden,
+                                    row_len, z_len, gs, go, BITS, PER_ROW, ZERO_KIND, QBLOCK, NB, dtype, IEEE,
+                                    SWAP)  # fmt: skip
+            gate += product
             if ACT == 4:
-                uw = _codes(w3_ptr, s3_ptr, z3_ptr, ev, up_rows, col_ok, first, n_blocks, n3, hidden, row_len, z_len,
-                            BITS, PER_ROW, ZERO_KIND, QBLOCK, NB)  # fmt: skip
-                us2, uo2 = _scales(w3_ptr, s3_ptr, z3_ptr, ev, up_rows, col_ok, first + NB, n_blocks, n3, hidden,
-                                   row_len, z_len, BITS, PER_ROW, ZERO_KIND, QBLOCK, NB)  # fmt: skip
-                up += _dot(a, _weight_tile(uw, us, uo, BITS, NB, QBLOCK, dtype), IEEE, SWAP)
-                us, uo = us2, uo2
+                product, us, uo = _step(a, w3_ptr, s3_ptr, z3_ptr, ev, up_rows, col_ok, first, n_blocks, n3, hidden,
+                                        row_len, z_len, us, uo, BITS, PER_ROW, ZERO_KIND, QBLOCK, NB, dtype, IEEE,
+                                        SWAP)  # fmt: skip
+                up += product
         if SWAP:
             gate = tl.trans(gate)
             up = tl.trans(up)
@@ -204,12 +216,9 @@ def _grouped_fc2(
                          PER_ROW, ZERO_KIND, QBLOCK, NB)  # fmt: skip
         for first in range(0, n_blocks, NB):
             a = _row_tile(h_ptr, pairs, pair_ok, first * QBLOCK, inter, BLOCK_K)
-            w = _codes(w_ptr, s_ptr, z_ptr, ev, rows, row_ok, first, n_blocks, hidden, inter, row_len, z_len, BITS,
-                       PER_ROW, ZERO_KIND, QBLOCK, NB)  # fmt: skip
-            ws2, wo2 = _scales(w_ptr, s_ptr, z_ptr, ev, rows, row_ok, first + NB, n_blocks, hidden, inter, row_len,
-                               z_len, BITS, PER_ROW, ZERO_KIND, QBLOCK, NB)  # fmt: skip
-            acc += _dot(a, _weight_tile(w, ws, wo, BITS, NB, QBLOCK, dtype), IEEE, SWAP)
-            ws, wo = ws2, wo2
+            product, ws, wo = _step(a, w_ptr, s_ptr, z_ptr, ev, rows, row_ok, first, n_blocks, hidden, inter, row_len,
+                                    z_len, ws, wo, BITS, PER_ROW, ZERO_KIND, QBLOCK, NB, dtype, IEEE, SWAP)  # fmt: skip
+            acc += product
         if SWAP:
             acc = tl.trans(acc)
         if HAS_BIAS:
