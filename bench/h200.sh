@@ -147,14 +147,15 @@ stage_prefill() {
 stage_moe() {
   run moe-tests 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_moe_kernels.py
   run moe-prompt 120 $PY -m bench.moe_prompt --tokens 1,16,24,32,48,64,128,256 --bounds 4,1,0
-  # the grouped kernels' tiles (ONNXGEN_MOE_GROUPED=BLOCK_M,BLOCK_N1,BLOCK_N2,K_STEP,WARPS[,SWAP]; BLOCK_M 0: the
-  # rule; SWAP 1: weight rows as the products' M, wgmma where they are 64 or more)
+  # the grouped kernels' tiles (ONNXGEN_MOE_GROUPED=BLOCK_M,BLOCK_N1,BLOCK_N2,K_STEP,WARPS[,SWAP[,STAGES]]; BLOCK_M
+  # 0: the rule; SWAP 1: weight rows as the products' M, no faster on 2026-12-06; STAGES: the pipeline's depth)
   run moe-tiles 240 $PY -m bench.moe_prompt --tokens 32,64,128,256 --bounds 0 --variant rule: \
     --variant n16:ONNXGEN_MOE_GROUPED=0,16,32,64,4 --variant n64:ONNXGEN_MOE_GROUPED=0,64,128,64,4 \
     --variant k128:ONNXGEN_MOE_GROUPED=0,32,64,128,4 --variant k32:ONNXGEN_MOE_GROUPED=0,32,64,32,4 \
     --variant w8:ONNXGEN_MOE_GROUPED=0,32,64,64,8 --variant w2:ONNXGEN_MOE_GROUPED=0,32,64,64,2 \
     --variant m32:ONNXGEN_MOE_GROUPED=32,32,64,64,4 --variant swap:ONNXGEN_MOE_GROUPED=0,32,64,32,4,1 \
-    --variant swap-n64:ONNXGEN_MOE_GROUPED=0,64,64,32,4,1 --variant swap-w8:ONNXGEN_MOE_GROUPED=0,64,128,32,8,1 \
+    --variant st2:ONNXGEN_MOE_GROUPED=0,32,64,32,4,0,2 --variant st4:ONNXGEN_MOE_GROUPED=0,32,64,32,4,0,4 \
+    --variant st6:ONNXGEN_MOE_GROUPED=0,32,64,32,4,0,6 --variant k64-st6:ONNXGEN_MOE_GROUPED=0,32,64,64,4,0,6 \
     --variant rule-again:
 }
 stage_moedecode() {

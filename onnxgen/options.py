@@ -89,7 +89,7 @@ class Options:
     conv_prompt: bool = True
     gdn_chunked_from: int = 0
     moe_pairs_per_expert: float = 0.5
-    moe_grouped: tuple[int, int, int, int, int, int] | None = None
+    moe_grouped: tuple[int, int, int, int, int, int, int] | None = None
     moe_per_pair: tuple[int, int, int, int, int] | None = None
     gdn_prompt: tuple[int, int] | None = None
     prefill_pieces: Literal["pow2", "fine"] = "pow2"
@@ -169,17 +169,17 @@ def _pairs_per_expert(raw: str) -> float:
     return value
 
 
-def _moe_grouped(raw: str) -> tuple[int, int, int, int, int, int]:
+def _moe_grouped(raw: str) -> tuple[int, int, int, int, int, int, int]:
     try:
         values = tuple(int(v) for v in raw.split(","))
     except ValueError:
         values = ()
-    if len(values) == 5:
-        values = (*values, 0)
-    if len(values) != 6:
-        raise ValueError("expected BLOCK_M,BLOCK_N1,BLOCK_N2,K_STEP,WARPS[,SWAP] (five or six integers; BLOCK_M 0: "
-                         "the rule)")  # fmt: skip
-    block_m, n1, n2, k_step, warps, swap = values
+    if len(values) in (5, 6):
+        values = (*values, 0, 0)[:7]
+    if len(values) != 7:
+        raise ValueError("expected BLOCK_M,BLOCK_N1,BLOCK_N2,K_STEP,WARPS[,SWAP[,STAGES]] (five to seven integers; "
+                         "BLOCK_M 0: the rule; STAGES 0: the kernels' own)")  # fmt: skip
+    block_m, n1, n2, k_step, warps, swap, stages = values
     powers = all(v > 0 and not v & (v - 1) for v in (n1, n2, k_step))
     if block_m not in (0, 16, 32, 64, 128) or not powers or not (16 <= n1 <= 256 and 16 <= n2 <= 256):
         raise ValueError("BLOCK_M must be 0, 16, 32, 64 or 128; BLOCK_N1 and BLOCK_N2 powers of two 16-256")
@@ -188,6 +188,8 @@ def _moe_grouped(raw: str) -> tuple[int, int, int, int, int, int]:
         raise ValueError("K_STEP must be a power of two 32-512, WARPS 1, 2, 4 or 8")
     if swap not in (0, 1):
         raise ValueError("SWAP must be 0 (pairs as the product's rows) or 1 (weight rows)")
+    if not 0 <= stages <= 8:
+        raise ValueError("STAGES must be 0 (the kernels' own) to 8")
     return values  # type: ignore[return-value]
 
 
@@ -384,11 +386,12 @@ KNOBS: tuple[Knob, ...] = (
          "per-pair kernels (gpu/moe_experts.py: each pair reads its expert); one-token steps always the per-pair "
          "kernels. Default 0.5: where the two break even on the 35B-A3B expert layer since the grouping became "
          "two kernels (16-token prompts; docs/benchmarks/2026-12-06-h100-prompt-copies.md)"),
-    Knob("moe_grouped", "ONNXGEN_MOE_GROUPED", _moe_grouped, "`BLOCK_M,BLOCK_N1,BLOCK_N2,K_STEP,WARPS[,SWAP]`",
+    Knob("moe_grouped", "ONNXGEN_MOE_GROUPED", _moe_grouped,
+         "`BLOCK_M,BLOCK_N1,BLOCK_N2,K_STEP,WARPS[,SWAP[,STAGES]]`",
          "forces the grouped expert kernels' tiles (gpu/moe_grouped.py): pairs per tile (0: the kernel's rule), "
          "fc1's and fc2's output columns per program, K elements per step (32 or more, and at least one quantization "
-         "block), warps, and SWAP 1: each product as weight rows times pairs (the weights as the tensor cores' "
-         "first operand), untimed",
+         "block), warps, SWAP 1: each product as weight rows times pairs (the weights as the tensor cores' "
+         "first operand; no faster on the 35B-A3B layer), and the software pipeline's stages (0: the kernels' own)",
          default_text="unset: the kernels' rule"),
     Knob("moe_per_pair", "ONNXGEN_MOE_PER_PAIR", _moe_per_pair, "`FC1_ROWS,FC1_BYTES,FC2_ROWS,FC2_BYTES,WARPS`",
          "forces the per-pair expert kernels' tiles (gpu/moe_experts.py: decode steps and short prompts): fc1's "

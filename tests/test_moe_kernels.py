@@ -285,19 +285,20 @@ def test_pairs_per_expert_option_picks_the_kernels(device: str) -> None:
 @pytest.mark.parametrize("swap", [0, 1])
 def test_grouped_kernels_under_a_forced_tile(device: str, swap: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Option moe_grouped's tiles (a sweep's configuration: 32 pairs per tile, narrow fc1 and fc2
-    tiles, a 32-element K step of two of these 16-element blocks, two warps; with and without the
-    products swapped, weights first) reach both launches, and compute what the torch path does."""
+    tiles, a 32-element K step of two of these 16-element blocks, two warps, four pipeline stages;
+    with and without the products swapped, weights first) reach both launches, and compute what the
+    torch path does."""
     from onnxgen.runtime.gpu import moe_grouped
 
     fc1, fc2 = LaunchSpy(moe_grouped._grouped_fc1), LaunchSpy(moe_grouped._grouped_fc2)
     monkeypatch.setattr(moe_grouped, "_grouped_fc1", fc1)
     monkeypatch.setattr(moe_grouped, "_grouped_fc2", fc2)
     attrs, inputs = _qmoe_inputs("int4_blocks", device, torch.float16, tokens=_prompt_tokens(2))
-    with options.override(moe_grouped=(32, 16, 32, 32, 2, swap)):
+    with options.override(moe_grouped=(32, 16, 32, 32, 2, swap, 4)):
         _grouped_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))
     launches = (fc1.launches[0], fc2.launches[0])
-    tiles = [(k["BLOCK_M"], k["BLOCK_N"], k["NB"], k["num_warps"], k["SWAP"]) for k in launches]
-    assert tiles == [(32, 16, 2, 2, bool(swap)), (32, 32, 2, 2, bool(swap))], tiles
+    tiles = [(k["BLOCK_M"], k["BLOCK_N"], k["NB"], k["num_warps"], k["SWAP"], k["num_stages"]) for k in launches]
+    assert tiles == [(32, 16, 2, 2, bool(swap), 4), (32, 32, 2, 2, bool(swap), 4)], tiles
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)

@@ -102,6 +102,7 @@ def test_per_shape_variables_become_one_field() -> None:
         ("ONNXGEN_MOE_GROUPED", "0,32,64,8,4", "K_STEP must be a power of two 32-512"),
         ("ONNXGEN_MOE_GROUPED", "0,32,64,16,4", "K_STEP must be a power of two 32-512"),
         ("ONNXGEN_MOE_GROUPED", "0,32,64,32,4,2", "SWAP must be 0 (pairs as the product's rows) or 1"),
+        ("ONNXGEN_MOE_GROUPED", "0,32,64,32,4,0,9", "STAGES must be 0 (the kernels' own) to 8"),
         ("ONNXGEN_GQA_DECODE", "100,8", "BLOCK_N must be a power of two >= 16"),
         ("ONNXGEN_GQA_DECODE", "128", "expected BLOCK_N,WARPS (two integers)"),
         ("ONNXGEN_DEQUANT_CACHE_MB", "-3", "expected a size in MB"),

@@ -42,6 +42,7 @@ from onnxgen.runtime.gpu.linear_q4 import MAGIC_BITS, _codes_less_zero, _codes_l
 from onnxgen.runtime.gpu.moe_experts import ExpertWeights, _act, _expert_loads, _Form, _or
 
 WARPS = 4
+STAGES = 3  # the software pipeline's depth (Triton's default); option moe_grouped forces another
 # K elements per step of both kernels by default (a sweep of the tiles on the 35B-A3B expert layer:
 # docs/benchmarks/2026-12-06-h100-moe-tiles-ttft.md); option moe_grouped forces another
 K_STEP = 32
@@ -365,10 +366,11 @@ def grouped_experts(
     LAUNCHES["moe_grouped"] += 1
     w1 = fc1.weight
     block_n1 = 64 if act != 4 else 32  # SwiGLU holds a gate and an up accumulator
-    block_n2, warps, nb1, nb2, swap = 64, WARPS, _blocks(f1), _blocks(f2), False
+    block_n2, warps, nb1, nb2, swap, stages = 64, WARPS, _blocks(f1), _blocks(f2), False, STAGES
     if forced:  # option moe_grouped (a sweep's configuration)
         block_n1, block_n2, warps, swap = forced[1], forced[2], forced[4], bool(forced[5])
         nb1, nb2 = _blocks(f1, forced[3]), _blocks(f2, forced[3])
+        stages = forced[6] or STAGES
     _grouped_fc1[(tile_expert.numel(), triton.cdiv(inter, block_n1))](
         x, order, tile_expert, tile_first, rows, h, w1, _or(fc1.scales, w1), _or(fc1.zeros, w1), _or(fc1.bias, w1),
         up.weight, _or(up.scales, w1), _or(up.zeros, w1), _or(up.bias, w1),
@@ -376,14 +378,14 @@ def grouped_experts(
         float(alpha), float(beta), float(limit or 0.0),
         ACT=act, HAS_LIMIT=limit is not None, HAS_BIAS=fc1.bias is not None, BITS=f1.bits, PER_ROW=f1.per_row,
         ZERO_KIND=f1.zero_kind, QBLOCK=f1.qblock, NB=nb1, BLOCK_M=block_m, BLOCK_N=block_n1, IEEE=ieee, SWAP=swap,
-        num_warps=warps,
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip
     w2 = fc2.weight
     _grouped_fc2[(tile_expert.numel(), triton.cdiv(hidden, block_n2))](
         h, order, tile_expert, tile_first, rows, routing, y, w2, _or(fc2.scales, w2), _or(fc2.zeros, w2),
         _or(fc2.bias, w2), hidden, inter, f2.row_len, f2.z_len, f2.n_blocks,
         HAS_BIAS=fc2.bias is not None, BITS=f2.bits, PER_ROW=f2.per_row, ZERO_KIND=f2.zero_kind, QBLOCK=f2.qblock,
-        NB=nb2, BLOCK_M=block_m, BLOCK_N=block_n2, IEEE=ieee, SWAP=swap, num_warps=warps,
+        NB=nb2, BLOCK_M=block_m, BLOCK_N=block_n2, IEEE=ieee, SWAP=swap, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return y.view(tokens, top_k, hidden).sum(dim=1).to(x.dtype)
 
