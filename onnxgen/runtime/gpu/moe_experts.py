@@ -52,7 +52,7 @@ import triton.language as tl
 
 from onnxgen import options
 from onnxgen.runtime.gpu.launch import KERNEL_DTYPES, LAUNCHES, pdl_launch, settled_before_launch
-from onnxgen.runtime.gpu.linear_q4 import MAGIC, MAGIC_BITS, _block_loads, _codes_less_zero
+from onnxgen.runtime.gpu.linear_q4 import MAGIC, MAGIC_BITS, _block_codes, _block_scales, _codes_less_zero
 from onnxgen.runtime.gpu.pdl import wait_for_previous
 
 # The kernels read one expert's weights per pair, so a call reads up to pairs / E times the bytes
@@ -108,19 +108,29 @@ def _expert_loads(
     unused. Codes: [R, NB, QBLOCK * BITS / 8] bytes; offset = 2^23 + zero, what a code's magic float
     loses to become code - zero. Per-block scales make QBLOCK the quantization block; per-row ones
     any power of two. ZERO_KIND 0: no zero points (2^(BITS - 1)); 1: packed per block along the row;
-    3: packed per row along the expert's rows."""
+    3: packed per row along the expert's rows. _expert_codes and _expert_scales are its two halves
+    (loops over K load the scales a step ahead)."""
+    scale, offset = _expert_scales(s_ptr, z_ptr, e, r, row_ok, first, n_blocks, n, z_len, BITS, PER_ROW, ZERO_KIND,
+                                   NB)  # fmt: skip
+    w = _expert_codes(w_ptr, e, r, row_ok, first, n_blocks, n, k, row_len, BITS, PER_ROW, QBLOCK, NB)
+    return w, scale, offset
+
+
+@triton.jit
+def _expert_codes(
+    w_ptr, e, r, row_ok, first, n_blocks, n, k, row_len, BITS: tl.constexpr, PER_ROW: tl.constexpr,
+    QBLOCK: tl.constexpr, NB: tl.constexpr,
+):  # fmt: skip
+    """The weights of _expert_loads alone."""
     g = e * n + r  # the row in the [E * N, row_len] view of the weights
     # one branch per form and one return: the compiler visits what follows a return in a branch
     if BITS == 4 and not PER_ROW:  # QMoE's block-wise 4-bit form is MatMulNBits' layout row by row
-        w, scale, offset = _block_loads(w_ptr, s_ptr, z_ptr, g, row_ok, first, n_blocks, row_len, z_len, NB, QBLOCK,
-                                        ZERO_KIND)  # fmt: skip
+        w = _block_codes(w_ptr, g, row_ok, first, n_blocks, row_len, NB, QBLOCK)
     elif BITS == 0:
         blk = first + tl.arange(0, NB)
         cols = blk[:, None] * QBLOCK + tl.arange(0, QBLOCK)[None, :]
         ok = (row_ok[:, None] & (blk < n_blocks)[None, :])[:, :, None] & (cols < k)[None, :, :]
         w = tl.load(w_ptr + g[:, None, None] * row_len + cols[None, :, :], mask=ok, other=0.0)
-        scale = 0.0
-        offset = 0.0
     else:
         blk = first + tl.arange(0, NB)
         block_ok = row_ok[:, None] & (blk < n_blocks)[None, :]
@@ -128,12 +138,30 @@ def _expert_loads(
         byte = blk[:, None] * BYTES + tl.arange(0, BYTES)[None, :]
         ok = block_ok[:, :, None] & (byte < row_len)[None, :, :]
         w = tl.load(w_ptr + g[:, None, None] * row_len + byte[None, :, :], mask=ok, other=0)
+    return w
+
+
+@triton.jit
+def _expert_scales(
+    s_ptr, z_ptr, e, r, row_ok, first, n_blocks, n, z_len, BITS: tl.constexpr, PER_ROW: tl.constexpr,
+    ZERO_KIND: tl.constexpr, NB: tl.constexpr,
+):  # fmt: skip
+    """(scale, offset) of _expert_loads alone (0.0, 0.0 for dense weights)."""
+    g = e * n + r
+    if BITS == 4 and not PER_ROW:
+        scale, offset = _block_scales(s_ptr, z_ptr, g, row_ok, first, n_blocks, z_len, NB, ZERO_KIND)
+    elif BITS == 0:
+        scale = 0.0
+        offset = 0.0
+    else:
+        blk = first + tl.arange(0, NB)
+        block_ok = row_ok[:, None] & (blk < n_blocks)[None, :]
         empty = tl.zeros((r.shape[0], NB), tl.float32)
         if PER_ROW:
             scale = tl.load(s_ptr + g, mask=row_ok, other=0.0).to(tl.float32)[:, None] + empty
         else:
             scale = tl.load(s_ptr + g[:, None] * n_blocks + blk[None, :], mask=block_ok, other=0.0).to(tl.float32)
-        if ZERO_KIND == 1:  # per block (8-bit here: 4-bit per block is _block_loads')
+        if ZERO_KIND == 1:  # per block (8-bit here: 4-bit per block is _block_scales')
             zero = tl.load(z_ptr + g[:, None] * z_len + blk[None, :], mask=block_ok, other=0).to(tl.float32)
         elif ZERO_KIND == 3:  # per row, packed along the expert's rows
             if BITS == 4:
@@ -145,7 +173,7 @@ def _expert_loads(
         else:
             zero = empty + (1 << (BITS - 1))
         offset = zero + MAGIC
-    return w, scale, offset
+    return scale, offset
 
 
 @triton.jit

@@ -27,7 +27,7 @@ bound. Every sum has a fixed order for a given routing and launch (no atomics), 
 for bit and a replay equals the eager call.
 
 Weights: every form moe_experts reads (moe_experts._form: dense, 4- and 8-bit codes with per-row or
-per-block scales and zero points), through its tile loads (moe_experts._expert_loads).
+per-block scales and zero points), through its tile loads (moe_experts._expert_codes, _expert_scales).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import triton.language as tl
 from onnxgen import options
 from onnxgen.runtime.gpu.launch import LAUNCHES
 from onnxgen.runtime.gpu.linear_q4 import MAGIC_BITS, _codes_less_zero, _codes_less_zero_half
-from onnxgen.runtime.gpu.moe_experts import ExpertWeights, _act, _expert_loads, _Form, _or
+from onnxgen.runtime.gpu.moe_experts import ExpertWeights, _act, _expert_codes, _expert_scales, _Form, _or
 
 WARPS = 4
 STAGES = 3  # the software pipeline's depth (Triton's default); option moe_grouped forces another
@@ -68,28 +68,6 @@ def _weight_tile(w, scale, offset, BITS: tl.constexpr, NB: tl.constexpr, QBLOCK:
 
 
 @triton.jit
-def _codes(w_ptr, s_ptr, z_ptr, e, r, row_ok, first, n_blocks, n, k, row_len, z_len, BITS: tl.constexpr,
-           PER_ROW: tl.constexpr, ZERO_KIND: tl.constexpr, QBLOCK: tl.constexpr, NB: tl.constexpr):  # fmt: skip
-    """The weights (codes) of _expert_loads alone: its scale and zero loads go unused and are
-    dropped, so the compiler's pipeline streams these (cp.async) as it does the activations."""
-    w, _, _ = _expert_loads(w_ptr, s_ptr, z_ptr, e, r, row_ok, first, n_blocks, n, k, row_len, z_len, BITS, PER_ROW,
-                            ZERO_KIND, QBLOCK, NB)  # fmt: skip
-    return w
-
-
-@triton.jit
-def _scales(w_ptr, s_ptr, z_ptr, e, r, row_ok, first, n_blocks, n, k, row_len, z_len, BITS: tl.constexpr,
-            PER_ROW: tl.constexpr, ZERO_KIND: tl.constexpr, QBLOCK: tl.constexpr, NB: tl.constexpr):  # fmt: skip
-    """(scale, offset) of _expert_loads alone, for the kernels to load one K step ahead: a row's
-    scales and zero points are a few bytes per step, too narrow for the compiler's pipeline
-    (cp.async moves 4 bytes and up per thread), so loaded where they are used each step would
-    wait out a memory round trip (the codes are dropped: unused loads)."""
-    _, scale, offset = _expert_loads(w_ptr, s_ptr, z_ptr, e, r, row_ok, first, n_blocks, n, k, row_len, z_len, BITS,
-                                     PER_ROW, ZERO_KIND, QBLOCK, NB)  # fmt: skip
-    return scale, offset
-
-
-@triton.jit
 def _dot(a, w, IEEE: tl.constexpr, SWAP: tl.constexpr):
     """a [M, K] . w [N, K]^T in fp32; SWAP: its transpose, w . a^T [N, M], the weights as the first
     operand (the tensor cores' A, which may stay in registers, and the weight rows, not the few
@@ -113,11 +91,12 @@ def _step(
 ):  # fmt: skip
     """One K step of a product: (a . the weights of rows ``r`` at step ``first``, made with this
     step's ``scale`` and ``offset``, then the next step's scale and offset), the next ones loaded
-    before this step's weights are made (_scales)."""
-    w = _codes(w_ptr, s_ptr, z_ptr, e, r, row_ok, first, n_blocks, n, k, row_len, z_len, BITS, PER_ROW, ZERO_KIND,
-               QBLOCK, NB)  # fmt: skip
-    next_scale, next_offset = _scales(w_ptr, s_ptr, z_ptr, e, r, row_ok, first + NB, n_blocks, n, k, row_len, z_len,
-                                      BITS, PER_ROW, ZERO_KIND, QBLOCK, NB)  # fmt: skip
+    before this step's weights are made: a row's scales and zero points are a few bytes per step, too
+    narrow for the compiler's pipeline (cp.async moves 4 bytes and up per thread), so loaded where
+    they are used each step would wait out a memory round trip (linear_q4._block_scales)."""
+    w = _expert_codes(w_ptr, e, r, row_ok, first, n_blocks, n, k, row_len, BITS, PER_ROW, QBLOCK, NB)
+    next_scale, next_offset = _expert_scales(s_ptr, z_ptr, e, r, row_ok, first + NB, n_blocks, n, z_len, BITS, PER_ROW,
+                                             ZERO_KIND, NB)  # fmt: skip
     return _dot(a, _weight_tile(w, scale, offset, BITS, NB, QBLOCK, DTYPE), IEEE, SWAP), next_scale, next_offset
 
 
@@ -166,13 +145,13 @@ def _grouped_fc1(
         ACC_SHAPE: tl.constexpr = (BLOCK_N, BLOCK_M) if SWAP else (BLOCK_M, BLOCK_N)
         gate = tl.zeros(ACC_SHAPE, tl.float32)
         up = tl.zeros(ACC_SHAPE, tl.float32)
-        # the scales and zero points one K step ahead (_scales)
-        gs, go = _scales(w_ptr, s_ptr, z_ptr, ev, gate_rows, col_ok, 0, n_blocks, n1, hidden, row_len, z_len, BITS,
-                         PER_ROW, ZERO_KIND, QBLOCK, NB)  # fmt: skip
+        # the scales and zero points one K step ahead (_step)
+        gs, go = _expert_scales(s_ptr, z_ptr, ev, gate_rows, col_ok, 0, n_blocks, n1, z_len, BITS, PER_ROW, ZERO_KIND,
+                                NB)  # fmt: skip
         us, uo = gs, go
         if ACT == 4:
-            us, uo = _scales(w3_ptr, s3_ptr, z3_ptr, ev, up_rows, col_ok, 0, n_blocks, n3, hidden, row_len, z_len,
-                             BITS, PER_ROW, ZERO_KIND, QBLOCK, NB)  # fmt: skip
+            us, uo = _expert_scales(s3_ptr, z3_ptr, ev, up_rows, col_ok, 0, n_blocks, n3, z_len, BITS, PER_ROW,
+                                    ZERO_KIND, NB)  # fmt: skip
         for first in range(0, n_blocks, NB):
             a = _row_tile(x_ptr, tokens, pair_ok, first * QBLOCK, hidden, BLOCK_K)
             product, gs, go = _step(a, w_ptr, s_ptr, z_ptr, ev, gate_rows, col_ok, first, n_blocks, n1, hidden,
@@ -213,8 +192,8 @@ def _grouped_fc2(
         ACC_SHAPE: tl.constexpr = (BLOCK_N, BLOCK_M) if SWAP else (BLOCK_M, BLOCK_N)
         acc = tl.zeros(ACC_SHAPE, tl.float32)
         dtype = h_ptr.dtype.element_ty
-        ws, wo = _scales(w_ptr, s_ptr, z_ptr, ev, rows, row_ok, 0, n_blocks, hidden, inter, row_len, z_len, BITS,
-                         PER_ROW, ZERO_KIND, QBLOCK, NB)  # fmt: skip
+        ws, wo = _expert_scales(s_ptr, z_ptr, ev, rows, row_ok, 0, n_blocks, hidden, z_len, BITS, PER_ROW, ZERO_KIND,
+                                NB)  # fmt: skip
         for first in range(0, n_blocks, NB):
             a = _row_tile(h_ptr, pairs, pair_ok, first * QBLOCK, inter, BLOCK_K)
             product, ws, wo = _step(a, w_ptr, s_ptr, z_ptr, ev, rows, row_ok, first, n_blocks, hidden, inter, row_len,
