@@ -39,7 +39,10 @@ def hybrid_config(moe: bool) -> DecoderConfig:
 
 
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
-def test_captured_hybrid_decode_equals_eager(tmp_path, moe: bool) -> None:
+@pytest.mark.parametrize("pieces", ["pow2", "fine"])
+def test_captured_hybrid_decode_equals_eager(tmp_path, moe: bool, pieces: str) -> None:
+    """fine: option prefill_pieces, and a 24-token prompt, one piece there (16 + 8 as powers of two)."""
+    from onnxgen import options
     from onnxgen.genai import Generator, SamplingParams
     from onnxgen.models.builder import build_package
     from onnxgen.models.random_source import RandomSource
@@ -48,11 +51,12 @@ def test_captured_hybrid_decode_equals_eager(tmp_path, moe: bool) -> None:
     config = hybrid_config(moe)
     package = build_package(RandomSource(config, seed=3), tmp_path / "pkg", precision="fp16", device="cuda")
     write_word_tokenizer(package, config.vocab_size)
-    prompt = [5, 17, 300, 41, 9, 800, 77, 12, 3, 64, 101, 7]
+    prompt = [5, 17, 300, 41, 9, 800, 77, 12, 3, 64, 101, 7] * (2 if pieces == "fine" else 1)
     params = SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
-    eager = list(Generator(package, "cuda", kv="static", capture="off").generate_ids(prompt, params))
-    captured = Generator(package, "cuda", kv="static", capture="verify")
-    tokens = list(captured.generate_ids(prompt, params))
+    with options.override(prefill_pieces=pieces):
+        eager = list(Generator(package, "cuda", kv="static", capture="off").generate_ids(prompt, params))
+        captured = Generator(package, "cuda", kv="static", capture="verify")
+        tokens = list(captured.generate_ids(prompt, params))
     stats = captured.capture_stats
     print(f"\n{config.name}: {stats.summary()}")
     assert tokens == eager
