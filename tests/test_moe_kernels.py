@@ -360,7 +360,7 @@ if triton_importable():
     import triton
     import triton.language as tl
 
-    from onnxgen.runtime.gpu.moe_grouped import _codes_less_zero_half
+    from onnxgen.runtime.gpu.linear_q4 import _codes_less_zero_half
 
     @triton.jit
     def _half_dequant_kernel(w_ptr, zero_ptr, scale_ptr, out_ptr):
@@ -375,10 +375,10 @@ if triton_importable():
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
 def test_half_dequantization_equals_the_fp32_one_rounded(device: str) -> None:
-    """The grouped kernels dequantize 4-bit codes in fp16 arithmetic for fp16 activations
-    (moe_grouped._codes_less_zero_half); every code pair of a byte against every zero point, and
-    scales from subnormal to large, must give (code - zero) * scale in fp32 rounded once to fp16,
-    bit for bit (the torch path's and the dense kernels' weights)."""
+    """The grouped kernels and the 4-bit prompt GEMMs dequantize 4-bit codes in fp16 arithmetic for
+    fp16 activations (linear_q4._codes_less_zero_half); every code pair of a byte against every
+    zero point, and scales from subnormal to large, must give (code - zero) * scale in fp32 rounded
+    once to fp16, bit for bit (the torch path's weights)."""
     dtype = torch.float16
     gen = torch.Generator().manual_seed(5)
     codes = torch.arange(256, dtype=torch.uint8).repeat_interleave(16).view(256, 16)  # every byte, 16 times

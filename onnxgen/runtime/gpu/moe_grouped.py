@@ -38,7 +38,7 @@ import triton.language as tl
 
 from onnxgen import options
 from onnxgen.runtime.gpu.launch import LAUNCHES
-from onnxgen.runtime.gpu.linear_q4 import MAGIC_BITS, _codes_less_zero, _codes_less_zero_half
+from onnxgen.runtime.gpu.linear_q4 import MAGIC_BITS, _dequantized
 from onnxgen.runtime.gpu.moe_experts import ExpertWeights, _act, _expert_codes, _expert_scales, _Form, _or
 
 WARPS = 4
@@ -54,14 +54,13 @@ MIN_K_STEP = 32
 @triton.jit
 def _weight_tile(w, scale, offset, BITS: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr, DTYPE: tl.constexpr):
     """moe_experts._expert_loads' (weights, scale, offset) of R rows and NB compute blocks as [R,
-    NB * QBLOCK] weights in DTYPE: (code - zero) * scale in fp32 rounded once, dense ones as stored
-    (zeros where a row or a block lies outside)."""
+    NB * QBLOCK] weights in DTYPE: (code - zero) * scale rounded once (4-bit codes as
+    linear_q4._dequantized makes them; the offset is 2^23 + zero, its ZERO_KIND 0 form), dense ones
+    as stored (zeros where a row or a block lies outside)."""
     if BITS == 0:
         v = w.to(tl.float32)
-    elif BITS == 4 and DTYPE == tl.float16:
-        v = _codes_less_zero_half(w, offset, scale, NB, QBLOCK)
     elif BITS == 4:
-        v = _codes_less_zero(w, offset, 0, NB, QBLOCK) * scale[:, :, None]
+        v = _dequantized(w, scale, offset, 0, NB, QBLOCK, DTYPE)
     else:
         v = ((w.to(tl.int32) | MAGIC_BITS).to(tl.float32, bitcast=True) - offset[:, :, None]) * scale[:, :, None]
     return tl.reshape(v, (w.shape[0], NB * QBLOCK)).to(DTYPE)
