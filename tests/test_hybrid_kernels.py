@@ -412,6 +412,56 @@ def test_conv_prompt_switched_off_runs_the_torch_path(device: str) -> None:
     assert (LAUNCHES["causal_conv_prompt"], LAUNCHES["causal_conv_update"]) == (before[0], before[1] + 1)
 
 
+# ---------------------------------------------------------------- a last row per batch entry (runtime/state_rows.py)
+
+
+def _rows_of(batch: int, device: str) -> torch.Tensor:
+    """Last rows for a padded prompt of 7 tokens: one for every entry, or one per entry."""
+    return torch.tensor([4] if batch == 1 else [4, 6, 1][:batch], dtype=torch.int64, device=device)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize(("kernel", "chunked_from"), [("gated_delta_decode", 0), ("gated_delta_chunked", 2)])
+@pytest.mark.parametrize("case", ["builder", "gqa", "linear"])
+def test_recurrence_kernels_stop_at_the_last_row(device: str, kernel: str, chunked_from: int, case: str) -> None:
+    """The sequential and chunked kernels with a last row per batch entry (the tokens after it
+    neither write nor decay the state) against the torch path given the same rows, which
+    tests/test_state_rows.py holds to the unpadded prompt."""
+    attrs, inputs = _linear_attention_inputs(LA_CASES[case], device, torch.float32, torch.float32, seed=11, tokens=7)
+    rows = _rows_of(inputs[0].shape[0], device)
+    domain = LA_CASES[case][0]
+    op = linear_attention_ms if domain == MS else linear_attention
+    ctx = _ctx("LinearAttention", domain, device, 7, **attrs)
+    with options.override(gdn_chunked_from=chunked_from):
+        _kernel_vs_torch(kernel, lambda: op(ctx, *inputs, rows))
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_folded_prologues_stop_at_the_last_row(device: str) -> None:
+    """The sequential kernel with the gate and norms inside, and a last row per batch entry,
+    against the ops one by one with the same rows."""
+    import dataclasses
+
+    from onnxgen.runtime.ops.fused_linear_attention import fused_linear_attention
+
+    ctx, inputs = _folded_node("builder", device, torch.float32, 7, 1)
+    rows = _rows_of(inputs[0].shape[0], device)
+    ctx = dataclasses.replace(ctx, num_inputs=11)
+    _kernel_vs_torch("gated_delta_prologue", lambda: fused_linear_attention(ctx, *inputs, rows))
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("case", ["builder", "channels_first_dilated", "channels_first"])
+def test_causal_conv_prompt_stops_at_the_last_row(device: str, case: str) -> None:
+    """The prompt kernel's carry ends at each entry's last row (row 1: fewer real positions than
+    the carry, the rest from the past), against the torch path given the same rows."""
+    attrs, inputs = _conv_inputs(CONV_CASES[case], device, torch.float16, torch.float32, seed=6, tokens=7)
+    rows = _rows_of(inputs[0].shape[0], device)
+    domain = CONV_CASES[case][0]
+    ctx = _ctx("CausalConvWithState", domain, device, 5, **attrs)
+    _kernel_vs_torch("causal_conv_prompt", lambda: causal_conv_with_state_ms(ctx, *inputs, rows))
+
+
 # ---------------------------------------------------------------- the drivers
 
 

@@ -21,8 +21,10 @@ is (batch rows, channel blocks) and nothing is reduced across programs.
 A prompt (``_causal_conv_prompt_kernel``) adds a grid axis of position blocks: position t reads
 the padded input [carry, x] at t + i * dilation for tap i, so positions are independent too; the
 programs of the first position block also write the new carry (the padded input's last L
-positions). The taps are summed in the step kernel's order (the newest first, then the carried
-ones from the oldest), so each position's output equals what T steps of the step kernel give.
+positions, or with a last row per batch entry the L positions that end there: a padded
+prompt's padding never enters the carry). The taps are summed in the step kernel's order (the
+newest first, then the carried ones from the oldest), so each position's output equals what T
+steps of the step kernel give.
 """
 
 from __future__ import annotations
@@ -95,10 +97,10 @@ def _causal_conv_step_kernel(
 
 @triton.jit
 def _causal_conv_prompt_kernel(
-    x_ptr, w_ptr, bias_ptr, past_ptr, present_ptr, y_ptr, channels, length, x_batch_stride, x_position_stride,
-    x_channel_stride, y_batch_stride, y_position_stride, y_channel_stride, state_channel_stride,
-    state_position_stride, carry, dilation, KERNEL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_PAST: tl.constexpr,
-    SILU: tl.constexpr, BLOCK: tl.constexpr, BLOCK_T: tl.constexpr,
+    x_ptr, w_ptr, bias_ptr, past_ptr, present_ptr, y_ptr, ends_ptr, channels, length, x_batch_stride,
+    x_position_stride, x_channel_stride, y_batch_stride, y_position_stride, y_channel_stride, state_channel_stride,
+    state_position_stride, carry, dilation, ends_stride, KERNEL: tl.constexpr, HAS_BIAS: tl.constexpr,
+    HAS_PAST: tl.constexpr, HAS_END: tl.constexpr, SILU: tl.constexpr, BLOCK: tl.constexpr, BLOCK_T: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -133,9 +135,13 @@ def _causal_conv_prompt_kernel(
     y_at = y_ptr + b.to(tl.int64) * y_batch_stride + t[:, None] * y_position_stride + c[None, :] * y_channel_stride
     tl.store(y_at, y, mask=inside)
     if tl.program_id(2) == 0:
-        # the new carry: padded positions length .. length + carry - 1, i.e. x's length - carry + j
+        # the new carry: the carry positions that end after x's position end - 1 (the last real row
+        # with HAS_END, else the last), i.e. x's end - carry + j
+        end = length
+        if HAS_END:
+            end = tl.minimum(tl.maximum(tl.load(ends_ptr + b * ends_stride) + 1, 0), length)
         for j in range(carry):
-            pos = c * 0 + (length - carry + j)  # per channel, so that the masks are vectors
+            pos = c * 0 + (end - carry + j)  # per channel, so that the masks are vectors
             fresh = tl.load(x_row + pos * x_position_stride + c * x_channel_stride, mask=ok & (pos >= 0), other=0.0)
             value = fresh.to(act_ty)
             if HAS_PAST:
@@ -158,11 +164,14 @@ def causal_conv_update(
     activation: str,
     dilation: int,
     channels_last: bool,
+    last_row: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(y, present) for T >= 1 positions without a state window, shaped and typed as the torch path
     returns them: channels-first x (B, C, T) and state (B, C, L); channels-last x (B, T, C...) and
-    state (B, L, C...), the channel axes flattened to C. None where the kernels do not serve
-    these inputs (the caller runs the torch path, which also reports malformed ones)."""
+    state (B, L, C...), the channel axes flattened to C. ``last_row`` (int64 [1] or [B], prompts
+    only): the present carry is the one after that position of each batch entry. None where the
+    kernels do not serve these inputs (the caller runs the torch path, which also reports malformed
+    ones)."""
     if activation not in _ACTIVATIONS or dilation < 1 or x.dim() < 3 or (not channels_last and x.dim() != 3):
         return None
     if channels_last:
@@ -196,8 +205,10 @@ def causal_conv_update(
     # strides of the contiguous state's (channel, position) axes
     state_strides = (1, channels) if channels_last else (carry, 1)
     if length > 1:
+        if last_row is not None and last_row.device != x.device:
+            return None
         return _prompt(x, weight, bias, past, present, y, channels_last, batch, length, channels, carry, dilation,
-                       state_strides, activation)  # fmt: skip
+                       state_strides, activation, last_row)  # fmt: skip
     x2 = x.reshape(batch, channels)  # a view where x's channels are evenly strided
     LAUNCHES["causal_conv_update"] += 1
     _causal_conv_step_kernel[(batch, triton.cdiv(channels, BLOCK_C))](
@@ -224,7 +235,7 @@ def causal_conv_update(
 
 
 def _prompt(x, weight, bias, past, present, y, channels_last, batch, length, channels, carry, dilation, state_strides,
-            activation):  # fmt: skip
+            activation, last_row):  # fmt: skip
     """causal_conv_update's launch for a prompt of ``length`` > 1 positions."""
     # x as (B, T, C) with its own strides (a view: reshape copies only where the channel axes do not
     # flatten evenly); y contiguous in x's layout
@@ -241,8 +252,9 @@ def _prompt(x, weight, bias, past, present, y, channels_last, batch, length, cha
     grid = (batch, triton.cdiv(channels, PROMPT_BLOCK_C), triton.cdiv(length, PROMPT_BLOCK_T))
     _causal_conv_prompt_kernel[grid](
         x3, weight.contiguous(), bias.contiguous() if bias is not None else x3, past if past is not None else present,
-        present, y, channels, length, *x_strides, *y_strides, *state_strides, carry, dilation, KERNEL=kernel,
-        HAS_BIAS=bias is not None, HAS_PAST=past is not None, SILU=_ACTIVATIONS[activation], BLOCK=PROMPT_BLOCK_C,
-        BLOCK_T=PROMPT_BLOCK_T,
+        present, y, last_row if last_row is not None else x3, channels, length, *x_strides, *y_strides,
+        *state_strides, carry, dilation, 1 if last_row is not None and last_row.numel() > 1 else 0, KERNEL=kernel,
+        HAS_BIAS=bias is not None, HAS_PAST=past is not None, HAS_END=last_row is not None,
+        SILU=_ACTIVATIONS[activation], BLOCK=PROMPT_BLOCK_C, BLOCK_T=PROMPT_BLOCK_T,
     )  # fmt: skip
     return y, present

@@ -15,7 +15,8 @@ D[t, j] = e^(G_t - G_j) for j <= t (else 0):
     S   = e^(G_last) S + (K * e^(G_last - G))^T W
 
 (no delta rule: W = V). Every product is a tensor-core dot in IEEE fp32 (CHUNK, the key and the
-value tiles are at least 16). Tokens past the prompt's end load as zeros with a zero log decay:
+value tiles are at least 16). Tokens past the prompt's end (and, with a last row per batch entry,
+the tokens after it: a padded prompt's padding) load their keys as zeros with a zero log decay:
 they neither write nor decay the state. The inverse is a product of log2(CHUNK) factors instead of
 CHUNK dependent substitutions: exact in exact arithmetic, and the entries of A are bounded by
 beta |k_t . k_j| <= 1 for the unit keys a Gated DeltaNet feeds it.
@@ -50,8 +51,8 @@ def _gated_delta_chunk_kernel(
     q_ptr, k_ptr, v_ptr, decay_ptr, beta_ptr, past_ptr, present_ptr, out_ptr, q_row_stride, q_tok_stride,
     k_row_stride, k_tok_stride, v_row_stride, v_tok_stride, decay_row_stride, decay_tok_stride, decay_head_stride,
     decay_dim_stride, beta_row_stride, beta_tok_stride, beta_head_stride, tokens, kv_heads, d_k, d_v, group, q_share,
-    k_share, scale, HAS_PAST: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_BETA: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_V: tl.constexpr, CHUNK: tl.constexpr, SQUARINGS: tl.constexpr,
+    k_share, scale, ends_ptr, ends_stride, HAS_PAST: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_BETA: tl.constexpr,
+    HAS_END: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, CHUNK: tl.constexpr, SQUARINGS: tl.constexpr,
 ):  # fmt: skip
     bh = tl.program_id(0)  # batch row * kv_heads + KV head: the state's (B, H_kv) index
     b = bh // kv_heads
@@ -69,15 +70,19 @@ def _gated_delta_chunk_kernel(
     lower = step[:, None] > step[None, :]  # j < t
     eye = (step[:, None] == step[None, :]).to(tl.float32)
     heads_out = kv_heads * group
+    last = tokens - 1
+    if HAS_END:  # the tokens after the last row load as past the end: no write, no decay
+        last = tl.minimum(tl.load(ends_ptr + b * ends_stride), tokens - 1)
     for first in range(0, tokens, CHUNK):
         t = first + step
         t_ok = t < tokens
+        live = t <= last
         k = tl.load(k_ptr + b * k_row_stride + t[:, None] * k_tok_stride + (h // k_share) * d_k + rows[None, :],
-                    mask=t_ok[:, None] & row_ok[None, :], other=0.0).to(tl.float32)  # fmt: skip
+                    mask=live[:, None] & row_ok[None, :], other=0.0).to(tl.float32)  # fmt: skip
         v = tl.load(v_ptr + b * v_row_stride + t[:, None] * v_tok_stride + h * d_v + cols[None, :],
                     mask=t_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)  # fmt: skip
         if HAS_DECAY:
-            g = tl.load(decay_ptr + b * decay_row_stride + t * decay_tok_stride + h * decay_head_stride, mask=t_ok,
+            g = tl.load(decay_ptr + b * decay_row_stride + t * decay_tok_stride + h * decay_head_stride, mask=live,
                         other=0.0).to(tl.float32)  # fmt: skip
             cum = tl.cumsum(g, 0)
             total = tl.sum(g, 0)
@@ -129,11 +134,13 @@ def gated_delta_chunked(
     q_heads: int,
     kv_heads: int,
     scale: float,
+    last_row: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(output, present state) as ``_linear_attention`` returns them (gated_delta_decode.prepare)
     for any number of tokens without a state window; None where this kernel does not serve these
     inputs (decays per key dim, or what ``prepare`` refuses)."""
-    run = prepare(query, key, value, past_state, decay, beta, q_heads=q_heads, kv_heads=kv_heads, per_dim_decay=False)
+    run = prepare(query, key, value, past_state, decay, beta, q_heads=q_heads, kv_heads=kv_heads, per_dim_decay=False,
+                  last_row=last_row)  # fmt: skip
     if run is None:
         return None
     block_k, block_v = _tile(run.d_k, run.d_v)
@@ -141,6 +148,7 @@ def gated_delta_chunked(
     _gated_delta_chunk_kernel[(run.batch * kv_heads, triton.cdiv(run.d_v, block_v))](
         *run.arguments(),
         float(scale),
+        *run.row_ends(),
         **run.forms(),
         BLOCK_K=block_k,
         BLOCK_V=block_v,

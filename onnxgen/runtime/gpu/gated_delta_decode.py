@@ -84,12 +84,15 @@ def _gated_delta_step_kernel(
     q_share,
     k_share,
     scale,
+    ends_ptr,
+    ends_stride,
     dt_bias_ptr,
     decay_scale_ptr,
     eps,
     HAS_PAST: tl.constexpr,
     HAS_DECAY: tl.constexpr,
     HAS_BETA: tl.constexpr,
+    HAS_END: tl.constexpr,  # a last row per batch entry (Launch.ends): the tokens after it keep the state
     NORM: tl.constexpr,  # 0: q and k as given; 1: L2-normalised (eps); 2: likewise, a zero vector staying zero
     GATE: tl.constexpr,  # the decay and beta inputs are LinearAttentionGate's a and b (see gated_delta_prologue)
     BLOCK_K: tl.constexpr,
@@ -118,6 +121,9 @@ def _gated_delta_step_kernel(
     else:
         dt_bias = 0.0
         decay_scale = 0.0
+    last = tokens - 1
+    if HAS_END:
+        last = tl.load(ends_ptr + b * ends_stride)
     # token i's inputs are loaded and prepared while token i - 1 updates the state (none of them reads
     # it), so a prompt's chain of dependent steps does not also wait on each token's loads
     factor, k, v, beta, q = _token_inputs(
@@ -134,6 +140,10 @@ def _gated_delta_step_kernel(
             beta_head_stride, d_k, d_v, group, q_share, k_share, dt_bias, decay_scale, eps, HAS_DECAY, HAS_BETA,
             NORM, GATE,
         )  # fmt: skip
+        if HAS_END:  # past the last row: a zero key writes nothing, a unit factor keeps the state
+            k = tl.where(i <= last, k, 0.0)
+            if HAS_DECAY:
+                factor = tl.where(i <= last, factor, 1.0)
         if HAS_DECAY:
             s = s * factor[:, None]
         if HAS_BETA:
@@ -252,14 +262,24 @@ class Launch:
     group: int  # output (query) heads per KV head
     q_share: int  # inverse GQA: KV heads per query head
     k_share: int  # keys packed per query head: KV heads per key head
+    # a prompt's last row per batch entry (int64 [1] or [B]): the tokens after it neither write nor
+    # decay the state (a padded prompt's padding; their outputs are unspecified); None: every token counts
+    ends: torch.Tensor | None = None
 
     def forms(self) -> dict[str, bool]:
-        """The kernels' HAS_PAST / HAS_DECAY / HAS_BETA constexprs."""
+        """The kernels' HAS_PAST / HAS_DECAY / HAS_BETA / HAS_END constexprs."""
         return {
             "HAS_PAST": self.past is not None,
             "HAS_DECAY": self.decay is not None,
             "HAS_BETA": self.beta is not None,
+            "HAS_END": self.ends is not None,
         }
+
+    def row_ends(self) -> tuple:
+        """The kernels' (ends_ptr, ends_stride) arguments."""
+        if self.ends is None:
+            return self.query, 0
+        return self.ends, 1 if self.ends.numel() > 1 else 0
 
     def arguments(self) -> tuple:
         """The kernels' leading arguments, in their order."""
@@ -281,15 +301,21 @@ def prepare(
     q_heads: int,
     kv_heads: int,
     per_dim_decay: bool = True,
+    last_row: torch.Tensor | None = None,
 ) -> Launch | None:
     """The kernels' view of ``_linear_attention``'s inputs (no state window), with the outputs
     allocated: output (B, T, max(H_q, H_kv) * d_v) in the query's dtype, present state (B, H_kv,
     d_k, d_v) in the past state's dtype, else the query's. None where the kernels do not serve these
     inputs (the caller runs the torch path, which also reports malformed ones), and with
     ``per_dim_decay`` False where the decay is one per key dim of each head. The caller has
-    checked the update rule against decay / beta and the head counts."""
+    checked the update rule against decay / beta and the head counts, and ``last_row``'s shape
+    (Launch.ends; ignored for one token)."""
     b, t, width = query.shape if query.dim() == 3 else (0, 0, 0)
     if t < 1 or b == 0 or width % q_heads or value.shape[-1] % kv_heads:
+        return None
+    if t == 1:
+        last_row = None
+    elif last_row is not None and last_row.device != query.device:
         return None
     d_k, d_v = width // q_heads, value.shape[-1] // kv_heads
     tensors = [query, key, value, past_state, decay, beta]
@@ -337,7 +363,7 @@ def prepare(
     out = torch.empty((b, t, kv_heads * group * d_v), dtype=query.dtype, device=query.device)
     strides = (*q_strides, *k_strides, *v_strides, *decay_strides, *beta_strides)
     return Launch(query, key, value, decay, beta, past, present, out, strides, b, t, kv_heads, d_k, d_v, group, share,
-                  k_share)  # fmt: skip
+                  k_share, last_row)  # fmt: skip
 
 
 def gated_delta_decode(
@@ -351,13 +377,14 @@ def gated_delta_decode(
     q_heads: int,
     kv_heads: int,
     scale: float,
+    last_row: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(output, present state) as ``_linear_attention`` returns them (see ``prepare``) for 1 to
     MAX_SEQUENTIAL_TOKENS tokens without a state window, by the sequential kernel; None where it
     does not serve these inputs."""
     if not 1 <= (query.shape[1] if query.dim() == 3 else 0) <= MAX_SEQUENTIAL_TOKENS:
         return None
-    run = prepare(query, key, value, past_state, decay, beta, q_heads=q_heads, kv_heads=kv_heads)
+    run = prepare(query, key, value, past_state, decay, beta, q_heads=q_heads, kv_heads=kv_heads, last_row=last_row)
     if run is None:
         return None
     return _step(run, scale, run.query, run.query, 0.0, norm=0, gate=False)
@@ -376,6 +403,7 @@ def _step(run: Launch, scale: float, dt_bias, decay_scale, eps: float, *, norm: 
     _gated_delta_step_kernel[(run.batch * run.kv_heads, triton.cdiv(run.d_v, block_v))](
         *run.arguments(),
         float(scale),
+        *run.row_ends(),
         dt_bias,
         decay_scale,
         float(eps),
@@ -405,6 +433,7 @@ def gated_delta_prologue(
     scale: float,
     norm: int,
     eps: float,
+    last_row: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The gated delta rule with the layer's prologues inside (ops/fused_linear_attention.py): the
     decay per KV head decay_scale * softplus(a + dt_bias) and beta = sigmoid(b) (a, b [B, T, H_kv]),
@@ -415,7 +444,8 @@ def gated_delta_prologue(
         return None
     if any(t.dtype not in KERNEL_DTYPES or t.device != query.device for t in (dt_bias, decay_scale)):
         return None
-    run = prepare(query, key, value, past_state, a, b, q_heads=q_heads, kv_heads=kv_heads, per_dim_decay=False)
+    run = prepare(query, key, value, past_state, a, b, q_heads=q_heads, kv_heads=kv_heads, per_dim_decay=False,
+                  last_row=last_row)  # fmt: skip
     if run is None:  # a decay per key dim refused: the gate's is one per head
         return None
     LAUNCHES["gated_delta_prologue"] += 1

@@ -1,7 +1,8 @@
 """FusedLinearAttention (onnxgen domain): LinearAttention with its query / key L2 norms and its
 LinearAttentionGate folded in (runtime/fusion_delta_rule.py writes it).
 
-Inputs: query_source, key_source, value, past_state, decay, beta, a, b, dt_bias, decay_scale.
+Inputs: query_source, key_source, value, past_state, decay, beta, a, b, dt_bias, decay_scale, and
+last_row (runtime/state_rows.py: the tokens after it keep the state).
 Attributes: LinearAttention's, plus ``inner_domain`` ("" or "com.microsoft": which LinearAttention),
 ``qk_norm`` (0 none; 1 L2Normalize with ``qk_epsilon``; 2 LpNormalization p=2, a zero vector
 staying zero) and ``qk_epsilon``. With a norm, the query is query_source normalised over its last
@@ -27,7 +28,7 @@ from onnxgen.runtime.gpu.launch import triton_serves
 from onnxgen.runtime.node_contract import NodeContext
 from onnxgen.runtime.ops.contrib_gated import linear_attention_gate
 from onnxgen.runtime.ops.fused import FUSED_DOMAIN, l2_normalize
-from onnxgen.runtime.ops.linear_attention import linear_attention, linear_attention_ms
+from onnxgen.runtime.ops.linear_attention import linear_attention, linear_attention_ms, state_rows
 from onnxgen.runtime.ops.normalization import lp_normalization
 from onnxgen.runtime.ops.registry import MS_DOMAIN, implements
 
@@ -47,6 +48,7 @@ def fused_linear_attention(
     b: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
     decay_scale: torch.Tensor | None = None,
+    last_row: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     inner = ctx.attr("inner_domain", "")
     norm = int(ctx.attr("qk_norm", 0))
@@ -58,10 +60,11 @@ def fused_linear_attention(
     if value.dim() != 3:
         raise ctx.fail(f"value must be [batch, tokens, heads * d_v], got shape {list(value.shape)}")
     eps = float(ctx.attr("qk_epsilon", 0.0))
-    fast = _kernel(ctx, query, key, value, past_state, a, b, dt_bias, decay_scale, norm, eps) if inner else None
-    if fast is not None:
-        return fast
     batch, tokens = value.shape[:2]
+    last_row = state_rows(ctx, last_row, batch, tokens)
+    if inner and (fast := _kernel(ctx, query, key, value, past_state, a, b, dt_bias, decay_scale, norm, eps,
+                                  last_row)) is not None:  # fmt: skip
+        return fast
     if norm:
         query = _normalize(ctx, query, norm, eps).reshape(batch, tokens, -1)
         key = _normalize(ctx, key, norm, eps).reshape(batch, tokens, -1)
@@ -70,9 +73,10 @@ def fused_linear_attention(
                                        num_inputs=4, num_outputs=2, outputs_wanted=(True, b is not None))  # fmt: skip
         decay, beta = linear_attention_gate(gate_ctx, a, dt_bias, decay_scale, b)
     attrs = {k: v for k, v in ctx.attrs.items() if k not in _OWN_ATTRS}
-    inner_ctx = dataclasses.replace(ctx, op_type="LinearAttention", domain=inner, attrs=attrs, num_inputs=6)
+    inner_ctx = dataclasses.replace(ctx, op_type="LinearAttention", domain=inner, attrs=attrs,
+                                    num_inputs=6 if last_row is None else 7)  # fmt: skip
     run = linear_attention_ms if inner == MS_DOMAIN else linear_attention
-    return run(inner_ctx, query, key, value, past_state, decay, beta)
+    return run(inner_ctx, query, key, value, past_state, decay, beta, last_row)
 
 
 def _normalize(ctx: NodeContext, x: torch.Tensor, norm: int, eps: float) -> torch.Tensor:
@@ -84,7 +88,7 @@ def _normalize(ctx: NodeContext, x: torch.Tensor, norm: int, eps: float) -> torc
                                                 num_inputs=1, num_outputs=1), x)  # fmt: skip
 
 
-def _kernel(ctx, query, key, value, past_state, a, b, dt_bias, decay_scale, norm: int, eps: float):
+def _kernel(ctx, query, key, value, past_state, a, b, dt_bias, decay_scale, norm: int, eps: float, last_row):
     """(output, present) from the sequential kernel with the prologues inside, or None where it does
     not serve (then the caller runs the ops one by one, which also reports malformed inputs). Only
     onnxruntime's LinearAttention form (com.microsoft, no state window) is folded into the kernel:
@@ -115,4 +119,4 @@ def _kernel(ctx, query, key, value, past_state, a, b, dt_bias, decay_scale, norm
         return None
     scale = float(ctx.attr("scale", 0.0) or 0.0) or 1.0 / math.sqrt(d_k)
     return gated_delta_prologue(q3, k3, value, past_state, a, b, dt_bias, decay_scale, q_heads=hq, kv_heads=hkv,
-                                scale=scale, norm=norm, eps=eps)  # fmt: skip
+                                scale=scale, norm=norm, eps=eps, last_row=last_row)  # fmt: skip

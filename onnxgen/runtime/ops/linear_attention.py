@@ -139,8 +139,10 @@ def linear_attention(
     past_state: torch.Tensor | None = None,
     decay: torch.Tensor | None = None,
     beta: torch.Tensor | None = None,
+    last_row: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _linear_attention(ctx, query, key, value, past_state, decay, beta, inverse_gqa=False, window=0)
+    return _linear_attention(ctx, query, key, value, past_state, decay, beta, inverse_gqa=False, window=0,
+                             last_row=last_row)  # fmt: skip
 
 
 @implements("LinearAttention", domain=MS_DOMAIN)
@@ -152,6 +154,7 @@ def linear_attention_ms(
     past_state: torch.Tensor | None = None,
     decay: torch.Tensor | None = None,
     beta: torch.Tensor | None = None,
+    last_row: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """onnxruntime's form: also inverse GQA (more KV heads than query heads, one output head per
     KV head) and ``state_window`` (the states after each of the last W tokens, for speculative
@@ -159,7 +162,8 @@ def linear_attention_ms(
     window = int(ctx.attr("state_window", 0))
     if not 0 <= window <= 8:
         raise ctx.fail(f"state_window must be in [0, 8], got {window}")
-    return _linear_attention(ctx, query, key, value, past_state, decay, beta, inverse_gqa=True, window=window)
+    return _linear_attention(ctx, query, key, value, past_state, decay, beta, inverse_gqa=True, window=window,
+                             last_row=last_row)  # fmt: skip
 
 
 def _linear_attention(
@@ -173,7 +177,12 @@ def _linear_attention(
     *,
     inverse_gqa: bool,
     window: int,
+    last_row: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``last_row`` (runtime/state_rows.py's extra input, int64 [1] or [batch]): the tokens after
+    that row of each batch entry (a padded prompt's padding) neither write nor decay the state, so
+    the present state is the one after the last real row; their outputs are unspecified. A one-token
+    step ignores it (its one row is the last)."""
     rule = ctx.attr("update_rule", "gated_delta")
     hq, hkv = int(ctx.require("q_num_heads")), int(ctx.require("kv_num_heads"))
     if rule not in _RULES:
@@ -191,8 +200,12 @@ def _linear_attention(
     d_k = query.shape[-1] // hq
     d_v = value.shape[-1] // hkv
     scale = ctx.attr("scale", 0.0) or 1.0 / math.sqrt(d_k)
+    last_row = state_rows(ctx, last_row, b, t)
+    if last_row is not None and window:
+        raise ctx.fail("a last-row input and a state_window together are not supported")
     if not window and triton_serves(query):  # one fused kernel where one serves (else None)
-        fast = _fused(query, key, value, past_state, decay, beta, q_heads=hq, kv_heads=hkv, scale=scale)
+        fast = _fused(query, key, value, past_state, decay, beta, q_heads=hq, kv_heads=hkv, scale=scale,
+                      last_row=last_row)  # fmt: skip
         if fast is not None:
             return fast
     f32 = torch.float32 if query.dtype != torch.float64 else torch.float64
@@ -218,6 +231,11 @@ def _linear_attention(
     if decay is not None:
         g = _heads(decay, hkv).to(f32) if per_dim else decay.to(f32).transpose(1, 2)
     bt = beta.to(f32).transpose(1, 2) if beta is not None else None  # (B, H_kv|1, T)
+    if last_row is not None:  # rows past the last: a zero key writes nothing, a zero log decay keeps the state
+        live = live_rows(last_row, b, t).to(f32)  # (B, T)
+        k = k * live[:, None, :, None]
+        if g is not None:
+            g = g * (live[:, None, :, None] if per_dim else live[:, None, :])
 
     state_shape = (b, hkv, d_k, d_v)
     if past_state is not None:
@@ -255,10 +273,11 @@ def _linear_attention(
     return out.to(query.dtype), present.to(state_dtype)
 
 
-def _fused(query, key, value, past_state, decay, beta, *, q_heads: int, kv_heads: int, scale: float):
+def _fused(query, key, value, past_state, decay, beta, *, q_heads: int, kv_heads: int, scale: float, last_row=None):
     """The Triton kernels' (output, present), or None: a prompt of at least ``gdn_chunked_from``
     tokens the chunked kernel (gpu/gated_delta_chunked.py), else (or where it refuses the inputs) a
-    step or a short prompt the sequential one (gpu/gated_delta_decode.py)."""
+    step or a short prompt the sequential one (gpu/gated_delta_decode.py). ``last_row``: as
+    ``_linear_attention``'s (checked there)."""
     from onnxgen.runtime.gpu.gated_delta_decode import gated_delta_decode
 
     chunked_from = options.current().gdn_chunked_from
@@ -266,11 +285,29 @@ def _fused(query, key, value, past_state, decay, beta, *, q_heads: int, kv_heads
         from onnxgen.runtime.gpu.gated_delta_chunked import gated_delta_chunked
 
         fast = gated_delta_chunked(query, key, value, past_state, decay, beta, q_heads=q_heads, kv_heads=kv_heads,
-                                   scale=scale)  # fmt: skip
+                                   scale=scale, last_row=last_row)  # fmt: skip
         if fast is not None:
             return fast
     return gated_delta_decode(query, key, value, past_state, decay, beta, q_heads=q_heads, kv_heads=kv_heads,
-                              scale=scale)  # fmt: skip
+                              scale=scale, last_row=last_row)  # fmt: skip
+
+
+def state_rows(ctx: NodeContext, last_row: torch.Tensor | None, batch: int, tokens: int) -> torch.Tensor | None:
+    """The last-row input of a carried-state op (runtime/state_rows.py), checked: int64 of shape [1]
+    (every batch entry) or [batch]; None where it changes nothing (absent, or a one-token step,
+    whose one row is the last). Its values are not read on the host (a recorded step copies them in)."""
+    if last_row is None or tokens <= 1:
+        return None
+    if last_row.dtype != torch.int64 or last_row.dim() != 1 or last_row.shape[0] not in (1, batch):
+        raise ctx.fail(f"the last-row input is {last_row.dtype} of shape {list(last_row.shape)}; expected int64 "
+                       f"of shape [1] or [{batch}] (the batch)")  # fmt: skip
+    return last_row
+
+
+def live_rows(last_row: torch.Tensor, batch: int, tokens: int) -> torch.Tensor:
+    """(batch, tokens) bool: row t of entry b is at or before last_row[b] (or last_row[0])."""
+    steps = torch.arange(tokens, device=last_row.device)
+    return (steps[None, :] <= last_row[:, None]).expand(batch, tokens)
 
 
 def _cut(x: torch.Tensor | None, lo: int, hi: int) -> torch.Tensor | None:
@@ -285,9 +322,15 @@ def causal_conv_with_state(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     past_state: torch.Tensor | None = None,
+    last_row: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    fast = _conv_step(ctx, x, weight, bias, past_state, 1, False)
-    return fast if fast is not None else _causal_conv(ctx, x, weight, bias, past_state, dilation=1, window=0)
+    """``last_row`` (runtime/state_rows.py's extra input): the carry is the one after that row of
+    each batch entry (positions after it, a padded prompt's padding, do not enter it)."""
+    last_row = state_rows(ctx, last_row, x.shape[0], x.shape[-1]) if x.dim() == 3 else last_row
+    fast = _conv_step(ctx, x, weight, bias, past_state, 1, False, last_row)
+    if fast is not None:
+        return fast
+    return _causal_conv(ctx, x, weight, bias, past_state, dilation=1, window=0, last_row=last_row)
 
 
 # onnxruntime's attributes that only its CUDA kernel implements, with their defaults
@@ -307,10 +350,12 @@ def causal_conv_with_state_ms(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     past_state: torch.Tensor | None = None,
+    last_row: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """onnxruntime's form: also ``dilation``, ``channels_last`` (activations and state
     sequence-major, any number of trailing channel axes) and ``state_window`` (the carry after
-    each of the last W positions). The 1-D form only, as Gated DeltaNet and Mamba exports use it."""
+    each of the last W positions). The 1-D form only, as Gated DeltaNet and Mamba exports use it.
+    ``last_row`` as causal_conv_with_state's."""
     ndim = int(ctx.attr("ndim", 1))
     if ndim != 1:
         raise ctx.fail(f"ndim {ndim}: only the 1-D causal convolution (ndim 1) is implemented")
@@ -324,17 +369,22 @@ def causal_conv_with_state_ms(
     if not 0 <= window <= 8:
         raise ctx.fail(f"state_window must be in [0, 8], got {window}")
     channels_last = bool(int(ctx.attr("channels_last", 0)))
-    if not window and (fast := _conv_step(ctx, x, weight, bias, past_state, dilation, channels_last)) is not None:
+    if x.dim() >= 3:
+        last_row = state_rows(ctx, last_row, x.shape[0], x.shape[1] if channels_last else x.shape[-1])
+    if last_row is not None and window:
+        raise ctx.fail("a last-row input and a state_window together are not supported")
+    fast = None if window else _conv_step(ctx, x, weight, bias, past_state, dilation, channels_last, last_row)
+    if fast is not None:
         return fast
     if not channels_last:
-        return _causal_conv(ctx, x, weight, bias, past_state, dilation=dilation, window=window)
+        return _causal_conv(ctx, x, weight, bias, past_state, dilation=dilation, window=window, last_row=last_row)
     if x.dim() < 3:
         raise ctx.fail(f"channels_last input must be (batch, sequence, channels...), got shape {tuple(x.shape)}")
     lead, channel_axes = x.shape[:2], x.shape[2:]
     # computed in this layout (channels flattened, contiguous along them), not transposed to channels first
     past = None if past_state is None else past_state.flatten(past_state.dim() - len(channel_axes))
     y, present = _causal_conv(ctx, x.flatten(2), weight, bias, past, dilation=dilation, window=window,
-                              channels_last=True)  # fmt: skip
+                              channels_last=True, last_row=last_row)  # fmt: skip
     return y.reshape(*lead, *channel_axes), present.reshape(*present.shape[:-1], *channel_axes)
 
 
@@ -346,15 +396,16 @@ def _conv_step(
     past_state: torch.Tensor | None,
     dilation: int,
     channels_last: bool,
+    last_row: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """A one-position step without a state window in one fused kernel, where Triton serves and
-    the kernel takes these inputs; None: the torch path runs (and reports malformed inputs)."""
+    """A call without a state window in one fused kernel, where Triton serves and the kernel takes
+    these inputs; None: the torch path runs (and reports malformed inputs)."""
     if not triton_serves(x):
         return None
     from onnxgen.runtime.gpu.causal_conv_update import causal_conv_update
 
     return causal_conv_update(x, weight, bias, past_state, activation=ctx.attr("activation", "none"),
-                              dilation=dilation, channels_last=channels_last)  # fmt: skip
+                              dilation=dilation, channels_last=channels_last, last_row=last_row)  # fmt: skip
 
 
 def _depthwise_taps(
@@ -385,10 +436,12 @@ def _causal_conv(
     dilation: int,
     window: int,
     channels_last: bool = False,
+    last_row: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x (B, C, T) and the carry (B, C, (k - 1) * dilation), or (W, B, C, ...) with a window of
     W carries of which the last is read: y (B, C, T) and the new carry (or carries). With
-    ``channels_last`` every one of them has its position and channel axes swapped."""
+    ``channels_last`` every one of them has its position and channel axes swapped. ``last_row``
+    (checked by the caller; no window): the new carry ends at that position of each batch entry."""
     activation = ctx.attr("activation", "none")
     if activation not in ("none", "silu", "swish"):
         raise ctx.fail(f"unknown activation {activation!r}")
@@ -417,6 +470,15 @@ def _causal_conv(
     y = y.to(x.dtype)
     if activation != "none":  # on the sum rounded to x's dtype (gpu/causal_conv_update.py rounds alike)
         y = F.silu(y.to(cd)).to(x.dtype)
+    if last_row is not None:
+        # the carry is the `carry` padded positions that end at the last row: last + 1 .. last + carry
+        # (gathered on the device: the row is a device value, not read on the host)
+        ends = last_row.clamp(-1, length - 1) + 1  # (1 | B,)
+        where = ends[:, None] + torch.arange(carry, device=x.device)[None, :]  # (1 | B, carry)
+        where = where.expand(batch, carry)
+        index = where[:, :, None] if channels_last else where[:, None, :]
+        index = index.expand(*((batch, carry, channels) if channels_last else (batch, channels, carry)))
+        return y, padded.gather(seq, index).contiguous()
     if not window:
         # a copy, not a view: a view would keep the whole padded input (a long prompt's) alive
         return y, padded.narrow(seq, length, carry).clone(memory_format=torch.contiguous_format)
