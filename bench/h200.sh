@@ -53,9 +53,10 @@
 #   ttft08     the qwen3.5-0.8b fp16 prompt: the hybrid kernel GPU tests (and the strided-row kernels'); TTFT at
 #              16 and 64 tokens; then the copies and fills an eager 16-token prompt issues, by onnxgen line
 #              (bench.prefill --copies), ~3 min
-#   pieces     option prefill_pieces (a hybrid prompt between powers of two in fewer passes: 56 = 48 + 8, not
-#              32 + 16 + 8) against the powers of two: bench.prefill at 24-100 tokens, qwen3.5-0.8b fp16, and the
-#              35B-A3B int4 package where bench/hybrid_peers_device.sh build-35b has built it, ~4 min
+#   pieces     option prefill_pieces: a hybrid prompt chunk padded to a power of two, its states stopping at the
+#              last real row (pad, the default), against unpadded pieces (pow2: 56 = 32 + 16 + 8; fine: 48 + 8):
+#              bench.prefill at 24-100 tokens, qwen3.5-0.8b fp16, and the 35B-A3B int4 package where
+#              bench/hybrid_peers_device.sh build-35b has built it, ~5 min
 #   sampled    the sampling GPU tests, then python -m bench.sampled_decode Q, fp16 and int4: sampled decode
 #              in the graph vs greedy and vs between the steps, same tokens as eager, ~4 min
 #
@@ -179,8 +180,8 @@ stage_ttft08() {
     --copies --top 20
 }
 stage_pieces() {
-  local v=(--variant pow2: --variant fine:ONNXGEN_PREFILL_PIECES=fine --variant pow2-again:
-    --variant fine-again:ONNXGEN_PREFILL_PIECES=fine)
+  local v=(--variant pad: --variant pow2:ONNXGEN_PREFILL_PIECES=pow2 --variant fine:ONNXGEN_PREFILL_PIECES=fine
+    --variant pad-again: --variant pow2-again:ONNXGEN_PREFILL_PIECES=pow2)
   run pieces-08 150 $PY -m bench.prefill --shape qwen3.5-0.8b --precision fp16 --context 2048 \
     --lengths 24,32,48,56,64,100 --repeats 5 "${v[@]}"
   local p35

@@ -92,7 +92,7 @@ class Options:
     moe_grouped: tuple[int, int, int, int, int, int, int] | None = None
     moe_per_pair: tuple[int, int, int, int, int] | None = None
     gdn_prompt: tuple[int, int] | None = None
-    prefill_pieces: Literal["pow2", "fine"] = "pow2"
+    prefill_pieces: Literal["pad", "pow2", "fine"] = "pad"
 
     @property
     def dequant_cache_bytes(self) -> int | None:
@@ -287,8 +287,8 @@ def _q4_prompt(raw: str) -> str:
 
 
 def _prefill_pieces(raw: str) -> str:
-    if raw not in ("pow2", "fine"):
-        raise ValueError("expected pow2 or fine")
+    if raw not in ("pad", "pow2", "fine"):
+        raise ValueError("expected pad, pow2 or fine")
     return raw
 
 
@@ -402,10 +402,11 @@ KNOBS: tuple[Knob, ...] = (
          "the sequential Gated DeltaNet kernel's value columns per program and warps on prompts of 2 "
          "or more tokens (gpu/gated_delta_decode.py); one-token steps keep their tile",
          default_text="unset: `8,1`"),
-    Knob("prefill_pieces", "ONNXGEN_PREFILL_PIECES", _prefill_pieces, "`pow2` / `fine`",
-         "the unpadded pieces a hybrid decoder's prompt chunk runs as over a static cache (genai/engine.py "
-         "prompt_pieces): `pow2` powers of two (56 = 32 + 16 + 8); `fine` also 1.5 times a power of two from 24 on "
-         "(56 = 48 + 8: fewer passes over the weights, up to 16 recorded shapes instead of 11)"),
+    Knob("prefill_pieces", "ONNXGEN_PREFILL_PIECES", _prefill_pieces, "`pad` / `pow2` / `fine`",
+         "how a hybrid decoder's prompt chunk runs over a static cache (genai/engine.py): `pad` one step padded to "
+         "the next power of two on CUDA, its carried states stopping at the last real row (runtime/state_rows.py; "
+         "whole on the CPU), where the graph's state ops allow it, else as `pow2`; `pow2` unpadded pieces of powers "
+         "of two (56 = 32 + 16 + 8); `fine` also 1.5 times a power of two from 24 on (56 = 48 + 8)"),
     Knob("q4_norm_apart", "ONNXGEN_Q4_NORM_APART", _count("programs"), "`P` (programs; `0`: never)",
          "a 4-bit one-row product of more than P programs (the lm_head) runs its norm prologue as a kernel of "
          "its own instead of once per program"),
@@ -506,7 +507,7 @@ _NAMED_VALUES = {
     "triton_linear": ("auto", "on", "off"),
     "int8_activations": ("none", "cpu", "all"),
     "q4_prompt": ("auto", "dequant", "gemm", "split"),
-    "prefill_pieces": ("pow2", "fine"),
+    "prefill_pieces": ("pad", "pow2", "fine"),
 }
 
 

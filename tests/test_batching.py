@@ -493,7 +493,9 @@ def test_group_feeds_place_each_row_at_its_own_length() -> None:
     from onnxgen.genai.prompt_groups import GroupFeeds
 
     scratch = StaticKV(_Config(), torch.float32, torch.device("cpu"), capacity=12, batch=4)  # type: ignore[arg-type]
-    feeds_of = GroupFeeds(scratch, 4, 4, input_ids="ids", attention_mask="mask", position_ids="pos", logits_row="row")
+    feeds_of = GroupFeeds(
+        scratch, 4, 4, input_ids="ids", attention_mask="mask", position_ids="pos", row_inputs=("row",)
+    )
     feeds = feeds_of.fill([[5, 6, 7], [8], [9, 9, 9, 9]], starts=[0, 5, 2], slots=[3, 0, 1])
     assert feeds["ids"].tolist() == [[5, 6, 7, 0], [8, 0, 0, 0], [9, 9, 9, 9], [0, 0, 0, 0]]
     assert feeds["pos"].tolist() == [[0, 1, 2, 3], [5, 6, 7, 8], [2, 3, 4, 5], [0, 1, 2, 3]]

@@ -199,21 +199,25 @@ def test_captured_batched_steps_give_the_same_tokens(package: Path) -> None:
 
 
 @pytest.mark.parametrize("package", ["onnxgen-dense"], indirect=True)
-def test_a_batched_hybrid_prompt_runs_the_same_pieces_captured_or_not(package: Path) -> None:
-    """The batching decoder's uncaptured prompt chunks run in the captured path's power-of-two
-    pieces: a chunk split otherwise rounds otherwise, so the capture setting would change the
-    tokens (the H200 run of 2026-12-05 saw a captured batch part from the eager one when the
-    captured prompts ran as pieces and the eager ones whole). The pieces each path runs (prompts
-    of 12, 6 and 14 tokens: no one-row piece, so every row count above one is a prompt's) are
-    recorded as the session and the engine see them. Bit equality itself is the GPU test's
-    (tests/test_gpu_hybrid.py): on the CPU the two paths' attentions span different mask widths
-    and round apart anyway."""
+@pytest.mark.parametrize(("rule", "steps"), [("pad", [16, 16, 16]), ("pow2", [8, 4, 4, 2, 8, 4, 2])])
+def test_a_batched_hybrid_prompt_runs_the_same_pieces_captured_or_not(package: Path, rule: str, steps) -> None:
+    """The batching decoder's uncaptured prompt chunks run as the captured path's: padded to a
+    power of two (option prefill_pieces pad, the states stopping at the last real row) or in its
+    power-of-two pieces (pow2). A chunk split or padded otherwise rounds otherwise, so the capture
+    setting would change the tokens (the H200 run of 2026-12-05 saw a captured batch part from the
+    eager one when the captured prompts ran as pieces and the eager ones whole). The rows each path
+    runs (prompts of 12, 6 and 14 tokens: no one-row piece, so every row count above one is a
+    prompt's) are recorded as the session and the engine see them; both engines hold a CPU
+    recorder, which stands in for CUDA (without one the CPU runs a chunk whole, padding nothing).
+    Bit equality itself is the GPU test's (tests/test_gpu_hybrid.py): on the CPU the two paths'
+    attentions span different mask widths and round apart anyway."""
+    from onnxgen import options
     from onnxgen.runtime.capture.recorder import ReplayRecorder
 
     prompts = [[5, 17, 100, 41, 9, 80, 3, 7, 11, 2, 1, 6], [8, 3, 3, 90, 1, 4], [2] * 14]
 
     def pieces(captured: bool) -> list[int]:
-        kwargs = dict(kv="static", capture="on", recorder=ReplayRecorder()) if captured else {}
+        kwargs = dict(kv="static", capture="on" if captured else "off", recorder=ReplayRecorder())
         engine = make_engine(package, **kwargs)
         rows: list[int] = []
         if captured:  # the scratch cache's prompt steps
@@ -234,8 +238,9 @@ def test_a_batched_hybrid_prompt_runs_the_same_pieces_captured_or_not(package: P
         run_as_room_allows(decoder, sequences)
         return rows
 
-    assert pieces(True) == [8, 4, 4, 2, 8, 4, 2]
-    assert pieces(False) == [8, 4, 4, 2, 8, 4, 2]
+    with options.override(prefill_pieces=rule):
+        assert pieces(True) == steps
+        assert pieces(False) == steps
 
 
 @pytest.mark.parametrize("package", ["onnxgen-dense"], indirect=True)

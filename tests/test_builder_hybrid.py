@@ -220,12 +220,22 @@ def _prompt_matches_transformers(engine, model, ids: list[int], what: str) -> No
     assert sequence.kv.length == len(ids)
 
 
-def test_hybrid_prompts_run_as_recorded_power_of_two_pieces(hybrid) -> None:
-    """A hybrid's prompt chunk cannot be padded (the padding would enter its states): with a static
-    cache it runs as power-of-two pieces, largest first (37 = 32 + 4 + 1; the one-row piece is a
-    decode step), so two prompt lengths share the 4-row recording, and the 32-row one replays at a
-    later position (the mask spans the cache). The last row's logits equal transformers' for every
-    phase (warm-up, recording, replay: the CPU stand-in for CUDA graphs)."""
+@pytest.mark.parametrize(
+    ("pieces", "steps", "shapes"),
+    [
+        # padded to the next power of two, the states stopping at the last real row (the default)
+        ("pad", [64, 32, 128], [32, 64, 128]),
+        # unpadded power-of-two pieces, largest first (37 = 32 + 4 + 1; the one-row piece is a decode step)
+        ("pow2", [32, 4, 16, 4, 64, 4], [4, 16, 32, 64]),
+    ],
+)
+def test_hybrid_prompts_run_as_recorded_chunks(hybrid, pieces: str, steps: list[int], shapes: list[int]) -> None:
+    """With a static cache a hybrid's prompt chunk runs as recorded steps of a few shapes: padded
+    (option prefill_pieces pad), or as unpadded pieces (pow2), so that two prompt lengths share a
+    recording and a recording replays at a later position (the mask spans the cache). The last
+    row's logits equal transformers' for every phase (warm-up, recording, replay: the CPU stand-in
+    for CUDA graphs). What the padding leaves in the states is test_padded_hybrid_prompts_decode_on."""
+    from onnxgen import options
     from onnxgen.genai import Generator
     from onnxgen.runtime.capture.recorder import ReplayRecorder
 
@@ -240,14 +250,47 @@ def test_hybrid_prompts_run_as_recorded_power_of_two_pieces(hybrid) -> None:
     rng = np.random.default_rng(11)
     prompts = [rng.integers(1, 128, size=n).tolist() for n in (37, 21, 68)]
     model = hf_model(checkpoint)
-    for attempt in range(4):
-        for ids in prompts:
-            _prompt_matches_transformers(engine, model, ids, f"{len(ids)}, {attempt}")
-    assert rows == [32, 4, 16, 4, 64, 4] * 4
-    # one recorded shape per piece size, whatever the piece's position (the 4-row piece sits at rows
-    # 32, 16 and 64)
-    assert sorted(engine._prefill_keys) == [(4, 256), (16, 256), (32, 256), (64, 256)]  # (rows, cache rows)
+    with options.override(prefill_pieces=pieces):
+        for attempt in range(4):
+            for ids in prompts:
+                _prompt_matches_transformers(engine, model, ids, f"{len(ids)}, {attempt}")
+    assert rows == steps * 4
+    # one recorded shape per chunk size, whatever the chunk's position (rows, cache rows)
+    assert sorted(engine._prefill_keys) == [(n, 256) for n in shapes]
     assert engine.prefill_capture_stats.captured_steps > 0
+
+
+def test_padded_hybrid_prompts_decode_on(hybrid) -> None:
+    """A padded prompt chunk must leave the conv and recurrent states as the real rows alone make
+    them: the prompt's last-row logits cannot tell (every row is causal), the steps after it can.
+    Greedy generations after prompts of 37 and 21 tokens (padded to 64 and 32 rows, recorded and
+    replayed: the CPU stand-in for CUDA graphs) equal transformers' generate."""
+    from onnxgen import options
+    from onnxgen.genai import Generator, SamplingParams
+    from onnxgen.runtime.capture.recorder import ReplayRecorder
+
+    checkpoint, package = hybrid
+    write_word_tokenizer(package, 128)
+    model = hf_model(checkpoint)
+    model.generation_config.eos_token_id = None
+    rng = np.random.default_rng(17)
+    prompts = [rng.integers(1, 128, size=n).tolist() for n in (37, 21)]
+    expected = []
+    for ids in prompts:
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=8)
+        expected.append(out[0, len(ids) :].tolist())
+    generator = Generator(package, "cpu", kv="static", capture="on", recorder=ReplayRecorder())
+    rows: list[int] = []
+    runtime = generator.engine.prefill_runtime()
+    original = runtime.run
+    runtime.run = lambda feeds, tail=None: rows.append(feeds["input_ids"].shape[1]) or original(feeds, tail)
+    params = SamplingParams(max_new_tokens=8, ignore_eos=True)
+    with options.override(prefill_pieces="pad"):
+        for attempt in range(3):  # warm-up, recording, replay
+            for ids, tokens in zip(prompts, expected, strict=True):
+                assert list(generator.generate_ids(ids, params)) == tokens, (len(ids), attempt)
+    assert rows == [64, 32] * 3
 
 
 @pytest.mark.parametrize(
@@ -306,14 +349,17 @@ def test_hybrid_prompts_in_fine_pieces(hybrid) -> None:
             assert rows[:5] == [48, 8, 24, 96, 4], (capture, rows)
 
 
-@pytest.mark.parametrize("pieces", ["pow2", "fine"])
+@pytest.mark.parametrize("pieces", ["pad", "pow2", "fine"])
 def test_a_hybrid_prompt_computes_the_same_bits_captured_or_not(hybrid, pieces: str) -> None:
     """The capture setting must not change what a prompt computes: with a static cache a hybrid's
-    prompt runs in the same power-of-two pieces whether its steps are recorded or not. (The H200
-    run of 2026-12-05 found a captured generation parting from the uncaptured one after 30 tokens:
-    the captured prompt ran as 8 + 4 rows, the uncaptured one as 12, and a chunk split otherwise
-    rounds otherwise.) The last row's logits are compared bit for bit, recorded (the CPU stand-in
-    for CUDA graphs) against not, for lengths of one, two and three pieces."""
+    prompt runs in the same padded chunks (or the same unpadded pieces) whether its steps are
+    recorded or not. (The H200 run of 2026-12-05 found a captured generation parting from the
+    uncaptured one after 30 tokens: the captured prompt ran as 8 + 4 rows, the uncaptured one as
+    12, and a chunk split otherwise rounds otherwise.) The last row's logits are compared bit for
+    bit, recorded (the CPU stand-in for CUDA graphs) against not, for lengths of one, two and three
+    pieces. The uncaptured engine holds a recorder too: on the CPU that is what says it stands in
+    for CUDA, where a padded prompt pads with capture off as well (without one the CPU runs a
+    chunk whole)."""
     from onnxgen import options
     from onnxgen.genai import Generator, SamplingParams
     from onnxgen.runtime.capture.recorder import ReplayRecorder
@@ -322,7 +368,7 @@ def test_a_hybrid_prompt_computes_the_same_bits_captured_or_not(hybrid, pieces: 
     write_word_tokenizer(package, 128)
     rng = np.random.default_rng(5)
     engines = {
-        "off": Generator(package, "cpu", kv="static", capture="off").engine,
+        "off": Generator(package, "cpu", kv="static", capture="off", recorder=ReplayRecorder()).engine,
         "on": Generator(package, "cpu", kv="static", capture="on", recorder=ReplayRecorder()).engine,
     }
     for n in (16, 12, 37, 56):  # 56: three pieces, or two of option prefill_pieces's finer sizes
@@ -342,7 +388,7 @@ def test_hybrid_decode_step_is_one_recorded_segment(hybrid) -> None:
     """With a static cache the whole decode step plans as one segment (the conv and recurrent
     state updates, the gates and norms recorded with the attention), and replaying it (the CPU
     stand-in for CUDA graphs, verify mode: each replay checked against eager) gives the eager
-    generation's tokens. The captured prompt chunk runs at the prompt's own length, unpadded."""
+    generation's tokens. The captured prompt chunk runs padded (the CPU's uncaptured one whole)."""
     from onnxgen.genai import Generator, SamplingParams
     from onnxgen.runtime.capture.recorder import ReplayRecorder
     from onnxgen.runtime.capture.report import analyse
@@ -366,9 +412,8 @@ def test_hybrid_decode_step_is_one_recorded_segment(hybrid) -> None:
     stats = captured.capture_stats
     assert stats.segments_per_step == 1 and stats.captured_steps > 0
     assert stats.invalidations == 0 and stats.recording_failures == 0 and not stats.quarantined
-    # not padded to 16 (padding would be folded into the states): 7 = 4 + 2 + 1, the one-row piece a
-    # decode step (test_hybrid_prompts_run_as_recorded_power_of_two_pieces)
-    assert len(PROMPT) == 7 and rows == [4, 2]
+    # padded to 16 rows, the states stopping at row 7 (test_padded_hybrid_prompts_decode_on)
+    assert len(PROMPT) == 7 and rows == [16]
 
 
 def test_the_multimodal_wrappers_text_part_builds(tmp_path) -> None:

@@ -39,9 +39,10 @@ def hybrid_config(moe: bool) -> DecoderConfig:
 
 
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
-@pytest.mark.parametrize("pieces", ["pow2", "fine"])
+@pytest.mark.parametrize("pieces", ["pad", "pow2", "fine"])
 def test_captured_hybrid_decode_equals_eager(tmp_path, moe: bool, pieces: str) -> None:
-    """fine: option prefill_pieces, and a 24-token prompt, one piece there (16 + 8 as powers of two)."""
+    """Option prefill_pieces: pad (the 12-token prompt padded to 16 rows, captured and eager alike),
+    pow2 (8 + 4), fine (a 24-token prompt, one piece there; 16 + 8 as powers of two)."""
     from onnxgen import options
     from onnxgen.genai import Generator, SamplingParams
     from onnxgen.models.builder import build_package

@@ -352,12 +352,14 @@ class BatchedDecoder:
             hi = point
         if self.captured:
             return self._prefill_chunk_captured(sequence, lo, hi), hi - lo
-        # a hybrid's chunk in the captured path's pieces (engine._prefill_pieces): split otherwise it
+        # a hybrid's chunk as the captured path runs it (engine._prefill_padded): padded where its
+        # states stop at a row, else in pieces (engine._prefill_pieces); split or padded otherwise it
         # would round otherwise, and the capture setting would change the tokens
-        pieces = prompt_pieces(hi - lo) if engine.config.carried else [hi - lo]
+        pieces = prompt_pieces(hi - lo) if engine.config.carried and not engine.pads_carried() else [hi - lo]
+        padded = bool(engine.config.carried) and engine.pads_carried_chunks()
         start = lo
         for piece in pieces:
-            logits = self._prefill_piece(sequence, start, start + piece)
+            logits = self._prefill_piece(sequence, start, start + piece, padded=padded)
             start += piece
         sequence.prefilled = hi
         if hi == point:
@@ -367,24 +369,31 @@ class BatchedDecoder:
         self.prefilling = None
         return [self._sample_and_read(sequence, logits)], hi - lo
 
-    def _prefill_piece(self, sequence: Sequence, lo: int, hi: int) -> torch.Tensor:
+    def _prefill_piece(self, sequence: Sequence, lo: int, hi: int, *, padded: bool = False) -> torch.Tensor:
         """Prompt rows ``lo`` .. ``hi`` of the sequence run uncaptured in its slot; returns the last
-        row's logits."""
+        row's logits. ``padded``: more than one row runs padded at its end as the engine's padded
+        chunks are (engine._prefill_padded: the next power of two, at least captured_prefill_min,
+        where the slot has the room); the padding's KV rows lie past the slot's contents, masked
+        from later steps and overwritten by them, and the carried states stop at the last real row."""
         engine = self.engine
         slot = sequence.slot
         assert slot is not None
         n = hi - lo
+        size = n
+        if padded and n > 1:
+            size = max(engine.captured_prefill_min, 1 << (n - 1).bit_length())
+            size = size if lo + size <= self.pool.capacity else n
         io = engine.config.io
         device = engine.device
+        ids = sequence.prompt_ids[lo:hi] + [0] * (size - n)
         feeds = {
-            io.input_ids: torch.tensor([sequence.prompt_ids[lo:hi]], dtype=torch.int64, device=device),
-            io.attention_mask: torch.ones((1, hi), dtype=torch.int64, device=device),
+            io.input_ids: torch.tensor([ids], dtype=torch.int64, device=device),
+            io.attention_mask: torch.ones((1, lo + size), dtype=torch.int64, device=device),
         }
         if engine.has_positions:
-            positions = torch.arange(lo, hi, dtype=torch.int64, device=device).reshape(1, n)
+            positions = torch.arange(lo, lo + size, dtype=torch.int64, device=device).reshape(1, size)
             feeds[io.position_ids] = engine.positions_feed(positions)
-        if engine.logits_row is not None:
-            feeds[engine.logits_row] = self._rows[n - 1 : n]
+        feeds.update(engine.row_feeds(self._rows[n - 1 : n]))
         past = self.pool.slot_feeds(slot)
         feeds.update(past)
         outputs = engine.session.run_torch(feeds)
@@ -499,7 +508,7 @@ class BatchedDecoder:
             io = engine.config.io
             feeds_of = self._group_feeds[(rows, size)] = GroupFeeds(
                 scratch, rows, size, input_ids=io.input_ids, attention_mask=io.attention_mask,
-                position_ids=io.position_ids if engine.has_positions else None, logits_row=engine.logits_row,
+                position_ids=io.position_ids if engine.has_positions else None, row_inputs=engine.row_inputs,
                 position_streams=engine.config.position_streams,
             )  # fmt: skip
         feeds = feeds_of.fill(chunks, starts, slots)
@@ -552,7 +561,7 @@ class BatchedDecoder:
 
     def _scratch_from_slot(self, sequence: Sequence) -> None:
         """Where steps are captured, a prompt runs as the engine's captured prefill chunks
-        (engine._prefill_captured: padded chunk sizes, a few recordings for every length) over one
+        (engine._prefill_padded: padded chunk sizes, a few recordings for every length) over one
         static cache of a slot's capacity, kept at fixed addresses for those recordings; the rows
         it computes are copied into the slot when the prompt is done. Its reused prefix is copied
         from the slot first. The slot's ``contents`` grow only with that last copy, so no other
@@ -576,7 +585,7 @@ class BatchedDecoder:
         engine = self.engine
         prompt = sequence.prompt_ids
         ids = torch.tensor([prompt[lo:hi]], dtype=torch.int64, device=engine.device)
-        logits = engine._prefill_captured(sequence, ids)
+        logits = engine._prefill_padded(sequence, ids)
         sequence.prefilled = hi
         scratch, slot = sequence.kv, sequence.slot
         assert isinstance(scratch, StaticKV) and slot is not None
@@ -818,8 +827,7 @@ class BatchedDecoder:
         if engine.has_positions:
             positions = (torch.tensor(ends, dtype=torch.int64) - 1).reshape(rows, 1).to(device)
             feeds[io.position_ids] = engine.positions_feed(positions)
-        if engine.logits_row is not None:
-            feeds[engine.logits_row] = self._row_zero
+        feeds.update(engine.row_feeds(self._row_zero))
         return feeds
 
     def _feeds_of(self, rows: int) -> BucketFeeds:
@@ -827,7 +835,7 @@ class BatchedDecoder:
         if feeds is None:
             engine = self.engine
             io = engine.config.io
-            extra = {engine.logits_row: self._row_zero} if engine.logits_row is not None else {}
+            extra = engine.row_feeds(self._row_zero)
             feeds = self._bucket_feeds[rows] = BucketFeeds(
                 self.pool, rows, input_ids=io.input_ids, attention_mask=io.attention_mask,
                 position_ids=io.position_ids if engine.has_positions else None, extra=extra, carried=self._tokens,

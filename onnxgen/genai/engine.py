@@ -27,7 +27,7 @@ import torch
 from onnxgen import options
 from onnxgen.errors import InvalidInputError
 from onnxgen.genai.decode_tail import GreedyTail, SampledTail
-from onnxgen.genai.graph_layout import position_feed, with_graph_layout
+from onnxgen.genai.graph_layout import carried_states, position_feed, with_graph_layout
 from onnxgen.genai.host_read import HostRead, host_read
 from onnxgen.genai.kv_cache import DynamicKV, GrowingKV, StaticKV, past_feeds_attention_in_place
 from onnxgen.genai.package import PackageConfig
@@ -39,22 +39,27 @@ from onnxgen.runtime.capture.stats import CaptureStats
 from onnxgen.runtime.dtypes import ONNX_TO_TORCH
 from onnxgen.runtime.row_select import select_row
 from onnxgen.runtime.session import InferenceSession
+from onnxgen.runtime.state_rows import stop_states_at_row
 
 if TYPE_CHECKING:
     from onnxgen.runtime.capture.runtime import CaptureRuntime
 
 KV = DynamicKV | GrowingKV | StaticKV
 
-# the graph input that engine_model adds: which row of the step the logits are computed for
+# the graph inputs that engine_model adds: which row of the step the logits are computed for, and
+# the row after which a carried state takes nothing in (both fed the step's last real row)
 LOGITS_ROW_INPUT = "onnxgen_logits_row"
+STATE_ROW_INPUT = "onnxgen_state_row"
 
 
 def engine_model(model: onnx.ModelProto, config: PackageConfig) -> onnx.ModelProto:
     """The package's graph as the engine runs it: the logits computed for one row of a step only
     (runtime/row_select.py; the engine feeds the prompt's last real row), since generation reads no
     other. A prompt of S rows then skips S - 1 rows of the lm_head and holds [1, vocab] logits, not
-    [S, vocab]; a one-token decode step runs the same kernels as before. A graph whose last layer
-    does not fit the rewrite runs as it is, and says why once."""
+    [S, vocab]; a one-token decode step runs the same kernels as before. A graph with carried
+    states (a hybrid decoder) also has them stop at that row (runtime/state_rows.py), so that its
+    prompt chunks can be padded like a dense decoder's. A graph that does not fit a rewrite runs
+    without it, and says why once."""
     rewritten, why_not = select_row(model, config.io.logits, LOGITS_ROW_INPUT)
     if why_not is not None:
         warnings.warn(
@@ -62,6 +67,16 @@ def engine_model(model: onnx.ModelProto, config: PackageConfig) -> onnx.ModelPro
             "prefill does the lm_head's work once per prompt token",
             stacklevel=2,
         )
+    presents = [state.present for state in carried_states(config, model)] if config.io.states else []
+    if presents:
+        stopped, why_not = stop_states_at_row(rewritten, presents, STATE_ROW_INPUT)
+        if why_not is not None:
+            warnings.warn(
+                f"onnxgen: a prompt chunk of this graph cannot be padded ({why_not}); it runs as unpadded pieces, "
+                "one pass over the weights each",
+                stacklevel=2,
+            )
+        rewritten = stopped
     return rewritten
 
 
@@ -108,7 +123,7 @@ class DecodeEngine:
 
     prefill_chunk = 256  # prompt tokens per CPU prefill step (_prefill); 0: one step
     prefill_progress_tokens: int | None = 1024  # prompts this long show prefill progress on stderr
-    # captured prefill (_prefill_captured): prompt chunks of at most this many tokens, each padded to
+    # captured prefill (_prefill_padded): prompt chunks of at most this many tokens, each padded to
     # a power of two of at least captured_prefill_min rows, so that a few recordings serve every length
     captured_prefill_max = 1024
     captured_prefill_min = 16
@@ -147,6 +162,8 @@ class DecodeEngine:
         self.has_positions = bool(io.position_ids) and io.position_ids in inputs
         # engine_model's row input: the logits come for the one row fed there
         self.logits_row = LOGITS_ROW_INPUT if LOGITS_ROW_INPUT in inputs else None
+        # and its state row: the carried states stop at the row fed there (a padded prompt chunk's last real one)
+        self.state_row = STATE_ROW_INPUT if STATE_ROW_INPUT in inputs else None
         self._rows: torch.Tensor | None = None  # see _row_feed
         self._row_zero: torch.Tensor | None = None
         self._past = inputs[config.first_past_key_name]
@@ -564,7 +581,7 @@ class DecodeEngine:
         """One step of ``ids.shape[1]`` tokens; returns the logits of the last real row. With ``tail``
         (one-token captured steps only) the step also writes the next token into the decode ids.
         ``real``: a captured prefill chunk's first ``real`` rows are the prompt, the rest padding
-        (_prefill_captured; static KV only): the KV advances by ``real`` rows."""
+        (_prefill_padded; static KV only): the KV advances by ``real`` rows."""
         kv = sequence.kv
         assert kv is not None
         io = self.config.io
@@ -595,8 +612,7 @@ class DecodeEngine:
             else:
                 positions = torch.arange(kv.length, kv.length + n, device=self.device).reshape(1, n)
                 feeds[io.position_ids] = self.positions_feed(positions)
-        if self.logits_row is not None:
-            feeds[self.logits_row] = self._row_feed(real - 1, n)
+        feeds.update(self.row_feeds(self._row_feed(real - 1, n)))
         feeds.update(kv.feeds())
         if self.capture != "off" and n == 1:
             outputs = self.capture_runtime().run(self.session.check_feeds_repeated(feeds), tail=tail)
@@ -609,6 +625,16 @@ class DecodeEngine:
             kv.unmask_rows(kv.length, n - real)  # the padding's rows: invisible to later steps
         sequence.prepared_at = kv.length if tail is not None else None
         return outputs[io.logits][0, 0 if self.logits_row is not None else real - 1]
+
+    def row_feeds(self, row: torch.Tensor) -> dict[str, torch.Tensor]:
+        """engine_model's row inputs that this graph has, each fed ``row`` (int64 [1], or [batch]: a
+        row per entry): the step's last real row."""
+        return dict.fromkeys(self.row_inputs, row)
+
+    @property
+    def row_inputs(self) -> tuple[str, ...]:
+        """engine_model's row inputs that this graph has (the logits row, the state row)."""
+        return tuple(name for name in (self.logits_row, self.state_row) if name is not None)
 
     def positions_feed(self, positions: torch.Tensor) -> torch.Tensor:
         """What the graph's position input takes for the [B, S] ``positions`` (graph_layout.position_feed)."""
@@ -641,32 +667,59 @@ class DecodeEngine:
         n = ids.shape[1]
         if isinstance(sequence.kv, StaticKV) and self._prefill_chunks_apply():
             if self.config.carried:  # captured or not: recording must not change a prompt's arithmetic
-                return self._prefill_pieces(sequence, ids)
+                if self.pads_carried() and not self.pads_carried_chunks():
+                    # the CPU, where nothing is recorded: whole chunks, nothing padded
+                    return self._prefill_chunks(sequence, ids, self._carried_span(), pieces=False)
+                return self._prefill_padded(sequence, ids)
             if self.capture != "off":
-                return self._prefill_captured(sequence, ids)
+                return self._prefill_padded(sequence, ids)
         chunk = self.prefill_chunk
         if self.device.type != "cpu" or not chunk or n <= chunk or not self._prefill_chunks_apply():
             return self._forward(sequence, ids)
         return self._prefill_chunks(sequence, ids, chunk, pieces=False)
 
-    def _prefill_captured(self, sequence: Sequence, ids: torch.Tensor) -> torch.Tensor:
-        """The prompt as captured steps: chunks of at most ``captured_prefill_max`` tokens, each padded
-        at its end to the next power of two (at least ``captured_prefill_min``) where the cache has
-        the room, so that every prompt length reuses the recordings of a few chunk sizes. Padding is
-        sound because the graph's attention (GroupQueryAttention over the shared cache) is causal
-        within a chunk: a prompt row never sees the padding rows after it, and the padding's KV rows
-        are unmasked again and overwritten by the next step. A graph with carried states takes
-        unpadded pieces instead (_prefill_pieces, prompt_pieces). Each chunk is a binding key of the
-        capture runtime (chunk rows; the mask spans the cache, so not the chunk's position): warmed,
-        recorded and then replayed like the decode step, and checked against eager in verify mode."""
-        if self.config.carried:
+    def pads_carried(self) -> bool:
+        """Whether a prompt chunk of this graph with carried states may be padded: its states stop at
+        the fed row (engine_model's state row) and option prefill_pieces is ``pad``."""
+        return self.state_row is not None and options.current().prefill_pieces == "pad"
+
+    def pads_carried_chunks(self) -> bool:
+        """Whether a prompt chunk of this graph with carried states is padded (pads_carried): where
+        its steps may be recorded, captured or not (CUDA, or a CPU recorder standing in for CUDA
+        graphs); on the CPU without one a chunk runs whole."""
+        return self.pads_carried() and (self.device.type == "cuda" or self.capture_recorder is not None)
+
+    def _carried_span(self) -> int:
+        """The most rows of a prompt chunk of a graph with carried states: ``captured_prefill_max``, on
+        the CPU ``prefill_chunk`` where smaller."""
+        span = self.captured_prefill_max
+        if self.device.type == "cpu" and self.prefill_chunk:
+            span = min(span, self.prefill_chunk)
+        return span
+
+    def _prefill_padded(self, sequence: Sequence, ids: torch.Tensor) -> torch.Tensor:
+        """The prompt as (captured) steps: chunks of at most ``captured_prefill_max`` tokens (a graph
+        with carried states: _carried_span), each padded at its end to the next power of two (at
+        least ``captured_prefill_min``) where the cache has the room, so that every prompt length
+        reuses the recordings of a few chunk sizes. Padding is sound because every row depends only
+        on the rows before it (the graph's attention, GroupQueryAttention over the shared cache, is
+        causal within a chunk; so are a hybrid's convolutions and recurrences), the padding's KV
+        rows are unmasked again and overwritten by the next step, and carried states stop at the
+        last real row (engine_model's state row). Each chunk is a binding key of the capture
+        runtime (chunk rows; the mask spans the cache, so not the chunk's position): warmed,
+        recorded and then replayed like the decode step, and checked against eager in verify mode.
+        A graph with carried states pads with capture off too (on CUDA), so that recording does not
+        change the prompt's arithmetic; where its states do not stop at a row, it runs as unpadded
+        pieces instead (_prefill_pieces)."""
+        if self.config.carried and not self.pads_carried():
             return self._prefill_pieces(sequence, ids)
         kv = sequence.kv
         assert isinstance(kv, StaticKV)
         n = ids.shape[1]
+        span = self._carried_span() if self.config.carried else self.captured_prefill_max
         logits = None
-        for lo in range(0, n, self.captured_prefill_max):
-            real = min(self.captured_prefill_max, n - lo)
+        for lo in range(0, n, span):
+            real = min(span, n - lo)
             size = max(self.captured_prefill_min, 1 << (real - 1).bit_length())
             if kv.length + size > kv.capacity or real == 1:
                 # no room for the padding, or one row, which the eager path computes with the
@@ -681,18 +734,15 @@ class DecodeEngine:
         return logits
 
     def _prefill_pieces(self, sequence: Sequence, ids: torch.Tensor) -> torch.Tensor:
-        """A prompt of a graph with carried states (a hybrid decoder) over a static cache: chunks of
-        at most ``captured_prefill_max`` tokens (on the CPU ``prefill_chunk`` where smaller), each as
-        unpadded pieces, largest first (prompt_pieces: powers of two, 37 = 32 + 4 + 1, or option
-        prefill_pieces's finer sizes; a one-row piece is a decode step). Padding would fold its
-        tokens into the states for good, so pieces are what lets a handful of recorded shapes serve
-        every length. The pieces are the same whether the steps are captured or not: a chunk split
-        otherwise rounds otherwise, and a capture setting would change the generated tokens.
-        Returns the last row's logits."""
-        span = self.captured_prefill_max
-        if self.device.type == "cpu" and self.prefill_chunk:
-            span = min(span, self.prefill_chunk)
-        return self._prefill_chunks(sequence, ids, span, pieces=True)
+        """A prompt of a graph with carried states (a hybrid decoder) over a static cache whose chunks
+        are not padded (pads_carried: option prefill_pieces ``pow2`` or ``fine``, or states that do
+        not stop at a row): chunks of at most _carried_span tokens, each as unpadded pieces, largest
+        first (prompt_pieces: powers of two, 37 = 32 + 4 + 1, or the finer sizes; a one-row piece is
+        a decode step). Padding would fold its tokens into such states for good, so pieces are what
+        lets a handful of recorded shapes serve every length. The pieces are the same whether the
+        steps are captured or not: a chunk split otherwise rounds otherwise, and a capture setting
+        would change the generated tokens. Returns the last row's logits."""
+        return self._prefill_chunks(sequence, ids, self._carried_span(), pieces=True)
 
     def _prefill_chunks(self, sequence: Sequence, ids: torch.Tensor, span: int, *, pieces: bool) -> torch.Tensor:
         """The prompt as steps of chunks of at most ``span`` tokens, each whole or (``pieces``) as its
@@ -745,7 +795,7 @@ class DecodeEngine:
         return self._capture
 
     def prefill_runtime(self) -> CaptureRuntime:
-        """The captured prefill chunks' runtime (_prefill_captured): a capture runtime of its own, so
+        """The captured prefill chunks' runtime (_prefill_padded): a capture runtime of its own, so
         that the decode step's statistics (capture_stats) count decode steps only."""
         if self._prefill_capture is None:
             self._prefill_capture = self._new_capture_runtime("prefill chunks")

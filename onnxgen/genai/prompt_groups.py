@@ -54,7 +54,7 @@ class GroupFeeds:
         attention_mask: str,
         position_ids: str | None,
         position_streams: int = 0,
-        logits_row: str | None,
+        row_inputs: tuple[str, ...] = (),
     ) -> None:
         if rows > scratch.batch:
             raise ValueError(f"a group of {rows} rows does not fit a scratch cache of {scratch.batch}")
@@ -78,8 +78,7 @@ class GroupFeeds:
         self.feeds: dict[str, torch.Tensor] = {input_ids: self.ids, attention_mask: self.mask}
         if position_ids:
             self.feeds[position_ids] = position_feed(self.positions, position_streams)
-        if logits_row:
-            self.feeds[logits_row] = self.last
+        self.feeds.update(dict.fromkeys(row_inputs, self.last))  # engine_model's row inputs: each row's last
         self.feeds.update({name: buffer[:rows] for name, buffer in scratch.buffers.items()})
 
     def fill(self, chunks: list[list[int]], starts: list[int], slots: list[int]) -> dict[str, torch.Tensor]:

@@ -16,8 +16,9 @@ The rewrite (``delta_prologues``) replaces LinearAttention (either domain) whose
 
 by ``FusedLinearAttention`` (onnxgen domain). Its inputs are LinearAttention's, with ``s`` in place
 of the normalised query / key and the gate's inputs (a, b, dt_bias, decay_scale) in place of decay
-and beta; attributes ``inner_domain`` (the LinearAttention's), ``qk_norm`` (0: none, 1:
-L2Normalize, 2: LpNormalization, which maps a zero vector to zero) and ``qk_epsilon``. The removed
+and beta, then (input 10) the last row runtime/state_rows.py adds as LinearAttention's seventh
+input; attributes ``inner_domain`` (the LinearAttention's), ``qk_norm`` (0: none, 1: L2Normalize,
+2: LpNormalization, which maps a zero vector to zero) and ``qk_epsilon``. The removed
 Reshapes never reorder elements, so the normalised query is ``s`` normalised over its last axis and
 read as [batch, tokens, -1] (runtime/ops/fused_linear_attention.py).
 
@@ -78,7 +79,9 @@ def fold_delta_prologues(rewriter: Any) -> int:
             continue
         if int(node_attr(attention, "state_window", 0) or 0):  # speculative decoding's states: left as written
             continue
-        inputs = list(attention.input) + [""] * (6 - len(attention.input))
+        # LinearAttention's six inputs, and state_rows.py's last row as a seventh where it added one
+        inputs = list(attention.input[:6]) + [""] * (6 - len(attention.input[:6]))
+        last_row = list(attention.input[6:7])
         query, key = _normalized(chains, inputs[0]), _normalized(chains, inputs[1])
         norm = query is not None and key is not None and query[1:3] == key[1:3]
         gate = chains.producer.get(inputs[4]) if inputs[4] else None
@@ -100,6 +103,8 @@ def fold_delta_prologues(rewriter: Any) -> int:
             inputs[4:6] = ["", ""]
             inputs += [a, b, dt_bias, decay_scale]
             gone.append(gate)
+        if last_row:  # FusedLinearAttention's input 10
+            inputs += [""] * (10 - len(inputs)) + last_row
         attrs = {a.name: helper.get_attribute_value(a) for a in attention.attribute}
         kind, eps = (query[1], query[2]) if norm and query is not None else (0, 0.0)
         fused = helper.make_node(
