@@ -53,10 +53,11 @@
 #   ttft08     the qwen3.5-0.8b fp16 prompt: the hybrid kernel GPU tests (and the strided-row kernels'); TTFT at
 #              16 and 64 tokens; then the copies and fills an eager 16-token prompt issues, by onnxgen line
 #              (bench.prefill --copies), ~3 min
-#   pieces     option prefill_pieces: a hybrid prompt chunk padded to a power of two, its states stopping at the
-#              last real row (pad, the default), against unpadded pieces (pow2: 56 = 32 + 16 + 8; fine: 48 + 8):
+#   pieces     options prefill_pieces and prefill_sizes: a hybrid prompt chunk padded, its states stopping at the
+#              last real row (pad, the default), against unpadded pieces (split: 56 = 32 + 16 + 8), each with
+#              power-of-two sizes and with 1.5x ones too (fine: 40 padded to 48; 56 split as 48 + 8):
 #              bench.prefill at 24-100 tokens, qwen3.5-0.8b fp16, and the 35B-A3B int4 package where
-#              bench/hybrid_peers_device.sh build-35b has built it, ~5 min
+#              bench/hybrid_peers_device.sh build-35b has built it; then Q's dense chunks under both sizes, ~7 min
 #   sampled    the sampling GPU tests, then python -m bench.sampled_decode Q, fp16 and int4: sampled decode
 #              in the graph vs greedy and vs between the steps, same tokens as eager, ~4 min
 #
@@ -180,14 +181,19 @@ stage_ttft08() {
     --copies --top 20
 }
 stage_pieces() {
-  local v=(--variant pad: --variant pow2:ONNXGEN_PREFILL_PIECES=pow2 --variant fine:ONNXGEN_PREFILL_PIECES=fine
-    --variant pad-again: --variant pow2-again:ONNXGEN_PREFILL_PIECES=pow2)
+  local v=(--variant pad: --variant pad-fine:ONNXGEN_PREFILL_SIZES=fine --variant split:ONNXGEN_PREFILL_PIECES=split
+    --variant split-fine:ONNXGEN_PREFILL_PIECES=split,ONNXGEN_PREFILL_SIZES=fine --variant pad-again:
+    --variant pad-fine-again:ONNXGEN_PREFILL_SIZES=fine)
   run pieces-08 150 $PY -m bench.prefill --shape qwen3.5-0.8b --precision fp16 --context 2048 \
     --lengths 24,32,48,56,64,100 --repeats 5 "${v[@]}"
   local p35
   p35=$(compgen -G "/tmp/peers-qwen3.5-35b-a3b/pkg-qwen3.5-35b-a3b-int4-cuda-gqa-seed*[0-9]" | head -1)
   [ -n "$p35" ] && run pieces-35b 240 $PY -m bench.prefill --package "$p35" --context 2048 \
     --lengths 24,32,48,56,64,100 --repeats 5 "${v[@]}"
+  # a dense graph's padded chunks under both size rules
+  run pieces-dense 150 $PY -m bench.prefill $Q --precision fp16 --context 2048 --lengths 24,48,96,100,384,700 \
+    --repeats 5 --variant pow2: --variant fine:ONNXGEN_PREFILL_SIZES=fine --variant pow2-again: \
+    --variant fine-again:ONNXGEN_PREFILL_SIZES=fine
 }
 stage_sampled() {
   run sampled-tests 240 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_sampled_decoding.py tests/test_decode_tail.py tests/test_sampling_inputs.py

@@ -92,7 +92,8 @@ class Options:
     moe_grouped: tuple[int, int, int, int, int, int, int] | None = None
     moe_per_pair: tuple[int, int, int, int, int] | None = None
     gdn_prompt: tuple[int, int] | None = None
-    prefill_pieces: Literal["pad", "pow2", "fine"] = "pad"
+    prefill_pieces: Literal["pad", "split"] = "pad"
+    prefill_sizes: Literal["pow2", "fine"] = "pow2"
 
     @property
     def dequant_cache_bytes(self) -> int | None:
@@ -287,8 +288,14 @@ def _q4_prompt(raw: str) -> str:
 
 
 def _prefill_pieces(raw: str) -> str:
-    if raw not in ("pad", "pow2", "fine"):
-        raise ValueError("expected pad, pow2 or fine")
+    if raw not in ("pad", "split"):
+        raise ValueError("expected pad or split")
+    return raw
+
+
+def _prefill_sizes(raw: str) -> str:
+    if raw not in ("pow2", "fine"):
+        raise ValueError("expected pow2 or fine")
     return raw
 
 
@@ -402,11 +409,16 @@ KNOBS: tuple[Knob, ...] = (
          "the sequential Gated DeltaNet kernel's value columns per program and warps on prompts of 2 "
          "or more tokens (gpu/gated_delta_decode.py); one-token steps keep their tile",
          default_text="unset: `8,1`"),
-    Knob("prefill_pieces", "ONNXGEN_PREFILL_PIECES", _prefill_pieces, "`pad` / `pow2` / `fine`",
-         "how a hybrid decoder's prompt chunk runs over a static cache (genai/engine.py): `pad` one step padded to "
-         "the next power of two on CUDA, its carried states stopping at the last real row (runtime/state_rows.py; "
-         "whole on the CPU), where the graph's state ops allow it, else as `pow2`; `pow2` unpadded pieces of powers "
-         "of two (56 = 32 + 16 + 8); `fine` also 1.5 times a power of two from 24 on (56 = 48 + 8)"),
+    Knob("prefill_pieces", "ONNXGEN_PREFILL_PIECES", _prefill_pieces, "`pad` / `split`",
+         "how a hybrid decoder's prompt chunk runs over a static cache (genai/engine.py): `pad` one step padded "
+         "like a dense one on CUDA, its carried states stopping at the last real row (runtime/state_rows.py; "
+         "whole on the CPU), where the graph's state ops allow it, else split; `split` unpadded pieces, one pass "
+         "over the weights each (56 = 32 + 16 + 8)"),
+    Knob("prefill_sizes", "ONNXGEN_PREFILL_SIZES", _prefill_sizes, "`pow2` / `fine`",
+         "the rows of a padded prompt chunk and of a split one's pieces (genai/engine.py padded_rows, "
+         "prompt_pieces): `pow2` powers of two; `fine` also 1.5 times a power of two from 24 on (20 rows padded "
+         "to 24, 40 to 48; 56 split as 48 + 8): less padding, 13 recorded chunk shapes up to 1,024 rows instead "
+         "of 7"),
     Knob("q4_norm_apart", "ONNXGEN_Q4_NORM_APART", _count("programs"), "`P` (programs; `0`: never)",
          "a 4-bit one-row product of more than P programs (the lm_head) runs its norm prologue as a kernel of "
          "its own instead of once per program"),
@@ -507,7 +519,8 @@ _NAMED_VALUES = {
     "triton_linear": ("auto", "on", "off"),
     "int8_activations": ("none", "cpu", "all"),
     "q4_prompt": ("auto", "dequant", "gemm", "split"),
-    "prefill_pieces": ("pad", "pow2", "fine"),
+    "prefill_pieces": ("pad", "split"),
+    "prefill_sizes": ("pow2", "fine"),
 }
 
 

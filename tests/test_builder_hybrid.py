@@ -221,17 +221,21 @@ def _prompt_matches_transformers(engine, model, ids: list[int], what: str) -> No
 
 
 @pytest.mark.parametrize(
-    ("pieces", "steps", "shapes"),
+    ("pieces", "sizes", "steps", "shapes"),
     [
         # padded to the next power of two, the states stopping at the last real row (the default)
-        ("pad", [64, 32, 128], [32, 64, 128]),
+        ("pad", "pow2", [64, 32, 128], [32, 64, 128]),
+        # or to the next of those and 1.5 times a power of two
+        ("pad", "fine", [48, 24, 96], [24, 48, 96]),
         # unpadded power-of-two pieces, largest first (37 = 32 + 4 + 1; the one-row piece is a decode step)
-        ("pow2", [32, 4, 16, 4, 64, 4], [4, 16, 32, 64]),
+        ("split", "pow2", [32, 4, 16, 4, 64, 4], [4, 16, 32, 64]),
     ],
 )
-def test_hybrid_prompts_run_as_recorded_chunks(hybrid, pieces: str, steps: list[int], shapes: list[int]) -> None:
+def test_hybrid_prompts_run_as_recorded_chunks(
+    hybrid, pieces: str, sizes: str, steps: list[int], shapes: list[int]
+) -> None:
     """With a static cache a hybrid's prompt chunk runs as recorded steps of a few shapes: padded
-    (option prefill_pieces pad), or as unpadded pieces (pow2), so that two prompt lengths share a
+    (option prefill_pieces pad), or as unpadded pieces (split), so that two prompt lengths share a
     recording and a recording replays at a later position (the mask spans the cache). The last
     row's logits equal transformers' for every phase (warm-up, recording, replay: the CPU stand-in
     for CUDA graphs). What the padding leaves in the states is test_padded_hybrid_prompts_decode_on."""
@@ -250,7 +254,7 @@ def test_hybrid_prompts_run_as_recorded_chunks(hybrid, pieces: str, steps: list[
     rng = np.random.default_rng(11)
     prompts = [rng.integers(1, 128, size=n).tolist() for n in (37, 21, 68)]
     model = hf_model(checkpoint)
-    with options.override(prefill_pieces=pieces):
+    with options.override(prefill_pieces=pieces, prefill_sizes=sizes):
         for attempt in range(4):
             for ids in prompts:
                 _prompt_matches_transformers(engine, model, ids, f"{len(ids)}, {attempt}")
@@ -286,11 +290,27 @@ def test_padded_hybrid_prompts_decode_on(hybrid) -> None:
     original = runtime.run
     runtime.run = lambda feeds, tail=None: rows.append(feeds["input_ids"].shape[1]) or original(feeds, tail)
     params = SamplingParams(max_new_tokens=8, ignore_eos=True)
-    with options.override(prefill_pieces="pad"):
+    with options.override(prefill_pieces="pad", prefill_sizes="pow2"):
         for attempt in range(3):  # warm-up, recording, replay
             for ids, tokens in zip(prompts, expected, strict=True):
                 assert list(generator.generate_ids(ids, params)) == tokens, (len(ids), attempt)
     assert rows == [64, 32] * 3
+
+
+@pytest.mark.parametrize(
+    ("rows", "pow2", "fine"),
+    [(1, 16, 16), (16, 16, 16), (17, 32, 24), (24, 32, 24), (25, 32, 32), (33, 64, 48), (49, 64, 64),
+     (100, 128, 128), (700, 1024, 768), (1024, 1024, 1024)],
+)  # fmt: skip
+def test_padded_rows(rows: int, pow2: int, fine: int) -> None:
+    """A padded chunk's rows: the next power of two of at least 16, or (fine) the next of those and
+    1.5 times a power of two from 24 on; 13 sizes from 16 to 1,024 rows (the recordings they need,
+    under the engine's 16)."""
+    from onnxgen.genai.engine import DecodeEngine, padded_rows
+
+    assert padded_rows(rows, 16, fine=False) == pow2
+    assert padded_rows(rows, 16, fine=True) == fine
+    assert len({padded_rows(n, 16, fine=True) for n in range(1, 1025)}) == 13 <= DecodeEngine.captured_prefill_keys
 
 
 @pytest.mark.parametrize(
@@ -306,24 +326,25 @@ def test_padded_hybrid_prompts_decode_on(hybrid) -> None:
     ],
 )
 def test_prompt_pieces(rows: int, pow2: list[int], fine: list[int]) -> None:
-    """A hybrid prompt chunk's unpadded pieces: powers of two, or (option prefill_pieces fine) also
-    1.5 times a power of two from 24 on; largest first, summing to the chunk, and no more than 16
-    sizes up to 1,024 rows besides the one-row decode step (the recordings they need)."""
+    """A split hybrid prompt chunk's unpadded pieces: powers of two, or (option prefill_sizes fine)
+    also 1.5 times a power of two from 24 on; largest first, summing to the chunk, and no more than
+    16 sizes up to 1,024 rows besides the one-row decode step (the recordings they need)."""
     from onnxgen import options
     from onnxgen.genai.engine import prompt_pieces
 
-    assert prompt_pieces(rows) == pow2  # the default
     assert prompt_pieces(rows, fine=False) == pow2
-    with options.override(prefill_pieces="fine"):
+    with options.override(prefill_sizes="pow2"):
+        assert prompt_pieces(rows) == pow2
+    with options.override(prefill_sizes="fine"):
         assert prompt_pieces(rows) == fine
     sizes = {p for n in range(1, 1025) for p in prompt_pieces(n, fine=True) if p > 1}
     assert len(sizes) == 16 and sum(prompt_pieces(999, fine=True)) == 999
 
 
 def test_hybrid_prompts_in_fine_pieces(hybrid) -> None:
-    """Option prefill_pieces fine: a 56-token prompt runs as 48 + 8 rows, 24 as one piece, 100 as
-    96 + 4, captured (the CPU stand-in for CUDA graphs) or not, and the last row's logits equal
-    transformers' either way."""
+    """Options prefill_pieces split, prefill_sizes fine: a 56-token prompt runs as 48 + 8 rows, 24 as
+    one piece, 100 as 96 + 4, captured (the CPU stand-in for CUDA graphs) or not, and the last row's
+    logits equal transformers' either way."""
     from onnxgen import options
     from onnxgen.genai import Generator
     from onnxgen.runtime.capture.recorder import ReplayRecorder
@@ -333,7 +354,7 @@ def test_hybrid_prompts_in_fine_pieces(hybrid) -> None:
     model = hf_model(checkpoint)
     rng = np.random.default_rng(13)
     prompts = [rng.integers(1, 128, size=n).tolist() for n in (56, 24, 100)]
-    with options.override(prefill_pieces="fine"):
+    with options.override(prefill_pieces="split", prefill_sizes="fine"):
         for capture in ("on", "off"):
             recorder = ReplayRecorder() if capture == "on" else None
             engine = Generator(package, "cpu", kv="static", capture=capture, recorder=recorder).engine
@@ -349,8 +370,8 @@ def test_hybrid_prompts_in_fine_pieces(hybrid) -> None:
             assert rows[:5] == [48, 8, 24, 96, 4], (capture, rows)
 
 
-@pytest.mark.parametrize("pieces", ["pad", "pow2", "fine"])
-def test_a_hybrid_prompt_computes_the_same_bits_captured_or_not(hybrid, pieces: str) -> None:
+@pytest.mark.parametrize(("pieces", "sizes"), [("pad", "pow2"), ("pad", "fine"), ("split", "pow2"), ("split", "fine")])
+def test_a_hybrid_prompt_computes_the_same_bits_captured_or_not(hybrid, pieces: str, sizes: str) -> None:
     """The capture setting must not change what a prompt computes: with a static cache a hybrid's
     prompt runs in the same padded chunks (or the same unpadded pieces) whether its steps are
     recorded or not. (The H200 run of 2026-12-05 found a captured generation parting from the
@@ -371,14 +392,14 @@ def test_a_hybrid_prompt_computes_the_same_bits_captured_or_not(hybrid, pieces: 
         "off": Generator(package, "cpu", kv="static", capture="off", recorder=ReplayRecorder()).engine,
         "on": Generator(package, "cpu", kv="static", capture="on", recorder=ReplayRecorder()).engine,
     }
-    for n in (16, 12, 37, 56):  # 56: three pieces, or two of option prefill_pieces's finer sizes
+    for n in (16, 12, 37, 56):  # 56: three pieces, or two of option prefill_sizes's finer sizes
         ids = rng.integers(1, 128, size=n).tolist()
         logits = {}
         for mode, engine in engines.items():
             for _ in range(3):  # warm-up, recording, replay
                 sequence = engine.new_sequence(ids, SamplingParams(max_new_tokens=1))
                 sequence.kv = engine._new_kv(n + 1)
-                with torch.inference_mode(), options.override(prefill_pieces=pieces):
+                with torch.inference_mode(), options.override(prefill_pieces=pieces, prefill_sizes=sizes):
                     logits[mode] = engine._prefill(sequence, torch.tensor([ids])).clone()
         assert torch.equal(logits["on"], logits["off"]), n
     assert engines["on"].prefill_capture_stats.captured_steps > 0

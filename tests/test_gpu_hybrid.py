@@ -39,10 +39,11 @@ def hybrid_config(moe: bool) -> DecoderConfig:
 
 
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
-@pytest.mark.parametrize("pieces", ["pad", "pow2", "fine"])
-def test_captured_hybrid_decode_equals_eager(tmp_path, moe: bool, pieces: str) -> None:
-    """Option prefill_pieces: pad (the 12-token prompt padded to 16 rows, captured and eager alike),
-    pow2 (8 + 4), fine (a 24-token prompt, one piece there; 16 + 8 as powers of two)."""
+@pytest.mark.parametrize(("pieces", "sizes"), [("pad", "pow2"), ("pad", "fine"), ("split", "pow2"), ("split", "fine")])
+def test_captured_hybrid_decode_equals_eager(tmp_path, moe: bool, pieces: str, sizes: str) -> None:
+    """Options prefill_pieces and prefill_sizes: pad (the 12-token prompt padded to 16 rows, captured
+    and eager alike; with fine sizes a 20-token prompt padded to 24), split (8 + 4; with fine sizes
+    a 24-token prompt, one piece there, 16 + 8 as powers of two)."""
     from onnxgen import options
     from onnxgen.genai import Generator, SamplingParams
     from onnxgen.models.builder import build_package
@@ -52,9 +53,10 @@ def test_captured_hybrid_decode_equals_eager(tmp_path, moe: bool, pieces: str) -
     config = hybrid_config(moe)
     package = build_package(RandomSource(config, seed=3), tmp_path / "pkg", precision="fp16", device="cuda")
     write_word_tokenizer(package, config.vocab_size)
-    prompt = [5, 17, 300, 41, 9, 800, 77, 12, 3, 64, 101, 7] * (2 if pieces == "fine" else 1)
+    prompt = [5, 17, 300, 41, 9, 800, 77, 12, 3, 64, 101, 7] * (2 if sizes == "fine" else 1)
+    prompt = prompt[:20] if pieces == "pad" else prompt
     params = SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
-    with options.override(prefill_pieces=pieces):
+    with options.override(prefill_pieces=pieces, prefill_sizes=sizes):
         eager = list(Generator(package, "cuda", kv="static", capture="off").generate_ids(prompt, params))
         captured = Generator(package, "cuda", kv="static", capture="verify")
         tokens = list(captured.generate_ids(prompt, params))

@@ -48,7 +48,7 @@ import torch
 
 from onnxgen.errors import InvalidInputError, OnnxgenError
 from onnxgen.genai.batch_buckets import BucketFeeds, batch_buckets, bucket_for
-from onnxgen.genai.engine import DecodeEngine, prompt_pieces
+from onnxgen.genai.engine import DecodeEngine, padded_rows, prompt_pieces
 from onnxgen.genai.kv_cache import StaticKV, past_feeds_attention_in_place
 from onnxgen.genai.kv_pool import KVPool
 from onnxgen.genai.package import PackageConfig
@@ -372,16 +372,16 @@ class BatchedDecoder:
     def _prefill_piece(self, sequence: Sequence, lo: int, hi: int, *, padded: bool = False) -> torch.Tensor:
         """Prompt rows ``lo`` .. ``hi`` of the sequence run uncaptured in its slot; returns the last
         row's logits. ``padded``: more than one row runs padded at its end as the engine's padded
-        chunks are (engine._prefill_padded: the next power of two, at least captured_prefill_min,
-        where the slot has the room); the padding's KV rows lie past the slot's contents, masked
-        from later steps and overwritten by them, and the carried states stop at the last real row."""
+        chunks are (engine._prefill_padded: padded_rows, where the slot has the room); the padding's
+        KV rows lie past the slot's contents, masked from later steps and overwritten by them, and
+        the carried states stop at the last real row."""
         engine = self.engine
         slot = sequence.slot
         assert slot is not None
         n = hi - lo
         size = n
         if padded and n > 1:
-            size = max(engine.captured_prefill_min, 1 << (n - 1).bit_length())
+            size = padded_rows(n, engine.captured_prefill_min)
             size = size if lo + size <= self.pool.capacity else n
         io = engine.config.io
         device = engine.device
