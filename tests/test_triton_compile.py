@@ -223,8 +223,10 @@ def test_causal_conv_kernels_compile(dtype: str, past: bool, prompt: bool) -> No
     if prompt:
         names = ["channels", "length", "x_batch_stride", "x_position_stride", "x_channel_stride", "y_batch_stride",
                  "y_position_stride", "y_channel_stride", "state_channel_stride", "state_position_stride", "carry",
-                 "dilation"]  # fmt: skip
-        kernel, const = conv._causal_conv_prompt_kernel, {**const, "BLOCK_T": 16}
+                 "dilation", "ends_stride"]  # fmt: skip
+        # a last row per batch entry (runtime/state_rows.py) with the half types, none with fp32
+        sig["ends_ptr"] = "*i64"
+        kernel, const = conv._causal_conv_prompt_kernel, {**const, "BLOCK_T": 16, "HAS_END": dtype == "fp16"}
     else:
         names = ["channels", "x_row_stride", "x_channel_stride", "state_channel_stride", "state_position_stride",
                  "carry", "dilation"]  # fmt: skip
@@ -249,9 +251,11 @@ def test_gated_delta_kernels_compile(dtype: str, decay: bool, beta: bool, chunke
     names = ["q_row_stride", "q_tok_stride", "k_row_stride", "k_tok_stride", "v_row_stride", "v_tok_stride",
              "decay_row_stride", "decay_tok_stride", "decay_head_stride", "decay_dim_stride", "beta_row_stride",
              "beta_tok_stride", "beta_head_stride", "tokens", "kv_heads", "d_k", "d_v", "group", "q_share",
-             "k_share"]  # fmt: skip
+             "k_share", "ends_stride"]  # fmt: skip
     sig.update(dict.fromkeys(names, "i32"))
-    const = dict(HAS_PAST=True, HAS_DECAY=decay, HAS_BETA=beta, BLOCK_K=128, BLOCK_V=32)
+    sig["ends_ptr"] = "*i64"
+    # a last row per batch entry (runtime/state_rows.py) with the half types, none with fp32
+    const = dict(HAS_PAST=True, HAS_DECAY=decay, HAS_BETA=beta, HAS_END=dtype == "fp16", BLOCK_K=128, BLOCK_V=32)
     if chunked:
         kernel, const = gated_delta_chunked._gated_delta_chunk_kernel, {**const, "CHUNK": 16, "SQUARINGS": 3}
     else:
