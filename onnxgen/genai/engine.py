@@ -141,7 +141,8 @@ class DecodeEngine:
     prefill_chunk = 256  # prompt tokens per CPU prefill step (_prefill); 0: one step
     prefill_progress_tokens: int | None = 1024  # prompts this long show prefill progress on stderr
     # captured prefill (_prefill_padded): prompt chunks of at most this many tokens, each padded to
-    # a power of two of at least captured_prefill_min rows, so that a few recordings serve every length
+    # a few sizes of at least captured_prefill_min rows (padded_rows), so that a few recordings serve
+    # every length
     captured_prefill_max = 1024
     captured_prefill_min = 16
     # chunk shapes (rows, capacity) recorded at most: each recording keeps its own graph memory (a
@@ -719,16 +720,15 @@ class DecodeEngine:
         with carried states: _carried_span), each padded at its end to the next power of two (at
         least ``captured_prefill_min``; option prefill_sizes fine: or 1.5 times one, padded_rows)
         where the cache has the room, so that every prompt length reuses the recordings of a few
-        chunk sizes. Padding is sound because every row depends only
-        on the rows before it (the graph's attention, GroupQueryAttention over the shared cache, is
-        causal within a chunk; so are a hybrid's convolutions and recurrences), the padding's KV
-        rows are unmasked again and overwritten by the next step, and carried states stop at the
-        last real row (engine_model's state row). Each chunk is a binding key of the capture
-        runtime (chunk rows; the mask spans the cache, so not the chunk's position): warmed,
-        recorded and then replayed like the decode step, and checked against eager in verify mode.
-        A graph with carried states pads with capture off too (on CUDA), so that recording does not
-        change the prompt's arithmetic; where its states do not stop at a row, it runs as unpadded
-        pieces instead (_prefill_pieces)."""
+        chunk sizes. Padding is sound because every row depends only on the rows before it (the
+        graph's attention, GroupQueryAttention over the shared cache, is causal within a chunk; so
+        are a hybrid's convolutions and recurrences), the padding's KV rows are unmasked again and
+        overwritten by the next step, and carried states stop at the last real row (engine_model's
+        state row). Each chunk is a binding key of the capture runtime (chunk rows; the mask spans
+        the cache, so not the chunk's position): warmed, recorded and then replayed like the decode
+        step, and checked against eager in verify mode. A graph with carried states pads with
+        capture off too (on CUDA), so that recording does not change the prompt's arithmetic; where
+        its states do not stop at a row, it runs as unpadded pieces instead (_prefill_pieces)."""
         if self.config.carried and not self.pads_carried():
             return self._prefill_pieces(sequence, ids)
         kv = sequence.kv
