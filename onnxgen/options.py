@@ -93,7 +93,7 @@ class Options:
     moe_per_pair: tuple[int, int, int, int, int] | None = None
     gdn_prompt: tuple[int, int] | None = None
     prefill_pieces: Literal["pad", "split"] = "pad"
-    prefill_sizes: Literal["pow2", "fine"] = "pow2"
+    prefill_sizes: Literal["pow2", "fine"] = "fine"
 
     @property
     def dequant_cache_bytes(self) -> int | None:

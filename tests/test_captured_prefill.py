@@ -72,7 +72,8 @@ def chunk_rows(generator: Generator) -> list[int]:
 
 @pytest.mark.parametrize(
     ("n", "chunk_max", "expected_rows"),
-    [(5, 1024, [16]), (16, 1024, [16]), (37, 1024, [64]), (37, 16, [16, 16, 16]), (40, 32, [32, 16])],
+    # 37 rows: padded to 48 (option prefill_sizes fine, the default: 1.5 times a power of two too)
+    [(5, 1024, [16]), (16, 1024, [16]), (37, 1024, [48]), (37, 16, [16, 16, 16]), (40, 32, [32, 16])],
 )
 def test_captured_prefill_matches_onnxruntime(package, n: int, chunk_max: int, expected_rows: list[int]) -> None:
     generator = captured_generator(package)
@@ -89,6 +90,21 @@ def test_captured_prefill_matches_onnxruntime(package, n: int, chunk_max: int, e
     stats = generator.engine.prefill_capture_stats
     assert stats.captured_steps >= len(expected_rows) * 2 and stats.steps == len(expected_rows) * 4
     assert generator.capture_stats.steps == 0  # prefill chunks are not counted as decode steps
+
+
+def test_power_of_two_sizes_pad_to_the_next_power_of_two(package) -> None:
+    """Option prefill_sizes pow2: a 37-token prompt runs padded to 64 rows (48 with fine sizes,
+    above), its last row's logits still onnxruntime's."""
+    from onnxgen import options
+
+    generator = captured_generator(package)
+    rows = chunk_rows(generator)
+    ids = prompt(37, generator.config.vocab_size)
+    expected = onnxruntime_last_logits(package, ids)
+    with options.override(prefill_sizes="pow2"):
+        ours = prefill_logits(generator, ids)
+    assert float(np.abs(ours - expected).max()) <= 2e-4 * float(np.abs(expected).max())
+    assert rows == [64]
 
 
 def test_no_room_for_padding_runs_the_chunk_at_its_own_length(package) -> None:
