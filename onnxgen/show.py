@@ -156,6 +156,26 @@ def _logits_rows_line(package: Path, onnx_path: Path) -> str:
     return f"prompt logits: computed for every prompt row ({why_not})"
 
 
+def _prompt_padding_line(package: Path, onnx_path: Path) -> str | None:
+    """For a package whose steps carry states (a hybrid decoder): whether a prompt chunk can be
+    padded, its states stopping at the last real row (genai.engine_model's second rewrite), or why
+    not; None for a package without carried states."""
+    from onnxgen.genai.graph_layout import carried_states
+    from onnxgen.genai.package import load_package_config
+    from onnxgen.runtime.state_rows import stop_states_at_row
+
+    config = load_package_config(package)
+    if not config.io.states:
+        return None
+    model, _ = load_model(onnx_path)
+    presents = [state.present for state in carried_states(config, model)]
+    _, why_not = stop_states_at_row(model, presents, "onnxgen_state_row")
+    if why_not is None:
+        return (f"prompt chunks: padded, the {len(presents)} carried states stopping at the last real row "
+                "(option prefill_pieces)")  # fmt: skip
+    return f"prompt chunks: unpadded pieces, one pass over the weights each ({why_not})"
+
+
 KV_KINDS = ("auto", "static", "dynamic")
 
 
@@ -225,7 +245,9 @@ def show_model(
             data["kv"] = kv_line.split()[2]
             return json.dumps(data, indent=2)
         header, _, rest = report.partition("\n")
-        return f"{header}\n{kv_line}\n{rest.rstrip()}\n{_logits_rows_line(package, onnx_path)}\n"
+        padding = _prompt_padding_line(package, onnx_path)
+        tail = _logits_rows_line(package, onnx_path) + (f"\n{padding}" if padding else "")
+        return f"{header}\n{kv_line}\n{rest.rstrip()}\n{tail}\n"
     if bind:
         raise OnnxgenError("--bind sets symbols of the capture plan; it needs --capture")
     if kv != "auto":

@@ -216,6 +216,30 @@ def test_the_engine_graph_feeds_every_state_op_and_the_fused_one_keeps_it(hybrid
     assert all(list(n.input).index(STATE_ROW_INPUT) == 10 for n in folded)
 
 
+def test_show_says_whether_a_hybrid_prompt_pads(hybrid_package, tmp_path) -> None:
+    """`onnxgen show PKG --capture` names the rule a hybrid's prompt chunks follow: padded, its
+    states stopping at the last real row, or unpadded pieces and why (a copy of the package whose
+    recurrent state comes through an Identity)."""
+    import shutil
+
+    from tests.cli_in_process import onnxgen_in_process
+
+    shown = onnxgen_in_process("show", str(hybrid_package), "--capture")
+    assert shown.returncode == 0, shown.stderr
+    assert "prompt chunks: padded, the " in shown.stdout and "carried states stopping" in shown.stdout
+    copy = tmp_path / "copy"
+    shutil.copytree(hybrid_package, copy)
+    model = onnx.load(str(copy / "model.onnx"), load_external_data=False)
+    present = next(o.name for o in model.graph.output if "recurrent" in o.name)
+    (producer,) = [n for n in model.graph.node if present in n.output]
+    producer.output[list(producer.output).index(present)] = present + "/made"
+    model.graph.node.append(onnx.helper.make_node("Identity", [present + "/made"], [present], name="copied"))
+    onnx.save(model, str(copy / "model.onnx"))
+    shown = onnxgen_in_process("show", str(copy), "--capture")
+    assert shown.returncode == 0, shown.stderr
+    assert "prompt chunks: unpadded pieces" in shown.stdout and "Identity node 'copied'" in shown.stdout
+
+
 def test_a_graph_whose_states_cannot_stop_runs_its_prompts_in_pieces(hybrid_package) -> None:
     """A present state made by an op the rewrite does not know (here a Identity after the recurrent
     state): engine_model says once why a prompt cannot be padded, and the prompt runs as unpadded
