@@ -142,38 +142,26 @@ def _check_bind_names(onnx_path: Path, bind: str) -> None:
         )
 
 
-def _logits_rows_line(package: Path, onnx_path: Path) -> str:
-    """Whether a generation over this package computes the prompt's logits for its last row only
-    (genai.engine_model's rewrite), or why not."""
+def _rewrite_lines(package: Path, onnx_path: Path) -> str:
+    """What genai.engine_graph's rewrites make of this package's graph: whether a generation
+    computes the prompt's logits for its last row only, and, for a package whose steps carry states
+    (a hybrid decoder), whether its prompt chunks pad (the states stopping at the last real row);
+    why not where a rewrite does not fit."""
+    from onnxgen.genai.engine import engine_graph
     from onnxgen.genai.package import load_package_config
-    from onnxgen.runtime.row_select import select_row
 
-    config = load_package_config(package)
     model, _ = load_model(onnx_path)
-    _, why_not = select_row(model, config.io.logits, "onnxgen_logits_row")
-    if why_not is None:
-        return "prompt logits: computed for the last prompt row only (a RowSelect before the lm_head)"
-    return f"prompt logits: computed for every prompt row ({why_not})"
-
-
-def _prompt_padding_line(package: Path, onnx_path: Path) -> str | None:
-    """For a package whose steps carry states (a hybrid decoder): whether a prompt chunk can be
-    padded, its states stopping at the last real row (genai.engine_model's second rewrite), or why
-    not; None for a package without carried states."""
-    from onnxgen.genai.graph_layout import carried_states
-    from onnxgen.genai.package import load_package_config
-    from onnxgen.runtime.state_rows import stop_states_at_row
-
-    config = load_package_config(package)
-    if not config.io.states:
-        return None
-    model, _ = load_model(onnx_path)
-    presents = [state.present for state in carried_states(config, model)]
-    _, why_not = stop_states_at_row(model, presents, "onnxgen_state_row")
-    if why_not is None:
-        return (f"prompt chunks: padded, the {len(presents)} carried states stopping at the last real row "
-                "(option prefill_pieces)")  # fmt: skip
-    return f"prompt chunks: unpadded pieces, one pass over the weights each ({why_not})"
+    graph = engine_graph(model, load_package_config(package))
+    if graph.logits_why_not is None:
+        lines = ["prompt logits: computed for the last prompt row only (a RowSelect before the lm_head)"]
+    else:
+        lines = [f"prompt logits: computed for every prompt row ({graph.logits_why_not})"]
+    if graph.carried and graph.states_why_not is None:
+        lines.append(f"prompt chunks: padded, the {graph.carried} carried states stopping at the last real row "
+                     "(option prefill_pieces)")  # fmt: skip
+    elif graph.carried:
+        lines.append(f"prompt chunks: unpadded pieces, one pass over the weights each ({graph.states_why_not})")
+    return "\n".join(lines)
 
 
 KV_KINDS = ("auto", "static", "dynamic")
@@ -245,9 +233,7 @@ def show_model(
             data["kv"] = kv_line.split()[2]
             return json.dumps(data, indent=2)
         header, _, rest = report.partition("\n")
-        padding = _prompt_padding_line(package, onnx_path)
-        tail = _logits_rows_line(package, onnx_path) + (f"\n{padding}" if padding else "")
-        return f"{header}\n{kv_line}\n{rest.rstrip()}\n{tail}\n"
+        return f"{header}\n{kv_line}\n{rest.rstrip()}\n{_rewrite_lines(package, onnx_path)}\n"
     if bind:
         raise OnnxgenError("--bind sets symbols of the capture plan; it needs --capture")
     if kv != "auto":

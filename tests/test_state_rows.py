@@ -204,7 +204,7 @@ def test_the_engine_graph_feeds_every_state_op_and_the_fused_one_keeps_it(hybrid
     from tests.conftest import make_engine
 
     engine = make_engine(hybrid_package, kv="static")
-    assert engine.state_row == STATE_ROW_INPUT and engine.pads_carried()
+    assert engine.state_row == STATE_ROW_INPUT and engine.carried_chunks() == "whole"  # the CPU, no recorder
     readers = [n for n in engine.session.model.graph.node if STATE_ROW_INPUT in n.input]
     assert sorted(n.op_type for n in readers) == sorted(
         "LinearAttention" if "recurrent" in s.present else "CausalConvWithState" for s in engine.config.carried
@@ -263,7 +263,7 @@ def test_a_graph_whose_states_cannot_stop_runs_its_prompts_in_pieces(hybrid_pack
     said = [str(w.message) for w in caught if "cannot be padded" in str(w.message)]
     assert len(said) == 1 and "Identity node 'copied'" in said[0]
     engine = DecodeEngine(InferenceSession(model, base_dir=base), config, kv="static")
-    assert engine.state_row is None and not engine.pads_carried()
+    assert engine.state_row is None and engine.carried_chunks() == "pieces"
     rows: list[int] = []
     forward = engine._forward
     engine._forward = lambda seq, chunk, *a, **k: rows.append(chunk.shape[1]) or forward(seq, chunk, *a, **k)

@@ -355,11 +355,10 @@ class BatchedDecoder:
         # a hybrid's chunk as the captured path runs it (engine._prefill_padded): padded where its
         # states stop at a row, else in pieces (engine._prefill_pieces); split or padded otherwise it
         # would round otherwise, and the capture setting would change the tokens
-        pieces = prompt_pieces(hi - lo) if engine.config.carried and not engine.pads_carried() else [hi - lo]
-        padded = bool(engine.config.carried) and engine.pads_carried_chunks()
+        rule = engine.carried_chunks() if engine.config.carried else "whole"
         start = lo
-        for piece in pieces:
-            logits = self._prefill_piece(sequence, start, start + piece, padded=padded)
+        for piece in prompt_pieces(hi - lo) if rule == "pieces" else [hi - lo]:
+            logits = self._prefill_piece(sequence, start, start + piece, padded=rule == "padded")
             start += piece
         sequence.prefilled = hi
         if hi == point:

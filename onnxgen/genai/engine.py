@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import onnx
 import torch
@@ -52,32 +52,49 @@ LOGITS_ROW_INPUT = "onnxgen_logits_row"
 STATE_ROW_INPUT = "onnxgen_state_row"
 
 
-def engine_model(model: onnx.ModelProto, config: PackageConfig) -> onnx.ModelProto:
+class EngineGraph(NamedTuple):
+    """engine_graph's result: the rewritten graph, why its logits are not cut to one row and why its
+    carried states do not stop at a row (None: the rewrite applied, or for the states: the graph has
+    none), and how many carried states it has."""
+
+    model: onnx.ModelProto
+    logits_why_not: str | None
+    states_why_not: str | None
+    carried: int
+
+
+def engine_graph(model: onnx.ModelProto, config: PackageConfig) -> EngineGraph:
     """The package's graph as the engine runs it: the logits computed for one row of a step only
     (runtime/row_select.py; the engine feeds the prompt's last real row), since generation reads no
     other. A prompt of S rows then skips S - 1 rows of the lm_head and holds [1, vocab] logits, not
     [S, vocab]; a one-token decode step runs the same kernels as before. A graph with carried
     states (a hybrid decoder) also has them stop at that row (runtime/state_rows.py), so that its
     prompt chunks can be padded like a dense decoder's. A graph that does not fit a rewrite runs
-    without it, and says why once."""
-    rewritten, why_not = select_row(model, config.io.logits, LOGITS_ROW_INPUT)
-    if why_not is not None:
+    without it; the result says why (engine_model warns, ``onnxgen show --capture`` prints it)."""
+    rewritten, logits_why_not = select_row(model, config.io.logits, LOGITS_ROW_INPUT)
+    presents = [state.present for state in carried_states(config, model)] if config.io.states else []
+    states_why_not = None
+    if presents:
+        rewritten, states_why_not = stop_states_at_row(rewritten, presents, STATE_ROW_INPUT)
+    return EngineGraph(rewritten, logits_why_not, states_why_not, len(presents))
+
+
+def engine_model(model: onnx.ModelProto, config: PackageConfig) -> onnx.ModelProto:
+    """engine_graph's graph; a rewrite that does not fit says why once."""
+    graph = engine_graph(model, config)
+    if graph.logits_why_not is not None:
         warnings.warn(
-            f"onnxgen: the prompt's logits are computed for every prompt row, not only the last ({why_not}); "
-            "prefill does the lm_head's work once per prompt token",
+            f"onnxgen: the prompt's logits are computed for every prompt row, not only the last "
+            f"({graph.logits_why_not}); prefill does the lm_head's work once per prompt token",
             stacklevel=2,
         )
-    presents = [state.present for state in carried_states(config, model)] if config.io.states else []
-    if presents:
-        stopped, why_not = stop_states_at_row(rewritten, presents, STATE_ROW_INPUT)
-        if why_not is not None:
-            warnings.warn(
-                f"onnxgen: a prompt chunk of this graph cannot be padded ({why_not}); it runs as unpadded pieces, "
-                "one pass over the weights each",
-                stacklevel=2,
-            )
-        rewritten = stopped
-    return rewritten
+    if graph.states_why_not is not None:
+        warnings.warn(
+            f"onnxgen: a prompt chunk of this graph cannot be padded ({graph.states_why_not}); it runs as unpadded "
+            "pieces, one pass over the weights each",
+            stacklevel=2,
+        )
+    return graph.model
 
 
 class BatchNotSupportedError(InvalidInputError):
@@ -685,10 +702,9 @@ class DecodeEngine:
         n = ids.shape[1]
         if isinstance(sequence.kv, StaticKV) and self._prefill_chunks_apply():
             if self.config.carried:  # captured or not: recording must not change a prompt's arithmetic
-                if self.pads_carried() and not self.pads_carried_chunks():
-                    # the CPU, where nothing is recorded: whole chunks, nothing padded
+                if self.carried_chunks() == "whole":
                     return self._prefill_chunks(sequence, ids, self._carried_span(), pieces=False)
-                return self._prefill_padded(sequence, ids)
+                return self._prefill_padded(sequence, ids)  # padded, or in pieces
             if self.capture != "off":
                 return self._prefill_padded(sequence, ids)
         chunk = self.prefill_chunk
@@ -696,16 +712,15 @@ class DecodeEngine:
             return self._forward(sequence, ids)
         return self._prefill_chunks(sequence, ids, chunk, pieces=False)
 
-    def pads_carried(self) -> bool:
-        """Whether a prompt chunk of this graph with carried states may be padded: its states stop at
-        the fed row (engine_model's state row) and option prefill_pieces is ``pad``."""
-        return self.state_row is not None and options.current().prefill_pieces == "pad"
-
-    def pads_carried_chunks(self) -> bool:
-        """Whether a prompt chunk of this graph with carried states is padded (pads_carried): where
-        its steps may be recorded, captured or not (CUDA, or a CPU recorder standing in for CUDA
-        graphs); on the CPU without one a chunk runs whole."""
-        return self.pads_carried() and (self.device.type == "cuda" or self.capture_recorder is not None)
+    def carried_chunks(self) -> str:
+        """How a prompt chunk of this graph with carried states runs over a static cache (the engine's
+        and the batching decoder's alike): ``pieces`` (unpadded, prompt_pieces) where its states do
+        not stop at a row (no engine_model state row) or option prefill_pieces is ``split``; else
+        ``padded`` where its steps may be recorded, captured or not (CUDA, or a CPU recorder standing
+        in for CUDA graphs), and ``whole`` on the CPU without one, which records nothing."""
+        if self.state_row is None or options.current().prefill_pieces != "pad":
+            return "pieces"
+        return "padded" if self.device.type == "cuda" or self.capture_recorder is not None else "whole"
 
     def _carried_span(self) -> int:
         """The most rows of a prompt chunk of a graph with carried states: ``captured_prefill_max``, on
@@ -729,7 +744,7 @@ class DecodeEngine:
         step, and checked against eager in verify mode. A graph with carried states pads with
         capture off too (on CUDA), so that recording does not change the prompt's arithmetic; where
         its states do not stop at a row, it runs as unpadded pieces instead (_prefill_pieces)."""
-        if self.config.carried and not self.pads_carried():
+        if self.config.carried and self.carried_chunks() == "pieces":
             return self._prefill_pieces(sequence, ids)
         kv = sequence.kv
         assert isinstance(kv, StaticKV)
@@ -753,7 +768,7 @@ class DecodeEngine:
 
     def _prefill_pieces(self, sequence: Sequence, ids: torch.Tensor) -> torch.Tensor:
         """A prompt of a graph with carried states (a hybrid decoder) over a static cache whose chunks
-        are not padded (pads_carried: option prefill_pieces ``split``, or states that do
+        are not padded (carried_chunks: option prefill_pieces ``split``, or states that do
         not stop at a row): chunks of at most _carried_span tokens, each as unpadded pieces, largest
         first (prompt_pieces: powers of two, 37 = 32 + 4 + 1, or the finer sizes; a one-row piece is
         a decode step). Padding would fold its tokens into such states for good, so pieces are what

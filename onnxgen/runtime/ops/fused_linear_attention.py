@@ -28,7 +28,7 @@ from onnxgen.runtime.gpu.launch import triton_serves
 from onnxgen.runtime.node_contract import NodeContext
 from onnxgen.runtime.ops.contrib_gated import linear_attention_gate
 from onnxgen.runtime.ops.fused import FUSED_DOMAIN, l2_normalize
-from onnxgen.runtime.ops.linear_attention import linear_attention, linear_attention_ms, state_rows
+from onnxgen.runtime.ops.linear_attention import checked_last_row, linear_attention, linear_attention_ms
 from onnxgen.runtime.ops.normalization import lp_normalization
 from onnxgen.runtime.ops.registry import MS_DOMAIN, implements
 
@@ -61,7 +61,7 @@ def fused_linear_attention(
         raise ctx.fail(f"value must be [batch, tokens, heads * d_v], got shape {list(value.shape)}")
     eps = float(ctx.attr("qk_epsilon", 0.0))
     batch, tokens = value.shape[:2]
-    last_row = state_rows(ctx, last_row, batch, tokens)
+    last_row = checked_last_row(ctx, last_row, batch, tokens)
     if inner and (fast := _kernel(ctx, query, key, value, past_state, a, b, dt_bias, decay_scale, norm, eps,
                                   last_row)) is not None:  # fmt: skip
         return fast

@@ -200,7 +200,7 @@ def _linear_attention(
     d_k = query.shape[-1] // hq
     d_v = value.shape[-1] // hkv
     scale = ctx.attr("scale", 0.0) or 1.0 / math.sqrt(d_k)
-    last_row = state_rows(ctx, last_row, b, t)
+    last_row = checked_last_row(ctx, last_row, b, t)
     if last_row is not None and window:
         raise ctx.fail("a last-row input and a state_window together are not supported")
     if not window and triton_serves(query):  # one fused kernel where one serves (else None)
@@ -292,7 +292,7 @@ def _fused(query, key, value, past_state, decay, beta, *, q_heads: int, kv_heads
                               scale=scale, last_row=last_row)  # fmt: skip
 
 
-def state_rows(ctx: NodeContext, last_row: torch.Tensor | None, batch: int, tokens: int) -> torch.Tensor | None:
+def checked_last_row(ctx: NodeContext, last_row: torch.Tensor | None, batch: int, tokens: int) -> torch.Tensor | None:
     """The last-row input of a carried-state op (runtime/state_rows.py), checked: int64 of shape [1]
     (every batch entry) or [batch]; None where it changes nothing (absent, or a one-token step,
     whose one row is the last). Its values are not read on the host (a recorded step copies them in)."""
@@ -326,7 +326,7 @@ def causal_conv_with_state(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``last_row`` (runtime/state_rows.py's extra input): the carry is the one after that row of
     each batch entry (positions after it, a padded prompt's padding, do not enter it)."""
-    last_row = state_rows(ctx, last_row, x.shape[0], x.shape[-1]) if x.dim() == 3 else last_row
+    last_row = checked_last_row(ctx, last_row, x.shape[0], x.shape[-1]) if x.dim() == 3 else last_row
     fast = _conv_step(ctx, x, weight, bias, past_state, 1, False, last_row)
     if fast is not None:
         return fast
@@ -370,7 +370,7 @@ def causal_conv_with_state_ms(
         raise ctx.fail(f"state_window must be in [0, 8], got {window}")
     channels_last = bool(int(ctx.attr("channels_last", 0)))
     if x.dim() >= 3:
-        last_row = state_rows(ctx, last_row, x.shape[0], x.shape[1] if channels_last else x.shape[-1])
+        last_row = checked_last_row(ctx, last_row, x.shape[0], x.shape[1] if channels_last else x.shape[-1])
     if last_row is not None and window:
         raise ctx.fail("a last-row input and a state_window together are not supported")
     fast = None if window else _conv_step(ctx, x, weight, bias, past_state, dilation, channels_last, last_row)
