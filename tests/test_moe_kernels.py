@@ -535,7 +535,7 @@ def test_moe_kernels_compile(bits: int, per_row: bool, zero_kind: int, act: int,
 def test_grouped_kernels_compile(bits: int, per_row: bool, zero_kind: int, act: int, dtype: str, swap: bool) -> None:
     """swap: option moe_grouped's SWAP, the weights as the products' first operand."""
     from onnxgen.runtime.gpu import moe_grouped
-    from tests.test_triton_compile import compile_for_sm90
+    from tests.test_triton_compile import assert_ptx_nibbles, compile_for_sm90
 
     weight = f"*{dtype}" if bits == 0 else "*u8"
     ptrs = dict(x_ptr=f"*{dtype}", h_ptr=f"*{dtype}", w_ptr=weight, w3_ptr=weight, z_ptr="*u8", z3_ptr="*u8",
@@ -553,6 +553,7 @@ def test_grouped_kernels_compile(bits: int, per_row: bool, zero_kind: int, act: 
         assert "atom" not in ptx  # no atomics: the sums' order is fixed
         if dtype != "fp32":
             assert "mma" in ptx  # the products on tensor cores
+        assert_ptx_nibbles(ptx, bits == 4 and dtype == "fp16" and zero_kind != 2)
 
 
 @pytest.mark.skipif(interpreting() or not triton_importable(), reason="compiles the kernels (not interpreted)")

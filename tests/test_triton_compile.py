@@ -187,6 +187,13 @@ def test_matmul_q4_compiles(zero_kind: int, dtype: str) -> None:
                  IEEE=dtype == "fp32")  # fmt: skip
     ptx = compile_for_sm90(linear_q4._q4_matmul_kernel, sig, const)
     assert ("mma" in ptx) == (dtype != "fp32")  # half types on tensor cores; fp32 in IEEE fp32, not TF32
+    assert_ptx_nibbles(ptx, dtype == "fp16" and zero_kind != 2)
+
+
+def assert_ptx_nibbles(ptx: str, expected: bool) -> None:
+    """fp16 weights with integer zero points unpack their nibbles in linear_q4._half_nibbles_ptx's
+    inline PTX (the fp16 1024 OR-ed into masked halves); other forms never reach it."""
+    assert ("0x000F000F, 0x64006400" in ptx) == expected
 
 
 @pytest.mark.parametrize("zero_kind", [0, 1, 2])
@@ -207,6 +214,7 @@ def test_matmul_q4_split_compiles(zero_kind: int, dtype: str, words: bool, split
     ptx = compile_for_sm90(linear_q4_split._q4_split_gemm_kernel, sig, const)
     assert ("mma" in ptx) == (dtype != "fp32")  # half types on tensor cores; fp32 in IEEE fp32, not TF32
     assert ("atom.global" in ptx) == split  # the ticket, only where the partials meet
+    assert_ptx_nibbles(ptx, not words and dtype == "fp16" and zero_kind != 2)
     if words:  # codes become floats by the exponent trick, never by an integer conversion per weight
         conversions = re.findall(r"cvt\.rn\.f32\.[su]\d+", ptx)
         assert len(conversions) <= (8 if zero_kind == 1 else 1), conversions

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from onnxgen import options
-from onnxgen.runtime.gpu.launch import LAUNCHES, pdl_launch
+from onnxgen.runtime.gpu.launch import LAUNCHES, interpreting, pdl_launch
 from onnxgen.runtime.gpu.linear_row import (
     _activation,
     _activation_inputs,
@@ -67,6 +67,10 @@ def _block_zeros(zero_ptr, rows, blk, mask, n_blocks, zp_row_bytes, ZERO_KIND: t
 # becomes a float in two integer ops and one add, without the slow integer-to-float conversion
 MAGIC_BITS = tl.constexpr(0x4B000000)
 MAGIC = tl.constexpr(8388608.0)
+# _codes_less_zero_half unpacks nibbles with inline PTX (_half_nibbles_ptx) when compiling for
+# CUDA; Triton's interpreter (CI's check of what the kernels compute) runs no PTX, so there the
+# same values come from Triton ops. Fixed for the process, as the interpreter is.
+PTX_NIBBLES = tl.constexpr(not interpreting())
 
 
 @triton.jit
@@ -154,13 +158,41 @@ def _codes_less_zero_half(w, offset, scale, NB: tl.constexpr, QBLOCK: tl.constex
     Fewer instructions per weight in the prompt GEMMs, whose loops issue more instructions than
     their loads need. bf16 stays on the fp32 form: Triton's interpreter, the check CI has,
     misreads a bitcast to bf16."""
-    wide = w.to(tl.int16)
-    lo = ((wide & 0xF) | 0x6400).to(tl.float16, bitcast=True)
-    hi = ((wide >> 4) | 0x6400).to(tl.float16, bitcast=True)
+    if PTX_NIBBLES:
+        lo, hi = _half_nibbles_ptx(w)
+    else:
+        wide = w.to(tl.int16)
+        lo = ((wide & 0xF) | 0x6400).to(tl.float16, bitcast=True)
+        hi = ((wide >> 4) | 0x6400).to(tl.float16, bitcast=True)
     q = tl.reshape(tl.join(lo, hi), (w.shape[0], NB, QBLOCK))
     # offset is 2^23 + zero in fp32 (_block_loads): 1024 + zero, exact in fp16
     less = (offset - (MAGIC - 1024.0)).to(tl.float16)
     return (q - less[:, :, None]) * scale.to(tl.float16)[:, :, None]
+
+
+@triton.jit
+def _half_nibbles_ptx(w):
+    """(1024 + low nibble, 1024 + high nibble) of each code byte as fp16, four bytes (one 32-bit
+    register) per instance: a byte permute puts bytes i and i + 1 in the low bytes of the two
+    halves, and one LOP3 masks a nibble of each half and ORs in the fp16 1024, so two weights
+    cost about one instruction. Left to the compiler, each weight took a byte extract, a shift,
+    two masks and a pack. Bit for bit the values of _codes_less_zero_half's other branch."""
+    return tl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .b32 t, u, v;
+        prmt.b32 t, $4, $4, 0x1100;
+        prmt.b32 u, $4, $4, 0x3322;
+        lop3.b32 $0, t, 0x000F000F, 0x64006400, 0xEA;
+        lop3.b32 $1, u, 0x000F000F, 0x64006400, 0xEA;
+        shr.b32 v, t, 4;
+        lop3.b32 $2, v, 0x000F000F, 0x64006400, 0xEA;
+        shr.b32 v, u, 4;
+        lop3.b32 $3, v, 0x000F000F, 0x64006400, 0xEA;
+        }
+        """,
+        constraints="=r,=r,=r,=r,r", args=[w], dtype=(tl.float16, tl.float16), is_pure=True, pack=4,
+    )  # fmt: skip
 
 
 @triton.jit
