@@ -43,9 +43,16 @@ from onnxgen.runtime.gpu.moe_experts import ExpertWeights, _act, _expert_codes, 
 
 WARPS = 4
 STAGES = 3  # the software pipeline's depth (Triton's default); option moe_grouped forces another
-# K elements per step of both kernels by default (a sweep of the tiles on the 35B-A3B expert layer:
-# docs/benchmarks/2026-12-06-h100-moe-tiles-ttft.md); option moe_grouped forces another
-K_STEP = 32
+# The rule's tiles (option moe_grouped forces others), from sweeps on the 35B-A3B expert layer
+# (docs/benchmarks/2026-12-06-h100-moe-tiles-ttft.md, docs/benchmarks/2026-12-06-h100-grouped-swap-ttft.md):
+# the products as weight rows times pairs (_dot's SWAP: the dequantized weights feed the tensor cores
+# from registers as the first operand), K_STEP elements of K per step, output columns per program
+# FC1_COLUMNS (SwiGLU: as many gate and up rows; the one accumulator of other activations takes twice
+# as many) and FC2_COLUMNS. Pairs as the product's rows, as before, streamed the same bytes slower.
+SWAP = True
+K_STEP = 64
+FC1_COLUMNS = 64
+FC2_COLUMNS = 128
 # the shortest K step: with 16 (one block of 16, or a forced step of 16) the compiled kernels summed
 # wrong on an H100 under Triton 3.6 while the interpreter agreed with the torch path; 32 and up agree
 MIN_K_STEP = 32
@@ -343,8 +350,8 @@ def grouped_experts(
     y = torch.empty((pairs, hidden), dtype=torch.float32, device=x.device)
     LAUNCHES["moe_grouped"] += 1
     w1 = fc1.weight
-    block_n1 = 64 if act != 4 else 32  # SwiGLU holds a gate and an up accumulator
-    block_n2, warps, nb1, nb2, swap, stages = 64, WARPS, _blocks(f1), _blocks(f2), False, STAGES
+    block_n1 = FC1_COLUMNS if act == 4 else 2 * FC1_COLUMNS  # SwiGLU holds a gate and an up accumulator
+    block_n2, warps, nb1, nb2, swap, stages = FC2_COLUMNS, WARPS, _blocks(f1), _blocks(f2), SWAP, STAGES
     if forced:  # option moe_grouped (a sweep's configuration)
         block_n1, block_n2, warps, swap = forced[1], forced[2], forced[4], bool(forced[5])
         nb1, nb2 = _blocks(f1, forced[3]), _blocks(f2, forced[3])
