@@ -29,7 +29,7 @@ from tests.interpreted_runs import IN_THE_PARENT, interpreted_file, runs
 
 MS = "com.microsoft"
 # gpu/gated_delta_decode.MAX_SEQUENTIAL_TOKENS (imported there with triton; the tests check they agree)
-MAX_SEQUENTIAL_TOKENS = 64
+MAX_SEQUENTIAL_TOKENS = 128
 
 
 def _ctx(op: str, domain: str, device: str, num_inputs: int, **attrs: object) -> NodeContext:

@@ -42,8 +42,10 @@ from onnxgen.runtime.gpu.pdl import wait_for_previous
 
 # key dims one program holds whole (the tile is d_k x BLOCK_V fp32 values in registers)
 MAX_KEY_DIM = 512
-# the longest run of tokens one program steps through (module docstring)
-MAX_SEQUENTIAL_TOKENS = 64
+# the longest run of tokens one program steps through (module docstring); at 100 and 128 tokens the
+# sequential kernel still beat the torch path's chunked form in the hybrid shapes' prompts
+# (docs/benchmarks/2026-12-06-h100-grouped-swap-ttft.md)
+MAX_SEQUENTIAL_TOKENS = 128
 # (value columns, warps) of a program on a prompt of 2 or more tokens: narrow tiles of one warp, whose
 # reductions over the key dims stay inside the warp, shorten each of the chain's dependent steps
 # (swept on the GPU: docs/benchmarks/2026-12-05-h100-gdn-prompt.md); option gdn_prompt forces another

@@ -566,11 +566,13 @@ def matmul_q4(
     return out.reshape(*lead, n)
 
 
-SPLIT_MAX_ROWS = 64  # q4_prompt=split: prompts of at most this many rows take the split-K GEMM
+SPLIT_MAX_ROWS = 128  # q4_prompt=split: prompts of at most this many rows take the split-K GEMM
 # q4_prompt=auto: prompts of at most this many rows take the split-K GEMM, dequantize-then-cuBLAS
 # longer ones. With 64-row tiles above 16 rows it beat dequantize-then-cuBLAS on every layer of the
-# 1.5B shape at 64 rows on the H100 but o_proj (within 4%): docs/benchmarks/2026-12-05-h100-peers.md.
-AUTO_SPLIT_ROWS = 64
+# 1.5B shape at 64 rows on the H100 but o_proj (within 4%): docs/benchmarks/2026-12-05-h100-peers.md;
+# up to 128 rows the whole prompt was no slower on the 1.5B shape and faster on the hybrid and MoE
+# shapes, whose per-layer dequantizations dominated: docs/benchmarks/2026-12-06-h100-grouped-swap-ttft.md.
+AUTO_SPLIT_ROWS = 128
 
 DEQUANT_ROWS_ELEMENTS = 1 << 25  # weight elements dequantized at once (64 MiB in fp16): bounds the buffer
 SCRATCH_ELEMENTS = 1 << 24  # a session's DequantScratch holds this much (32 MiB in fp16) at most,
