@@ -58,6 +58,9 @@
 #              power-of-two sizes and with 1.5x ones too (fine: 40 padded to 48; 56 split as 48 + 8):
 #              bench.prefill at 24-100 tokens, qwen3.5-0.8b fp16, and the 35B-A3B int4 package where
 #              bench/hybrid_peers_device.sh build-35b has built it; then Q's dense chunks under both sizes, ~7 min
+#   cutoffs    bench/prompt_cutoffs.sh: TTFT at 64, 100 and 128 tokens with the prompt-length cutoffs of the
+#              sequential Gated DeltaNet kernel and the split-K 4-bit GEMM at 128 (the default) and at 64, the
+#              1.5B int4 and 0.8B fp16 / int4 shapes and the 35B-A3B int4 package where build-35b made it, ~6 min
 #   sampled    the sampling GPU tests, then python -m bench.sampled_decode Q, fp16 and int4: sampled decode
 #              in the graph vs greedy and vs between the steps, same tokens as eager, ~4 min
 #
@@ -150,15 +153,13 @@ stage_moe() {
   run moe-tests 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_moe_kernels.py
   run moe-prompt 120 $PY -m bench.moe_prompt --tokens 1,16,24,32,48,64,128,256 --bounds 4,1,0
   # the grouped kernels' tiles (ONNXGEN_MOE_GROUPED=BLOCK_M,BLOCK_N1,BLOCK_N2,K_STEP,WARPS[,SWAP[,STAGES]]; BLOCK_M
-  # 0: the rule; SWAP 1: weight rows as the products' M, no faster on 2026-12-06; STAGES: the pipeline's depth)
-  run moe-tiles 240 $PY -m bench.moe_prompt --tokens 32,64,128,256 --bounds 0 --variant rule: \
-    --variant n16:ONNXGEN_MOE_GROUPED=0,16,32,64,4 --variant n64:ONNXGEN_MOE_GROUPED=0,64,128,64,4 \
-    --variant k128:ONNXGEN_MOE_GROUPED=0,32,64,128,4 --variant k32:ONNXGEN_MOE_GROUPED=0,32,64,32,4 \
-    --variant w8:ONNXGEN_MOE_GROUPED=0,32,64,64,8 --variant w2:ONNXGEN_MOE_GROUPED=0,32,64,64,2 \
-    --variant m32:ONNXGEN_MOE_GROUPED=32,32,64,64,4 --variant swap:ONNXGEN_MOE_GROUPED=0,32,64,32,4,1 \
-    --variant st2:ONNXGEN_MOE_GROUPED=0,32,64,32,4,0,2 --variant st4:ONNXGEN_MOE_GROUPED=0,32,64,32,4,0,4 \
-    --variant st6:ONNXGEN_MOE_GROUPED=0,32,64,32,4,0,6 --variant k64-st6:ONNXGEN_MOE_GROUPED=0,32,64,64,4,0,6 \
-    --variant rule-again:
+  # 0: the rule, which is 0,64,128,64,4,1 since 2026-12-06 (docs/benchmarks/2026-12-06-h100-grouped-swap-ttft.md);
+  # old: the rule before, pairs as the products' rows; STAGES: the pipeline's depth)
+  run moe-tiles 240 $PY -m bench.moe_prompt --tokens 16,32,64,100,256 --bounds 0 --variant rule: \
+    --variant old:ONNXGEN_MOE_GROUPED=0,32,64,32,4,0 --variant s64k32:ONNXGEN_MOE_GROUPED=0,64,128,32,4,1 \
+    --variant s64k128:ONNXGEN_MOE_GROUPED=0,64,128,128,4,1 --variant s128k64:ONNXGEN_MOE_GROUPED=0,128,128,64,4,1 \
+    --variant s64k64n256:ONNXGEN_MOE_GROUPED=0,64,256,64,4,1 --variant s64k64st4:ONNXGEN_MOE_GROUPED=0,64,128,64,4,1,4 \
+    --variant s32k64:ONNXGEN_MOE_GROUPED=0,32,128,64,4,1 --variant rule-again:
 }
 stage_moedecode() {
   # FC1_ROWS,FC1_BYTES,FC2_ROWS,FC2_BYTES,WARPS; the rule is 16,16384,0,8192,8 for 4-bit experts
@@ -246,11 +247,16 @@ stage_ttftgap() {
   run ttftgap-2048 200 $PY -m bench.ttft_paths $H --context 2048
   run ttftgap-256 150 $PY -m bench.ttft_paths $H --context 256
 }
+stage_cutoffs() {
+  # the prompt-length cutoffs of the sequential Gated DeltaNet kernel and the split-K 4-bit GEMM (128 since
+  # 2026-12-06) against the earlier 64, each in its own process (module constants): bench/prompt_cutoffs.sh
+  run cutoffs 560 bash bench/prompt_cutoffs.sh
+}
 stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
 }
 
-STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces sampled"
+STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs sampled"
 if [ $# -eq 0 ]; then
   echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
   exit 2

@@ -375,15 +375,16 @@ KNOBS: tuple[Knob, ...] = (
     Knob("q4_prompt", "ONNXGEN_Q4_PROMPT", _q4_prompt, "`auto` / `dequant` / `gemm` / `split`",
          "4-bit weights times several rows (a prompt): dequantize each layer's weight into a transient "
          "buffer and run cuBLAS, or the Triton GEMM that dequantizes tiles in registers (no buffer); split: "
-         "the split-K GEMM (gpu/linear_q4_split.py) for prompts of at most 64 rows, else dequant; auto: today the "
+         "the split-K GEMM (gpu/linear_q4_split.py) for prompts of at most 128 rows, else dequant; auto: today the "
          "same as split (16-row tiles up to 16 rows, 64-row tiles above: docs/benchmarks/2026-12-05-h200-day.md, "
-         "docs/benchmarks/2026-12-05-h100-peers.md); split stays fixed if auto's bound moves"),
+         "docs/benchmarks/2026-12-05-h100-peers.md; up to 128 rows since "
+         "docs/benchmarks/2026-12-06-h100-grouped-swap-ttft.md); split stays fixed if auto's bound moves"),
     Knob("conv_prompt", "ONNXGEN_CONV_PROMPT", _flag(), "`1` / `0`",
          "`0`: a prompt's CausalConvWithState on a Triton device runs the torch path (about ten kernels) instead "
          "of one Triton kernel (gpu/causal_conv_update.py); one-position steps keep their kernel"),
     Knob("gdn_chunked_from", "ONNXGEN_GDN_CHUNKED_FROM", _count("tokens"), "`T` (tokens; `0`: never)",
          "a LinearAttention prompt of at least T tokens on a Triton device runs the chunked kernel "
-         "(gpu/gated_delta_chunked.py); shorter ones the sequential kernel up to 64 tokens, the torch path's "
+         "(gpu/gated_delta_chunked.py); shorter ones the sequential kernel up to 128 tokens, the torch path's "
          "chunked form beyond; `0` (the default: the kernel lost to the torch path on the H200, "
          "docs/benchmarks/2026-12-05-h200-day.md): never the chunked kernel"),
     Knob("moe_pairs_per_expert", "ONNXGEN_MOE_PAIRS_PER_EXPERT", _pairs_per_expert,
@@ -398,7 +399,8 @@ KNOBS: tuple[Knob, ...] = (
          "forces the grouped expert kernels' tiles (gpu/moe_grouped.py): pairs per tile (0: the kernel's rule), "
          "fc1's and fc2's output columns per program, K elements per step (32 or more, and at least one quantization "
          "block), warps, SWAP 1: each product as weight rows times pairs (the weights as the tensor cores' "
-         "first operand; no faster on the 35B-A3B layer), and the software pipeline's stages (0: the kernels' own)",
+         "first operand, as the rule has it since docs/benchmarks/2026-12-06-h100-grouped-swap-ttft.md; 0 or "
+         "omitted: pairs as the rows), and the software pipeline's stages (0: the kernels' own)",
          default_text="unset: the kernels' rule"),
     Knob("moe_per_pair", "ONNXGEN_MOE_PER_PAIR", _moe_per_pair, "`FC1_ROWS,FC1_BYTES,FC2_ROWS,FC2_BYTES,WARPS`",
          "forces the per-pair expert kernels' tiles (gpu/moe_experts.py: decode steps and short prompts): fc1's "
