@@ -164,10 +164,11 @@ def test_a_next_turn_reuses_the_slot_whole_and_nothing_else_is_reused(package: P
 @pytest.mark.parametrize("package", ["onnxgen-dense", "onnxgen-moe"], indirect=True)
 def test_captured_batched_steps_give_the_same_tokens(package: Path) -> None:
     """Captured (CPU stand-in recorder, verify mode: every replay also run eagerly on copies and
-    compared bit for bit): the decode step recorded per bucket with the states' write-back, every
-    prompt computed alone and unpadded in the scratch cache (no prompt groups: a padded row would
-    fold into its states), landing in its slot with its states; arrivals that change buckets, a
-    long prompt in chunks, greedy and seeded, after recording every shape first."""
+    compared bit for bit): the decode step recorded per bucket with the states' write-back; short
+    prompts computed together in padded groups (prompt_groups.py: each row's states stop at its
+    last real row, runtime/state_rows.py) and a long one alone in chunks, each landing in its slot
+    with its states; arrivals that change buckets, greedy and seeded, after recording every shape
+    first."""
     from onnxgen.runtime.capture.recorder import ReplayRecorder
 
     plain = make_engine(package)
@@ -180,7 +181,7 @@ def test_captured_batched_steps_give_the_same_tokens(package: Path) -> None:
     engine = make_engine(package, kv="static", capture="verify", recorder=ReplayRecorder(), verify_steps=10_000)
     decoder = BatchedDecoder(engine, max_seqs=4, max_model_len=64, prefill_chunk=32)
     buckets, groups = decoder.shapes_to_record()
-    assert buckets == [1, 2, 4] and groups == []
+    assert buckets == [1, 2, 4] and (4, 16) in groups
     decoder.record_shapes()
     sequences = [engine.new_sequence(p, q) for p, q in zip(prompts, params)]
     queue, tick = list(sequences[:2]), 0
@@ -194,7 +195,7 @@ def test_captured_batched_steps_give_the_same_tokens(package: Path) -> None:
     assert [s.generated for s in sequences] == expected
     stats = decoder.capture_stats
     assert stats.replays > 0 and stats.verified_steps > 0 and stats.invalidations == 0 and not stats.unsupported
-    assert decoder.prompt_groups == 0 and engine.prefill_capture_stats.steps > 0
+    assert decoder.grouped_prompts >= 4 and engine.prefill_capture_stats.steps > 0  # the long one alone
     assert sorted(decoder.pool.busy) == [False] * 4
 
 
@@ -202,8 +203,9 @@ def test_captured_batched_steps_give_the_same_tokens(package: Path) -> None:
 @pytest.mark.parametrize(("rule", "steps"), [("pad", [16, 16, 16]), ("split", [8, 4, 4, 2, 8, 4, 2])])
 def test_a_batched_hybrid_prompt_runs_the_same_pieces_captured_or_not(package: Path, rule: str, steps) -> None:
     """The batching decoder's uncaptured prompt chunks run as the captured path's: padded to a
-    power of two (option prefill_pieces pad, the states stopping at the last real row) or in its
-    power-of-two pieces (split). A chunk split or padded otherwise rounds otherwise, so the capture
+    power of two (option prefill_pieces pad, the states stopping at the last real row; captured,
+    a prompt of one chunk runs as a prompt group of that size) or in its power-of-two pieces
+    (split). A chunk split or padded otherwise rounds otherwise, so the capture
     setting would change the tokens (the H200 run of 2026-12-05 saw a captured batch part from the
     eager one when the captured prompts ran as pieces and the eager ones whole). The rows each path
     runs (prompts of 12, 6 and 14 tokens: no one-row piece, so every row count above one is a
@@ -234,6 +236,11 @@ def test_a_batched_hybrid_prompt_runs_the_same_pieces_captured_or_not(package: P
 
             engine.session.run_torch = counted
         decoder = BatchedDecoder(engine, max_seqs=1, max_model_len=64, prefill_chunk=32)
+        if captured:  # a prompt of one chunk runs as a group (prompt_groups.py) under pad
+            group_step = decoder._group_step
+            decoder._group_step = lambda chunks, starts, slots, size, runs=1: (
+                rows.extend([size] * len(chunks)) or group_step(chunks, starts, slots, size, runs)
+            )
         sequences = [engine.new_sequence(p, SamplingParams(max_new_tokens=2, ignore_eos=True)) for p in prompts]
         run_as_room_allows(decoder, sequences)
         return rows

@@ -77,11 +77,12 @@ ROUNDING_SHARE = 0.02
 def test_captured_batched_hybrid_follows_the_one_sequence_model(tmp_path, moe: bool) -> None:
     """Continuous batching of a hybrid on CUDA, steps captured per bucket, every captured step and
     prompt chunk checked bit for bit against eager (verify mode for all steps). Against the
-    one-sequence eager model: each sequence's first token is equal (its prompt runs alone and
-    unpadded), and each later token, fed back through the one-sequence eager steps (teacher
-    forcing), is that step's top token or within rounding of it. Where a token differs from the
-    one-sequence generation, the batched eager steps are run too and printed, to tell rounding
-    (they part as well) from the captured path."""
+    one-sequence eager model: each sequence's first token is equal (captured, the short prompts run
+    in padded prompt groups, each row's states stopping at its last real row), and each later
+    token, fed back through the one-sequence eager steps (teacher forcing), is that step's top token
+    or within rounding of it. Where a token differs from the one-sequence generation, the batched
+    eager steps (prompts alone in their slots) are run too and printed, to tell rounding (they part
+    as well) from the captured path."""
     from onnxgen.models.builder import build_package
     from onnxgen.models.random_source import RandomSource
 
@@ -117,6 +118,7 @@ def batched_follows_one_sequence(
             stats = decoder.capture_stats
             assert stats.replays > 0 and stats.verified_steps == stats.captured_steps
             assert stats.invalidations == 0 and not stats.unsupported and not stats.quarantined
+            assert decoder.grouped_prompts > 0  # the prompts in groups, not alone
         return [s.generated for s in sequences]
 
     tokens = batched("verify")  # a captured step unequal to eager raises CaptureMismatchError
@@ -137,8 +139,9 @@ def batched_follows_one_sequence(
     eager = batched("off")
     print("  batched eager steps part at", [next((i for i, (a, b) in enumerate(zip(t, e)) if a != b), None)
                                             for t, e in zip(eager, alone)])  # fmt: skip
-    # the captured batched path is the eager batched path: the same tokens
-    assert tokens == eager
+    # no token equality with the eager batched path: captured, the prompts run in groups (one GEMM
+    # over every group row), eagerly alone in their slots, and the two round apart (as for dense
+    # graphs: tests/test_gpu_batching.py); each step's capture equals its eager run (verify mode)
     if routed:
         # a row's expert choice is a top-k over router scores: rounding that moves a near-tie in the
         # router switches an expert, a step beyond rounding in the logits (the H200 run of 2026-12-04

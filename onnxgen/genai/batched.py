@@ -266,7 +266,7 @@ class BatchedDecoder:
             return [], []
         engine = self.engine
         # the sizes _group_size can give (a prompt's rest padded up) that fit a slot and the budget
-        if engine.config.carried:  # a hybrid's prompts run alone, unpadded (_next_group)
+        if not self._groups_take_carried():  # a hybrid's prompts run alone (_group_size)
             return list(self.buckets), []
         rest = min(self.prefill_chunk, engine.captured_prefill_max)
         padded = power_of_two_at_least(rest, engine.captured_prefill_min)
@@ -430,12 +430,22 @@ class BatchedDecoder:
 
     # -- captured prompts in groups (prompt_groups.py) -------------------------------------------
 
+    def _groups_take_carried(self) -> bool:
+        """Prompts of this graph may run in groups: it carries no states, or its carried states stop
+        at each row's last real row (engine.carried_chunks ``padded``: the state row input), so a
+        row's padding never folds into them."""
+        return not self.engine.config.carried or self.engine.carried_chunks() == "padded"
+
     def _group_size(self, sequence: Sequence) -> int | None:
         """The padded chunk size of the sequence's prompt in a group; None if what is left of it
-        does not fit one chunk (or its padding the slot): it runs alone, in chunks."""
+        does not fit one chunk (or its padding the slot), or, for a graph with carried states, if
+        its chunks must end where the slot keeps a snapshot of them (kv_pool.py) or cannot be
+        padded: it runs alone, in chunks."""
         engine = self.engine
         rest = len(sequence.prompt_ids) - sequence.prefilled
         if rest > min(self.prefill_chunk, engine.captured_prefill_max):
+            return None
+        if engine.config.carried and (not self._groups_take_carried() or self.pool.snapshot_at[sequence.slot]):  # type: ignore[index]
             return None
         size = power_of_two_at_least(rest, engine.captured_prefill_min)
         return size if sequence.prefilled + size <= self.pool.capacity else None
@@ -448,7 +458,7 @@ class BatchedDecoder:
         head = self.waiting[0]
         self._start(head)
         size = self._group_size(head)
-        if size is None or self.engine.config.carried:  # a padded row would fold into its states
+        if size is None:
             return [], 0
         if size > budget:
             return None
@@ -472,9 +482,13 @@ class BatchedDecoder:
         scratch = self._groups_scratch()
         count = len(group)
         rows = power_of_two_at_least(count)
+        if pool.states:  # a hybrid's rows start from zeros, or from their slot's states (reused whole)
+            torch._foreach_zero_([buffer[:rows] for buffer in scratch.states.buffers.values()])
         for b, sequence in enumerate(group):
             if sequence.prefilled:
                 self._copy_prefix(sequence, scratch, b)
+                for name, state in pool.states.items():
+                    scratch.states.buffers[name][b].copy_(state[sequence.slot])
         chunks = [s.prompt_ids[s.prefilled :] for s in group]
         slots = [s.slot for s in group]
         assert all(slot is not None for slot in slots)
@@ -483,6 +497,11 @@ class BatchedDecoder:
         slot_rows = feeds_of.slots[:count]
         for name, buffer in pool.buffers.items():
             buffer[:, :, :end].index_copy_(0, slot_rows, scratch.buffers[name][:count, :, :end])
+        for spec in engine.config.carried:  # each row's states stopped at its last real row
+            pool.states[spec.past].index_copy_(0, slot_rows, outputs[spec.present][:count])
+        if pool.states:
+            for slot in slots:
+                pool.state_held[slot] = True  # type: ignore[index]
         for sequence in group:
             contents = pool.contents[sequence.slot]  # type: ignore[index]
             contents.extend(sequence.prompt_ids[len(contents) :])

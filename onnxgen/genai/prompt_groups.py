@@ -10,7 +10,11 @@ new tokens at rows r_b .. r_b + S - 1 of a scratch cache of ``max_rows`` sequenc
 addresses; its mask has r_b + S ones, so GroupQueryAttention places and attends row b's chunk
 at its own length, causal within the chunk: a prompt row never sees its padding. Each row's logits
 are taken at its own last real row (RowSelect with a row per entry, runtime/row_select.py). The
-rows are then copied into the sequences' slots, one index_copy per KV buffer.
+rows are then copied into the sequences' slots, one index_copy per KV buffer. A graph with carried
+states (a hybrid) also takes row b's states from the scratch cache's row b (zeros, or its slot's
+when it continues all the slot holds) and stops them at row b's last real row (the state row input
+of runtime/state_rows.py, fed the same per-row index as the logits'); its presents go to the slots
+the same way (batched.py).
 
 Why groups: a prompt alone is a step of S rows whose weights are read for those rows only; a group
 reads them once for every prompt in it, and costs the host one graph launch and one feed copy
@@ -80,6 +84,8 @@ class GroupFeeds:
             self.feeds[position_ids] = position_feed(self.positions, position_streams)
         self.feeds.update(dict.fromkeys(row_inputs, self.last))  # engine_model's row inputs: each row's last
         self.feeds.update({name: buffer[:rows] for name, buffer in scratch.buffers.items()})
+        # a hybrid's carried states (none for other graphs): each row's states before its chunk
+        self.feeds.update({name: buffer[:rows] for name, buffer in scratch.states.buffers.items()})
 
     def fill(self, chunks: list[list[int]], starts: list[int], slots: list[int]) -> dict[str, torch.Tensor]:
         """The feeds for a group whose row b computes the tokens ``chunks[b]`` (at most ``size``)
