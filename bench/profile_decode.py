@@ -1,5 +1,6 @@
 """Where a decode step's time goes: kernels per token and the top GPU kernels and host ops, from the
-torch profiler, for eager decode and (with --capture) for captured decode of the same package.
+torch profiler, for eager decode and (with --capture) for captured decode of the same package. On
+the CPU (--device cpu) the host ops alone, eager only.
 
     python -m bench.profile_decode --shape smollm2-135m-instruct --precision fp16 --kv static --capture
     python -m bench.profile_decode --shape qwen2.5-coder-0.5b-instruct --precision int4 --python-profile
@@ -32,12 +33,15 @@ LAUNCH_CALLS = {
 def profile_steps(engine: DecodeEngine, args: argparse.Namespace, steps: int, label: str, top: int) -> None:
     from torch.profiler import ProfilerActivity, profile
 
+    cuda = args.device == "cuda"
     greedy_run(engine, args, new_tokens=steps)  # warm (and for capture: record)
-    torch.cuda.synchronize()
-    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    if cuda:
+        torch.cuda.synchronize()
+    prof = profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])])
     # decode steps only: the profiler starts once the prefill's token is back
     ttft, decode_s, _ = greedy_run(engine, args, new_tokens=steps + 1, after_prefill=prof.start)
-    torch.cuda.synchronize()
+    if cuda:
+        torch.cuda.synchronize()
     prof.stop()
     kernels: Counter[str] = Counter()
     gpu_us: Counter[str] = Counter()
@@ -52,12 +56,13 @@ def profile_steps(engine: DecodeEngine, args: argparse.Namespace, steps: int, la
     per_token = 1000 * decode_s / steps
     print(f"\n== {label}: {steps} decode steps profiled (prefill excluded), {per_token:.3f} ms/token")
     print(f"TTFT {1000 * ttft:.1f} ms")
-    print(f"GPU activities per decode step: {total / steps:.1f}  (kernels + memcpy + memset)")
-    print("host API calls per decode step: " + ", ".join(f"{k} {v / steps:.1f}" for k, v in launches.most_common()))
-    print(f"GPU busy per decode step: {sum(gpu_us.values()) / steps / 1000:.3f} ms")
-    print(f"top {top} GPU activities by time (count per step, total ms):")
-    for name, us in gpu_us.most_common(top):
-        print(f"  {kernels[name] / steps:7.1f}  {us / 1000:8.2f} ms  {name[:110]}")
+    if cuda:
+        print(f"GPU activities per decode step: {total / steps:.1f}  (kernels + memcpy + memset)")
+        print("host API calls per decode step: " + ", ".join(f"{k} {v / steps:.1f}" for k, v in launches.most_common()))
+        print(f"GPU busy per decode step: {sum(gpu_us.values()) / steps / 1000:.3f} ms")
+        print(f"top {top} GPU activities by time (count per step, total ms):")
+        for name, us in gpu_us.most_common(top):
+            print(f"  {kernels[name] / steps:7.1f}  {us / 1000:8.2f} ms  {name[:110]}")
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
     print(f"top {top} host ops by self CPU time:\n{table}")
 
@@ -70,6 +75,10 @@ def main() -> None:
     parser.add_argument("--capture", action="store_true", help="also profile captured decode")
     parser.add_argument("--python-profile", action="store_true")
     args = parser.parse_args()
+    if args.capture and args.device != "cuda":
+        parser.error("--capture profiles CUDA graphs: it needs --device cuda")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device here; use --device cpu")
     with tempfile.TemporaryDirectory() as tmp:
         build_s = build_random_package(args, tmp)
         session, config = open_package(args)
