@@ -445,8 +445,8 @@ class BatchedDecoder:
         rest = len(sequence.prompt_ids) - sequence.prefilled
         if rest > min(self.prefill_chunk, engine.captured_prefill_max):
             return None
-        if engine.config.carried and (not self._groups_take_carried() or self.pool.snapshot_at[sequence.slot]):  # type: ignore[index]
-            return None
+        if not self._groups_take_carried() or self.pool.snapshot_at[sequence.slot]:  # type: ignore[index]
+            return None  # snapshot_at: a hybrid's chunk ends where its slot keeps its states (kv_pool.py)
         size = power_of_two_at_least(rest, engine.captured_prefill_min)
         return size if sequence.prefilled + size <= self.pool.capacity else None
 
@@ -482,13 +482,11 @@ class BatchedDecoder:
         scratch = self._groups_scratch()
         count = len(group)
         rows = power_of_two_at_least(count)
-        if pool.states:  # a hybrid's rows start from zeros, or from their slot's states (reused whole)
+        if engine.config.carried:  # a hybrid's rows start from zeros, or from their slot's states (_copy_prefix)
             torch._foreach_zero_([buffer[:rows] for buffer in scratch.states.buffers.values()])
         for b, sequence in enumerate(group):
             if sequence.prefilled:
                 self._copy_prefix(sequence, scratch, b)
-                for name, state in pool.states.items():
-                    scratch.states.buffers[name][b].copy_(state[sequence.slot])
         chunks = [s.prompt_ids[s.prefilled :] for s in group]
         slots = [s.slot for s in group]
         assert all(slot is not None for slot in slots)
@@ -497,9 +495,9 @@ class BatchedDecoder:
         slot_rows = feeds_of.slots[:count]
         for name, buffer in pool.buffers.items():
             buffer[:, :, :end].index_copy_(0, slot_rows, scratch.buffers[name][:count, :, :end])
-        for spec in engine.config.carried:  # each row's states stopped at its last real row
-            pool.states[spec.past].index_copy_(0, slot_rows, outputs[spec.present][:count])
-        if pool.states:
+        if engine.config.carried:  # each row's states stopped at its last real row
+            for spec in engine.config.carried:
+                pool.states[spec.past].index_copy_(0, slot_rows, outputs[spec.present][:count])
             for slot in slots:
                 pool.state_held[slot] = True  # type: ignore[index]
         for sequence in group:
@@ -540,10 +538,13 @@ class BatchedDecoder:
         return feeds_of, outputs
 
     def _copy_prefix(self, sequence: Sequence, scratch: StaticKV, row: int) -> None:
-        """The sequence's reused prefix rows (``prefilled``) from its slot into row ``row`` of a scratch cache."""
+        """The sequence's reused prefix rows (``prefilled``) from its slot into row ``row`` of a scratch
+        cache, and a hybrid slot's states (a prefix is reused with the slot's states whole: kv_pool.py)."""
         reused = sequence.prefilled
         for name, buffer in self.pool.buffers.items():
             scratch.buffers[name][row, :, :reused].copy_(buffer[sequence.slot, :, :reused])
+        for name, state in self.pool.states.items():
+            scratch.states.buffers[name][row].copy_(state[sequence.slot])
 
     def _groups_scratch(self) -> StaticKV:
         """The prompt groups' scratch cache of ``group_rows`` sequences (made on first use)."""
@@ -593,8 +594,6 @@ class BatchedDecoder:
         reused = sequence.prefilled
         if reused:
             self._copy_prefix(sequence, scratch, 0)
-            for name, state in self.pool.states.items():  # a hybrid's slot: reused whole (kv_pool.py)
-                scratch.states.buffers[name][0].copy_(state[sequence.slot])
             scratch.mask[:, :reused] = 1
             scratch.length = reused
         sequence.kv = scratch
