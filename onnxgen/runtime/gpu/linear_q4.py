@@ -155,9 +155,9 @@ def _codes_less_zero_half(w, offset, scale, NB: tl.constexpr, QBLOCK: tl.constex
     scale is rounded once, as the fp32 product (exact: 5 bits times the scale's 11) rounded to fp16
     is. So the weights equal _codes_less_zero's times the scale rounded to fp16, bit for bit
     (tests/test_moe_kernels.py), for integer zero points (ZERO_KIND 0, 1; offset 2^23 + zero).
-    Fewer instructions per weight in the prompt GEMMs, whose loops issue more instructions than
-    their loads need. bf16 stays on the fp32 form: Triton's interpreter, the check CI has,
-    misreads a bitcast to bf16."""
+    Fewer instructions per weight than the fp32 form (instruction count turned out not to bound
+    these GEMMs: docs/benchmarks/2026-12-06-h100-grouped-swap-ttft.md). bf16 stays on the fp32
+    form: Triton's interpreter, the check CI has, misreads a bitcast to bf16."""
     if PTX_NIBBLES:
         lo, hi = _half_nibbles_ptx(w)
     else:
