@@ -88,7 +88,7 @@ class Options:
     cpu_int4_gemm: bool = True
     conv_prompt: bool = True
     gdn_chunked_from: int = 0
-    moe_pairs_per_expert: float = 0.5
+    moe_pairs_per_expert: float = 0.25
     moe_grouped: tuple[int, int, int, int, int, int, int] | None = None
     moe_per_pair: tuple[int, int, int, int, int] | None = None
     gdn_prompt: tuple[int, int] | None = None
@@ -388,12 +388,13 @@ KNOBS: tuple[Knob, ...] = (
          "chunked form beyond; `0` (the default: the kernel lost to the torch path on the H200, "
          "docs/benchmarks/2026-12-05-h200-day.md): never the chunked kernel"),
     Knob("moe_pairs_per_expert", "ONNXGEN_MOE_PAIRS_PER_EXPERT", _pairs_per_expert,
-         "`P` ((token, expert) pairs per expert, a number such as `0.5`; `0`: every prompt)",
+         "`P` ((token, expert) pairs per expert, a number such as `0.25`; `0`: every prompt)",
          "a MoE / QMoE prompt of more than P (token, expert) pairs per expert on a Triton device runs the grouped "
          "expert kernels (gpu/moe_grouped.py: each chosen expert read once per tile of its pairs); fewer pairs the "
          "per-pair kernels (gpu/moe_experts.py: each pair reads its expert); one-token steps always the per-pair "
-         "kernels. Default 0.5: where the two break even on the 35B-A3B expert layer since the grouping became "
-         "two kernels (16-token prompts; docs/benchmarks/2026-12-06-h100-prompt-copies.md)"),
+         "kernels. Default 0.25: on the 35B-A3B expert layer the grouped kernels (their 2026-12-06 tiles) beat the "
+         "per-pair ones at 8 tokens (0.25 pairs per expert, within 6%) and clearly from 16 up: 8 tokens stay "
+         "per-pair, 9 and more go grouped (docs/benchmarks/2026-12-06-h100-moe-bound-peers.md)"),
     Knob("moe_grouped", "ONNXGEN_MOE_GROUPED", _moe_grouped,
          "`BLOCK_M,BLOCK_N1,BLOCK_N2,K_STEP,WARPS[,SWAP[,STAGES]]`",
          "forces the grouped expert kernels' tiles (gpu/moe_grouped.py): pairs per tile (0: the kernel's rule), "

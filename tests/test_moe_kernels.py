@@ -188,7 +188,7 @@ def test_qmoe_kernels_match_the_torch_path(device: str, case: str, dtype: torch.
 def test_qmoe_kernels_plain_activations(device: str, activation: str) -> None:
     """fc1 alone (no up projection): 4-bit per-row scales with zero points and biases."""
     attrs, inputs = _qmoe_inputs("int4_rows_zero_points_fc3", device, torch.float32, activation=activation)
-    _kernel_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))
+    _per_pair_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
@@ -200,10 +200,9 @@ def test_tokens_sharing_an_expert_and_prompts(device: str) -> None:
     router[1] = router[0] * 0.5  # the same top k, other routing weights
     chosen = router.float().softmax(-1).topk(2, dim=-1).indices.sort(dim=-1).values
     assert torch.equal(chosen[0], chosen[1]), chosen
-    _kernel_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))
+    _per_pair_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))
     attrs, inputs = _qmoe_inputs("int4_blocks", device, torch.float16, tokens=12)  # 24 pairs over 8 experts
-    with options.override(moe_pairs_per_expert=4):  # (the default gives so many pairs to the grouped kernels)
-        _kernel_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))
+    _per_pair_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))
 
 
 # ---------------------------------------------------------------- long prompts (gpu/moe_grouped.py)
@@ -264,19 +263,21 @@ def test_grouped_moe_kernels_bf16(case: str) -> None:
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
 def test_pairs_per_expert_option_picks_the_kernels(device: str) -> None:
-    """moe_pairs_per_expert moves the bound between the per-pair and the grouped kernels: a prompt
-    of 2 tokens (4 pairs over 8 experts) takes the per-pair kernels at the default 0.5 pairs per
-    expert, a prompt of 3 (6 pairs) the grouped ones, and at a bound of 1 the per-pair ones again;
-    at 0 the 2 tokens take the grouped ones, and a one-token step keeps the per-pair kernels
-    whatever the bound."""
+    """moe_pairs_per_expert moves the bound between the per-pair and the grouped kernels (more pairs
+    per expert than the bound: grouped). Over 8 experts at k = 2: a prompt of 2 tokens (4 pairs)
+    takes the per-pair kernels at a bound of 0.5 pairs per expert and the grouped ones at the
+    default 0.25; a prompt of 3 (6 pairs) the grouped ones at 0.5 and the per-pair ones at 1; a
+    one-token step keeps the per-pair kernels whatever the bound, 0 included."""
     attrs, inputs = _qmoe_inputs("int4_blocks", device, torch.float16, tokens=2)
-    _kernel_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))
     three = _qmoe_inputs("int4_blocks", device, torch.float16, tokens=3)
-    _grouped_vs_torch(lambda: qmoe(_ctx("QMoE", device, **three[0]), *three[1]))
+    assert options.current().moe_pairs_per_expert == 0.25
+    _grouped_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))
+    with options.override(moe_pairs_per_expert=0.5):
+        _kernel_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))
+        _grouped_vs_torch(lambda: qmoe(_ctx("QMoE", device, **three[0]), *three[1]))
     with options.override(moe_pairs_per_expert=1):
         _kernel_vs_torch(lambda: qmoe(_ctx("QMoE", device, **three[0]), *three[1]))
     with options.override(moe_pairs_per_expert=0):
-        _grouped_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))
         attrs, inputs = _qmoe_inputs("int4_blocks", device, torch.float16, tokens=1)
         _kernel_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))
 
@@ -686,10 +687,11 @@ def _replays_equal_eager(ctx: NodeContext, inputs: list) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 def test_kernels_on_the_qwen35_35b_a3b_layer_shape() -> None:
-    """A 16-token prompt (128 pairs, the bench's) and a decode step of the layer against the torch
-    path; then the step recorded in a CUDA graph: every replay equals the eager output bit for bit,
-    with new tokens and routing written into the recorded inputs."""
-    attrs, inputs = _qwen35_moe_layer(16)
+    """An 8-token prompt (64 pairs over 256 experts: the most the per-pair kernels take by default)
+    and a decode step of the layer against the torch path; then the step recorded in a CUDA graph:
+    every replay equals the eager output bit for bit, with new tokens and routing written into the
+    recorded inputs."""
+    attrs, inputs = _qwen35_moe_layer(8)
     ctx = _ctx("QMoE", "cuda", **attrs)
     _kernel_vs_torch(lambda: qmoe(ctx, *inputs))
     inputs[0], inputs[1] = inputs[0][:1].clone(), inputs[1][:1].clone()
@@ -700,10 +702,12 @@ def test_kernels_on_the_qwen35_35b_a3b_layer_shape() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 def test_grouped_kernels_on_the_qwen35_35b_a3b_layer_shape() -> None:
-    """A 300-token prompt chunk of the layer (2,400 pairs: the grouped kernels) against the torch
-    path; then recorded in a CUDA graph (the sort and the tile table included): every replay with
-    new tokens and routing equals the eager call bit for bit."""
-    attrs, inputs = _qwen35_moe_layer(300)
-    ctx = _ctx("QMoE", "cuda", **attrs)
-    _grouped_vs_torch(lambda: qmoe(ctx, *inputs))
-    _replays_equal_eager(ctx, inputs)
+    """A 16-token prompt (128 pairs, the bench's) and a 300-token prompt chunk (2,400 pairs) of the
+    layer, both on the grouped kernels, against the torch path; then each recorded in a CUDA graph
+    (the sort and the tile table included): every replay with new tokens and routing equals the
+    eager call bit for bit."""
+    for tokens in (16, 300):
+        attrs, inputs = _qwen35_moe_layer(tokens)
+        ctx = _ctx("QMoE", "cuda", **attrs)
+        _grouped_vs_torch(lambda: qmoe(ctx, *inputs))  # noqa: B023 (called at once)
+        _replays_equal_eager(ctx, inputs)

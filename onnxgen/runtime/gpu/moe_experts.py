@@ -59,7 +59,7 @@ from onnxgen.runtime.gpu.pdl import wait_for_previous
 # of all the layer's experts, where the grouped kernels (gpu/moe_grouped.py) read each chosen
 # expert once per tile of its pairs, for a sort and a few more launches and tiles padded to whole
 # rows. Option moe_pairs_per_expert (ONNXGEN_MOE_PAIRS_PER_EXPERT) sets how many pairs per expert a
-# prompt may bring here before the grouped kernels take it (a number, 0.5 by default): on the
+# prompt may bring here before the grouped kernels take it (a number, 0.25 by default): on the
 # 35B-A3B shape (256 experts, k = 8) P pairs per expert are a 32 * P-token chunk. Few pairs per
 # expert read few experts twice, and here each program's one-row products start at once; many pairs
 # read most experts many times, and the grouped tiles read each once (bench/moe_prompt.py times
