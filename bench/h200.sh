@@ -73,6 +73,9 @@
 set -u
 out=${OUT:-$PWD/h200-logs}
 export PYTHONPATH=/tmp/site:$PWD
+# onnxgen's package builder needs gguf (its tokenizer module), which that machine lacks: where no gguf was
+# carried, the gguf-py of the llama.cpp tree the llamacpp stage unpacked serves
+python3 -c "import gguf" 2>/dev/null || { [ -d /tmp/lc/gguf-py ] && export PYTHONPATH=$PYTHONPATH:/tmp/lc/gguf-py; }
 [ -f /tmp/site-env.sh ] && source /tmp/site-env.sh
 
 Q="--shape qwen2.5-coder-0.5b-instruct"
@@ -151,7 +154,7 @@ stage_prefill() {
 }
 stage_moe() {
   run moe-tests 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_moe_kernels.py
-  run moe-prompt 120 $PY -m bench.moe_prompt --tokens 1,16,24,32,48,64,128,256 --bounds 4,1,0
+  run moe-prompt 120 $PY -m bench.moe_prompt --tokens 1,8,16,24,32,48,64,128,256 --bounds 4,0.5,0.25,0
   # the grouped kernels' tiles (ONNXGEN_MOE_GROUPED=BLOCK_M,BLOCK_N1,BLOCK_N2,K_STEP,WARPS[,SWAP[,STAGES]]; BLOCK_M
   # 0: the rule, which is 0,64,128,64,4,1 since 2026-12-06 (docs/benchmarks/2026-12-06-h100-grouped-swap-ttft.md);
   # old: the rule before, pairs as the products' rows; STAGES: the pipeline's depth)

@@ -20,6 +20,9 @@
 # comes from).
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+# onnxgen's package builder needs gguf (its tokenizer module), which that machine lacks: where no gguf was
+# carried, the gguf-py of the llama.cpp tree the llamacpp stage unpacked serves
+python3 -c "import gguf" 2>/dev/null || { [ -d /tmp/lc/gguf-py ] && export PYTHONPATH=$PYTHONPATH:/tmp/lc/gguf-py; }
 out=${OUT:-/tmp}
 w08=/tmp/peers-qwen3.5-0.8b
 w35=/tmp/peers-qwen3.5-35b-a3b

@@ -55,7 +55,7 @@ def graph_us(call) -> tuple[float, torch.Tensor]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", default="1,16,32,64,128,256", help="prompt lengths, comma-separated")
-    parser.add_argument("--bounds", default="4,1,0.5,0", help="moe_pairs_per_expert values, comma-separated")
+    parser.add_argument("--bounds", default="4,1,0.5,0.25,0", help="moe_pairs_per_expert values, comma-separated")
     parser.add_argument("--experts", type=int, default=256)
     parser.add_argument("--top-k", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=2048)
