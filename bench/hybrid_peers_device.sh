@@ -17,7 +17,9 @@
 #
 # Tables land in $OUT. Optional llama.cpp row for the 0.8B shape: LLAMACPP=/tmp/lc TOKENIZER_FROM=<dir
 # with a Qwen2.5 tokenizer.json> (bench/llamacpp_peer.py says how to build the tree and where a tokenizer
-# comes from).
+# comes from). The 0.8B stages build packages from a Hugging Face checkpoint, for which onnxgen's builder
+# imports gguf (its tokenizer module); that machine has none: carry a gguf wheel into /tmp/site, or build
+# llama.cpp first (bash bench/h200.sh llamacpp), whose gguf-py is then used (below).
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 # onnxgen's package builder needs gguf (its tokenizer module), which that machine lacks: where no gguf was
