@@ -61,6 +61,10 @@
 #   cutoffs    bench/prompt_cutoffs.sh: TTFT at 64, 100 and 128 tokens with the prompt-length cutoffs of the
 #              sequential Gated DeltaNet kernel and the split-K 4-bit GEMM at 128 (the default) and at 64, the
 #              1.5B int4 and 0.8B fp16 / int4 shapes and the 35B-A3B int4 package where build-35b made it, ~6 min
+#   gdnchunk   the two-kernel chunked Gated DeltaNet (gpu/gated_delta_chunked.py, opt-in, untimed when built on
+#              2026-12-06): its GPU tests, then the qwen3.5-0.8b fp16 TTFT at 16-300 tokens with the sequential
+#              kernel (the default) against the chunked kernels from 17 and from 65 tokens, and the 35B-A3B
+#              package where build-35b made it, ~5 min
 #   sampled    the sampling GPU tests, then python -m bench.sampled_decode Q, fp16 and int4: sampled decode
 #              in the graph vs greedy and vs between the steps, same tokens as eager, ~4 min
 #
@@ -222,6 +226,17 @@ stage_hybrid() {
     tests/test_hybrid_small_kernels.py tests/test_gpu_hybrid.py tests/test_moe_kernels.py tests/test_captured_prefill.py \
     tests/test_ops_mrope.py
 }
+stage_gdnchunk() {
+  run gdnchunk-tests 240 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_hybrid_kernels.py -k "chunked or long"
+  local v=(--variant sequential: --variant chunked17:ONNXGEN_GDN_CHUNKED_FROM=17
+    --variant chunked65:ONNXGEN_GDN_CHUNKED_FROM=65 --variant sequential-again:)
+  run gdnchunk-08 200 $PY -m bench.prefill --shape qwen3.5-0.8b --precision fp16 --context 2048 \
+    --lengths 16,64,100,128,300 --repeats 5 "${v[@]}"
+  local p35
+  p35=$(compgen -G "/tmp/peers-qwen3.5-35b-a3b/pkg-qwen3.5-35b-a3b-int4-cuda-gqa-seed*[0-9]" | head -1)
+  [ -n "$p35" ] && run gdnchunk-35b 200 $PY -m bench.prefill --package "$p35" --context 2048 --lengths 16,64,100 \
+    --repeats 5 "${v[@]}"
+}
 stage_fold() {
   # the Gated DeltaNet prologues folded into the step kernel (FusedLinearAttention) against the graph without
   # that rewrite, one process each (a session-time switch): decode and TTFT of the 0.8B hybrid shape
@@ -259,7 +274,7 @@ stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
 }
 
-STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs sampled"
+STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk sampled"
 if [ $# -eq 0 ]; then
   echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
   exit 2

@@ -385,8 +385,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("gdn_chunked_from", "ONNXGEN_GDN_CHUNKED_FROM", _count("tokens"), "`T` (tokens; `0`: never)",
          "a LinearAttention prompt of at least T tokens on a Triton device runs the chunked kernel "
          "(gpu/gated_delta_chunked.py); shorter ones the sequential kernel up to 128 tokens, the torch path's "
-         "chunked form beyond; `0` (the default: the kernel lost to the torch path on the H200, "
-         "docs/benchmarks/2026-12-05-h200-day.md): never the chunked kernel"),
+         "chunked form beyond; `0` (the default): never the chunked kernel. Its first form, one chain of "
+         "chunk steps, lost to the torch path on the H200 (docs/benchmarks/2026-12-05-h200-day.md); its "
+         "two-kernel form (each chunk's own work in parallel, then a short chain) is not timed yet"),
     Knob("moe_pairs_per_expert", "ONNXGEN_MOE_PAIRS_PER_EXPERT", _pairs_per_expert,
          "`P` ((token, expert) pairs per expert, a number such as `0.25`; `0`: every prompt)",
          "a MoE / QMoE prompt of more than P (token, expert) pairs per expert on a Triton device runs the grouped "

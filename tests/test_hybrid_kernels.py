@@ -240,7 +240,7 @@ def test_long_prompts_take_the_chunked_kernel_windows_keep_the_torch_path(device
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
 @pytest.mark.parametrize("case", [case for case in LA_CASES if case != "per_key_dim_decay"])
-@pytest.mark.parametrize("tokens", [3, 40])  # one partial chunk; two whole chunks and a partial one
+@pytest.mark.parametrize("tokens", [3, 40])  # one partial chunk; a whole chunk and a partial one
 def test_chunked_prompts_match_the_torch_path(device: str, case: str, tokens: int) -> None:
     """The chunked kernel (forced from 2 tokens on) on every head mapping and rule it serves, fp32 and
     fp16 over an fp16 state, against the torch path (whose chunked form solves the triangular

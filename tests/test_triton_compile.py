@@ -249,10 +249,13 @@ def test_causal_conv_kernels_compile(dtype: str, past: bool, prompt: bool) -> No
 @pytest.mark.parametrize(("chunked", "prologue"), [(False, 0), (True, 0), (False, 1), (False, 2)])
 def test_gated_delta_kernels_compile(dtype: str, decay: bool, beta: bool, chunked: bool, prologue: int) -> None:
     """prologue: the q / k norm (1 or 2) and the gate folded in (FusedLinearAttention)."""
-    from onnxgen.runtime.gpu import gated_delta_chunked, gated_delta_decode
+    from onnxgen.runtime.gpu import gated_delta_decode
 
     if prologue and not (decay and beta):
         pytest.skip("a folded gate gives both the decay and beta")
+    if chunked:
+        _assert_chunked_kernels_compile(dtype, decay, beta)
+        return
     sig = dict.fromkeys(["q_ptr", "k_ptr", "v_ptr", "decay_ptr", "beta_ptr", "out_ptr"], f"*{dtype}")
     sig.update(past_ptr="*fp32", present_ptr="*fp32", scale="fp32")
     sig.update(dt_bias_ptr=f"*{dtype}", decay_scale_ptr=f"*{dtype}", eps="fp32")
@@ -264,14 +267,32 @@ def test_gated_delta_kernels_compile(dtype: str, decay: bool, beta: bool, chunke
     sig["ends_ptr"] = "*i64"
     # a last row per batch entry (runtime/state_rows.py) with the half types, none with fp32
     const = dict(HAS_PAST=True, HAS_DECAY=decay, HAS_BETA=beta, HAS_END=dtype == "fp16", BLOCK_K=128, BLOCK_V=32)
-    if chunked:
-        kernel, const = gated_delta_chunked._gated_delta_chunk_kernel, {**const, "CHUNK": 16, "SQUARINGS": 3}
-    else:
-        kernel, const = gated_delta_decode._gated_delta_step_kernel, {**const, "PDL": True}
-        const.update(NORM=prologue, GATE=bool(prologue))
-    ptx = compile_for_sm90(kernel, sig, const)
+    const.update(PDL=True, NORM=prologue, GATE=bool(prologue))
+    ptx = compile_for_sm90(gated_delta_decode._gated_delta_step_kernel, sig, const)
     assert "st.global" in ptx
-    if chunked:  # fp32 products in IEEE fp32 on the FMA units, not TF32 tensor cores
+
+
+def _assert_chunked_kernels_compile(dtype: str, decay: bool, beta: bool) -> None:
+    """gpu/gated_delta_chunked.py's two kernels, the Qwen3.5 layer's tiles (128 key and value dims),
+    their fp32 products in IEEE fp32 on the FMA units, not TF32 tensor cores."""
+    from onnxgen.runtime.gpu import gated_delta_chunked as chunked
+
+    inputs = dict.fromkeys(["q_ptr", "k_ptr", "v_ptr", "decay_ptr", "beta_ptr"], f"*{dtype}")
+    scratch = dict.fromkeys(["a_ptr", "t_ptr", "u_ptr", "m_ptr", "p_ptr", "g_ptr"], "*fp32")
+    ints = ["q_row_stride", "q_tok_stride", "k_row_stride", "k_tok_stride", "v_row_stride", "v_tok_stride",
+            "decay_row_stride", "decay_tok_stride", "decay_head_stride", "beta_row_stride", "beta_tok_stride",
+            "beta_head_stride", "tokens", "padded", "kv_heads", "d_k", "d_v", "group", "q_share", "k_share",
+            "ends_stride"]  # fmt: skip
+    sig = {**inputs, **scratch, **dict.fromkeys(ints, "i32"), "ends_ptr": "*i64"}
+    tiles = dict(BLOCK_K=128, BLOCK_VV=128, CHUNK=chunked.CHUNK)
+    const = dict(HAS_DECAY=decay, HAS_BETA=beta, HAS_END=dtype == "fp16", **tiles, BLOCK=chunked.BLOCK, SQUARINGS=3)
+    ptxs = [compile_for_sm90(chunked._chunk_prepare_kernel, sig, const)]
+    sig = {**inputs, **scratch, **dict.fromkeys(ints, "i32"), "ends_ptr": "*i64", "scale": "fp32"}
+    sig.update(past_ptr="*fp32", present_ptr="*fp32", out_ptr=f"*{dtype}")
+    const = dict(HAS_PAST=True, HAS_END=dtype == "fp16", **tiles, BLOCK_V=32)
+    ptxs.append(compile_for_sm90(chunked._chunk_state_kernel, sig, const))
+    for ptx in ptxs:
+        assert "st.global" in ptx
         assert "mma" not in ptx and "tf32" not in ptx
 
 
