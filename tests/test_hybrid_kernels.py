@@ -291,6 +291,26 @@ def test_chunked_kernel_over_a_long_prompt_stays_with_the_recurrence(device: str
     assert_close_to_torch_path(state, ref_state)
 
 
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_chunked_kernel_on_the_layer_head_dims(device: str) -> None:
+    """The Qwen3.5 layers' head dims (128 key and value dims: whole 128-wide tiles, four value-dim tiles
+    of the state) with inverse GQA (two value heads per key head), over 70 tokens (two whole 32-token
+    chunks and a partial one) whose last row is 60 (a padded prompt), fp32: outputs up to the last
+    row and the state against the torch path."""
+    attrs, inputs = _linear_attention_inputs((MS, 2, 4, False, 128, 128, 1, "h", "h"), device, torch.float32,
+                                             torch.float32, seed=5, tokens=70)  # fmt: skip
+    rows = torch.tensor([60], dtype=torch.int64, device=device)
+    ctx = _ctx("LinearAttention", MS, device, 7, **attrs)
+    before = LAUNCHES["gated_delta_chunked"]
+    with options.override(gdn_chunked_from=2):
+        out, state = linear_attention_ms(ctx, *inputs, rows)
+    assert LAUNCHES["gated_delta_chunked"] == before + 1
+    with options.override(triton=False):
+        ref_out, ref_state = linear_attention_ms(ctx, *inputs, rows)
+    assert_close_to_torch_path(state, ref_state)
+    assert_close_to_torch_path(out[:, :61], ref_out[:, :61])
+
+
 # ---------------------------------------------------------------- CausalConvWithState, one position
 
 # (domain, channels_last, channel axes, kernel width, dilation, batch, bias, activation)
