@@ -62,9 +62,9 @@
 #              sequential Gated DeltaNet kernel and the split-K 4-bit GEMM at 128 (the default) and at 64, the
 #              1.5B int4 and 0.8B fp16 / int4 shapes and the 35B-A3B int4 package where build-35b made it, ~6 min
 #   gdnchunk   the two-kernel chunked Gated DeltaNet (gpu/gated_delta_chunked.py, opt-in, untimed when built on
-#              2026-12-06): its GPU tests, then the qwen3.5-0.8b fp16 TTFT at 16-300 tokens with the sequential
-#              kernel (the default) against the chunked kernels from 17 and from 65 tokens, and the 35B-A3B
-#              package where build-35b made it, ~5 min
+#              2026-12-06): its GPU tests, then bench/gdn_chunk_variants.sh (the qwen3.5-0.8b fp16 TTFT at 16-300
+#              tokens, the sequential kernel against the chunked ones from 17 tokens under several chunk lengths
+#              and product precisions), and the 35B-A3B package where build-35b made it, ~8 min
 #   sampled    the sampling GPU tests, then python -m bench.sampled_decode Q, fp16 and int4: sampled decode
 #              in the graph vs greedy and vs between the steps, same tokens as eager, ~4 min
 #
@@ -228,14 +228,11 @@ stage_hybrid() {
 }
 stage_gdnchunk() {
   run gdnchunk-tests 240 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_hybrid_kernels.py -k "chunked or long"
-  local v=(--variant sequential: --variant chunked17:ONNXGEN_GDN_CHUNKED_FROM=17
-    --variant chunked65:ONNXGEN_GDN_CHUNKED_FROM=65 --variant sequential-again:)
-  run gdnchunk-08 200 $PY -m bench.prefill --shape qwen3.5-0.8b --precision fp16 --context 2048 \
-    --lengths 16,64,100,128,300 --repeats 5 "${v[@]}"
+  run gdnchunk-08 300 bash bench/gdn_chunk_variants.sh
   local p35
   p35=$(compgen -G "/tmp/peers-qwen3.5-35b-a3b/pkg-qwen3.5-35b-a3b-int4-cuda-gqa-seed*[0-9]" | head -1)
-  [ -n "$p35" ] && run gdnchunk-35b 200 $PY -m bench.prefill --package "$p35" --context 2048 --lengths 16,64,100 \
-    --repeats 5 "${v[@]}"
+  [ -n "$p35" ] && run gdnchunk-35b 150 $PY -m bench.prefill --package "$p35" --context 2048 --lengths 16,64,100 \
+    --repeats 5 --variant sequential: --variant chunked17:ONNXGEN_GDN_CHUNKED_FROM=17 --variant sequential-again:
 }
 stage_fold() {
   # the Gated DeltaNet prologues folded into the step kernel (FusedLinearAttention) against the graph without

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# TTFT of the qwen3.5-0.8b fp16 prompt with the chunked Gated DeltaNet kernels (gpu/gated_delta_chunked.py)
+# under several of their module constants, against the sequential kernel (the default): the chunk length
+# (CHUNK 16, 32 = the tree's, 64) and the products' precision (IEEE fp32 on the FMA units, the tree's; or
+# tf32x3, three TF32 tensor-core products per fp32 product). Compiled for sm_90 here, both forms spill
+# registers (the fp32 products' operands): which wins is for the GPU to say. Each variant runs from a copy
+# of the tree in its own process (module constants), with ONNXGEN_GDN_CHUNKED_FROM=17 (the chunked kernels
+# from 17 tokens). CUDA only. Run from the repo root:
+#
+#     bash bench/gdn_chunk_variants.sh            # ~4 min
+set -u
+export PYTHONUNBUFFERED=1
+here=$PWD
+lengths=${LENGTHS:-16,64,100,128,300}
+prefill() {  # DIR ENV...: bench.prefill from that tree under that environment, its TTFT lines
+  local dir=$1
+  shift
+  (cd "$dir" && env PYTHONPATH="$dir" "$@" timeout 150 python3 -m bench.prefill --shape qwen3.5-0.8b \
+    --precision fp16 --context 2048 --lengths "$lengths" --repeats 5 2>&1 | grep "prompt ")
+}
+echo "# sequential kernel (the default)"
+prefill "$here" ONNXGEN_GDN_CHUNKED_FROM=0
+for variant in 32:ieee 16:ieee 64:ieee 32:tf32x3 64:tf32x3; do
+  chunk=${variant%%:*} precision=${variant#*:}
+  copy=$(mktemp -d)
+  cp -r onnxgen bench pyproject.toml "$copy/"
+  sed -i "s/^CHUNK = [0-9]*/CHUNK = $chunk/; s/input_precision=\"ieee\"/input_precision=\"$precision\"/" \
+    "$copy/onnxgen/runtime/gpu/gated_delta_chunked.py"
+  echo "# chunked kernels from 17 tokens: CHUNK $chunk, $precision products"
+  prefill "$copy" ONNXGEN_GDN_CHUNKED_FROM=17
+  rm -rf "$copy"
+done
+echo "# sequential kernel again"
+prefill "$here" ONNXGEN_GDN_CHUNKED_FROM=0
