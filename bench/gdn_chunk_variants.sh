@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # TTFT of the qwen3.5-0.8b fp16 prompt with the chunked Gated DeltaNet kernels (gpu/gated_delta_chunked.py)
 # under several of their module constants, against the sequential kernel (the default): the chunk length
-# (CHUNK 16, 32 = the tree's, 64) and the products' precision (IEEE fp32 on the FMA units, the tree's; or
-# tf32x3, three TF32 tensor-core products per fp32 product). Compiled for sm_90 here, both forms spill
+# (CHUNK 16, 32 = the tree's, 64), the products' precision (IEEE fp32 on the FMA units, the tree's; or
+# tf32x3, three TF32 tensor-core products per fp32 product) and the state kernel's value columns per program
+# (STATE_COLUMNS 16 = the tree's, 32). Compiled for sm_90 here, both forms spill
 # registers (the fp32 products' operands): which wins is for the GPU to say. Each variant runs from a copy
 # of the tree in its own process (module constants), with ONNXGEN_GDN_CHUNKED_FROM=17 (the chunked kernels
 # from 17 tokens). CUDA only. Run from the repo root:
@@ -20,13 +21,13 @@ prefill() {  # DIR ENV...: bench.prefill from that tree under that environment, 
 }
 echo "# sequential kernel (the default)"
 prefill "$here" ONNXGEN_GDN_CHUNKED_FROM=0
-for variant in 32:ieee 16:ieee 64:ieee 32:tf32x3 64:tf32x3; do
-  chunk=${variant%%:*} precision=${variant#*:}
+for variant in 32:ieee:16 32:ieee:32 16:ieee:16 64:ieee:16 32:tf32x3:16 64:tf32x3:16; do
+  IFS=: read -r chunk precision columns <<<"$variant"
   copy=$(mktemp -d)
   cp -r onnxgen bench pyproject.toml "$copy/"
-  sed -i "s/^CHUNK = [0-9]*/CHUNK = $chunk/; s/input_precision=\"ieee\"/input_precision=\"$precision\"/" \
-    "$copy/onnxgen/runtime/gpu/gated_delta_chunked.py"
-  echo "# chunked kernels from 17 tokens: CHUNK $chunk, $precision products"
+  sed -i "s/^CHUNK = [0-9]*/CHUNK = $chunk/; s/input_precision=\"ieee\"/input_precision=\"$precision\"/;
+    s/^STATE_COLUMNS = [0-9]*/STATE_COLUMNS = $columns/" "$copy/onnxgen/runtime/gpu/gated_delta_chunked.py"
+  echo "# chunked kernels from 17 tokens: CHUNK $chunk, $precision products, $columns state columns"
   prefill "$copy" ONNXGEN_GDN_CHUNKED_FROM=17
   rm -rf "$copy"
 done

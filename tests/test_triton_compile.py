@@ -289,7 +289,7 @@ def _assert_chunked_kernels_compile(dtype: str, decay: bool, beta: bool) -> None
     ptxs = [compile_for_sm90(chunked._chunk_prepare_kernel, sig, const)]
     sig = {**inputs, **scratch, **dict.fromkeys(ints, "i32"), "ends_ptr": "*i64", "scale": "fp32"}
     sig.update(past_ptr="*fp32", present_ptr="*fp32", out_ptr=f"*{dtype}")
-    const = dict(HAS_PAST=True, HAS_END=dtype == "fp16", **tiles, BLOCK_V=32)
+    const = dict(HAS_PAST=True, HAS_END=dtype == "fp16", **tiles, BLOCK_V=chunked.STATE_COLUMNS)
     ptxs.append(compile_for_sm90(chunked._chunk_state_kernel, sig, const))
     for ptx in ptxs:
         assert "st.global" in ptx

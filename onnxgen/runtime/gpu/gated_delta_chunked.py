@@ -47,6 +47,9 @@ from onnxgen.runtime.gpu.launch import LAUNCHES
 
 CHUNK = 32  # tokens per chunk, a multiple of BLOCK: at 64 ptxas spilled the fp32 products badly for sm_90
 BLOCK = 16  # the triangular inverse's block side (tl.dot's smallest)
+# the state kernel's value columns per program: 16 (tl.dot's smallest) puts a batch-1 prompt of 16 value
+# heads on 128 programs, one per SM of a large GPU, and holds the fewest registers
+STATE_COLUMNS = 16
 
 
 @triton.jit
@@ -221,10 +224,10 @@ def _chunk_state_kernel(
 
 
 def _tile(d_k: int, d_v: int) -> tuple[int, int, int]:
-    """(BLOCK_K, BLOCK_V, BLOCK_VV): all key dims in one tile, value-dim tiles of 32 for the state
-    (at least 16: tl.dot), and all value dims for the first kernel's U."""
+    """(BLOCK_K, BLOCK_V, BLOCK_VV): all key dims in one tile, value-dim tiles of STATE_COLUMNS for the
+    state, and all value dims for the first kernel's U."""
     block_vv = max(16, triton.next_power_of_2(d_v))
-    return max(16, triton.next_power_of_2(d_k)), min(32, block_vv), block_vv
+    return max(16, triton.next_power_of_2(d_k)), min(STATE_COLUMNS, block_vv), block_vv
 
 
 def gated_delta_chunked(
