@@ -88,6 +88,7 @@ class Options:
     cpu_int4_gemm: bool = True
     conv_prompt: bool = True
     gdn_chunked_from: int = 0
+    gdn_prompt_fold: bool = True
     moe_pairs_per_expert: float = 0.25
     moe_grouped: tuple[int, int, int, int, int, int, int] | None = None
     moe_per_pair: tuple[int, int, int, int, int] | None = None
@@ -388,6 +389,11 @@ KNOBS: tuple[Knob, ...] = (
          "chunked form beyond; `0` (the default): never the chunked kernel. Its first form, one chain of "
          "chunk steps, lost to the torch path on the H200 (docs/benchmarks/2026-12-05-h200-day.md); its "
          "two-kernel form (each chunk's own work in parallel, then a short chain) is not timed yet"),
+    Knob("gdn_prompt_fold", "ONNXGEN_GDN_PROMPT_FOLD", _flag(), "`1` / `0`",
+         "`0`: a FusedLinearAttention prompt of 2 or more tokens on a Triton device runs its q / k norms and gate "
+         "as their own kernels first, and the sequential kernel without them (about half its instructions per "
+         "token step when compiled for sm_90); `1` (the default) folds them into the kernel, as for one-token "
+         "steps, which keep it either way. Not timed yet"),
     Knob("moe_pairs_per_expert", "ONNXGEN_MOE_PAIRS_PER_EXPERT", _pairs_per_expert,
          "`P` ((token, expert) pairs per expert, a number such as `0.25`; `0`: every prompt)",
          "a MoE / QMoE prompt of more than P (token, expert) pairs per expert on a Triton device runs the grouped "

@@ -183,6 +183,28 @@ def test_folded_prologues_of_a_long_prompt_run_the_ops_first(device: str) -> Non
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_unfolded_prompt_prologues_run_first(device: str) -> None:
+    """Option gdn_prompt_fold off: a prompt runs the norms and the gate first and the sequential
+    kernel without them (the prologue kernel does not run, the plain one does), matching the ops
+    one by one; a one-token step keeps the folded kernel."""
+    from onnxgen.runtime.ops.fused_linear_attention import fused_linear_attention
+
+    ctx, inputs = _folded_node("builder", device, torch.float16, 5, 1)
+    step_ctx, step = _folded_node("builder", device, torch.float16, 1, 1)
+    launches = lambda: (LAUNCHES["gated_delta_prologue"], LAUNCHES["gated_delta_decode"])  # noqa: E731
+    with options.override(gdn_prompt_fold=False):
+        before = launches()
+        fused = fused_linear_attention(ctx, *inputs)
+        assert launches() == (before[0], before[1] + 1)
+        fused_linear_attention(step_ctx, *step)
+        assert launches()[0] == before[0] + 1  # (it counts as a gated_delta_decode launch too)
+    with options.override(triton=False):
+        reference = fused_linear_attention(ctx, *inputs)
+    for actual, expected in zip(fused, reference, strict=True):
+        assert_close_to_torch_path(actual, expected)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
 @pytest.mark.parametrize("tile", [(4, 1), (8, 2), (128, 8)])
 def test_short_prompt_tiles_match_the_torch_path(device: str, tile: tuple[int, int]) -> None:
     """The prompt tile the gdn_prompt option forces (value columns per program, warps), narrower and

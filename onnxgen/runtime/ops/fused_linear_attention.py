@@ -101,6 +101,8 @@ def _kernel(ctx, query, key, value, past_state, a, b, dt_bias, decay_scale, norm
     chunked_from = options.current().gdn_chunked_from
     if not 1 <= tokens <= MAX_SEQUENTIAL_TOKENS or (chunked_from and tokens >= chunked_from):
         return None  # the chunked kernel's prompt: the prologues run first
+    if tokens > 1 and not options.current().gdn_prompt_fold:
+        return None  # the prologues as their own kernels, off the sequential kernel's chain of token steps
     if ctx.attr("update_rule", "gated_delta") != "gated_delta" or a is None or b is None:
         return None  # the kernel folds the gated delta rule's gate only
     hq, hkv = int(ctx.attr("q_num_heads", 0)), int(ctx.attr("kv_num_heads", 0))

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# TTFT of the qwen3.5-0.8b fp16 prompt with the chunked Gated DeltaNet kernels (gpu/gated_delta_chunked.py)
-# under several of their module constants, against the sequential kernel (the default): the chunk length
+# TTFT of the qwen3.5-0.8b fp16 prompt under the Gated DeltaNet prompt paths: the sequential kernel with the
+# q / k norms and the gate folded in (the default) or run first as their own kernels (ONNXGEN_GDN_PROMPT_FOLD=0:
+# about half the kernel's instructions per token step), and the chunked kernels (gpu/gated_delta_chunked.py)
+# under several of their module constants: the chunk length
 # (CHUNK 16, 32 = the tree's, 64), the products' precision (IEEE fp32 on the FMA units, the tree's; or
 # tf32x3, three TF32 tensor-core products per fp32 product) and the state kernel's value columns per program
 # (STATE_COLUMNS 16 = the tree's, 32). Compiled for sm_90 here, both forms spill
@@ -8,7 +10,7 @@
 # of the tree in its own process (module constants), with ONNXGEN_GDN_CHUNKED_FROM=17 (the chunked kernels
 # from 17 tokens). CUDA only. Run from the repo root:
 #
-#     bash bench/gdn_chunk_variants.sh            # ~4 min
+#     bash bench/gdn_prompt_variants.sh           # ~5 min
 set -u
 export PYTHONUNBUFFERED=1
 here=$PWD
@@ -21,6 +23,8 @@ prefill() {  # DIR ENV...: bench.prefill from that tree under that environment, 
 }
 echo "# sequential kernel (the default)"
 prefill "$here" ONNXGEN_GDN_CHUNKED_FROM=0
+echo "# sequential kernel, the norms and the gate as their own kernels first"
+prefill "$here" ONNXGEN_GDN_PROMPT_FOLD=0
 for variant in 32:ieee:16 32:ieee:32 16:ieee:16 64:ieee:16 32:tf32x3:16 64:tf32x3:16; do
   IFS=: read -r chunk precision columns <<<"$variant"
   copy=$(mktemp -d)
@@ -31,5 +35,6 @@ for variant in 32:ieee:16 32:ieee:32 16:ieee:16 64:ieee:16 32:tf32x3:16 64:tf32x
   prefill "$copy" ONNXGEN_GDN_CHUNKED_FROM=17
   rm -rf "$copy"
 done
-echo "# sequential kernel again"
+echo "# sequential kernel again, then unfolded again"
 prefill "$here" ONNXGEN_GDN_CHUNKED_FROM=0
+prefill "$here" ONNXGEN_GDN_PROMPT_FOLD=0
