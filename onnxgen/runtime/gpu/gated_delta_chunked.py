@@ -20,8 +20,8 @@ and chunk) computes T, U, M and the P_j into scratch buffers; T by 16 x 16 block
 block's inverse a product of log2(16) factors (A is nilpotent) and the blocks below it by block
 substitution, so no product of the whole chunk's A raises entries that grow with its powers. The
 second kernel (one program per batch row, KV head and value-dim tile, the state tile in registers)
-steps through the chunks: three products per chunk against S, plus one per query head. Every
-product is an fp32 dot in IEEE fp32 (tl.dot's sides are at least 16).
+steps through the chunks: per chunk two products (M S, and the state's update), and two per query
+head (Q_j S, P_j W). Every product is an fp32 dot in IEEE fp32 (tl.dot's sides are at least 16).
 
 Tokens past the prompt's end (and, with a last row per batch entry, the tokens after it: a padded
 prompt's padding) load their keys as zeros with a zero log decay: they neither write nor decay the
