@@ -58,6 +58,35 @@ def _dot(a, b):
 
 
 @triton.jit
+def _last_row(ends_ptr, b, ends_stride, tokens, HAS_END: tl.constexpr):
+    """Batch entry b's last row that writes the state: its last-row input where there is one."""
+    last = tokens - 1
+    if HAS_END:
+        last = tl.minimum(tl.load(ends_ptr + b * ends_stride), tokens - 1)
+    return last
+
+
+@triton.jit
+def _chunk_keys(k_ptr, b, h, t, last, rows, row_ok, k_row_stride, k_tok_stride, d_k, k_share):
+    """Rows t of KV head h's keys [CHUNK, BLOCK_K] in fp32, zeros past the last row."""
+    return tl.load(k_ptr + b * k_row_stride + t[:, None] * k_tok_stride + (h // k_share) * d_k + rows[None, :],
+                   mask=(t <= last)[:, None] & row_ok[None, :], other=0.0).to(tl.float32)  # fmt: skip
+
+
+@triton.jit
+def _chunk_queries(q_ptr, b, head, t, tokens, rows, row_ok, q_row_stride, q_tok_stride, d_k, q_share):
+    """Rows t of output head ``head``'s queries [CHUNK, BLOCK_K] in fp32, zeros past the prompt."""
+    return tl.load(q_ptr + b * q_row_stride + t[:, None] * q_tok_stride + (head // q_share) * d_k + rows[None, :],
+                   mask=(t < tokens)[:, None] & row_ok[None, :], other=0.0).to(tl.float32)  # fmt: skip
+
+
+@triton.jit
+def _p_rows(p_ptr, b, head, heads_out, padded, first, step, CHUNK: tl.constexpr):
+    """Pointers to output head ``head``'s P [CHUNK, CHUNK] of the chunk at ``first`` in the scratch."""
+    return p_ptr + ((b * heads_out + head).to(tl.int64) * padded + first + step)[:, None] * CHUNK + step[None, :]
+
+
+@triton.jit
 def _chunk_rows(
     k_ptr, decay_ptr, beta_ptr, b, h, first, tokens, last, rows, row_ok, k_row_stride, k_tok_stride, d_k, k_share,
     decay_row_stride, decay_tok_stride, decay_head_stride, beta_row_stride, beta_tok_stride, beta_head_stride,
@@ -67,8 +96,7 @@ def _chunk_rows(
     (flat past it) and betas [CHUNK], in fp32."""
     t = first + tl.arange(0, CHUNK)
     live = t <= last
-    k = tl.load(k_ptr + b * k_row_stride + t[:, None] * k_tok_stride + (h // k_share) * d_k + rows[None, :],
-                mask=live[:, None] & row_ok[None, :], other=0.0).to(tl.float32)  # fmt: skip
+    k = _chunk_keys(k_ptr, b, h, t, last, rows, row_ok, k_row_stride, k_tok_stride, d_k, k_share)
     if HAS_DECAY:
         g = tl.load(decay_ptr + b * decay_row_stride + t * decay_tok_stride + h * decay_head_stride, mask=live,
                     other=0.0).to(tl.float32)  # fmt: skip
@@ -110,9 +138,7 @@ def _chunk_prepare_kernel(
     row_ok = rows < d_k
     step = tl.arange(0, CHUNK)
     t = first + step
-    last = tokens - 1
-    if HAS_END:
-        last = tl.minimum(tl.load(ends_ptr + b * ends_stride), tokens - 1)
+    last = _last_row(ends_ptr, b, ends_stride, tokens, HAS_END)
     k, cum, beta = _chunk_rows(
         k_ptr, decay_ptr, beta_ptr, b, h, first, tokens, last, rows, row_ok, k_row_stride, k_tok_stride, d_k,
         k_share, decay_row_stride, decay_tok_stride, decay_head_stride, beta_row_stride, beta_tok_stride,
@@ -159,11 +185,8 @@ def _chunk_prepare_kernel(
     heads_out = kv_heads * group
     for j in range(group):
         head = h * group + j
-        q = tl.load(q_ptr + b * q_row_stride + t[:, None] * q_tok_stride + (head // q_share) * d_k + rows[None, :],
-                    mask=(t < tokens)[:, None] & row_ok[None, :], other=0.0).to(tl.float32)  # fmt: skip
-        p = _dot(q, tl.trans(k)) * decay
-        p_rows = p_ptr + ((b * heads_out + head).to(tl.int64) * padded + first + step)[:, None] * CHUNK + step[None, :]
-        tl.store(p_rows, p)
+        q = _chunk_queries(q_ptr, b, head, t, tokens, rows, row_ok, q_row_stride, q_tok_stride, d_k, q_share)
+        tl.store(_p_rows(p_ptr, b, head, heads_out, padded, first, step, CHUNK), _dot(q, tl.trans(k)) * decay)
     # the values last, so that they and the keys are not held at once
     v = tl.load(v_ptr + b * v_row_stride + t[:, None] * v_tok_stride + h * d_v + cols[None, :],
                 mask=(t < tokens)[:, None] & (cols < d_v)[None, :], other=0.0).to(tl.float32)  # fmt: skip
@@ -196,26 +219,21 @@ def _chunk_state_kernel(
         s = tl.zeros((BLOCK_K, BLOCK_V), tl.float32)
     step = tl.arange(0, CHUNK)
     heads_out = kv_heads * group
-    last = tokens - 1
-    if HAS_END:
-        last = tl.minimum(tl.load(ends_ptr + b * ends_stride), tokens - 1)
+    last = _last_row(ends_ptr, b, ends_stride, tokens, HAS_END)
     for first in range(0, tokens, CHUNK):
         t = first + step
         t_ok = t < tokens
         scratch = bh.to(tl.int64) * padded + first
         cum = tl.load(g_ptr + scratch + step)
         total = tl.load(g_ptr + scratch + CHUNK - 1)  # flat past the last row and the prompt's end
-        k = tl.load(k_ptr + b * k_row_stride + t[:, None] * k_tok_stride + (h // k_share) * d_k + rows[None, :],
-                    mask=(t <= last)[:, None] & row_ok[None, :], other=0.0).to(tl.float32)  # fmt: skip
+        k = _chunk_keys(k_ptr, b, h, t, last, rows, row_ok, k_row_stride, k_tok_stride, d_k, k_share)
         u = tl.load(u_ptr + (scratch + step)[:, None] * BLOCK_VV + cols[None, :], mask=col_ok[None, :], other=0.0)
         m = tl.load(m_ptr + (scratch + step)[:, None] * BLOCK_K + rows[None, :])
         w = u - _dot(m, s)
         for j in range(group):
             head = h * group + j
-            q = tl.load(q_ptr + b * q_row_stride + t[:, None] * q_tok_stride + (head // q_share) * d_k + rows[None, :],
-                        mask=t_ok[:, None] & row_ok[None, :], other=0.0).to(tl.float32)  # fmt: skip
-            p = tl.load(p_ptr + ((b * heads_out + head).to(tl.int64) * padded + first + step)[:, None] * CHUNK
-                        + step[None, :])  # fmt: skip
+            q = _chunk_queries(q_ptr, b, head, t, tokens, rows, row_ok, q_row_stride, q_tok_stride, d_k, q_share)
+            p = tl.load(_p_rows(p_ptr, b, head, heads_out, padded, first, step, CHUNK))
             out = tl.exp(cum)[:, None] * _dot(q, s) + _dot(p, w)
             tl.store(out_ptr + ((b * tokens + t[:, None]) * heads_out + head) * d_v + cols[None, :],
                      (out * scale).to(out_ptr.dtype.element_ty), mask=t_ok[:, None] & col_ok[None, :])  # fmt: skip

@@ -98,10 +98,10 @@ def _kernel(ctx, query, key, value, past_state, a, b, dt_bias, decay_scale, norm
     if not triton_serves(value) or int(ctx.attr("state_window", 0) or 0):
         return None
     batch, tokens, _ = value.shape
-    chunked_from = options.current().gdn_chunked_from
-    if not 1 <= tokens <= MAX_SEQUENTIAL_TOKENS or (chunked_from and tokens >= chunked_from):
+    opts = options.current()
+    if not 1 <= tokens <= MAX_SEQUENTIAL_TOKENS or (opts.gdn_chunked_from and tokens >= opts.gdn_chunked_from):
         return None  # the chunked kernel's prompt: the prologues run first
-    if tokens > 1 and not options.current().gdn_prompt_fold:
+    if tokens > 1 and not opts.gdn_prompt_fold:
         return None  # the prologues as their own kernels, off the sequential kernel's chain of token steps
     if ctx.attr("update_rule", "gated_delta") != "gated_delta" or a is None or b is None:
         return None  # the kernel folds the gated delta rule's gate only
