@@ -11,6 +11,7 @@
 # from 17 tokens). CUDA only. Run from the repo root:
 #
 #     bash bench/gdn_prompt_variants.sh           # ~5 min
+#     LENGTHS=16,100 VARIANTS="32:ieee:16 32:tf32x3:16" bash bench/gdn_prompt_variants.sh   # fewer
 set -u
 export PYTHONUNBUFFERED=1
 here=$PWD
@@ -25,7 +26,7 @@ echo "# sequential kernel (the default)"
 prefill "$here" ONNXGEN_GDN_CHUNKED_FROM=0
 echo "# sequential kernel, the norms and the gate as their own kernels first"
 prefill "$here" ONNXGEN_GDN_PROMPT_FOLD=0
-for variant in 32:ieee:16 32:ieee:32 16:ieee:16 64:ieee:16 32:tf32x3:16 64:tf32x3:16; do
+for variant in ${VARIANTS:-32:ieee:16 32:ieee:32 16:ieee:16 64:ieee:16 32:tf32x3:16 64:tf32x3:16}; do
   IFS=: read -r chunk precision columns <<<"$variant"
   copy=$(mktemp -d)
   cp -r onnxgen bench pyproject.toml "$copy/"
