@@ -61,11 +61,11 @@
 #   cutoffs    bench/prompt_cutoffs.sh: TTFT at 64, 100 and 128 tokens with the prompt-length cutoffs of the
 #              sequential Gated DeltaNet kernel and the split-K 4-bit GEMM at 128 (the default) and at 64, the
 #              1.5B int4 and 0.8B fp16 / int4 shapes and the 35B-A3B int4 package where build-35b made it, ~6 min
-#   gdnchunk   the Gated DeltaNet prompt paths built untimed on 2026-12-06 (the two-kernel chunked form,
-#              gpu/gated_delta_chunked.py; option gdn_prompt_fold=0, the norms and gate off the sequential
-#              kernel's chain): their GPU tests, then bench/gdn_prompt_variants.sh (the qwen3.5-0.8b fp16 TTFT at
-#              16-300 tokens per path, the chunked kernels under several chunk lengths and product precisions),
-#              and the 35B-A3B package where build-35b made it, ~9 min
+#   gdnchunk   the Gated DeltaNet prompt paths: the chunked kernels' GPU tests (gpu/gated_delta_chunked.py, the
+#              default from 17 to 128 tokens since 2026-12-06), then bench/gdn_prompt_variants.sh (the qwen3.5-0.8b
+#              fp16 TTFT at 16-1,024 tokens: the sequential kernel folded and unfolded, the chunked kernels with
+#              no upper bound under several chunk lengths and product precisions), and the 35B-A3B package
+#              where build-35b made it: whether the chunked kernels should take prompts past 128 tokens too, ~9 min
 #   sampled    the sampling GPU tests, then python -m bench.sampled_decode Q, fp16 and int4: sampled decode
 #              in the graph vs greedy and vs between the steps, same tokens as eager, ~4 min
 #
@@ -230,12 +230,13 @@ stage_hybrid() {
 stage_gdnchunk() {
   run gdnchunk-tests 240 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_hybrid_kernels.py \
     -k "chunked or long or fold"
-  run gdnchunk-08 360 bash bench/gdn_prompt_variants.sh
+  LENGTHS=16,64,128,300,1024 VARIANTS="32:ieee:16 32:tf32x3:16 64:ieee:16" run gdnchunk-08 360 \
+    bash bench/gdn_prompt_variants.sh
   local p35
   p35=$(compgen -G "/tmp/peers-qwen3.5-35b-a3b/pkg-qwen3.5-35b-a3b-int4-cuda-gqa-seed*[0-9]" | head -1)
-  [ -n "$p35" ] && run gdnchunk-35b 150 $PY -m bench.prefill --package "$p35" --context 2048 --lengths 16,64,100 \
-    --repeats 5 --variant sequential: --variant unfolded:ONNXGEN_GDN_PROMPT_FOLD=0 \
-    --variant chunked17:ONNXGEN_GDN_CHUNKED_FROM=17 --variant sequential-again:
+  [ -n "$p35" ] && run gdnchunk-35b 150 $PY -m bench.prefill --package "$p35" --context 2048 --lengths 64,128,300 \
+    --repeats 5 --variant default: --variant unbounded:ONNXGEN_GDN_CHUNKED_TO=0 \
+    --variant sequential:ONNXGEN_GDN_CHUNKED_FROM=0 --variant default-again:
 }
 stage_fold() {
   # the Gated DeltaNet prologues folded into the step kernel (FusedLinearAttention) against the graph without

@@ -87,7 +87,8 @@ class Options:
     int8_activations: Literal["none", "cpu", "all"] = "none"
     cpu_int4_gemm: bool = True
     conv_prompt: bool = True
-    gdn_chunked_from: int = 0
+    gdn_chunked_from: int = 17
+    gdn_chunked_to: int = 128
     gdn_prompt_fold: bool = True
     moe_pairs_per_expert: float = 0.25
     moe_grouped: tuple[int, int, int, int, int, int, int] | None = None
@@ -384,16 +385,21 @@ KNOBS: tuple[Knob, ...] = (
          "`0`: a prompt's CausalConvWithState on a Triton device runs the torch path (about ten kernels) instead "
          "of one Triton kernel (gpu/causal_conv_update.py); one-position steps keep their kernel"),
     Knob("gdn_chunked_from", "ONNXGEN_GDN_CHUNKED_FROM", _count("tokens"), "`T` (tokens; `0`: never)",
-         "a LinearAttention prompt of at least T tokens on a Triton device runs the chunked kernel "
-         "(gpu/gated_delta_chunked.py); shorter ones the sequential kernel up to 128 tokens, the torch path's "
-         "chunked form beyond; `0` (the default): never the chunked kernel. Its first form, one chain of "
-         "chunk steps, lost to the torch path on the H200 (docs/benchmarks/2026-12-05-h200-day.md); its "
-         "two-kernel form (each chunk's own work in parallel, then a short chain) is not timed yet"),
+         "a LinearAttention prompt of T to gdn_chunked_to tokens on a Triton device runs the chunked kernels "
+         "(gpu/gated_delta_chunked.py: each chunk's own work in parallel, then a short chain of chunk steps); "
+         "shorter ones the sequential kernel; `0`: never the chunked kernels. From 17 tokens they beat the "
+         "sequential kernel on the qwen3.5 shapes, up to 16 they lose to it "
+         "(docs/benchmarks/2026-12-06-h200-gdn-chunked.md)"),
+    Knob("gdn_chunked_to", "ONNXGEN_GDN_CHUNKED_TO", _count("tokens", "no bound"), "`T` (tokens; `0`: no bound)",
+         "the longest LinearAttention prompt the chunked kernels take under gdn_chunked_from; longer ones the "
+         "sequential kernel up to 128 tokens, the torch path's chunked form beyond. The chunked kernels are "
+         "timed up to 128 tokens, not beyond (docs/benchmarks/2026-12-06-h200-gdn-chunked.md)"),
     Knob("gdn_prompt_fold", "ONNXGEN_GDN_PROMPT_FOLD", _flag(), "`1` / `0`",
          "`0`: a FusedLinearAttention prompt of 2 or more tokens on a Triton device runs its q / k norms and gate "
          "as their own kernels first, and the sequential kernel without them (about half its instructions per "
          "token step when compiled for sm_90); `1` (the default) folds them into the kernel, as for one-token "
-         "steps, which keep it either way. Not timed yet"),
+         "steps, which keep it either way. Unfolded, the kernel was faster at 64-128 tokens and slower at 16 "
+         "(docs/benchmarks/2026-12-06-h200-gdn-chunked.md); the chunked kernels now take those prompts"),
     Knob("moe_pairs_per_expert", "ONNXGEN_MOE_PAIRS_PER_EXPERT", _pairs_per_expert,
          "`P` ((token, expert) pairs per expert, a number such as `0.25`; `0`: every prompt)",
          "a MoE / QMoE prompt of more than P (token, expert) pairs per expert on a Triton device runs the grouped "
@@ -522,6 +528,7 @@ _SCALAR_TYPES: dict[str, tuple[type, ...]] = {
     "gemv_persist": (int,),
     "q4_norm_apart": (int,),
     "gdn_chunked_from": (int,),
+    "gdn_chunked_to": (int,),
     "moe_pairs_per_expert": (int, float),
     "dequant_cache_mb": (int, float),
 }

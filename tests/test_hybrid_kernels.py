@@ -168,8 +168,8 @@ def test_folded_prologues_match_the_ops_one_by_one(
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
 def test_folded_prologues_of_a_long_prompt_run_the_ops_first(device: str) -> None:
-    """Past the sequential kernel's run (the chunked kernel's prompts), the folded ops run first as
-    they would unfused: the prologue kernel does not run, and the result matches the torch path."""
+    """Past the sequential kernel's run (by default the torch path's prompts), the folded ops run first
+    as they would unfused: the prologue kernel does not run, and the result matches the torch path."""
     from onnxgen.runtime.ops.fused_linear_attention import fused_linear_attention
 
     ctx, inputs = _folded_node("builder", device, torch.float32, MAX_SEQUENTIAL_TOKENS + 1, 1)
@@ -236,16 +236,16 @@ def test_short_prompts_take_the_kernel_and_match_the_torch_path(device: str, cas
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
 def test_long_prompts_take_the_chunked_kernel_windows_keep_the_torch_path(device: str) -> None:
-    """Prompts longer than MAX_SEQUENTIAL_TOKENS take the chunked kernel where option
-    gdn_chunked_from asks (its default 0: the torch path); a state window and decays per key dim
-    keep the torch path."""
+    """Prompts longer than MAX_SEQUENTIAL_TOKENS take the chunked kernels where options
+    gdn_chunked_from / gdn_chunked_to ask (by default the torch path: the kernels take up to 128
+    tokens); a state window and decays per key dim keep the torch path."""
     tokens = MAX_SEQUENTIAL_TOKENS + 1
     attrs, (q, k, v, past, decay, beta) = _linear_attention_inputs(LA_CASES["builder"], device, torch.float32,
                                                                    torch.float32, tokens=tokens)  # fmt: skip
     ctx = _ctx("LinearAttention", MS, device, 6, **attrs)
     launches = lambda: (LAUNCHES["gated_delta_decode"], LAUNCHES["gated_delta_chunked"])  # noqa: E731
     before = launches()
-    with options.override(gdn_chunked_from=tokens):
+    with options.override(gdn_chunked_from=tokens, gdn_chunked_to=0):
         out, _ = linear_attention_ms(ctx, q, k, v, past, decay, beta)
         assert launches() == (before[0], before[1] + 1) and out.shape[1] == tokens
     linear_attention_ms(ctx, q, k, v, past, decay, beta)
@@ -258,6 +258,21 @@ def test_long_prompts_take_the_chunked_kernel_windows_keep_the_torch_path(device
                                              tokens=tokens)  # fmt: skip
     linear_attention(_ctx("LinearAttention", "", device, 6, **attrs), *inputs)
     assert launches() == (before[0], before[1] + 1)
+
+
+def test_prompt_lengths_route_to_the_kernels_that_won_them() -> None:
+    """By default 2-16 tokens take the sequential kernel and 17-128 the chunked kernels (each the
+    faster there on the H200: docs/benchmarks/2026-12-06-h200-gdn-chunked.md), longer prompts the
+    torch path (the chunked kernels are not timed there); 0 lifts each bound."""
+    from onnxgen.runtime.ops.linear_attention import chunked_kernel_takes
+
+    opts = options.current()
+    taken = [chunked_kernel_takes(t, opts) for t in (1, 16, 17, 100, 128, 129, 1000)]
+    assert taken == [False, False, True, True, True, False, False]
+    with options.override(gdn_chunked_to=0):
+        assert chunked_kernel_takes(1000, options.current())
+    with options.override(gdn_chunked_from=0, gdn_chunked_to=0):
+        assert not any(chunked_kernel_takes(t, options.current()) for t in (2, 17, 1000))
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
@@ -303,7 +318,7 @@ def test_chunked_kernel_over_a_long_prompt_stays_with_the_recurrence(device: str
     attrs = {"q_num_heads": heads, "kv_num_heads": heads, "update_rule": "gated_delta"}
     ctx = _ctx("LinearAttention", MS, device, 6, **attrs)
     before = LAUNCHES["gated_delta_chunked"]
-    with options.override(gdn_chunked_from=65):  # the kernel is opt-in (its default is 0: never)
+    with options.override(gdn_chunked_from=65, gdn_chunked_to=0):  # by default up to 128 tokens
         out, state = linear_attention_ms(ctx, *inputs)
     assert LAUNCHES["gated_delta_chunked"] == before + 1
     with options.override(triton=False):
@@ -550,14 +565,22 @@ def test_kernels_on_the_qwen35_08b_layer_shape() -> None:
                                                  torch.float32)  # fmt: skip
         ctx = _ctx("LinearAttention", MS, "cuda", 6, **attrs)
         _kernel_vs_torch("gated_delta_decode", lambda: linear_attention_ms(ctx, *inputs))  # noqa: B023
-    # prompts of the layer: the bench's 16 tokens and the longest run the kernel takes
-    for tokens in (16, MAX_SEQUENTIAL_TOKENS):
+    # prompts of the layer: the bench's 16 tokens and the longest run the kernel takes (from 17 tokens
+    # the chunked kernels' by default)
+    with options.override(gdn_chunked_from=0):
+        for tokens in (16, MAX_SEQUENTIAL_TOKENS):
+            attrs, inputs = _linear_attention_inputs((MS, 16, 16, False, 128, 128, 1, "h", "h"), "cuda",
+                                                     torch.float16, torch.float16, tokens=tokens)  # fmt: skip
+            ctx = _ctx("LinearAttention", MS, "cuda", 6, **attrs)
+            _kernel_vs_torch("gated_delta_decode", lambda: linear_attention_ms(ctx, *inputs))  # noqa: B023
+    # the chunked kernels' default prompts, and long prompts through them (beyond their default bound),
+    # fp16 over an fp16 state
+    for tokens in (17, MAX_SEQUENTIAL_TOKENS):
         attrs, inputs = _linear_attention_inputs((MS, 16, 16, False, 128, 128, 1, "h", "h"), "cuda", torch.float16,
                                                  torch.float16, tokens=tokens)  # fmt: skip
         ctx = _ctx("LinearAttention", MS, "cuda", 6, **attrs)
-        _kernel_vs_torch("gated_delta_decode", lambda: linear_attention_ms(ctx, *inputs))  # noqa: B023
-    # long prompts of the layer through the chunked kernel (opt-in), fp16 over an fp16 state
-    with options.override(gdn_chunked_from=MAX_SEQUENTIAL_TOKENS + 1):
+        _kernel_vs_torch("gated_delta_chunked", lambda: linear_attention_ms(ctx, *inputs))  # noqa: B023
+    with options.override(gdn_chunked_from=MAX_SEQUENTIAL_TOKENS + 1, gdn_chunked_to=0):
         for tokens in (MAX_SEQUENTIAL_TOKENS + 1, 1000):
             attrs, inputs = _linear_attention_inputs((MS, 16, 16, False, 128, 128, 1, "h", "h"), "cuda",
                                                      torch.float16, torch.float16, tokens=tokens)  # fmt: skip
@@ -568,7 +591,7 @@ def test_kernels_on_the_qwen35_08b_layer_shape() -> None:
     inputs = _gated_delta_net_inputs("cuda", 1000, 16, 128, seed=9)
     attrs = {"q_num_heads": 16, "kv_num_heads": 16, "update_rule": "gated_delta"}
     out, state = linear_attention_ms(_ctx("LinearAttention", MS, "cuda", 6, **attrs), *inputs)
-    with options.override(gdn_chunked_from=2):
+    with options.override(gdn_chunked_from=2, gdn_chunked_to=0):
         kernel_out, kernel_state = linear_attention_ms(_ctx("LinearAttention", MS, "cuda", 6, **attrs), *inputs)
     with options.override(triton=False):
         ref_out, ref_state = linear_attention_ms(_ctx("LinearAttention", MS, "cuda", 6, **attrs, chunk_size=1), *inputs)

@@ -89,6 +89,7 @@ def test_per_shape_variables_become_one_field() -> None:
         ("ONNXGEN_GEMM_Q4_SPLIT_2048x1536", "16,32,128,4,3", "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES,SPLITS,WORDS"),
         ("ONNXGEN_Q4_PROMPT", "fast", "expected auto, dequant, gemm or split"),
         ("ONNXGEN_GDN_CHUNKED_FROM", "-1", "expected a number of tokens (0: never)"),
+        ("ONNXGEN_GDN_CHUNKED_TO", "all", "expected a number of tokens (0: no bound)"),
         ("ONNXGEN_CONV_PROMPT", "yes", "expected 1 or 0"),
         ("ONNXGEN_MOE_PAIRS_PER_EXPERT", "-0.5", "expected a number of (token, expert) pairs per expert"),
         ("ONNXGEN_MOE_PAIRS_PER_EXPERT", "half", "expected a number of (token, expert) pairs per expert"),

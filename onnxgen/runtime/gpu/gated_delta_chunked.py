@@ -1,7 +1,8 @@
 """LinearAttention over a prompt a chunk of CHUNK tokens at a time, in two Triton kernels: the gated
 delta rule (and its linear, gated and delta forms), as runtime/ops/linear_attention.py's ``_chunked``
-computes it in torch, for prompts the sequential kernel (gated_delta_decode.py) leaves or where
-option gdn_chunked_from asks for it.
+computes it in torch, for the prompts options gdn_chunked_from / gdn_chunked_to send here (by default
+17 to 128 tokens, where these kernels beat the sequential one, gated_delta_decode.py, on the H200; up
+to 16 tokens its single chain is the shorter wait: docs/benchmarks/2026-12-06-h200-gdn-chunked.md).
 
 Why: the sequential kernel is a chain of one dependent step per token. Here the work of a chunk
 that does not read the state runs for every chunk at once, and what remains in order is one short

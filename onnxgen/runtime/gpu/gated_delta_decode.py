@@ -14,7 +14,9 @@ program owns a (batch row, KV head, value-dim tile) of the state S [d_k, d_v] an
 For T tokens the program repeats this token after token with S in registers (the recurrence's own
 order), reading the state once and writing it once. That is a chain of T dependent steps, so it
 serves up to MAX_SEQUENTIAL_TOKENS; longer prompts keep the torch path's chunked form, whose matrix
-products do the same work in T / chunk dependent steps.
+products do the same work in T / chunk dependent steps. By default it takes only prompts of up to 16
+tokens: options gdn_chunked_from / gdn_chunked_to send 17-128 to the chunked kernels
+(gated_delta_chunked.py), which are faster there.
 
 Every step is separable over the value dims (column m of S needs only column m and the whole of k),
 so tiles over d_v never talk to each other: no atomics, no second pass, and each reduction over

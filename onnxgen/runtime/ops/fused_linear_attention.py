@@ -28,7 +28,12 @@ from onnxgen.runtime.gpu.launch import triton_serves
 from onnxgen.runtime.node_contract import NodeContext
 from onnxgen.runtime.ops.contrib_gated import linear_attention_gate
 from onnxgen.runtime.ops.fused import FUSED_DOMAIN, l2_normalize
-from onnxgen.runtime.ops.linear_attention import checked_last_row, linear_attention, linear_attention_ms
+from onnxgen.runtime.ops.linear_attention import (
+    checked_last_row,
+    chunked_kernel_takes,
+    linear_attention,
+    linear_attention_ms,
+)
 from onnxgen.runtime.ops.normalization import lp_normalization
 from onnxgen.runtime.ops.registry import MS_DOMAIN, implements
 
@@ -99,8 +104,8 @@ def _kernel(ctx, query, key, value, past_state, a, b, dt_bias, decay_scale, norm
         return None
     batch, tokens, _ = value.shape
     opts = options.current()
-    if not 1 <= tokens <= MAX_SEQUENTIAL_TOKENS or (opts.gdn_chunked_from and tokens >= opts.gdn_chunked_from):
-        return None  # the chunked kernel's prompt: the prologues run first
+    if not 1 <= tokens <= MAX_SEQUENTIAL_TOKENS or chunked_kernel_takes(tokens, opts):
+        return None  # the chunked kernels' prompt (or the torch path's): the prologues run first
     if tokens > 1 and not opts.gdn_prompt_fold:
         return None  # the prologues as their own kernels, off the sequential kernel's chain of token steps
     if ctx.attr("update_rule", "gated_delta") != "gated_delta" or a is None or b is None:

@@ -5,8 +5,8 @@ shapes never mention the KV length: with fixed input shapes they are safe to rec
 serves and there is no state window, one fused kernel runs a CausalConvWithState call of any
 number of positions (gpu/causal_conv_update.py; option ``conv_prompt`` for prompts) and a
 LinearAttention call: a step or a short prompt sequentially (gpu/gated_delta_decode.py, up to its
-MAX_SEQUENTIAL_TOKENS), a prompt of at least option ``gdn_chunked_from`` tokens a chunk at a time
-(gpu/gated_delta_chunked.py; not for decays per key dim); everything else runs the torch code here.
+MAX_SEQUENTIAL_TOKENS), a prompt of options ``gdn_chunked_from`` to ``gdn_chunked_to`` tokens a chunk at a
+time (gpu/gated_delta_chunked.py; not for decays per key dim); everything else runs the torch code here.
 """
 
 from __future__ import annotations
@@ -273,15 +273,21 @@ def _linear_attention(
     return out.to(query.dtype), present.to(state_dtype)
 
 
+def chunked_kernel_takes(tokens: int, opts: options.Options) -> bool:
+    """Whether a prompt of ``tokens`` goes to the chunked kernels: from option gdn_chunked_from (0: never)
+    up to gdn_chunked_to (0: no bound). The one rule LinearAttention and FusedLinearAttention route by."""
+    first, last = opts.gdn_chunked_from, opts.gdn_chunked_to
+    return bool(first) and tokens >= first and (not last or tokens <= last)
+
+
 def _fused(query, key, value, past_state, decay, beta, *, q_heads: int, kv_heads: int, scale: float, last_row=None):
-    """The Triton kernels' (output, present), or None: a prompt of at least ``gdn_chunked_from``
-    tokens the chunked kernel (gpu/gated_delta_chunked.py), else (or where it refuses the inputs) a
-    step or a short prompt the sequential one (gpu/gated_delta_decode.py). ``last_row``: as
+    """The Triton kernels' (output, present), or None: a prompt the options send to the chunked kernels
+    (``chunked_kernel_takes``) runs them (gpu/gated_delta_chunked.py), else (or where they refuse the
+    inputs) a step or a short prompt the sequential one (gpu/gated_delta_decode.py). ``last_row``: as
     ``_linear_attention``'s (checked there)."""
     from onnxgen.runtime.gpu.gated_delta_decode import gated_delta_decode
 
-    chunked_from = options.current().gdn_chunked_from
-    if chunked_from and query.dim() == 3 and query.shape[1] >= chunked_from:
+    if query.dim() == 3 and chunked_kernel_takes(query.shape[1], options.current()):
         from onnxgen.runtime.gpu.gated_delta_chunked import gated_delta_chunked
 
         fast = gated_delta_chunked(query, key, value, past_state, decay, beta, q_heads=q_heads, kv_heads=kv_heads,
