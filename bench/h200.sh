@@ -66,6 +66,8 @@
 #              fp16 TTFT at 16-1,024 tokens: the sequential kernel folded and unfolded, the chunked kernels with
 #              no upper bound under several chunk lengths and product precisions), and the 35B-A3B package
 #              where build-35b made it: whether the chunked kernels should take prompts past 128 tokens too, ~9 min
+#   memory     python -m bench.memory_peak on the 1.5B and 0.5B int4 packages: the device memory issue 18 compares
+#              with onnxruntime-genai's, taken apart at its peak by the onnxgen line of each live block, ~2 min
 #   sampled    the sampling GPU tests, then python -m bench.sampled_decode Q, fp16 and int4: sampled decode
 #              in the graph vs greedy and vs between the steps, same tokens as eager, ~4 min
 #
@@ -271,11 +273,15 @@ stage_cutoffs() {
   # 2026-12-06) against the earlier 64, each in its own process (module constants): bench/prompt_cutoffs.sh
   run cutoffs 560 bash bench/prompt_cutoffs.sh
 }
+stage_memory() {
+  run memory-15b 120 $PY -m bench.memory_peak $Q15 --precision int4 --top 20
+  run memory-05b 90 $PY -m bench.memory_peak $Q --precision int4 --top 20
+}
 stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
 }
 
-STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk sampled"
+STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory sampled"
 if [ $# -eq 0 ]; then
   echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
   exit 2
