@@ -81,20 +81,22 @@ def replay(events: Iterable[Mapping[str, Any]], reserved_before: int = 0) -> Pea
             live_bytes += size
             peak.live_high = max(peak.live_high, live_bytes)
             if pending:
-                peak.live, pending = live_bytes, False
-                peak.sites = Counter()
-                for block_size, site in live.values():
-                    peak.sites[site] += block_size
+                peak.live, peak.sites, pending = live_bytes, _by_site(live), False
         elif action == "free_requested":
             block = live.pop(int(event["addr"]), None)
             if block is not None:
                 live_bytes -= block[0]
     if pending:  # the trace ended on a new segment with no block after it
-        peak.live = live_bytes
-        peak.sites = Counter()
-        for block_size, site in live.values():
-            peak.sites[site] += block_size
+        peak.live, peak.sites = live_bytes, _by_site(live)
     return peak
+
+
+def _by_site(live: Mapping[int, tuple[int, str]]) -> Counter[str]:
+    """Live bytes per allocating site of blocks {address: (bytes, site)}."""
+    sites: Counter[str] = Counter()
+    for size, site in live.values():
+        sites[site] += size
+    return sites
 
 
 def report(peak: Peak, drop: int, reserved_end: int, top: int) -> list[str]:
