@@ -105,3 +105,31 @@ def test_smollm2_real_weights_capture_bit_identical(precision: str, attention: s
 @pytest.mark.parametrize("precision", ["fp16", "int4"])
 def test_qwen_shape_capture_bit_identical(qwen_shape_packages, precision: str) -> None:
     check_capture_matches_eager(qwen_shape_packages[precision], "static", [3, 141, 59, 26, 53, 5000, 120000])
+
+
+def test_a_recording_holds_the_steps_intermediates_once() -> None:
+    """The eager warm-up's cached blocks (current stream) and the recorder's own warm-up's (side
+    stream) are released before the capture makes the pool: the reserved peak of recording a step
+    whose intermediates take 128 MiB is about one copy of them, not three."""
+    from onnxgen.runtime.capture.recorder import CudaGraphRecorder
+
+    device = torch.device("cuda")
+    elements = 16 * 1024 * 1024  # 64 MiB of fp32 per intermediate
+
+    def step(replay: bool, commit: bool) -> dict[str, torch.Tensor]:
+        x = torch.ones(elements, device=device)
+        y = x * 2.0
+        return {"total": y[:1] + x[:1]}
+
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_reserved(device)
+    step(False, False)  # the runtime's eager warm-up step leaves its blocks cached on this stream
+    torch.cuda.reset_peak_memory_stats(device)
+    recording = CudaGraphRecorder(device).record(step, "memory")
+    recording.replay()
+    torch.cuda.synchronize()
+    assert recording.outputs["total"].item() == 3.0
+    one_copy = 2 * elements * 4
+    peak = torch.cuda.max_memory_reserved(device) - base
+    assert peak < 1.5 * one_copy, f"recording reserved {peak / 2**20:.0f} MiB at its peak, one copy is 128 MiB"

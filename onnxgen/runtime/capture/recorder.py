@@ -131,6 +131,7 @@ class CudaGraphRecorder:
         stream = self.stream
         # torch: warm up on the side stream the capture will use (lazy library init, workspaces)
         stream.wait_stream(torch.cuda.current_stream(self.device))
+        _release_cached_blocks()
         try:
             with torch.cuda.stream(stream):
                 for _ in range(self.warmup_runs):
@@ -140,6 +141,7 @@ class CudaGraphRecorder:
         except Exception as exc:
             raise RecordingFailed(f"{label}: warm-up before capture failed: {exc}") from exc
         torch.cuda.current_stream(self.device).wait_stream(stream)
+        _release_cached_blocks()
         graph = torch.cuda.CUDAGraph()
         try:
             # thread_local: an illegal call in this thread invalidates this capture only
@@ -163,6 +165,17 @@ class CudaGraphRecorder:
             torch.cuda.synchronize(self.device)
         except Exception:
             pass
+
+
+def _release_cached_blocks() -> None:
+    """Give torch's cached free blocks back to the device before the next copy of a step's
+    intermediates is made. A key's step is run eagerly (the runtime's warm-up steps, on the current
+    stream), then once more on the capture's side stream, then captured into its own pool: torch's
+    caching allocator keeps free blocks per stream and a pool takes none of them, so without this the
+    key's intermediates are held three times over at the capture (the device memory peak of a long
+    prompt's key). Once per recorded segment; the device synchronizes here, which a capture does
+    anyway."""
+    torch.cuda.empty_cache()
 
 
 def _attributed(exc: BaseException | None) -> RecordingFailed | None:
