@@ -431,3 +431,27 @@ def _int4_group_case(rows: int, dtype: int, zp_kind: str, inner: int, bias: bool
     for g, w in zip(got, want):
         scale = float(np.abs(w.astype(np.float32)).max())
         np.testing.assert_allclose(g.astype(np.float32), w.astype(np.float32), rtol=0, atol=tol * scale)
+
+
+@pytest.mark.parametrize("nbits", [False, True])
+def test_grouped_weights_are_joined_on_the_host_and_only_the_joins_reach_the_device(nbits: bool) -> None:
+    """A CUDA session holds a group's member weights on the host until they are joined, so that the
+    device never holds a member and its joined copy at once (the load's memory peak). The "meta"
+    device stands in for CUDA: a tensor moved there is one the device would hold."""
+    import torch
+
+    from onnxgen.runtime.executor import compile_model
+    from onnxgen.runtime.fusion import group_weight_names, pack_nbits_groups
+
+    model = int4_norm_mlp_model(TensorProto.FLOAT16, "packed", 40, True) if nbits else three_projections((True,) * 3)
+    fused, _ = fuse_graph(model)
+    held = group_weight_names(fused)
+    members = {"gate_b", "gate_s", "gate_z", "up_b", "up_s", "up_z", "down_b", "down_s", "down_z", "up_bias"}
+    assert held == (members if nbits else {"w_q", "w_k", "w_v"})
+    program = compile_model(fused, torch.device("meta"), None, host_held=held)
+    assert {program.initializers[n].device.type for n in held} == {"cpu"}
+    assert (pack_nbits_groups(program) if nbits else pack_matmul_groups(program)) == 1
+    program.move_host_held_to_device()
+    devices = {n: v.device.type for n, v in program.initializers.items() if isinstance(v, torch.Tensor)}
+    assert set(devices.values()) == {"meta"}, devices
+    assert not {"gate_b", "up_b", "w_q"} & set(devices)  # the joined copies took the members' place

@@ -133,3 +133,21 @@ def test_a_recording_holds_the_steps_intermediates_once() -> None:
     one_copy = 2 * elements * 4
     peak = torch.cuda.max_memory_reserved(device) - base
     assert peak < 1.5 * one_copy, f"recording reserved {peak / 2**20:.0f} MiB at its peak, one copy is 128 MiB"
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int4"])
+def test_loading_a_package_holds_no_more_than_the_session_keeps(qwen_shape_packages, precision: str) -> None:
+    """The load's device peak is what the session keeps: grouped weights are joined on the host, so no
+    member and its joined copy are on the device together."""
+    from onnxgen.runtime import InferenceSession
+
+    model_file = next(qwen_shape_packages[precision].glob("*.onnx"))
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    session = InferenceSession(model_file, device="cuda")
+    kept = torch.cuda.memory_allocated() - base
+    peak = torch.cuda.max_memory_allocated() - base
+    assert session.program.initializers
+    assert peak <= 1.02 * kept + 16 * 2**20, f"the load peaked at {peak / 2**20:.0f} MiB, keeps {kept / 2**20:.0f}"

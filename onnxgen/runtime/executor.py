@@ -253,9 +253,12 @@ class GraphProgram:
         unsupported: list[UnsupportedNode],
         *,
         scope_names: frozenset[str] = frozenset(),
+        host_held: frozenset[str] = frozenset(),
     ):
         self.graph = graph
         self.device = device
+        # initializers kept on the host at load (see move_host_held_to_device)
+        self.host_held = host_held
         self.opsets = dict(opsets)
         self.inputs = [value_info_of(vi) for vi in graph.input]
         self.outputs = [value_info_of(vi) for vi in graph.output]
@@ -290,8 +293,20 @@ class GraphProgram:
                 self.host_copies[name] = value
                 if is_host_sized(value):
                     self.host_values.add(name)
-            value = value.to(self.device)
+            if name not in self.host_held:
+                value = value.to(self.device)
         self.initializers[name] = value
+
+    def move_host_held_to_device(self) -> None:
+        """Move the initializers still held on the host (``host_held``) to the program's device. The
+        session holds the members of grouped weights there at load and joins them on the host
+        (fusion.pack_matmul_groups): joined on the device, every member and its joined copy would
+        both occupy device memory for a moment, the peak of the load. Members that stayed
+        apart (a group that was not joined) go to the device here, before anything runs."""
+        for name in self.host_held:
+            value = self.initializers.get(name)
+            if isinstance(value, torch.Tensor) and value.device != self.device:
+                self.initializers[name] = value.to(self.device)
 
     def _decode_attrs(
         self, node: onnx.NodeProto, base_dir: Path | None, unsupported: list[UnsupportedNode], scope: frozenset[str]
@@ -450,8 +465,11 @@ class GraphProgram:
         return env
 
 
-def compile_model(model: onnx.ModelProto, device: torch.device, base_dir: Path | None) -> GraphProgram:
-    """Compile the main graph; every unsupported node (also in subgraphs) is reported at once."""
+def compile_model(
+    model: onnx.ModelProto, device: torch.device, base_dir: Path | None, *, host_held: frozenset[str] = frozenset()
+) -> GraphProgram:
+    """Compile the main graph; every unsupported node (also in subgraphs) is reported at once.
+    ``host_held``: initializers left on the host (GraphProgram.move_host_held_to_device)."""
     load_all_ops()
     if model.functions:
         from onnx import inliner
@@ -459,7 +477,7 @@ def compile_model(model: onnx.ModelProto, device: torch.device, base_dir: Path |
         model = inliner.inline_local_functions(model)
     opsets = {normalize_domain(o.domain): o.version for o in model.opset_import}
     unsupported: list[UnsupportedNode] = []
-    program = GraphProgram(model.graph, opsets, device, base_dir, unsupported)
+    program = GraphProgram(model.graph, opsets, device, base_dir, unsupported, host_held=host_held)
     if unsupported:
         lines = "\n  ".join(u.describe() for u in unsupported)
         raise UnsupportedOpError(f"{len(unsupported)} node(s) use ops onnxgen has no implementation of:\n  {lines}")

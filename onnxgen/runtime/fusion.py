@@ -605,10 +605,25 @@ def _drop_unread(program: Any, readers: Counter[str], names: list[str]) -> None:
             del program.initializers[old]
 
 
+def group_weight_names(model: onnx.ModelProto) -> frozenset[str]:
+    """The weight inputs of the fused graph's MatMulGroup and MatMulNBitsGroup nodes (codes, scales,
+    zero points, biases): what pack_matmul_groups and pack_nbits_groups join. The session keeps them
+    on the host until they are joined."""
+    names: set[str] = set()
+    for node in model.graph.node:
+        if node.domain != FUSED_DOMAIN or node.op_type not in ("MatMulGroup", "MatMulNBitsGroup"):
+            continue
+        widths = next((list(a.ints) for a in node.attribute if a.name == "widths"), [])
+        span = len(widths) * (1 if node.op_type == "MatMulGroup" else 4)
+        names.update(name for name in node.input[1 : 1 + span] if name)
+    return frozenset(names)
+
+
 def pack_matmul_groups(program: Any) -> int:
     """Concatenate each MatMulGroup's weights once, as the GEMM wants them ([sum N, K]), and drop
     the separate weights the program no longer reads: the group then holds one copy of its weights
-    instead of two. Returns the number of groups packed."""
+    instead of two. Members held on the host (GraphProgram.host_held) are joined there and only the
+    joined weight goes to the device. Returns the number of groups packed."""
     import torch
 
     readers = _readers(program)
@@ -623,7 +638,7 @@ def pack_matmul_groups(program: Any) -> int:
         if any(w is None or name in graph_inputs for w, name in zip(weights, names)):
             continue
         name = f"onnxgen.packed[{','.join(names)}]"
-        program.initializers[name] = torch.cat([w.t() for w in weights]).contiguous()
+        program.initializers[name] = torch.cat([w.t() for w in weights]).contiguous().to(program.device)
         node.inputs[1 : 1 + n] = [name] + [""] * (n - 1)
         node.ctx.attrs["packed_weight"] = 1
         _drop_unread(program, readers, names)
@@ -668,7 +683,7 @@ def pack_nbits_groups(program: Any) -> int:
                 new_names.append("")
                 continue
             name = f"onnxgen.packed_{role}[{label}]"
-            program.initializers[name] = tensor.contiguous()
+            program.initializers[name] = tensor.contiguous().to(program.device)
             new_names.append(name)
         slots = [""] * (4 * n)
         slots[0:3] = new_names[0:3]

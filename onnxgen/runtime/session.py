@@ -17,7 +17,7 @@ from onnxgen.errors import InvalidInputError, ModelLoadError
 from onnxgen.options import Options
 from onnxgen.runtime.dtypes import NUMPY_TO_TORCH, ONNX_TO_TORCH, numpy_to_torch, onnx_type_name, torch_to_numpy
 from onnxgen.runtime.executor import GraphProgram, ValueInfo, compile_model
-from onnxgen.runtime.fusion import fuse_for_device, pack_matmul_groups, pack_nbits_groups
+from onnxgen.runtime.fusion import fuse_for_device, group_weight_names, pack_matmul_groups, pack_nbits_groups
 from onnxgen.runtime.host_memory import release_freed_host_memory
 from onnxgen.runtime.model_io import load_model, parse_model_bytes
 from onnxgen.runtime.ops.contrib_quant import attach_q4_scratch, prepack_int4
@@ -106,18 +106,21 @@ class InferenceSession:
         model, self.fusions = fuse_for_device(model, self.device.type, self.options)
         self.model = model
         self.model_dir = directory
-        self.program: GraphProgram = compile_model(model, self.device, directory)
+        groups = self.fusions.matmul_groups or self.fusions.matmul_nbits_groups
+        # grouped weights are joined on the host, so the device never holds a member and its join
+        held = group_weight_names(model) if groups and self.device.type != "cpu" else frozenset()
+        self.program: GraphProgram = compile_model(model, self.device, directory, host_held=held)
         if self.fusions.matmul_groups:
             pack_matmul_groups(self.program)  # one copy of the grouped weights, not two
         if self.fusions.matmul_nbits_groups:
             pack_nbits_groups(self.program)  # the same for 4-bit codes
+        self.program.move_host_held_to_device()
         if self.device.type == "cpu":
             prepack_int4(self.program)  # the CPU int4 GEMM's layout in place of the codes, not beside
             release_freed_host_memory()  # the load's temporaries, kept by the allocator otherwise
         if self.device.type == "cuda":
             attach_q4_scratch(self.program)  # one buffer for the prompts' dequantized 4-bit chunks
-            # packing freed the members' device tensors into torch's cache; hand them back to the
-            # device, so that the load holds what the session keeps and no more
+            # hand the load's freed blocks back to the device, so that it holds what the session keeps
             torch.cuda.empty_cache()
         inits = set(self.program.initializers)
         self._inputs = [vi for vi in self.program.inputs if vi.name not in inits]
