@@ -124,9 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from bench.genai_peer import WARMUP_CALLS, run_onnxgen, timed_runs
+    from bench.peers_decode import write_tokenizer
     from bench.random_package import add_package_args, build_random_package, describe
     from onnxgen.genai import Generator
     from onnxgen.genai.benchmark import prompt_ids
+    from onnxgen.models.random_source import MODEL_SHAPES
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_package_args(parser)
@@ -141,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds = build_random_package(args, directory)
         if seconds:
             print(f"package: built in {seconds:.1f} s", file=sys.stderr)
+            write_tokenizer(MODEL_SHAPES[args.shape], args.package_dir)  # the Generator wants one
         torch.cuda.synchronize()
         free_before = torch.cuda.mem_get_info()[0]
         reserved_before = torch.cuda.memory_reserved()
