@@ -2,13 +2,13 @@
 # TTFT of the qwen3.5-0.8b fp16 prompt under the Gated DeltaNet prompt paths: the sequential kernel with the
 # q / k norms and the gate folded in (ONNXGEN_GDN_CHUNKED_FROM=0: every prompt up to 128 tokens) or run first
 # as their own kernels (and ONNXGEN_GDN_PROMPT_FOLD=0: about half the kernel's instructions per token step),
-# and the chunked kernels (gpu/gated_delta_chunked.py; the default from 17 to 128 tokens since 2026-12-06,
-# here from 17 tokens with no upper bound) under several of their module constants: the chunk length
+# and the chunked kernels (gpu/gated_delta_chunked.py; the default from 17 tokens since 2026-12-06, with no
+# upper bound since that night) under several of their module constants: the chunk length
 # (CHUNK 16, 32 = the tree's, 64), the products' precision (IEEE fp32 on the FMA units, the tree's; or
 # tf32x3, three TF32 tensor-core products per fp32 product) and the state kernel's value columns per program
 # (STATE_COLUMNS 16 = the tree's, 32). The tree's form beat the sequential kernel from 17 tokens on the H200
-# (docs/benchmarks/2026-12-06-h200-gdn-chunked.md); the others, and prompts past 128 tokens against the torch
-# path's chunked form, are not timed yet. Each variant runs from a copy
+# (docs/benchmarks/2026-12-06-h200-gdn-chunked.md), and past 128 tokens the torch path's chunked form
+# (2026-12-06-h100-memory-and-chunked.md); the other forms are not timed yet. Each variant runs from a copy
 # of the tree in its own process (module constants), with ONNXGEN_GDN_CHUNKED_TO=0 (the chunked kernels
 # from 17 tokens, no upper bound). CUDA only. Run from the repo root:
 #

@@ -62,10 +62,10 @@
 #              sequential Gated DeltaNet kernel and the split-K 4-bit GEMM at 128 (the default) and at 64, the
 #              1.5B int4 and 0.8B fp16 / int4 shapes and the 35B-A3B int4 package where build-35b made it, ~6 min
 #   gdnchunk   the Gated DeltaNet prompt paths: the chunked kernels' GPU tests (gpu/gated_delta_chunked.py, the
-#              default from 17 to 128 tokens since 2026-12-06), then bench/gdn_prompt_variants.sh (the qwen3.5-0.8b
-#              fp16 TTFT at 16-1,024 tokens: the sequential kernel folded and unfolded, the chunked kernels with
-#              no upper bound under several chunk lengths and product precisions), and the 35B-A3B package
-#              where build-35b made it: whether the chunked kernels should take prompts past 128 tokens too, ~9 min
+#              default from 17 tokens, with no upper bound since 2026-12-06 late), then bench/gdn_prompt_variants.sh
+#              (the qwen3.5-0.8b fp16 TTFT at 16-1,024 tokens: the sequential kernel folded and unfolded, the
+#              chunked kernels under several chunk lengths and product precisions), and the 35B-A3B package
+#              where build-35b made it: the chunked kernels past 128 tokens against the torch path there, ~9 min
 #   memory     python -m bench.memory_peak on the 1.5B and 0.5B int4 packages: the device memory issue 18 compares
 #              with onnxruntime-genai's, taken apart at its peak by the onnxgen line of each live block, ~2 min
 #   sampled    the sampling GPU tests, then python -m bench.sampled_decode Q, fp16 and int4: sampled decode
@@ -237,7 +237,7 @@ stage_gdnchunk() {
   local p35
   p35=$(compgen -G "/tmp/peers-qwen3.5-35b-a3b/pkg-qwen3.5-35b-a3b-int4-cuda-gqa-seed*[0-9]" | head -1)
   [ -n "$p35" ] && run gdnchunk-35b 150 $PY -m bench.prefill --package "$p35" --context 2048 --lengths 64,128,300 \
-    --repeats 5 --variant default: --variant unbounded:ONNXGEN_GDN_CHUNKED_TO=0 \
+    --repeats 5 --variant default: --variant torch-past-128:ONNXGEN_GDN_CHUNKED_TO=128 \
     --variant sequential:ONNXGEN_GDN_CHUNKED_FROM=0 --variant default-again:
 }
 stage_fold() {

@@ -73,13 +73,13 @@ case "${1:-}" in
     # GPU kernels, host synchronisations); needs no onnxruntime-genai
     case "${2:-}" in
       0.8b)
-        # the defaults (the conv prompt kernel; the chunked Gated DeltaNet kernels from 17 to 128 tokens, the
-        # torch path's chunked form beyond) against the torch path's conv, the sequential kernel up to 128
-        # tokens, and the chunked kernels with no upper bound, in one process per precision
+        # the defaults (the conv prompt kernel; the chunked Gated DeltaNet kernels from 17 tokens) against the
+        # torch path's conv, the sequential kernel up to 128 tokens, and the torch path's chunked form past
+        # 128 tokens, in one process per precision
         for p in ${3:-fp16 int4}; do
           python3 -m bench.prefill --shape qwen3.5-0.8b --precision "$p" --context 2048 --lengths 16,64,300,1024 \
             --repeats 5 --variant default: --variant conv-torch:ONNXGEN_CONV_PROMPT=0 \
-            --variant gdn-sequential:ONNXGEN_GDN_CHUNKED_FROM=0 --variant gdn-chunked-all:ONNXGEN_GDN_CHUNKED_TO=0 \
+            --variant gdn-sequential:ONNXGEN_GDN_CHUNKED_FROM=0 --variant gdn-torch-past-128:ONNXGEN_GDN_CHUNKED_TO=128 \
             --variant default-again: | tee "$out/prefill-qwen3.5-0.8b-$p-variants.log"
           # a user's prompts: 40 lengths between 16 and 300 tokens, each once (first sightings included)
           python3 -m bench.prefill --shape qwen3.5-0.8b --precision "$p" --context 2048 --lengths 16,300 --mixed 40 \

@@ -88,7 +88,7 @@ class Options:
     cpu_int4_gemm: bool = True
     conv_prompt: bool = True
     gdn_chunked_from: int = 17
-    gdn_chunked_to: int = 128
+    gdn_chunked_to: int = 0
     gdn_prompt_fold: bool = True
     moe_pairs_per_expert: float = 0.25
     moe_grouped: tuple[int, int, int, int, int, int, int] | None = None
@@ -392,8 +392,9 @@ KNOBS: tuple[Knob, ...] = (
          "(docs/benchmarks/2026-12-06-h200-gdn-chunked.md)"),
     Knob("gdn_chunked_to", "ONNXGEN_GDN_CHUNKED_TO", _count("tokens", "no bound"), "`T` (tokens; `0`: no bound)",
          "the longest LinearAttention prompt the chunked kernels take under gdn_chunked_from; longer ones the "
-         "sequential kernel up to 128 tokens, the torch path's chunked form beyond. The chunked kernels are "
-         "timed up to 128 tokens, not beyond (docs/benchmarks/2026-12-06-h200-gdn-chunked.md)"),
+         "sequential kernel up to 128 tokens, the torch path's chunked form beyond. By default no bound: at "
+         "300 and 1,024 tokens the kernels took a third to a quarter of the torch path's TTFT "
+         "(docs/benchmarks/2026-12-06-h100-memory-and-chunked.md)"),
     Knob("gdn_prompt_fold", "ONNXGEN_GDN_PROMPT_FOLD", _flag(), "`1` / `0`",
          "`0`: a FusedLinearAttention prompt of 2 or more tokens on a Triton device runs its q / k norms and gate "
          "as their own kernels first, and the sequential kernel without them (about half its instructions per "

@@ -237,8 +237,8 @@ def test_short_prompts_take_the_kernel_and_match_the_torch_path(device: str, cas
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
 def test_long_prompts_take_the_chunked_kernel_windows_keep_the_torch_path(device: str) -> None:
     """Prompts longer than MAX_SEQUENTIAL_TOKENS take the chunked kernels where options
-    gdn_chunked_from / gdn_chunked_to ask (by default the torch path: the kernels take up to 128
-    tokens); a state window and decays per key dim keep the torch path."""
+    gdn_chunked_from / gdn_chunked_to ask (by default from 17 tokens, with no upper bound); a state
+    window and decays per key dim keep the torch path."""
     tokens = MAX_SEQUENTIAL_TOKENS + 1
     attrs, (q, k, v, past, decay, beta) = _linear_attention_inputs(LA_CASES["builder"], device, torch.float32,
                                                                    torch.float32, tokens=tokens)  # fmt: skip
@@ -248,7 +248,8 @@ def test_long_prompts_take_the_chunked_kernel_windows_keep_the_torch_path(device
     with options.override(gdn_chunked_from=tokens, gdn_chunked_to=0):
         out, _ = linear_attention_ms(ctx, q, k, v, past, decay, beta)
         assert launches() == (before[0], before[1] + 1) and out.shape[1] == tokens
-    linear_attention_ms(ctx, q, k, v, past, decay, beta)
+    with options.override(gdn_chunked_to=tokens - 1):  # bounded below the prompt: the torch path
+        linear_attention_ms(ctx, q, k, v, past, decay, beta)
     one = [x[:, :1] for x in (q, k, v, decay, beta)]
     windowed = {**attrs, "state_window": 1}
     _, present = linear_attention_ms(_ctx("LinearAttention", MS, device, 6, **windowed), *one[:3], past[None],
@@ -261,16 +262,18 @@ def test_long_prompts_take_the_chunked_kernel_windows_keep_the_torch_path(device
 
 
 def test_prompt_lengths_route_to_the_kernels_that_won_them() -> None:
-    """By default 2-16 tokens take the sequential kernel and 17-128 the chunked kernels (each the
-    faster there on the H200: docs/benchmarks/2026-12-06-h200-gdn-chunked.md), longer prompts the
-    torch path (the chunked kernels are not timed there); 0 lifts each bound."""
+    """By default 2-16 tokens take the sequential kernel and every longer prompt the chunked kernels
+    (the faster there: docs/benchmarks/2026-12-06-h200-gdn-chunked.md up to 128 tokens, beyond that
+    2026-12-06-h100-memory-and-chunked.md against the torch path); gdn_chunked_to bounds them, and
+    0 turns either bound off."""
     from onnxgen.runtime.ops.linear_attention import chunked_kernel_takes
 
     opts = options.current()
     taken = [chunked_kernel_takes(t, opts) for t in (1, 16, 17, 100, 128, 129, 1000)]
-    assert taken == [False, False, True, True, True, False, False]
-    with options.override(gdn_chunked_to=0):
-        assert chunked_kernel_takes(1000, options.current())
+    assert taken == [False, False, True, True, True, True, True]
+    with options.override(gdn_chunked_to=128):
+        bounded = [chunked_kernel_takes(t, options.current()) for t in (17, 128, 129, 1000)]
+        assert bounded == [True, True, False, False]
     with options.override(gdn_chunked_from=0, gdn_chunked_to=0):
         assert not any(chunked_kernel_takes(t, options.current()) for t in (2, 17, 1000))
 
@@ -318,7 +321,7 @@ def test_chunked_kernel_over_a_long_prompt_stays_with_the_recurrence(device: str
     attrs = {"q_num_heads": heads, "kv_num_heads": heads, "update_rule": "gated_delta"}
     ctx = _ctx("LinearAttention", MS, device, 6, **attrs)
     before = LAUNCHES["gated_delta_chunked"]
-    with options.override(gdn_chunked_from=65, gdn_chunked_to=0):  # by default up to 128 tokens
+    with options.override(gdn_chunked_from=65, gdn_chunked_to=0):
         out, state = linear_attention_ms(ctx, *inputs)
     assert LAUNCHES["gated_delta_chunked"] == before + 1
     with options.override(triton=False):

@@ -1,8 +1,9 @@
 """LinearAttention over a prompt a chunk of CHUNK tokens at a time, in two Triton kernels: the gated
 delta rule (and its linear, gated and delta forms), as runtime/ops/linear_attention.py's ``_chunked``
 computes it in torch, for the prompts options gdn_chunked_from / gdn_chunked_to send here (by default
-17 to 128 tokens, where these kernels beat the sequential one, gated_delta_decode.py, on the H200; up
-to 16 tokens its single chain is the shorter wait: docs/benchmarks/2026-12-06-h200-gdn-chunked.md).
+every prompt from 17 tokens: there these kernels beat the sequential one, gated_delta_decode.py, and
+the torch path's chunked form; up to 16 tokens the sequential kernel's single chain is the shorter
+wait: docs/benchmarks/2026-12-06-h200-gdn-chunked.md, 2026-12-06-h100-memory-and-chunked.md).
 
 Why: the sequential kernel is a chain of one dependent step per token. Here the work of a chunk
 that does not read the state runs for every chunk at once, and what remains in order is one short

@@ -15,7 +15,7 @@ For T tokens the program repeats this token after token with S in registers (the
 order), reading the state once and writing it once. That is a chain of T dependent steps, so it
 serves up to MAX_SEQUENTIAL_TOKENS; longer prompts keep the torch path's chunked form, whose matrix
 products do the same work in T / chunk dependent steps. By default it takes only prompts of up to 16
-tokens: options gdn_chunked_from / gdn_chunked_to send 17-128 to the chunked kernels
+tokens: options gdn_chunked_from / gdn_chunked_to send longer ones to the chunked kernels
 (gated_delta_chunked.py), which are faster there.
 
 Every step is separable over the value dims (column m of S needs only column m and the whole of k),
