@@ -108,9 +108,9 @@ def test_qwen_shape_capture_bit_identical(qwen_shape_packages, precision: str) -
 
 
 def test_a_recording_holds_the_steps_intermediates_once() -> None:
-    """The eager warm-up's cached blocks (current stream) and the recorder's own warm-up's (side
-    stream) are released before the capture makes the pool: the reserved peak of recording a step
-    whose intermediates take 128 MiB is about one copy of them, not three."""
+    """The eager warm-up's cached blocks (current stream) are released before the recorder's own
+    warm-up (side stream) makes its copy: the reserved peak of recording a step whose intermediates
+    take 128 MiB is about one copy of them, not two."""
     from onnxgen.runtime.capture.recorder import CudaGraphRecorder
 
     device = torch.device("cuda")

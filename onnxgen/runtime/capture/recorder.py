@@ -141,8 +141,7 @@ class CudaGraphRecorder:
         except Exception as exc:
             raise RecordingFailed(f"{label}: warm-up before capture failed: {exc}") from exc
         torch.cuda.current_stream(self.device).wait_stream(stream)
-        _release_cached_blocks()
-        graph = torch.cuda.CUDAGraph()
+        graph = torch.cuda.CUDAGraph()  # torch.cuda.graph empties the cache again as the capture starts
         try:
             # thread_local: an illegal call in this thread invalidates this capture only
             with torch.cuda.graph(graph, pool=self.pool, stream=stream, capture_error_mode="thread_local"):
@@ -168,13 +167,13 @@ class CudaGraphRecorder:
 
 
 def _release_cached_blocks() -> None:
-    """Give torch's cached free blocks back to the device before the next copy of a step's
-    intermediates is made. A key's step is run eagerly (the runtime's warm-up steps, on the current
-    stream), then once more on the capture's side stream, then captured into its own pool: torch's
-    caching allocator keeps free blocks per stream and a pool takes none of them, so without this the
-    key's intermediates are held three times over at the capture (the device memory peak of a long
-    prompt's key). Once per recorded segment; the device synchronizes here, which a capture does
-    anyway."""
+    """Give torch's cached free blocks back to the device before the recorder's warm-up. A key's step
+    runs eagerly first (the runtime's warm-up steps, on the current stream), then once more on the
+    capture's side stream: torch's caching allocator keeps free blocks per stream, so without this
+    the side stream's run makes a second copy of the step's intermediates beside the first one's
+    cached blocks, a transient peak of free device memory. (torch.cuda.graph empties the cache
+    itself as the capture starts, so the capture's pool meets neither.) Once per recorded segment;
+    the device synchronizes here, as the capture does anyway."""
     torch.cuda.empty_cache()
 
 
