@@ -434,10 +434,11 @@ def _int4_group_case(rows: int, dtype: int, zp_kind: str, inner: int, bias: bool
 
 
 @pytest.mark.parametrize("nbits", [False, True])
-def test_grouped_weights_are_joined_on_the_host_and_only_the_joins_reach_the_device(nbits: bool) -> None:
-    """A CUDA session holds a group's member weights on the host until they are joined, so that the
-    device never holds a member and its joined copy at once (the load's memory peak). The "meta"
-    device stands in for CUDA: a tensor moved there is one the device would hold."""
+def test_grouped_weights_wait_on_the_host_and_only_the_joins_stay_on_the_device(nbits: bool) -> None:
+    """A CUDA session holds a group's member weights on the host until they are joined (4-bit codes
+    there, dense weights on the device a group at a time), so that the device never holds every
+    member beside its joined copy (the load's memory peak). The "meta" device stands in for CUDA: a
+    tensor moved there is one the device would hold."""
     import torch
 
     from onnxgen.runtime.executor import compile_model

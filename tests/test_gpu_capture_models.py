@@ -137,8 +137,8 @@ def test_a_recording_holds_the_steps_intermediates_once() -> None:
 
 @pytest.mark.parametrize("precision", ["fp16", "int4"])
 def test_loading_a_package_holds_no_more_than_the_session_keeps(qwen_shape_packages, precision: str) -> None:
-    """The load's device peak is what the session keeps: grouped weights are joined on the host, so no
-    member and its joined copy are on the device together."""
+    """The load's device peak is what the session keeps (within one group's members): grouped weights
+    wait on the host and are joined group by group."""
     from onnxgen.runtime import InferenceSession
 
     model_file = next(qwen_shape_packages[precision].glob("*.onnx"))

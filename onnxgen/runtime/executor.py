@@ -299,10 +299,11 @@ class GraphProgram:
 
     def move_host_held_to_device(self) -> None:
         """Move the initializers still held on the host (``host_held``) to the program's device. The
-        session holds the members of grouped weights there at load and joins them on the host
-        (fusion.pack_matmul_groups): joined on the device, every member and its joined copy would
-        both occupy device memory for a moment, the peak of the load. Members that stayed
-        apart (a group that was not joined) go to the device here, before anything runs."""
+        session holds the members of grouped weights there at load and joins them group by group
+        (fusion.pack_matmul_groups, pack_nbits_groups): loaded onto the device first, every member
+        would sit there beside its joined copy, the load's peak, and leave freed blocks behind in
+        segments torch cannot return. Members that stayed apart (a group that was not joined) go to
+        the device here, before anything runs."""
         for name in self.host_held:
             value = self.initializers.get(name)
             if isinstance(value, torch.Tensor) and value.device != self.device:

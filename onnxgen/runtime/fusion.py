@@ -622,8 +622,9 @@ def group_weight_names(model: onnx.ModelProto) -> frozenset[str]:
 def pack_matmul_groups(program: Any) -> int:
     """Concatenate each MatMulGroup's weights once, as the GEMM wants them ([sum N, K]), and drop
     the separate weights the program no longer reads: the group then holds one copy of its weights
-    instead of two. Members held on the host (GraphProgram.host_held) are joined there and only the
-    joined weight goes to the device. Returns the number of groups packed."""
+    instead of two. Members held on the host (GraphProgram.host_held) go to the device one group at a
+    time, so that the device never holds all of them beside their joins. Returns the number of groups
+    packed."""
     import torch
 
     readers = _readers(program)
@@ -638,7 +639,11 @@ def pack_matmul_groups(program: Any) -> int:
         if any(w is None or name in graph_inputs for w, name in zip(weights, names)):
             continue
         name = f"onnxgen.packed[{','.join(names)}]"
-        program.initializers[name] = torch.cat([w.t() for w in weights]).contiguous().to(program.device)
+        # the transposing copy runs on the device (on the host it is slow for half precision); one group's
+        # members at a time, and the next group's are of the same sizes, so their blocks are reused
+        members = [w.to(program.device) for w in weights]
+        program.initializers[name] = torch.cat([w.t() for w in members]).contiguous()
+        del members
         node.inputs[1 : 1 + n] = [name] + [""] * (n - 1)
         node.ctx.attrs["packed_weight"] = 1
         _drop_unread(program, readers, names)

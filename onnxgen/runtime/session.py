@@ -107,7 +107,8 @@ class InferenceSession:
         self.model = model
         self.model_dir = directory
         groups = self.fusions.matmul_groups or self.fusions.matmul_nbits_groups
-        # grouped weights are joined on the host, so the device never holds a member and its join
+        # grouped weights wait on the host and are joined group by group: the device never holds them all
+        # beside their joins
         held = group_weight_names(model) if groups and self.device.type != "cpu" else frozenset()
         self.program: GraphProgram = compile_model(model, self.device, directory, host_held=held)
         if self.fusions.matmul_groups:
