@@ -68,6 +68,9 @@
 #              where build-35b made it: the chunked kernels past 128 tokens against the torch path there, ~9 min
 #   memory     python -m bench.memory_peak on the 1.5B and 0.5B int4 packages: the device memory issue 18 compares
 #              with onnxruntime-genai's, taken apart at its peak by the onnxgen line of each live block, ~2 min
+#   memorypeers issue 18's memory bound in one run: peers_decode int4 on both shapes, onnxgen beside onnxruntime-genai
+#              on the same package (graph and not; needs the peer wheels), device MB the same way for all, ~4 min
+#              (docs/benchmarks/2026-12-06-h100-memory-and-chunked.md)
 #   sampled    the sampling GPU tests, then python -m bench.sampled_decode Q, fp16 and int4: sampled decode
 #              in the graph vs greedy and vs between the steps, same tokens as eager, ~4 min
 #
@@ -277,11 +280,17 @@ stage_memory() {
   run memory-15b 120 $PY -m bench.memory_peak $Q15 --precision int4 --top 20
   run memory-05b 90 $PY -m bench.memory_peak $Q --precision int4 --top 20
 }
+stage_memorypeers() {
+  run memorypeers-15b 200 $PY -m bench.peers_decode $Q15 --precision int4 --workdir /tmp/w15 \
+    --engines onnxgen,ort-genai-graph,ort-genai
+  run memorypeers-05b 150 $PY -m bench.peers_decode $Q --precision int4 --workdir /tmp/w05 \
+    --engines onnxgen,ort-genai-graph,ort-genai
+}
 stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
 }
 
-STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory sampled"
+STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory memorypeers sampled"
 if [ $# -eq 0 ]; then
   echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
   exit 2
