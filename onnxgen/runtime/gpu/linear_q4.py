@@ -116,12 +116,17 @@ def _block_scales(
 @triton.jit
 def _block_products(
     codes, scale, offset, x_ptr, x2_ptr, gamma_ptr, sum_ptr, first_block, k, PROLOGUE: tl.constexpr,
-    ZERO_KIND: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr,
+    ZERO_KIND: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr, SCALED: tl.constexpr,
 ):  # fmt: skip
     """(w . p(x) per row, the prologue's sum of squares) in fp32 over NB blocks from ``first_block``.
     The two nibbles of each byte are joined into element order (2i low, 2i + 1 high), so the
     activations load as contiguous rows of the tile; a block's sum of (code - zero) * a is
-    multiplied once by its scale."""
+    multiplied once by its scale. SCALED (option q4_row_scaled): each weight is (code - zero) *
+    scale first (exact in fp32 for integer zero points: a 5-bit integer times the scale's 11-bit
+    mantissa), and a row's products are summed in one reduction instead of per block and then
+    across blocks: a few dozen warp shuffles after the PDL wait instead of hundreds (PTX for
+    sm_90, tests/test_triton_compile.py). The sums' order differs, so the result may differ from
+    the per-block form's in the last bits; each form repeats bit for bit."""
     blk = first_block + tl.arange(0, NB)
     cols = blk[:, None] * QBLOCK + tl.arange(0, QBLOCK)[None, :]  # [NB, QBLOCK]
     inside = cols < k
@@ -129,8 +134,13 @@ def _block_products(
     a, sq = _activation(x, x2, gamma, sum_ptr, cols, inside, PROLOGUE)
     if PROLOGUE == 0 or PROLOGUE == 3:  # exact in the input dtype: half the bytes to share out
         a = a.to(x.dtype)
+    squares = tl.sum(tl.sum(sq, axis=1), axis=0)
+    if SCALED:
+        w = _codes_less_zero(codes, offset, ZERO_KIND, NB, QBLOCK) * scale[:, :, None]
+        products = tl.reshape(w * a[None, :, :].to(tl.float32), (codes.shape[0], NB * QBLOCK), can_reorder=True)
+        return tl.sum(products, axis=1), squares
     per_block = tl.sum(_codes_less_zero(codes, offset, ZERO_KIND, NB, QBLOCK) * a[None, :, :].to(tl.float32), axis=2)
-    return tl.sum(per_block * scale, axis=1), tl.sum(tl.sum(sq, axis=1), axis=0)
+    return tl.sum(per_block * scale, axis=1), squares
 
 
 @triton.jit
@@ -211,7 +221,7 @@ def _q4_tile_kernel(
     x_ptr, x2_ptr, gamma_ptr, sum_ptr, b_ptr, scale_ptr, zero_ptr, bias_ptr, out_ptr, n, k, n_blocks, row_bytes,
     zp_row_bytes, eps, PROLOGUE: tl.constexpr, ZERO_KIND: tl.constexpr, HAS_BIAS: tl.constexpr,
     QBLOCK: tl.constexpr, BLOCK_N: tl.constexpr, B0: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, SCALED: tl.constexpr,
 ):  # fmt: skip
     """y[rows] for BLOCK_N whole rows per program, a row's blocks in up to three power-of-two parts
     (B0 + B1 + B2 >= n_blocks; a part of 0 is absent): every code, scale and zero of the program is
@@ -230,15 +240,15 @@ def _q4_tile_kernel(
                                   zp_row_bytes, B2, QBLOCK, ZERO_KIND)  # fmt: skip
     wait_for_previous(PDL)
     dot, squares = _block_products(c0, s0, z0, x_ptr, x2_ptr, gamma_ptr, sum_ptr, 0, k, PROLOGUE, ZERO_KIND, B0,
-                                   QBLOCK)  # fmt: skip
+                                   QBLOCK, SCALED)  # fmt: skip
     if B1 > 0:
         d1, q1 = _block_products(c1, s1, z1, x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0, k, PROLOGUE, ZERO_KIND, B1,
-                                 QBLOCK)  # fmt: skip
+                                 QBLOCK, SCALED)  # fmt: skip
         dot += d1
         squares += q1
     if B2 > 0:
         d2, q2 = _block_products(c2, s2, z2, x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0 + B1, k, PROLOGUE, ZERO_KIND,
-                                 B2, QBLOCK)  # fmt: skip
+                                 B2, QBLOCK, SCALED)  # fmt: skip
         dot += d2
         squares += q2
     if PROLOGUE == 1 or PROLOGUE == 2:
@@ -253,6 +263,7 @@ def _q4_split_kernel(
     x_ptr, x2_ptr, gamma_ptr, sum_ptr, b_ptr, scale_ptr, zero_ptr, bias_ptr, out_ptr, part_ptr, ticket_ptr, n, k,
     n_blocks, row_bytes, zp_row_bytes, PROLOGUE: tl.constexpr, ZERO_KIND: tl.constexpr, HAS_BIAS: tl.constexpr,
     QBLOCK: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
+    SCALED: tl.constexpr,
 ):  # fmt: skip
     """Program (i, j): row block i over blocks j * NB .. j * NB + NB - 1; the partial sums meet in
     linear_row.merge_splits (PROLOGUE 0 or 3 only)."""
@@ -267,7 +278,7 @@ def _q4_split_kernel(
                                       zp_row_bytes, NB, QBLOCK, ZERO_KIND)  # fmt: skip
     wait_for_previous(PDL)
     dot, _ = _block_products(codes, scale, zero, x_ptr, x2_ptr, gamma_ptr, sum_ptr, first, k, PROLOGUE, ZERO_KIND,
-                             NB, QBLOCK)  # fmt: skip
+                             NB, QBLOCK, SCALED)  # fmt: skip
     merge_splits(dot, bias, part_ptr, ticket_ptr, out_ptr, rows, row_ok, n, BLOCK_S)
 
 
@@ -434,13 +445,15 @@ def linear_row_q4(
     block_n, block_k, warps, kernel = _q4_plan(n, k, block_size, x.device)
     split_blocks = max(block_k, block_size) // block_size
     splits = triton.cdiv(n_blocks, split_blocks)
-    apart = options.current().q4_norm_apart
+    opts = options.current()
+    apart = opts.q4_norm_apart
     if code in NORM_PROLOGUES and apart and triton.cdiv(n, block_n) > apart:
         # many programs would each recompute the row's statistics: normalize once, then multiply
         x, _, _ = fused_rms_norm(x, gamma, eps, skip=x2 if code == 2 else None, sum_out=sum_out if code == 2 else None)
         code = 0
     common = dict(PROLOGUE=code, ZERO_KIND=zero_kind, HAS_BIAS=bias is not None, QBLOCK=block_size,
                   BLOCK_N=block_n, num_warps=warps)  # fmt: skip
+    scaled = opts.q4_row_scaled  # the byte kernels' form (_block_products)
     bias_arg = bias if bias is not None else out
     LAUNCHES["linear_row_q4"] += 1
     words = _as_words(packed) if kernel else None
@@ -451,7 +464,8 @@ def linear_row_q4(
         b0, b1, b2 = power_parts(n_blocks)
         _q4_tile_kernel[(triton.cdiv(n, block_n),)](
             x, x2, gamma, sum_out, packed, scale, zeros, bias_arg, out, n, k, n_blocks, packed.shape[1],
-            zeros.shape[1], float(eps), **common, B0=b0, B1=b1, B2=b2, **pdl_launch(x, out, sum_out),
+            zeros.shape[1], float(eps), **common, B0=b0, B1=b1, B2=b2, SCALED=scaled,
+            **pdl_launch(x, out, sum_out),
         )  # fmt: skip
         return out
     blocks = triton.cdiv(n, block_n)
@@ -459,7 +473,7 @@ def linear_row_q4(
     LAUNCHES["linear_row_q4_split"] += 1
     _q4_split_kernel[(blocks, splits)](
         x, x2, gamma, sum_out, packed, scale, zeros, bias_arg, out, parts, tickets, n, k, n_blocks, packed.shape[1],
-        zeros.shape[1], **common, NB=split_blocks, BLOCK_S=triton.next_power_of_2(splits),
+        zeros.shape[1], **common, NB=split_blocks, BLOCK_S=triton.next_power_of_2(splits), SCALED=scaled,
         **pdl_launch(x, out, parts, tickets),
     )  # fmt: skip
     return out
