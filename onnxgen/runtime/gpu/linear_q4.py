@@ -31,6 +31,8 @@ for prompts of a few rows.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import triton
 import triton.language as tl
@@ -71,6 +73,11 @@ MAGIC = tl.constexpr(8388608.0)
 # CUDA; Triton's interpreter (CI's check of what the kernels compute) runs no PTX, so there the
 # same values come from Triton ops. Fixed for the process, as the interpreter is.
 PTX_NIBBLES = tl.constexpr(not interpreting())
+# tl.reshape(..., can_reorder=True) lets a reduction sum a thread's elements first, whatever their
+# logical order: the scaled one-row form's single reduction per row needs it (a reshape that keeps
+# the order costs about as many shuffles as the per-block form). Triton 3.9 deprecates it and 3.10
+# removes it; without it the form sums per block and then across blocks (the same weights, slower).
+RESHAPE_REORDERS = tl.constexpr("can_reorder" in inspect.signature(tl.reshape).parameters)
 
 
 @triton.jit
@@ -137,8 +144,10 @@ def _block_products(
     squares = tl.sum(tl.sum(sq, axis=1), axis=0)
     if SCALED:
         w = _codes_less_zero(codes, offset, ZERO_KIND, NB, QBLOCK) * scale[:, :, None]
-        products = tl.reshape(w * a[None, :, :].to(tl.float32), (codes.shape[0], NB * QBLOCK), can_reorder=True)
-        return tl.sum(products, axis=1), squares
+        products = w * a[None, :, :].to(tl.float32)
+        if RESHAPE_REORDERS:  # one reduction of the row, in the order the compiler finds cheapest
+            return tl.sum(tl.reshape(products, (codes.shape[0], NB * QBLOCK), can_reorder=True), axis=1), squares
+        return tl.sum(tl.sum(products, axis=2), axis=1), squares
     per_block = tl.sum(_codes_less_zero(codes, offset, ZERO_KIND, NB, QBLOCK) * a[None, :, :].to(tl.float32), axis=2)
     return tl.sum(per_block * scale, axis=1), squares
 
