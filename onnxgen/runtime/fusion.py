@@ -605,17 +605,26 @@ def _drop_unread(program: Any, readers: Counter[str], names: list[str]) -> None:
             del program.initializers[old]
 
 
+# the inputs after A that a group node's packing joins, per member: MatMulGroup (A, weights..., biases...)
+# its weight (the biases stay apart); MatMulNBitsGroup (A, (codes, scales, zero points)..., biases...) all four
+_MEMBER_WEIGHTS = {"MatMulGroup": 1, "MatMulNBitsGroup": 4}
+
+
+def _weight_span(op_type: str, members: int) -> int:
+    """How many inputs after A pack_matmul_groups / pack_nbits_groups join for a group of ``members``."""
+    return _MEMBER_WEIGHTS[op_type] * members
+
+
 def group_weight_names(model: onnx.ModelProto) -> frozenset[str]:
     """The weight inputs of the fused graph's MatMulGroup and MatMulNBitsGroup nodes (codes, scales,
     zero points, biases): what pack_matmul_groups and pack_nbits_groups join. The session keeps them
     on the host until they are joined."""
     names: set[str] = set()
     for node in model.graph.node:
-        if node.domain != FUSED_DOMAIN or node.op_type not in ("MatMulGroup", "MatMulNBitsGroup"):
+        if node.domain != FUSED_DOMAIN or node.op_type not in _MEMBER_WEIGHTS:
             continue
         widths = next((list(a.ints) for a in node.attribute if a.name == "widths"), [])
-        span = len(widths) * (1 if node.op_type == "MatMulGroup" else 4)
-        names.update(name for name in node.input[1 : 1 + span] if name)
+        names.update(name for name in node.input[1 : 1 + _weight_span(node.op_type, len(widths))] if name)
     return frozenset(names)
 
 
@@ -634,7 +643,7 @@ def pack_matmul_groups(program: Any) -> int:
         if node.ctx.op_type != "MatMulGroup" or node.ctx.domain != FUSED_DOMAIN or node.ctx.attrs.get("packed_weight"):
             continue
         n = len(node.ctx.attrs["widths"])
-        names = node.inputs[1 : 1 + n]
+        names = node.inputs[1 : 1 + _weight_span("MatMulGroup", n)]
         weights = [program.initializers.get(name) for name in names]
         if any(w is None or name in graph_inputs for w, name in zip(weights, names)):
             continue
@@ -669,7 +678,8 @@ def pack_nbits_groups(program: Any) -> int:
         n = len(widths)
         if n < 2:
             continue
-        names = node.inputs[1 : 1 + 4 * n] + [""] * (4 * n - len(node.inputs[1 : 1 + 4 * n]))
+        span = _weight_span("MatMulNBitsGroup", n)
+        names = node.inputs[1 : 1 + span] + [""] * (span - len(node.inputs[1 : 1 + span]))
         tensors = [program.initializers.get(name) if name else None for name in names]
         if any((name and (t is None or name in graph_inputs)) for name, t in zip(names, tensors)):
             continue  # a member computed or fed at run time: leave the group as it is
@@ -690,10 +700,10 @@ def pack_nbits_groups(program: Any) -> int:
             name = f"onnxgen.packed_{role}[{label}]"
             program.initializers[name] = tensor.contiguous().to(program.device)
             new_names.append(name)
-        slots = [""] * (4 * n)
+        slots = [""] * span
         slots[0:3] = new_names[0:3]
         slots[3 * n] = new_names[3]
-        node.inputs[1 : 1 + 4 * n] = slots
+        node.inputs[1 : 1 + span] = slots
         ctx.attrs["packed_weight"] = 1
         _drop_unread(program, readers, [name for name in names if name])
         packed += 1
