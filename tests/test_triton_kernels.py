@@ -116,11 +116,15 @@ def test_int4_kernels_parity_through_the_triton_interpreter() -> None:
     assert launches.get("linear_row_q4_split", 0) >= 1, launches
 
 
+# the 4-bit MatMulNBits forms (zero point kinds, block sizes, dtypes, rows split along K) and the fused
+# groups' prologues over short rows: the 2,100-element groups of the byte kernel's run add minutes here
+# and no path (long rows are matmul_nbits_4bit_long_rows)
+ONE_ROW_INT4_CASES = "(matmul_nbits_4bit and not prompt) or (int4_group and packed and not 2100)"
+
+
 @runs(
     INT4_WORDS := interpreted(
-        # the 4-bit MatMulNBits forms and the fused groups over short rows (the 2,100-element groups
-        # of the byte kernel's run add minutes here and no path: long rows are matmul_nbits_4bit_long_rows)
-        "(matmul_nbits_4bit and not prompt) or (int4_group and packed and not 2100)",
+        ONE_ROW_INT4_CASES,
         ONNXGEN_TRITON_LINEAR="1",
         ONNXGEN_TRITON_Q4="1",
         # every shape on the word kernel, 4-row tiles (rows over 1,024 elements split along K)
@@ -139,9 +143,7 @@ def test_int4_word_kernels_parity_through_the_triton_interpreter() -> None:
 
 @runs(
     INT4_SCALED := interpreted(
-        # the byte kernel's other form (option q4_row_scaled): one-row products of every zero point
-        # kind, block size and dtype, rows split along K, and the fused groups' prologues
-        "(matmul_nbits_4bit and not prompt) or (int4_group and packed and not 2100)",
+        ONE_ROW_INT4_CASES,  # under the byte kernel's other form (option q4_row_scaled)
         ONNXGEN_TRITON_LINEAR="1",
         ONNXGEN_TRITON_Q4="1",
         ONNXGEN_Q4_ROW_SCALED="1",
