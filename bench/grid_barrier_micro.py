@@ -63,7 +63,8 @@ def _persistent_kernel(
     w_ptr, ys_ptr, counter_ptr, n, k, stages, tiles,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHAINED: tl.constexpr,
 ):  # fmt: skip
-    """ys[s + 1] = W_s @ ys[s] (CHAINED) or W_s @ ys[0]; tiles of BLOCK_N rows dealt round-robin."""
+    """ys[s + 1] = W_s @ ys[s] (CHAINED) or W_s @ ys[0]; tiles of BLOCK_N rows dealt round-robin.
+    Every program has a tile (the launcher keeps programs <= tiles), so each arrives at every barrier."""
     pid, programs = tl.program_id(0), tl.num_programs(0)
     cols = tl.arange(0, BLOCK_K)
     col_ok = cols < k
@@ -82,8 +83,6 @@ def _persistent_kernel(
             x = tl.load(ys_ptr + src * k + cols, mask=col_ok, other=0.0).to(tl.float32)
             y = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
             tl.store(ys_ptr + (s + 1) * n + rows, y.to(ys_ptr.dtype.element_ty), mask=row_ok)
-        if CHAINED and pid >= tiles and s > 0:  # a program with no tile still counts in
-            _arrive_and_wait(counter_ptr, s * programs)
 
 
 def _graph_time(fn, repeats: int) -> float:
