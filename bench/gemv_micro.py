@@ -242,11 +242,13 @@ def one_row_sweeps(name, k, n, args, sweeps, ws, qb, qs, qcopies, add, copies, w
 
 
 def prompt_rows(name, k, n, args, ws, qb, qs, qcopies, add, copies, wbytes, qbytes) -> None:
-    """Several rows (a prompt; the lm_head reads one row): cuBLAS on fp16 against the 4-bit prompt
-    paths: the default policy, the tiled GEMM swept, the split-K GEMM swept (q4_prompt=split)."""
+    """Several rows (a prompt; the lm_head reads one row, so there only M = 1 runs): cuBLAS on fp16
+    against the 4-bit prompt paths: the default policy, the tiled GEMM swept, the split-K GEMM swept
+    (q4_prompt=split)."""
     bs = args.block_size
     dev = ws[0].device
-    for m in args.prompt_rows if name != "lm_head" else []:
+    # the lm_head multiplies one row only (a decode step's, or a prompt's last): there only M = 1
+    for m in args.prompt_rows if name != "lm_head" else [r for r in args.prompt_rows if r == 1]:
         a = torch.randn(m, k, device=dev, dtype=torch.float16)
         add(f"prompt {m} rows: cublas fp16", time_in_graph(lambda i, a=a: F.linear(a, ws[i]), copies), wbytes)
         want = F.linear(a, dequantize_nbits(qb[0], qs[0], None, None, k=k, n=n, bits=4, block_size=bs,
