@@ -9,7 +9,8 @@ not from L2):
     cublas-matmul   x @ W[K, N]               (what a plain MatMul runs)
     triton BN/BK/W  gpu/linear_row.py's dense kernel, swept over launch configurations
     q4-dequant      F.linear over a dequantized fp16 copy (what ONNXGEN_TRITON_Q4=0 runs)
-    q4 BN/BK/W      gpu/linear_q4.py's one-row 4-bit kernel on the packed codes, swept (BK < K: split along K)
+    q4 BN/BK/W      gpu/linear_q4.py's one-row 4-bit kernel on the packed codes, swept (BK < K: split along K;
+                    --bits 8: the same kernels over 8-bit codes)
 and the same kernel with its norm prologue fused (skip_rms) at the chosen configuration. Each row
 gives us/call and the bandwidth it reached (weight bytes / time). The chosen configurations of
 dense_config/q4_config are marked with '*'.
@@ -100,6 +101,8 @@ def main() -> int:
     parser.add_argument("--shape", default="qwen2.5-coder-0.5b-instruct", choices=sorted(MODEL_SHAPES))
     parser.add_argument("--quick", action="store_true", help="a smaller sweep")
     parser.add_argument("--block-size", type=int, default=32, help="MatMulNBits block size")
+    parser.add_argument("--bits", type=int, default=4, choices=[4, 8], help="MatMulNBits code width (8: the byte "
+                        "kernels only; the word-kernel sweep is 4-bit)")  # fmt: skip
     parser.add_argument(
         "--prompt-rows",
         type=lambda v: [int(x) for x in v.split(",") if x],
@@ -151,12 +154,13 @@ def bench_shape(name: str, k: int, n: int, args, dev, sweeps) -> list[tuple[str,
     def add(label: str, us: float, nbytes: int = wbytes) -> None:
         rows.append((label, us, nbytes / us / 1e3))
 
-    # 4-bit weights, MatMulNBits layout, symmetric (no zero points)
+    # 4-bit (--bits) weights, MatMulNBits layout, symmetric (no zero points)
     bs = args.block_size
     nb = -(-k // bs)
-    qbytes = n * nb * (bs // 2) + n * nb * 2
+    row_bytes = bs * args.bits // 8  # per block
+    qbytes = n * nb * row_bytes + n * nb * 2
     qcopies = max(2, min(96, int(256e6 // qbytes)))
-    qb = [torch.randint(0, 256, (n, nb, bs // 2), device=dev, dtype=torch.uint8) for _ in range(qcopies)]
+    qb = [torch.randint(0, 256, (n, nb, row_bytes), device=dev, dtype=torch.uint8) for _ in range(qcopies)]
     qs = [torch.rand(n, nb, device=dev, dtype=torch.float16) * 0.01 for _ in range(qcopies)]
     if not args.prompt_only:
         one_row_sweeps(name, k, n, args, sweeps, ws, qb, qs, qcopies, add, copies, wbytes, qbytes)
@@ -200,13 +204,12 @@ def one_row_sweeps(name, k, n, args, sweeps, ws, qb, qs, qcopies, add, copies, w
     add("triton chosen + skip_rms prologue", time_in_graph(fused, copies))
     add("q4-dequant (fp16 copy)", time_in_graph(lambda i: F.linear(x, ws[i]), copies), wbytes)
 
-    qchosen = Q4.q4_config(n, k, bs, dev)
-    qref = F.linear(
-        x, dequantize_nbits(qb[0], qs[0], None, None, k=k, n=n, bits=4, block_size=bs, dtype=torch.float32).half()
-    ).float()
+    qchosen = Q4.q4_config(n, k, bs, dev, bits=args.bits)
+    wq = dequantize_nbits(qb[0], qs[0], None, None, k=k, n=n, bits=args.bits, block_size=bs, dtype=torch.float32)
+    qref = F.linear(x, wq.half()).float()
 
     def q4(i: int) -> torch.Tensor:
-        return Q4.linear_row_q4(x, qb[i], qs[i], None, n=n, k=k, block_size=bs)
+        return Q4.linear_row_q4(x, qb[i], qs[i], None, n=n, k=k, block_size=bs, bits=args.bits)
 
     tile = triton_pow2(nb * bs)  # BLOCK_K >= K: the whole row in one program
     q4_bk = [tile] + ([b for b in (256, 512, 1024) if b < nb * bs] if nb * bs > 1024 else [])
@@ -220,11 +223,12 @@ def one_row_sweeps(name, k, n, args, sweeps, ws, qb, qs, qcopies, add, copies, w
             add(f"q4 {bn}/{bk}/{warps}{mark}", time_in_graph(q4, qcopies), qbytes)
 
     def q4_fused(i: int) -> torch.Tensor:
-        return Q4.linear_row_q4(x, qb[i], qs[i], None, n=n, k=k, block_size=bs, prologue="skip_rms", x2=skip,
+        return Q4.linear_row_q4(x, qb[i], qs[i], None, n=n, k=k, block_size=bs, bits=args.bits, prologue="skip_rms",
+                                x2=skip,
                                 gamma=gamma, eps=1e-6, sum_out=total)  # fmt: skip
 
     add("q4 chosen + skip_rms prologue", time_in_graph(q4_fused, qcopies), qbytes)
-    if args.words:  # the same products over the codes as 32-bit words (gpu/linear_q4_words.py)
+    if args.words and args.bits == 4:  # the same products over the codes as 32-bit words (gpu/linear_q4_words.py)
         word_tiles = [tile] if nb * bs <= 2048 else [512, 1024]
         for bn, bk, warps in itertools.product([8, 16, 32, 64], word_tiles, [2, 4, 8]):
             with options.override(gemv_q4=(bn, bk, warps, 1)):
@@ -251,8 +255,8 @@ def prompt_rows(name, k, n, args, ws, qb, qs, qcopies, add, copies, wbytes, qbyt
     for m in args.prompt_rows if name != "lm_head" else [r for r in args.prompt_rows if r == 1]:
         a = torch.randn(m, k, device=dev, dtype=torch.float16)
         add(f"prompt {m} rows: cublas fp16", time_in_graph(lambda i, a=a: F.linear(a, ws[i]), copies), wbytes)
-        want = F.linear(a, dequantize_nbits(qb[0], qs[0], None, None, k=k, n=n, bits=4, block_size=bs,
-                                            dtype=torch.float16)).float()  # fmt: skip
+        want = F.linear(a, dequantize_nbits(qb[0], qs[0], None, None, k=k, n=n, bits=args.bits,
+                                            block_size=bs, dtype=torch.float16)).float()  # fmt: skip
         gemms = GEMM_SWEEP_SMALL if m <= 64 else GEMM_SWEEP_LARGE
         variants = [("auto", None), ("dequant", None), ("gemm", None)] + [("gemm", c) for c in gemms]
         if m <= Q4.SPLIT_MAX_ROWS:
@@ -261,9 +265,12 @@ def prompt_rows(name, k, n, args, ws, qb, qs, qcopies, add, copies, wbytes, qbyt
             key = "gemm_q4_split" if mode == "split" else "gemm_q4"
             changes = {"q4_prompt": mode} | ({key: config} if config else {})
             with options.override(**changes):
-                got = Q4.matmul_q4(a, qb[0], qs[0], None, n=n, k=k, block_size=bs).float()
+                got = Q4.matmul_q4(a, qb[0], qs[0], None, n=n, k=k, block_size=bs, bits=args.bits).float()
                 err = ((got - want).norm() / want.norm()).item()
-                us = time_in_graph(lambda i, a=a: Q4.matmul_q4(a, qb[i], qs[i], None, n=n, k=k, block_size=bs), qcopies)
+                us = time_in_graph(
+                    lambda i, a=a: Q4.matmul_q4(a, qb[i], qs[i], None, n=n, k=k, block_size=bs, bits=args.bits),
+                    qcopies,
+                )
                 label = f"{mode} {','.join(map(str, config))}" if config else f"{mode} (default table)"
                 if mode == "auto":
                     label = "default policy (dequant, or gemm for short prompts of short rows)"

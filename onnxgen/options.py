@@ -351,8 +351,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("triton_linear", "ONNXGEN_TRITON_LINEAR", _triton_linear, "unset (auto) / `1` / `0`",
          "one-row Triton GEMVs (norm or SiLU-mul fused in) always / never (cuBLAS); auto: where PDL is"),
     Knob("triton_q4", "ONNXGEN_TRITON_Q4", _flag(), "`1` / `0`",
-         "`0`: 4-bit MatMulNBits on a Triton device multiply a cached fp16 copy of each weight (4x the packed "
-         "size) instead of the packed codes: more device memory, a faster decode step on the H200",
+         "`0`: 4- and 8-bit MatMulNBits on a Triton device multiply a cached fp16 copy of each weight (4x / 2x "
+         "the packed size) instead of the packed codes: more device memory, a faster decode step on the H200",
          audience="user"),
     Knob("pdl", "ONNXGEN_PDL", _flag(), "`1` / `0`",
          "`0`: no programmatic dependent launch between the step's Triton kernels (Hopper+)"),

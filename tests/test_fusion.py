@@ -341,20 +341,22 @@ def test_tied_embedding_gather_matches_onnxruntime(device: str, perm, second_rea
         np.testing.assert_array_equal(a, b)  # a gather and a transpose: exact
 
 
-def _nbits_weight(name: str, k: int, n: int, zp_kind: str, np_type, block_size: int = 32) -> tuple[list, list[str]]:
+def _nbits_weight(
+    name: str, k: int, n: int, zp_kind: str, np_type, block_size: int = 32, bits: int = 4
+) -> tuple[list, list[str]]:
     """MatMulNBits initializers for a random [K, N] weight: (initializers, the node's B/scales/zp inputs)."""
     from tests.test_ops_contrib import pack_rows, quantize_blocks
 
-    codes, scales, zp = quantize_blocks(RNG.standard_normal((n, k)).astype(np.float32) * 0.3, 4, block_size,
+    codes, scales, zp = quantize_blocks(RNG.standard_normal((n, k)).astype(np.float32) * 0.3, bits, block_size,
                                         zp_kind == "none")  # fmt: skip
     n_blocks = scales.shape[1]
     inits = [
-        numpy_helper.from_array(pack_rows(codes, 4).reshape(n, n_blocks, block_size // 2), f"{name}_b"),
+        numpy_helper.from_array(pack_rows(codes, bits).reshape(n, n_blocks, block_size * bits // 8), f"{name}_b"),
         numpy_helper.from_array(scales.reshape(-1).astype(np_type), f"{name}_s"),
     ]
     names = [f"{name}_b", f"{name}_s"]
     if zp_kind == "packed":
-        inits.append(numpy_helper.from_array(pack_rows(zp, 4).reshape(-1), f"{name}_z"))
+        inits.append(numpy_helper.from_array(pack_rows(zp, bits).reshape(-1), f"{name}_z"))
         names.append(f"{name}_z")
     elif zp_kind == "float":
         inits.append(numpy_helper.from_array((zp + 0.25).astype(np_type), f"{name}_z"))
@@ -362,9 +364,9 @@ def _nbits_weight(name: str, k: int, n: int, zp_kind: str, np_type, block_size: 
     return inits, names
 
 
-def int4_norm_mlp_model(dtype: int, zp_kind: str, inner: int, bias: bool):
-    """norm_mlp_model with MatMulNBits projections (block 32; K = 48 and ``inner``): the 4-bit group
-    of gate and up behind the norm, the down projection behind SiLU-mul."""
+def int4_norm_mlp_model(dtype: int, zp_kind: str, inner: int, bias: bool, bits: int = 4):
+    """norm_mlp_model with MatMulNBits projections (block 32; K = 48 and ``inner``): the 4-bit (or
+    ``bits``) group of gate and up behind the norm, the down projection behind SiLU-mul."""
     np_type = np.float16 if dtype == TensorProto.FLOAT16 else np.float32
     hidden = 48
     inits = [numpy_helper.from_array((RNG.random(hidden) + 0.5).astype(np_type), "gamma")]
@@ -376,11 +378,11 @@ def int4_norm_mlp_model(dtype: int, zp_kind: str, inner: int, bias: bool):
     ]  # fmt: skip
     for name, src, dst, k, n in (("gate", "normed", "g", hidden, inner), ("up", "normed", "u", hidden, inner),
                                  ("down", "h", "y", inner, hidden)):  # fmt: skip
-        more, ins = _nbits_weight(name, k, n, zp_kind, np_type)
+        more, ins = _nbits_weight(name, k, n, zp_kind, np_type, bits=bits)
         inits += more
         with_bias = bias and name == "up"  # as a following Add, which the group takes in
         nodes.append(helper.make_node("MatMulNBits", [src, *ins], [f"{dst}0" if with_bias else dst],
-                                      domain="com.microsoft", name=name, K=k, N=n, bits=4, block_size=32,
+                                      domain="com.microsoft", name=name, K=k, N=n, bits=bits, block_size=32,
                                       accuracy_level=0))  # fmt: skip
         if with_bias:
             inits.append(numpy_helper.from_array(RNG.standard_normal(n).astype(np_type), "up_bias"))
@@ -414,10 +416,40 @@ def test_int4_group_norm_silu_match_onnxruntime(
         _int4_group_case(rows, dtype, zp_kind, inner, bias, device)
 
 
-def _int4_group_case(rows: int, dtype: int, zp_kind: str, inner: int, bias: bool, device: str) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize(
+    ("zp_kind", "inner", "bias", "dtype"),
+    [("none", 40, True, TensorProto.FLOAT16), ("packed", 1100, False, TensorProto.FLOAT),
+     ("packed", 72, True, TensorProto.FLOAT16)],
+)  # fmt: skip
+@pytest.mark.parametrize("kernels", ["packed", "apart"])
+def test_int8_group_norm_silu_match_onnxruntime(
+    rows: int, zp_kind: str, inner: int, bias: bool, dtype: int, kernels: str, device: str
+) -> None:
+    """The same group with 8-bit codes (onnxruntime-genai's int8 packages, and mixed 4- and 8-bit
+    ones): where Triton serves, the packed kernels take them too, prologues fused for one row
+    (inner=1,100: down split along K) and the prompt paths for several, with no dequantized copy.
+    (onnxruntime's CPU kernel refuses 8-bit codes with float zero points, so no such case here.)"""
+    import torch
+
+    from onnxgen.runtime.gpu.launch import q4_kernels_serve
+    from onnxgen.runtime.ops.contrib_quant import DEQUANT_CACHE
+
+    DEQUANT_CACHE.clear()
+    with options.override(triton_q4=True, q4_norm_apart=1 if kernels == "apart" else 0):
+        serves = q4_kernels_serve(torch.zeros(1, device=device))
+        _int4_group_case(rows, dtype, zp_kind, inner, bias, device, bits=8)
+    if serves:  # elsewhere (a plain CPU run) the reference path's copy is the expected one
+        assert DEQUANT_CACHE.used == 0
+
+
+def _int4_group_case(
+    rows: int, dtype: int, zp_kind: str, inner: int, bias: bool, device: str, bits: int = 4
+) -> None:  # fmt: skip
     from onnxgen.runtime.fusion import pack_nbits_groups
 
-    model = int4_norm_mlp_model(dtype, zp_kind, inner, bias)
+    model = int4_norm_mlp_model(dtype, zp_kind, inner, bias, bits)
     fused, report = fuse_graph(model)
     assert (report.matmul_nbits_groups, report.singles, report.prologues, report.silu_mul) == (1, 1, 2, 1), report
     np_type = np.float16 if dtype == TensorProto.FLOAT16 else np.float32

@@ -63,6 +63,18 @@ def test_default_gemv_configs(shape: tuple[int, int], h200: None) -> None:
     assert {linear_q4.q4_config(n, k, block, CPU) for block in (16, 32, 64, 128)} == {q4}  # 132 stand-in
 
 
+@pytest.mark.parametrize(
+    ("n", "k", "block", "config"),
+    [(1152, 896, 32, (16, 1024, 4, 0)), (896, 896, 32, (8, 1024, 4, 0)), (151936, 896, 32, (16, 1024, 4, 0)),
+     (1536, 1536, 32, (16, 256, 4, 0)), (896, 4864, 128, (16, 256, 4, 0)), (2048, 1536, 512, (16, 512, 4, 0))],
+)  # fmt: skip
+def test_8bit_gemv_configs(n: int, k: int, block: int, config: tuple) -> None:
+    """8-bit codes take the byte kernel: rows of up to 1,024 elements (as many bytes as 2,048 4-bit
+    ones) in one tile, longer ones split along K in 256-element tiles (a block wider than that is the
+    tile); never the 4-bit word kernel."""
+    assert linear_q4.q4_config(n, k, block, CUDA, bits=8) == config
+
+
 def test_default_attention_and_tile_settings() -> None:
     assert gqa_decode.decode_config() == (128, 8)
     assert gqa_decode.early_reads_enabled()

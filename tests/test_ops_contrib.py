@@ -565,13 +565,15 @@ def test_matmul_nbits_4bit_long_rows(zp_kind: str, device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(("block_size", "zp_kind"), [(16, "packed"), (32, "none"), (128, "float")])
-def test_matmul_nbits_prompt_gemm(block_size: int, zp_kind: str, device: str) -> None:
+@pytest.mark.parametrize(
+    ("block_size", "zp_kind", "bits"), [(16, "packed", 4), (32, "none", 4), (128, "float", 4), (32, "packed", 8)]
+)
+def test_matmul_nbits_prompt_gemm(block_size: int, zp_kind: str, bits: int, device: str) -> None:
     """Option q4_prompt=gemm: several rows through the Triton GEMM that dequantizes tiles in
-    registers (where the 4-bit kernels serve; elsewhere the same as the default)."""
+    registers (where the packed kernels serve; elsewhere the same as the default)."""
     from onnxgen import options
 
-    model = matmul_nbits_model(200, 24, 4, block_size, TP.FLOAT16, zp_kind, 0)
+    model = matmul_nbits_model(200, 24, bits, block_size, TP.FLOAT16, zp_kind, 0)
     with options.override(q4_prompt="gemm"):
         _nbits_parity(model, TP.FLOAT16, device, NBITS_TOL[(TP.FLOAT16, 0)], m_values=(5,))
 
@@ -631,17 +633,58 @@ def test_matmul_nbits_other_widths(bits: int, zp_kind: str, device: str) -> None
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_matmul_nbits_8bit_fallback_is_said(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where the packed 4-bit kernels serve, a form they cannot take (8 bits) says so once, with the
+@pytest.mark.parametrize("dtype", [TP.FLOAT, TP.FLOAT16])
+@pytest.mark.parametrize("zp_kind", ["none", "packed"])
+@pytest.mark.parametrize("block_size", [16, 32, 128])
+def test_matmul_nbits_8bit(block_size: int, zp_kind: str, dtype: int, device: str) -> None:
+    """8-bit codes (onnxruntime-genai's int8 packages; mixed 4- and 8-bit ones): where Triton serves,
+    the packed kernels take them as they take 4-bit ones (M=1 the one-row kernel, M=5 and 20 the
+    split-K GEMM's two tile heights, M=130 the dequantizing prompt path). onnxruntime's CPU kernel
+    refuses 8-bit codes with float zero points, so float zero points are checked against the
+    formula below instead."""
+    model = matmul_nbits_model(200, 24, 8, block_size, dtype, zp_kind, 0)
+    _nbits_parity(model, dtype, device, NBITS_TOL[(dtype, 0)], m_values=(1, 5, 20, 130))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("zp_kind", ["none", "packed"])
+def test_matmul_nbits_8bit_long_rows(zp_kind: str, device: str) -> None:
+    """K = 2,100 in 8-bit codes: the one-row kernel split along K (256-element tiles), the last partial."""
+    model = matmul_nbits_model(2100, 12, 8, 32, TP.FLOAT, zp_kind, 0)
+    _nbits_parity(model, TP.FLOAT, device, NBITS_TOL[(TP.FLOAT, 0)], m_values=(1,))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_matmul_nbits_8bit_float_zero_points(device: str) -> None:
+    """8-bit codes with float zero points, which onnxruntime's CPU kernel refuses: against the
+    contrib op's formula, (code - zero_point) * scale per block, in float64."""
+    k, n, bs = 200, 24, 32
+    model = matmul_nbits_model(k, n, 8, bs, TP.FLOAT16, "float", 0)
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    n_blocks = -(-k // bs)
+    codes = inits["B"].reshape(n, n_blocks, bs).astype(np.float64)
+    w = (codes - inits["zp"].reshape(n, n_blocks, 1)) * inits["scales"].reshape(n, n_blocks, 1)
+    w = w.reshape(n, -1)[:, :k].astype(np.float16).astype(np.float64)  # the weight as fp16 holds it
+    rng = np.random.default_rng(3)
+    for m in (1, 5):
+        a = rng.standard_normal((m, k)).astype(np.float16)
+        want = a.astype(np.float64) @ w.T
+        got = onnxgen_run(model, {"A": a}, device)[0].astype(np.float64)
+        _close(got, want, NBITS_TOL[(TP.FLOAT16, 0)] * float(np.abs(want).max()), f"M={m}", rtol=0.0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_matmul_nbits_2bit_fallback_is_said(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the packed kernels serve, a form they cannot take (2 bits) says so once, with the
     reason, and still matches onnxruntime over its dequantized copy."""
     from onnxgen.runtime.gpu.launch import q4_kernels_serve
     from onnxgen.runtime.ops import contrib_quant
 
     if not q4_kernels_serve(torch.zeros(1, device=device)):
-        pytest.skip("the packed 4-bit kernels serve on a Triton device (or under Triton's interpreter) only")
+        pytest.skip("the packed kernels serve on a Triton device (or under Triton's interpreter) only")
     monkeypatch.setattr(contrib_quant, "_SAID", set())
-    model = matmul_nbits_model(96, 20, 8, 32, TP.FLOAT, "none", 0)
-    with pytest.warns(RuntimeWarning, match=r"bits=8 \(the packed kernels are 4-bit\): no packed 4-bit kernel"):
+    model = matmul_nbits_model(96, 20, 2, 32, TP.FLOAT, "none", 0)
+    with pytest.warns(RuntimeWarning, match=r"bits=2 \(the packed kernels are 4- and 8-bit\): no packed kernel"):
         _nbits_parity(model, TP.FLOAT, device, 1e-5)
 
 
@@ -672,8 +715,13 @@ def test_quantized_weight_paths_name_each_form() -> None:
     ]
     eight = matmul_nbits_model(96, 20, 8, 32, TP.FLOAT, "none", 4)
     assert paths(eight, "cuda") == [
-        "bits=8 block_size=32 zero_points=none accuracy_level=4 -> reference: dequantized fp16/bf16 copy kept "
-        "(bits=8 (the packed kernels are 4-bit))"
+        "bits=8 block_size=32 zero_points=none accuracy_level=4 -> packed 8-bit kernels (gpu/linear_q4.py), "
+        "no dequantized copy"
+    ]
+    two = matmul_nbits_model(96, 20, 2, 32, TP.FLOAT, "none", 4)
+    assert paths(two, "cuda") == [
+        "bits=2 block_size=32 zero_points=none accuracy_level=4 -> reference: dequantized fp16/bf16 copy kept "
+        "(bits=2 (the packed kernels are 4- and 8-bit))"
     ]
     model, _ = _gidx_model("none", np.arange(64, dtype=np.int32) // 16)
     g_idx_path = paths(model, "cuda")[0]
@@ -775,7 +823,8 @@ def _dequant_cache_case(device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_matmul_nbits_on_triton_keeps_no_dequantized_copy(device: str) -> None:
+@pytest.mark.parametrize("bits", [4, 8])
+def test_matmul_nbits_on_triton_keeps_no_dequantized_copy(bits: int, device: str) -> None:
     """With ONNXGEN_TRITON_Q4=1, where the 4-bit kernels serve (CUDA, Triton's interpreter), MatMulNBits multiplies the
     packed codes: one row and several, no weight enters the dequantized-weight cache."""
     from onnxgen import options
@@ -786,7 +835,7 @@ def test_matmul_nbits_on_triton_keeps_no_dequantized_copy(device: str) -> None:
         if not q4_kernels_serve(torch.zeros(1, device=device)):
             pytest.skip("the 4-bit Triton kernels do not serve this device")
         DEQUANT_CACHE.clear()
-        model = matmul_nbits_model(200, 24, 4, 32, TP.FLOAT16, "packed", 0)
+        model = matmul_nbits_model(200, 24, bits, 32, TP.FLOAT16, "packed", 0)
         _nbits_parity(model, TP.FLOAT16, device, NBITS_TOL[(TP.FLOAT16, 0)], m_values=(1, 7))
         assert DEQUANT_CACHE.used == 0
 

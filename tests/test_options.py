@@ -187,6 +187,7 @@ def test_overrides_reach_the_kernels_launch_tables() -> None:
         assert linear_q4_split.split_gemm_config(16, 1024, 1536, 32, 132, False)[6] == 0
     with options.override(gemv_q4="8,512,2,1"):  # the fourth value picks the kernel over 32-bit words
         assert linear_q4._q4_plan(896, 896, 32, cpu) == (8, 512, 2, 1)
+        assert linear_q4._q4_plan(896, 896, 32, cpu, 8) == (8, 512, 2, 0)  # the word kernel is 4-bit only
     with options.override(triton=False):
         assert not launch.triton_importable()
     assert linear_row._row_plan(896, 4864, True, cpu) == default_plan

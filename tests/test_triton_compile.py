@@ -113,18 +113,21 @@ def test_linear_tile_compiles(prologue: int, pdl: bool, persistent: bool) -> Non
 @pytest.mark.parametrize("pdl", [False, True])
 @pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("scaled", [False, True])
-def test_linear_row_q4_compiles(zero_kind: int, prologue: int, pdl: bool, split: bool, scaled: bool) -> None:
+@pytest.mark.parametrize("bits", [4, 8])
+def test_linear_row_q4_compiles(zero_kind: int, prologue: int, pdl: bool, split: bool, scaled: bool, bits: int) -> None:
     from onnxgen.runtime.gpu import linear_q4
 
     if split and prologue == 2:
         pytest.skip("a norm prologue is never split")
     if scaled and not pdl:
         pytest.skip("the scaled form is checked after the PDL wait")
+    if bits == 8 and (scaled or not pdl):
+        pytest.skip("8-bit codes: the default form with PDL")
     sig = dict.fromkeys(["x_ptr", "x2_ptr", "gamma_ptr", "sum_ptr", "scale_ptr", "bias_ptr", "out_ptr"], "*fp16")
     sig.update(b_ptr="*u8", zero_ptr="*fp16" if zero_kind == 2 else "*u8", eps="fp32", part_ptr="*fp32")
     sig.update(ticket_ptr="*i32", **dict.fromkeys(["n", "k", "n_blocks", "row_bytes", "zp_row_bytes"], "i32"))
     const = dict(PROLOGUE=prologue, ZERO_KIND=zero_kind, HAS_BIAS=prologue == 0, QBLOCK=32, BLOCK_N=16, PDL=pdl,
-                 SCALED=scaled)  # fmt: skip
+                 SCALED=scaled, BITS=bits)  # fmt: skip
     kernel = linear_q4._q4_split_kernel if split else linear_q4._q4_tile_kernel
     if split:
         const.update(NB=16, BLOCK_S=4)
@@ -172,30 +175,32 @@ def test_linear_row_q4_words_compiles(zero_kind: int, prologue: int, split: bool
 
 @pytest.mark.parametrize("zero_kind", [0, 1, 2])
 @pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
-def test_dequant_q4_compiles(zero_kind: int, dtype: str) -> None:
+@pytest.mark.parametrize("bits", [4, 8])
+def test_dequant_q4_compiles(zero_kind: int, dtype: str, bits: int) -> None:
     from onnxgen.runtime.gpu import linear_q4
 
     sig = dict.fromkeys(["scale_ptr", "w_ptr"], f"*{dtype}")
     sig.update(b_ptr="*u8", zero_ptr=f"*{dtype}" if zero_kind == 2 else "*u8")
     sig.update(dict.fromkeys(["n", "k", "row_bytes", "n_blocks", "zp_row_bytes"], "i32"))
-    const = dict(ZERO_KIND=zero_kind, QBLOCK=32, BLOCK_N=16, BYTES=128)
+    const = dict(ZERO_KIND=zero_kind, QBLOCK=32, BLOCK_N=16, BYTES=128, BITS=bits)
     ptx = compile_for_sm90(linear_q4._q4_dequant_kernel, sig, const)
     assert "st.global" in ptx
 
 
 @pytest.mark.parametrize("zero_kind", [0, 1, 2])
 @pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
-def test_matmul_q4_compiles(zero_kind: int, dtype: str) -> None:
+@pytest.mark.parametrize("bits", [4, 8])
+def test_matmul_q4_compiles(zero_kind: int, dtype: str, bits: int) -> None:
     from onnxgen.runtime.gpu import linear_q4
 
     sig = dict.fromkeys(["a_ptr", "scale_ptr", "bias_ptr", "c_ptr"], f"*{dtype}")
     sig.update(b_ptr="*u8", zero_ptr=f"*{dtype}" if zero_kind == 2 else "*u8")
     sig.update(dict.fromkeys(["m", "n", "k", "a_stride", "c_stride", "n_blocks", "row_bytes", "zp_row_bytes"], "i32"))
     const = dict(ZERO_KIND=zero_kind, HAS_BIAS=True, QBLOCK=32, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64,
-                 IEEE=dtype == "fp32")  # fmt: skip
+                 IEEE=dtype == "fp32", BITS=bits)  # fmt: skip
     ptx = compile_for_sm90(linear_q4._q4_matmul_kernel, sig, const)
     assert ("mma" in ptx) == (dtype != "fp32")  # half types on tensor cores; fp32 in IEEE fp32, not TF32
-    assert_ptx_nibbles(ptx, dtype == "fp16" and zero_kind != 2)
+    assert_ptx_nibbles(ptx, bits == 4 and dtype == "fp16" and zero_kind != 2)
 
 
 def assert_ptx_nibbles(ptx: str, expected: bool) -> None:
@@ -206,9 +211,10 @@ def assert_ptx_nibbles(ptx: str, expected: bool) -> None:
 
 @pytest.mark.parametrize("zero_kind", [0, 1, 2])
 @pytest.mark.parametrize("dtype", ["fp16", "fp32"])
-@pytest.mark.parametrize(("words", "split"), [(True, True), (False, True), (True, False)])
+@pytest.mark.parametrize(("words", "split", "bits"), [(True, True, 4), (False, True, 4), (True, False, 4),
+                                                      (False, True, 8)])  # fmt: skip
 @pytest.mark.parametrize("tile", [(16, 32), (64, 64)])  # the rule's short-prompt and wide 64-row tiles
-def test_matmul_q4_split_compiles(zero_kind: int, dtype: str, words: bool, split: bool, tile: tuple) -> None:
+def test_matmul_q4_split_compiles(zero_kind: int, dtype: str, words: bool, split: bool, bits: int, tile: tuple) -> None:
     from onnxgen.runtime.gpu import linear_q4_split
 
     sig = dict.fromkeys(["a_ptr", "scale_ptr", "bias_ptr", "c_ptr"], f"*{dtype}")
@@ -218,11 +224,11 @@ def test_matmul_q4_split_compiles(zero_kind: int, dtype: str, words: bool, split
              "k_tiles", "magic_bits"]  # fmt: skip
     sig.update(dict.fromkeys(names, "i32"))
     const = dict(ZERO_KIND=zero_kind, HAS_BIAS=True, QBLOCK=32, BLOCK_M=tile[0], BLOCK_N=tile[1], BLOCK_K=128,
-                 WORDS=words, SPLIT=split, IEEE=dtype == "fp32")  # fmt: skip
+                 WORDS=words, SPLIT=split, IEEE=dtype == "fp32", BITS=bits)  # fmt: skip
     ptx = compile_for_sm90(linear_q4_split._q4_split_gemm_kernel, sig, const)
     assert ("mma" in ptx) == (dtype != "fp32")  # half types on tensor cores; fp32 in IEEE fp32, not TF32
     assert ("atom.global" in ptx) == split  # the ticket, only where the partials meet
-    assert_ptx_nibbles(ptx, not words and dtype == "fp16" and zero_kind != 2)
+    assert_ptx_nibbles(ptx, bits == 4 and not words and dtype == "fp16" and zero_kind != 2)
     if words:  # codes become floats by the exponent trick, never by an integer conversion per weight
         conversions = re.findall(r"cvt\.rn\.f32\.[su]\d+", ptx)
         assert len(conversions) <= (8 if zero_kind == 1 else 1), conversions

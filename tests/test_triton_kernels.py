@@ -100,16 +100,17 @@ _INT4_LONG_ROWS_TWICE = " or ".join(
 
 @runs(
     INT4_ROW := interpreted(
-        f"matmul_nbits or (int4_group and (packed or apart) and not copy and not ({_INT4_LONG_ROWS_TWICE}))",
+        f"matmul_nbits or int8_group or (int4_group and (packed or apart) and not copy"
+        f" and not ({_INT4_LONG_ROWS_TWICE}))",
         ONNXGEN_TRITON_LINEAR="1",
         ONNXGEN_TRITON_Q4="1",
     )
 )
 def test_int4_kernels_parity_through_the_triton_interpreter() -> None:
-    """gpu/linear_q4.py (ONNXGEN_TRITON_Q4=1) on the plain MatMulNBits op and on 4-bit groups (zero point kinds, block
-    sizes, bias, prologues; one row and several: the GEMM split along K of short prompts, the
-    transient dequantization of longer ones, the tiled GEMM of q4_prompt=gemm) against onnxruntime,
-    with no dequantized copy kept."""
+    """gpu/linear_q4.py (ONNXGEN_TRITON_Q4=1) on the plain MatMulNBits op and on 4- and 8-bit groups (zero point
+    kinds, block sizes, bias, prologues; one row and several: the GEMM split along K of short prompts,
+    the transient dequantization of longer ones, the tiled GEMM of q4_prompt=gemm) against
+    onnxruntime, with no dequantized copy kept."""
     launches = INT4_ROW.launches()
     assert launches.get("linear_row_q4", 0) >= 10 and launches.get("dequant_q4", 0) >= 10, launches
     assert launches.get("matmul_q4", 0) >= 3 and launches.get("matmul_q4_split", 0) >= 100, launches

@@ -5,6 +5,9 @@ Layout, as MatMulNBits stores it: B is [N, n_blocks * QBLOCK / 2] bytes (K padde
 element c of a row in byte c // 2, the low nibble for even c; scales [N, n_blocks]; zero points
 absent (8 for every block), packed uint8 [N, ceil(n_blocks / 2)] (block b in byte b // 2, the low
 nibble for even b), or [N, n_blocks] in the scales' dtype. A weight is (code - zero) * scale.
+8-bit codes (onnxruntime-genai's int8 packages, and the 8-bit layers of mixed ones) take the same
+byte kernels with BITS 8: a byte per element, a byte per packed zero point, 128 where they are
+absent; the word kernel and the PTX nibble unpacking are 4-bit only.
 
 One row (the decode step), with gpu/linear_row.py's prologues (rms, skip_rms, silu_mul):
 - ``_q4_tile_kernel``: BLOCK_N whole rows per program, a row's blocks in up to three power-of-two
@@ -54,15 +57,19 @@ NORM_PROLOGUES = (1, 2)  # rms, skip_rms: statistics over the whole row, so neve
 
 
 @triton.jit
-def _block_zeros(zero_ptr, rows, blk, mask, n_blocks, zp_row_bytes, ZERO_KIND: tl.constexpr):
-    """The zero point of block ``blk`` of each row, in fp32 (broadcast shape of rows x blk)."""
-    if ZERO_KIND == 1:
+def _block_zeros(zero_ptr, rows, blk, mask, n_blocks, zp_row_bytes, ZERO_KIND: tl.constexpr, BITS: tl.constexpr = 4):
+    """The zero point of block ``blk`` of each row, in fp32 (broadcast shape of rows x blk): packed
+    codes (two 4-bit ones per byte, an 8-bit one per byte), floats, or absent (2^(BITS - 1))."""
+    if ZERO_KIND == 1 and BITS == 8:
+        zero = tl.load(zero_ptr + rows * zp_row_bytes + blk, mask=mask, other=0).to(tl.float32)
+    elif ZERO_KIND == 1:
         zbyte = tl.load(zero_ptr + rows * zp_row_bytes + blk // 2, mask=mask, other=0)
-        return tl.where(blk % 2 == 0, zbyte & 0xF, zbyte >> 4).to(tl.float32)
+        zero = tl.where(blk % 2 == 0, zbyte & 0xF, zbyte >> 4).to(tl.float32)
     elif ZERO_KIND == 2:
-        return tl.load(zero_ptr + rows * n_blocks + blk, mask=mask, other=0.0).to(tl.float32)
+        zero = tl.load(zero_ptr + rows * n_blocks + blk, mask=mask, other=0.0).to(tl.float32)
     else:
-        return (rows * 0 + blk * 0 + 8).to(tl.float32)
+        zero = (rows * 0 + blk * 0 + (1 << (BITS - 1))).to(tl.float32)
+    return zero
 
 
 # fp32 bits of 2^23: a code c < 2^23 OR-ed into the mantissa reads as exactly 2^23 + c, so a nibble
@@ -83,29 +90,33 @@ RESHAPE_REORDERS = tl.constexpr("can_reorder" in inspect.signature(tl.reshape).p
 @triton.jit
 def _block_loads(
     b_ptr, scale_ptr, zero_ptr, rows, row_ok, first_block, n_blocks, row_bytes, zp_row_bytes, NB: tl.constexpr,
-    QBLOCK: tl.constexpr, ZERO_KIND: tl.constexpr,
+    QBLOCK: tl.constexpr, ZERO_KIND: tl.constexpr, BITS: tl.constexpr = 4,
 ):  # fmt: skip
     """The constant inputs of NB quantization blocks from ``first_block`` of each row: the codes
-    [BLOCK_N, NB, QBLOCK / 2] bytes, the block scales [BLOCK_N, NB] and the offset a code's magic
-    float loses to become code - zero (2^23 + zero; for float zero points the zero alone)."""
+    [BLOCK_N, NB, QBLOCK * BITS / 8] bytes, the block scales [BLOCK_N, NB] and the offset a code's
+    magic float loses to become code - zero (2^23 + zero; for float zero points the zero alone)."""
     scale, zero = _block_scales(scale_ptr, zero_ptr, rows, row_ok, first_block, n_blocks, zp_row_bytes, NB,
-                                ZERO_KIND)  # fmt: skip
-    return _block_codes(b_ptr, rows, row_ok, first_block, n_blocks, row_bytes, NB, QBLOCK), scale, zero
+                                ZERO_KIND, BITS)  # fmt: skip
+    return _block_codes(b_ptr, rows, row_ok, first_block, n_blocks, row_bytes, NB, QBLOCK, BITS), scale, zero
 
 
 @triton.jit
-def _block_codes(b_ptr, rows, row_ok, first_block, n_blocks, row_bytes, NB: tl.constexpr, QBLOCK: tl.constexpr):
-    """The codes of _block_loads alone, [BLOCK_N, NB, QBLOCK / 2] bytes."""
-    HALF: tl.constexpr = QBLOCK // 2
+def _block_codes(
+    b_ptr, rows, row_ok, first_block, n_blocks, row_bytes, NB: tl.constexpr, QBLOCK: tl.constexpr,
+    BITS: tl.constexpr = 4,
+):  # fmt: skip
+    """The codes of _block_loads alone, [BLOCK_N, NB, QBLOCK * BITS / 8] bytes."""
+    BYTES: tl.constexpr = QBLOCK * BITS // 8
     blk = first_block + tl.arange(0, NB)
     block_ok = row_ok[:, None] & (blk < n_blocks)[None, :]
-    byte = blk[:, None] * HALF + tl.arange(0, HALF)[None, :]
+    byte = blk[:, None] * BYTES + tl.arange(0, BYTES)[None, :]
     return tl.load(b_ptr + rows[:, None, None] * row_bytes + byte[None, :, :], mask=block_ok[:, :, None], other=0)
 
 
 @triton.jit
 def _block_scales(
-    scale_ptr, zero_ptr, rows, row_ok, first_block, n_blocks, zp_row_bytes, NB: tl.constexpr, ZERO_KIND: tl.constexpr
+    scale_ptr, zero_ptr, rows, row_ok, first_block, n_blocks, zp_row_bytes, NB: tl.constexpr, ZERO_KIND: tl.constexpr,
+    BITS: tl.constexpr = 4,
 ):  # fmt: skip
     """(scale, offset) of _block_loads alone. Loops over K load these one step ahead: a row's zero
     points (and a few blocks' scales) are a few bytes per step, narrower than the 4 bytes per
@@ -114,7 +125,7 @@ def _block_scales(
     blk = first_block + tl.arange(0, NB)
     block_ok = row_ok[:, None] & (blk < n_blocks)[None, :]
     scale = tl.load(scale_ptr + rows[:, None] * n_blocks + blk[None, :], mask=block_ok, other=0.0).to(tl.float32)
-    zero = _block_zeros(zero_ptr, rows[:, None], blk[None, :], block_ok, n_blocks, zp_row_bytes, ZERO_KIND)
+    zero = _block_zeros(zero_ptr, rows[:, None], blk[None, :], block_ok, n_blocks, zp_row_bytes, ZERO_KIND, BITS)
     if ZERO_KIND != 2:
         zero += MAGIC
     return scale, zero
@@ -123,7 +134,7 @@ def _block_scales(
 @triton.jit
 def _block_products(
     codes, scale, offset, x_ptr, x2_ptr, gamma_ptr, sum_ptr, first_block, k, PROLOGUE: tl.constexpr,
-    ZERO_KIND: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr, SCALED: tl.constexpr,
+    ZERO_KIND: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr, SCALED: tl.constexpr, BITS: tl.constexpr = 4,
 ):  # fmt: skip
     """(w . p(x) per row, the prologue's sum of squares) in fp32 over NB blocks from ``first_block``.
     The two nibbles of each byte are joined into element order (2i low, 2i + 1 high), so the
@@ -143,24 +154,30 @@ def _block_products(
         a = a.to(x.dtype)
     squares = tl.sum(tl.sum(sq, axis=1), axis=0)
     if SCALED:
-        w = _codes_less_zero(codes, offset, ZERO_KIND, NB, QBLOCK) * scale[:, :, None]
+        w = _codes_less_zero(codes, offset, ZERO_KIND, NB, QBLOCK, BITS) * scale[:, :, None]
         products = w * a[None, :, :].to(tl.float32)
         if RESHAPE_REORDERS:  # one reduction of the row, in the order the compiler finds cheapest
             return tl.sum(tl.reshape(products, (codes.shape[0], NB * QBLOCK), can_reorder=True), axis=1), squares
         return tl.sum(tl.sum(products, axis=2), axis=1), squares
-    per_block = tl.sum(_codes_less_zero(codes, offset, ZERO_KIND, NB, QBLOCK) * a[None, :, :].to(tl.float32), axis=2)
+    v = _codes_less_zero(codes, offset, ZERO_KIND, NB, QBLOCK, BITS)
+    per_block = tl.sum(v * a[None, :, :].to(tl.float32), axis=2)
     return tl.sum(per_block * scale, axis=1), squares
 
 
 @triton.jit
-def _codes_less_zero(codes, offset, ZERO_KIND: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr):
+def _codes_less_zero(
+    codes, offset, ZERO_KIND: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr, BITS: tl.constexpr = 4
+):  # fmt: skip
     """code - zero in fp32, [BLOCK_N, NB, QBLOCK] in element order, from _block_loads' codes and
-    offset: the two nibbles of each byte joined (2i low, 2i + 1 high), each made a float by the
-    exponent trick."""
+    offset: 4-bit codes with the two nibbles of each byte joined (2i low, 2i + 1 high), 8-bit ones a
+    byte each; each made a float by the exponent trick."""
     wide = codes.to(tl.int32)
-    lo = ((wide & 0xF) | MAGIC_BITS).to(tl.float32, bitcast=True)
-    hi = ((wide >> 4) | MAGIC_BITS).to(tl.float32, bitcast=True)
-    q = tl.reshape(tl.join(lo, hi), (codes.shape[0], NB, QBLOCK))
+    if BITS == 8:
+        q = (wide | MAGIC_BITS).to(tl.float32, bitcast=True)
+    else:
+        lo = ((wide & 0xF) | MAGIC_BITS).to(tl.float32, bitcast=True)
+        hi = ((wide >> 4) | MAGIC_BITS).to(tl.float32, bitcast=True)
+        q = tl.reshape(tl.join(lo, hi), (codes.shape[0], NB, QBLOCK))
     if ZERO_KIND == 2:
         q -= MAGIC
     return q - offset[:, :, None]
@@ -216,13 +233,28 @@ def _half_nibbles_ptx(w):
 
 @triton.jit
 def _dequantized(codes, scale, offset, ZERO_KIND: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr,
-                 DTYPE: tl.constexpr):  # fmt: skip
+                 DTYPE: tl.constexpr, BITS: tl.constexpr = 4):  # fmt: skip
     """_block_loads' codes as weights [BLOCK_N, NB, QBLOCK] in DTYPE, (code - zero) * scale rounded
-    once: in fp16 arithmetic for fp16 with integer zero points (_codes_less_zero_half), else in
-    fp32."""
-    if DTYPE == tl.float16 and ZERO_KIND != 2:
-        return _codes_less_zero_half(codes, offset, scale, NB, QBLOCK)
-    return (_codes_less_zero(codes, offset, ZERO_KIND, NB, QBLOCK) * scale[:, :, None]).to(DTYPE)
+    once: in fp16 arithmetic for fp16 with integer zero points (_codes_less_zero_half, or for 8-bit
+    codes _bytes_less_zero_half), else in fp32."""
+    if DTYPE == tl.float16 and ZERO_KIND != 2 and BITS == 8:
+        w = _bytes_less_zero_half(codes, offset, scale)
+    elif DTYPE == tl.float16 and ZERO_KIND != 2:
+        w = _codes_less_zero_half(codes, offset, scale, NB, QBLOCK)
+    else:
+        w = (_codes_less_zero(codes, offset, ZERO_KIND, NB, QBLOCK, BITS) * scale[:, :, None]).to(DTYPE)
+    return w
+
+
+@triton.jit
+def _bytes_less_zero_half(w, offset, scale):
+    """(code - zero) * scale of 8-bit codes in fp16 arithmetic: a byte OR-ed into the mantissa of
+    the fp16 1024 reads as exactly 1024 + code, less 1024 + zero (exact: at most 1,279) it is
+    code - zero, exact, and its product with the scale is rounded once, as the fp32 product (exact:
+    9 bits times the scale's 11) rounded to fp16 is. Integer zero points only (offset 2^23 + zero)."""
+    q = (w.to(tl.int16) | 0x6400).to(tl.float16, bitcast=True)
+    less = (offset - (MAGIC - 1024.0)).to(tl.float16)
+    return (q - less[:, :, None]) * scale.to(tl.float16)[:, :, None]
 
 
 @triton.jit
@@ -230,7 +262,7 @@ def _q4_tile_kernel(
     x_ptr, x2_ptr, gamma_ptr, sum_ptr, b_ptr, scale_ptr, zero_ptr, bias_ptr, out_ptr, n, k, n_blocks, row_bytes,
     zp_row_bytes, eps, PROLOGUE: tl.constexpr, ZERO_KIND: tl.constexpr, HAS_BIAS: tl.constexpr,
     QBLOCK: tl.constexpr, BLOCK_N: tl.constexpr, B0: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr,
-    PDL: tl.constexpr, SCALED: tl.constexpr,
+    PDL: tl.constexpr, SCALED: tl.constexpr, BITS: tl.constexpr,
 ):  # fmt: skip
     """y[rows] for BLOCK_N whole rows per program, a row's blocks in up to three power-of-two parts
     (B0 + B1 + B2 >= n_blocks; a part of 0 is absent): every code, scale and zero of the program is
@@ -240,24 +272,24 @@ def _q4_tile_kernel(
     if HAS_BIAS:
         bias = tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
     c0, s0, z0 = _block_loads(b_ptr, scale_ptr, zero_ptr, rows, row_ok, 0, n_blocks, row_bytes, zp_row_bytes, B0,
-                              QBLOCK, ZERO_KIND)  # fmt: skip
+                              QBLOCK, ZERO_KIND, BITS)  # fmt: skip
     if B1 > 0:
         c1, s1, z1 = _block_loads(b_ptr, scale_ptr, zero_ptr, rows, row_ok, B0, n_blocks, row_bytes, zp_row_bytes,
-                                  B1, QBLOCK, ZERO_KIND)  # fmt: skip
+                                  B1, QBLOCK, ZERO_KIND, BITS)  # fmt: skip
     if B2 > 0:
         c2, s2, z2 = _block_loads(b_ptr, scale_ptr, zero_ptr, rows, row_ok, B0 + B1, n_blocks, row_bytes,
-                                  zp_row_bytes, B2, QBLOCK, ZERO_KIND)  # fmt: skip
+                                  zp_row_bytes, B2, QBLOCK, ZERO_KIND, BITS)  # fmt: skip
     wait_for_previous(PDL)
     dot, squares = _block_products(c0, s0, z0, x_ptr, x2_ptr, gamma_ptr, sum_ptr, 0, k, PROLOGUE, ZERO_KIND, B0,
-                                   QBLOCK, SCALED)  # fmt: skip
+                                   QBLOCK, SCALED, BITS)  # fmt: skip
     if B1 > 0:
         d1, q1 = _block_products(c1, s1, z1, x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0, k, PROLOGUE, ZERO_KIND, B1,
-                                 QBLOCK, SCALED)  # fmt: skip
+                                 QBLOCK, SCALED, BITS)  # fmt: skip
         dot += d1
         squares += q1
     if B2 > 0:
         d2, q2 = _block_products(c2, s2, z2, x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0 + B1, k, PROLOGUE, ZERO_KIND,
-                                 B2, QBLOCK, SCALED)  # fmt: skip
+                                 B2, QBLOCK, SCALED, BITS)  # fmt: skip
         dot += d2
         squares += q2
     if PROLOGUE == 1 or PROLOGUE == 2:
@@ -272,7 +304,7 @@ def _q4_split_kernel(
     x_ptr, x2_ptr, gamma_ptr, sum_ptr, b_ptr, scale_ptr, zero_ptr, bias_ptr, out_ptr, part_ptr, ticket_ptr, n, k,
     n_blocks, row_bytes, zp_row_bytes, PROLOGUE: tl.constexpr, ZERO_KIND: tl.constexpr, HAS_BIAS: tl.constexpr,
     QBLOCK: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
-    SCALED: tl.constexpr,
+    SCALED: tl.constexpr, BITS: tl.constexpr,
 ):  # fmt: skip
     """Program (i, j): row block i over blocks j * NB .. j * NB + NB - 1; the partial sums meet in
     linear_row.merge_splits (PROLOGUE 0 or 3 only)."""
@@ -284,10 +316,10 @@ def _q4_split_kernel(
     else:
         bias = 0.0
     codes, scale, zero = _block_loads(b_ptr, scale_ptr, zero_ptr, rows, row_ok, first, n_blocks, row_bytes,
-                                      zp_row_bytes, NB, QBLOCK, ZERO_KIND)  # fmt: skip
+                                      zp_row_bytes, NB, QBLOCK, ZERO_KIND, BITS)  # fmt: skip
     wait_for_previous(PDL)
     dot, _ = _block_products(codes, scale, zero, x_ptr, x2_ptr, gamma_ptr, sum_ptr, first, k, PROLOGUE, ZERO_KIND,
-                             NB, QBLOCK, SCALED)  # fmt: skip
+                             NB, QBLOCK, SCALED, BITS)  # fmt: skip
     merge_splits(dot, bias, part_ptr, ticket_ptr, out_ptr, rows, row_ok, n, BLOCK_S)
 
 
@@ -295,7 +327,7 @@ def _q4_split_kernel(
 def _q4_matmul_kernel(
     a_ptr, b_ptr, scale_ptr, zero_ptr, bias_ptr, c_ptr, m, n, k, a_stride, c_stride, n_blocks, row_bytes,
     zp_row_bytes, ZERO_KIND: tl.constexpr, HAS_BIAS: tl.constexpr, QBLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr, BITS: tl.constexpr,
 ):  # fmt: skip
     """C[BLOCK_M, BLOCK_N] tile = A @ W^T (+ bias), W dequantized BLOCK_K columns (whole quantization
     blocks, BLOCK_K >= QBLOCK) at a time: each block's codes, scale and zero load once per tile, the
@@ -306,13 +338,13 @@ def _q4_matmul_kernel(
     row_ok = rows < m
     col_ok = cols < n
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    scale, zero = _block_scales(scale_ptr, zero_ptr, cols, col_ok, 0, n_blocks, zp_row_bytes, NBT, ZERO_KIND)
+    scale, zero = _block_scales(scale_ptr, zero_ptr, cols, col_ok, 0, n_blocks, zp_row_bytes, NBT, ZERO_KIND, BITS)
     for first in range(0, n_blocks, NBT):
-        codes = _block_codes(b_ptr, cols, col_ok, first, n_blocks, row_bytes, NBT, QBLOCK)
+        codes = _block_codes(b_ptr, cols, col_ok, first, n_blocks, row_bytes, NBT, QBLOCK, BITS)
         # the next step's scales and zero points, loaded a step ahead (_block_scales)
         scale2, zero2 = _block_scales(scale_ptr, zero_ptr, cols, col_ok, first + NBT, n_blocks, zp_row_bytes, NBT,
-                                      ZERO_KIND)  # fmt: skip
-        w = tl.reshape(_dequantized(codes, scale, zero, ZERO_KIND, NBT, QBLOCK, a_ptr.dtype.element_ty),
+                                      ZERO_KIND, BITS)  # fmt: skip
+        w = tl.reshape(_dequantized(codes, scale, zero, ZERO_KIND, NBT, QBLOCK, a_ptr.dtype.element_ty, BITS),
                        (BLOCK_N, BLOCK_K))  # fmt: skip
         scale, zero = scale2, zero2
         kcols = first * QBLOCK + tl.arange(0, BLOCK_K)
@@ -331,22 +363,26 @@ def _q4_matmul_kernel(
 @triton.jit
 def _q4_dequant_kernel(
     b_ptr, scale_ptr, zero_ptr, w_ptr, n, k, row_bytes, n_blocks, zp_row_bytes, ZERO_KIND: tl.constexpr,
-    QBLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BYTES: tl.constexpr,
+    QBLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BYTES: tl.constexpr, BITS: tl.constexpr,
 ):  # fmt: skip
-    """W[rows, 2 * bytes] = (code - zero) * scale in fp32, rounded once to W's dtype (as
+    """W[rows, elements of the bytes] = (code - zero) * scale in fp32, rounded once to W's dtype (as
     contrib_quant.dequantize_nbits computes it, so the GEMM after it sees the very same weight)."""
+    ELEMENTS: tl.constexpr = BYTES * 8 // BITS
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     byte = tl.program_id(1) * BYTES + tl.arange(0, BYTES)
     row_ok = rows < n
     ok = row_ok[:, None] & (byte < row_bytes)[None, :]
     packed = tl.load(b_ptr + rows[:, None] * row_bytes + byte[None, :], mask=ok, other=0)
-    blk = (byte * 2) // QBLOCK
+    blk = (byte * (8 // BITS)) // QBLOCK
     scale = tl.load(scale_ptr + rows[:, None] * n_blocks + blk[None, :], mask=ok, other=0.0).to(tl.float32)
-    zero = _block_zeros(zero_ptr, rows[:, None], blk[None, :], ok, n_blocks, zp_row_bytes, ZERO_KIND)
-    lo = ((packed & 0xF).to(tl.float32) - zero) * scale
-    hi = ((packed >> 4).to(tl.float32) - zero) * scale
-    w = tl.reshape(tl.join(lo, hi), (BLOCK_N, 2 * BYTES))  # element 2i (low nibble), then 2i + 1
-    cols = tl.program_id(1) * 2 * BYTES + tl.arange(0, 2 * BYTES)
+    zero = _block_zeros(zero_ptr, rows[:, None], blk[None, :], ok, n_blocks, zp_row_bytes, ZERO_KIND, BITS)
+    if BITS == 8:
+        w = (packed.to(tl.float32) - zero) * scale
+    else:
+        lo = ((packed & 0xF).to(tl.float32) - zero) * scale
+        hi = ((packed >> 4).to(tl.float32) - zero) * scale
+        w = tl.reshape(tl.join(lo, hi), (BLOCK_N, ELEMENTS))  # element 2i (low nibble), then 2i + 1
+    cols = tl.program_id(1) * ELEMENTS + tl.arange(0, ELEMENTS)
     tl.store(w_ptr + rows[:, None] * k + cols[None, :], w.to(w_ptr.dtype.element_ty),
              mask=row_ok[:, None] & (cols < k)[None, :])  # fmt: skip
 
@@ -361,7 +397,7 @@ WORDS_MAX_LM_ROWS = 65536  # ...except vocabulary-wide ones over rows longer tha
 
 
 def q4_config(
-    n: int, k: int, block_size: int, device: torch.device, opts: options.Options | None = None
+    n: int, k: int, block_size: int, device: torch.device, opts: options.Options | None = None, bits: int = 4
 ) -> tuple[int, int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps, KERNEL) of the one-row 4-bit kernels, from sweeps of each layer
     alone in CUDA graphs and of the whole decode step on the H200 (bench/gemv_micro.py --words,
@@ -371,11 +407,17 @@ def q4_config(
     (gpu/linear_q4_words.py, KERNEL 1; 0: the byte kernel), 2 warps for rows of at most 1,024 elements; longer rows
     split along K in 512-element tiles, 16 rows per program, bytes. A row with a norm prologue is
     never split (its statistics span the row): the launcher widens the tile to the row.
-    ``ONNXGEN_GEMV_Q4[_<N>x<K>]`` (option ``gemv_q4``) forces a configuration."""
+    8-bit codes take the byte kernel, with the tiles' limits halved (the same bytes per program).
+    ``ONNXGEN_GEMV_Q4[_<N>x<K>]`` (option ``gemv_q4``) forces a configuration (for 8-bit codes,
+    with the byte kernel)."""
     forced = (opts or options.current()).gemv_q4.lookup(n, k)
     if forced:
-        return forced  # type: ignore[return-value]
+        return (*forced[:3], forced[3] if bits == 4 else 0)  # type: ignore[return-value]
     padded = -(-k // block_size) * block_size
+    if bits == 8:
+        if padded > TILE_LIMIT // 2:
+            return 16, max(256, block_size), 4, 0
+        return (16 if n >= 1024 else 8), max(block_size, triton.next_power_of_2(padded)), 4, 0
     if padded > TILE_LIMIT:
         return 16, max(512, block_size), 4, 0
     tile = max(block_size, triton.next_power_of_2(padded))
@@ -399,12 +441,12 @@ def gemm_q4_config(m: int, n: int, k: int, opts: options.Options | None = None) 
     return 128, 128, 64, 8, 3
 
 
-def _q4_plan(n: int, k: int, block_size: int, device: torch.device) -> tuple[int, int, int, int]:
+def _q4_plan(n: int, k: int, block_size: int, device: torch.device, bits: int = 4) -> tuple[int, int, int, int]:
     plans, opts = _plans()
-    key = ("q4", n, k, block_size, device)
+    key = ("q4", n, k, block_size, device, bits)
     plan = plans.get(key)
     if plan is None:
-        plan = plans[key] = q4_config(n, k, block_size, device, opts)
+        plan = plans[key] = q4_config(n, k, block_size, device, opts, bits)
     return plan  # type: ignore[return-value]
 
 
@@ -416,13 +458,21 @@ def _check_block(block_size: int) -> None:
         raise ValueError(f"block_size {block_size} is not a power of two >= 16")
 
 
-def _layout(b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, n: int, k: int, block_size: int):
+def _check_bits(bits: int) -> None:
+    if bits not in (4, 8):
+        raise ValueError(f"bits={bits}: these kernels take 4- and 8-bit codes")
+
+
+def _layout(
+    b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, n: int, k: int, block_size: int,
+    bits: int = 4,
+):  # fmt: skip
     """(codes [N, row bytes], scales [N, n_blocks], zeros or codes as a placeholder, ZERO_KIND)."""
     n_blocks = -(-k // block_size)
     packed = b.reshape(n, -1)
-    if packed.shape[1] != n_blocks * block_size // 2:
-        raise ValueError(f"B has {packed.shape[1]} bytes per row; {n_blocks} blocks of {block_size} need "
-                         f"{n_blocks * block_size // 2}")  # fmt: skip
+    if packed.shape[1] != n_blocks * block_size * bits // 8:
+        raise ValueError(f"B has {packed.shape[1]} bytes per row; {n_blocks} blocks of {block_size} {bits}-bit "
+                         f"codes need {n_blocks * block_size * bits // 8}")  # fmt: skip
     zero_kind = 0 if zero_points is None else (1 if zero_points.dtype == torch.uint8 else 2)
     zeros = zero_points.reshape(n, -1) if zero_points is not None else packed
     return packed, scales.reshape(n, n_blocks), zeros, zero_kind
@@ -443,15 +493,18 @@ def linear_row_q4(
     gamma: torch.Tensor | None = None,
     eps: float = 0.0,
     sum_out: torch.Tensor | None = None,
+    bits: int = 4,
 ) -> torch.Tensor:
-    """p(x) @ W^T (+ bias) for one row x of K values over MatMulNBits' 4-bit W; returns [N] in x's dtype."""
+    """p(x) @ W^T (+ bias) for one row x of K values over MatMulNBits' 4- or 8-bit W; returns [N] in
+    x's dtype."""
     _check_block(block_size)
+    _check_bits(bits)
     x = x.reshape(k).contiguous()
     code, x2, gamma, sum_out = _prologue_args(x, prologue, x2, gamma, sum_out)
-    packed, scale, zeros, zero_kind = _layout(b, scales, zero_points, n, k, block_size)
+    packed, scale, zeros, zero_kind = _layout(b, scales, zero_points, n, k, block_size, bits)
     n_blocks = scale.shape[1]
     out = torch.empty(n, dtype=x.dtype, device=x.device)
-    block_n, block_k, warps, kernel = _q4_plan(n, k, block_size, x.device)
+    block_n, block_k, warps, kernel = _q4_plan(n, k, block_size, x.device, bits)
     split_blocks = max(block_k, block_size) // block_size
     splits = triton.cdiv(n_blocks, split_blocks)
     opts = options.current()
@@ -465,7 +518,7 @@ def linear_row_q4(
     scaled = opts.q4_row_scaled  # the byte kernels' form (_block_products)
     bias_arg = bias if bias is not None else out
     LAUNCHES["linear_row_q4"] += 1
-    words = _as_words(packed) if kernel else None
+    words = _as_words(packed) if kernel and bits == 4 else None
     if words is not None:
         return _linear_row_words(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, common, n, k, n_blocks,
                                  splits, split_blocks, float(eps))  # fmt: skip
@@ -473,7 +526,7 @@ def linear_row_q4(
         b0, b1, b2 = power_parts(n_blocks)
         _q4_tile_kernel[(triton.cdiv(n, block_n),)](
             x, x2, gamma, sum_out, packed, scale, zeros, bias_arg, out, n, k, n_blocks, packed.shape[1],
-            zeros.shape[1], float(eps), **common, B0=b0, B1=b1, B2=b2, SCALED=scaled,
+            zeros.shape[1], float(eps), **common, B0=b0, B1=b1, B2=b2, SCALED=scaled, BITS=bits,
             **pdl_launch(x, out, sum_out),
         )  # fmt: skip
         return out
@@ -482,7 +535,7 @@ def linear_row_q4(
     LAUNCHES["linear_row_q4_split"] += 1
     _q4_split_kernel[(blocks, splits)](
         x, x2, gamma, sum_out, packed, scale, zeros, bias_arg, out, parts, tickets, n, k, n_blocks, packed.shape[1],
-        zeros.shape[1], **common, NB=split_blocks, BLOCK_S=triton.next_power_of_2(splits), SCALED=scaled,
+        zeros.shape[1], **common, NB=split_blocks, BLOCK_S=triton.next_power_of_2(splits), SCALED=scaled, BITS=bits,
         **pdl_launch(x, out, parts, tickets),
     )  # fmt: skip
     return out
@@ -547,8 +600,9 @@ def matmul_q4(
     k: int,
     block_size: int,
     scratch: DequantScratch | None = None,
+    bits: int = 4,
 ) -> torch.Tensor:
-    """A @ W^T (+ bias) for A [..., K] over MatMulNBits' 4-bit W; returns [..., N] in A's dtype.
+    """A @ W^T (+ bias) for A [..., K] over MatMulNBits' 4- or 8-bit W; returns [..., N] in A's dtype.
 
     Option ``q4_prompt``: ``dequant`` dequantizes the weight in chunks of rows into ``scratch``
     (the session's one buffer; without it, a buffer of at most DEQUANT_ROWS_ELEMENTS that lives
@@ -558,21 +612,22 @@ def matmul_q4(
     SPLIT_MAX_ROWS rows, dequant for longer ones; ``auto`` (the default) the split-K GEMM for
     prompts of at most AUTO_SPLIT_ROWS rows, dequant for longer ones."""
     _check_block(block_size)
+    _check_bits(bits)
     lead = a.shape[:-1]
     a2 = a.reshape(-1, k)
     if a2.stride(1) != 1:
         a2 = a2.contiguous()
     m = a2.shape[0]
-    packed, scale, zeros, zero_kind = _layout(b, scales, zero_points, n, k, block_size)
+    packed, scale, zeros, zero_kind = _layout(b, scales, zero_points, n, k, block_size, bits)
     mode = options.current().q4_prompt
     if m and m <= (SPLIT_MAX_ROWS if mode == "split" else AUTO_SPLIT_ROWS if mode == "auto" else 0):
         from onnxgen.runtime.gpu.linear_q4_split import matmul_q4_split
 
-        out = matmul_q4_split(a2, packed, scale, zeros, zero_kind, bias, n=n, k=k, block_size=block_size)
+        out = matmul_q4_split(a2, packed, scale, zeros, zero_kind, bias, n=n, k=k, block_size=block_size, bits=bits)
         return out.reshape(*lead, n)
     if m and mode != "gemm":
         out = _dequant_matmul(a2, packed, scale, zeros, zero_kind, bias, n=n, k=k, block_size=block_size,
-                              scratch=scratch)  # fmt: skip
+                              scratch=scratch, bits=bits)  # fmt: skip
         return out.reshape(*lead, n)
     out = torch.empty((m, n), dtype=a.dtype, device=a.device)
     if m == 0:
@@ -584,7 +639,7 @@ def matmul_q4(
         a2, packed, scale, zeros, bias if bias is not None else out, out, m, n, k, a2.stride(0), out.stride(0),
         scale.shape[1], packed.shape[1], zeros.shape[1], ZERO_KIND=zero_kind, HAS_BIAS=bias is not None,
         QBLOCK=block_size, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, IEEE=a.dtype == torch.float32,
-        num_warps=warps, num_stages=stages,
+        BITS=bits, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out.reshape(*lead, n)
 
@@ -639,10 +694,10 @@ class DequantScratch:
 
 def dequantize_q4(
     packed: torch.Tensor, scale: torch.Tensor, zeros: torch.Tensor, zero_kind: int, *, rows: slice, k: int,
-    block_size: int, dtype: torch.dtype, out: torch.Tensor | None = None,
+    block_size: int, dtype: torch.dtype, out: torch.Tensor | None = None, bits: int = 4,
 ) -> torch.Tensor:  # fmt: skip
-    """Rows ``rows`` of the 4-bit weight as a dense [rows, K] tensor of ``dtype``: ``out`` (contiguous,
-    that shape and dtype) or a new one."""
+    """Rows ``rows`` of the 4- or 8-bit weight as a dense [rows, K] tensor of ``dtype``: ``out``
+    (contiguous, that shape and dtype) or a new one."""
     lo, hi = rows.start, rows.stop
     if out is None:
         out = torch.empty((hi - lo, k), dtype=dtype, device=packed.device)
@@ -652,14 +707,15 @@ def dequantize_q4(
     _q4_dequant_kernel[(triton.cdiv(hi - lo, block_n), triton.cdiv(row_bytes, nbytes))](
         packed[lo:hi], scale[lo:hi], zeros[lo:hi] if zero_kind else zeros, out, hi - lo, k, row_bytes,
         scale.shape[1], zeros.shape[1], ZERO_KIND=zero_kind, QBLOCK=block_size, BLOCK_N=block_n, BYTES=nbytes,
-        num_warps=4,
+        BITS=bits, num_warps=4,
     )  # fmt: skip
     return out
 
 
 def _dequant_matmul(
-    a2, packed, scale, zeros, zero_kind, bias, *, n: int, k: int, block_size: int, scratch: DequantScratch | None
-) -> torch.Tensor:
+    a2, packed, scale, zeros, zero_kind, bias, *, n: int, k: int, block_size: int, scratch: DequantScratch | None,
+    bits: int,
+) -> torch.Tensor:  # fmt: skip
     """A @ W^T with W dequantized a chunk of rows at a time, into ``scratch`` where it serves."""
     fit = scratch.rows_for(k, a2.dtype, a2.device) if scratch is not None else 0
     step = chunk_rows(n, fit if fit else max(16, DEQUANT_ROWS_ELEMENTS // k))
@@ -667,7 +723,7 @@ def _dequant_matmul(
     def chunk(lo: int, hi: int) -> torch.Tensor:
         into = scratch.rows_view(hi - lo, k) if fit else None
         return dequantize_q4(packed, scale, zeros, zero_kind, rows=slice(lo, hi), k=k, block_size=block_size,
-                             dtype=a2.dtype, out=into)  # fmt: skip
+                             dtype=a2.dtype, out=into, bits=bits)  # fmt: skip
 
     if step >= n:
         return _linear(a2, chunk(0, n), bias)

@@ -46,12 +46,14 @@ from onnxgen.runtime.gpu.linear_row import _multiprocessors, split_scratch
 def _byte_tile(
     a_ptr, b_ptr, scale, zero, rows, row_ok, cols, col_ok, tile, k, a_stride, n_blocks, row_bytes,
     ZERO_KIND: tl.constexpr, QBLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+    BITS: tl.constexpr,
 ):  # fmt: skip
-    """A[rows, K tile] @ W[cols, K tile]^T in fp32 over the codes as bytes, with the tile's
-    ``scale`` and ``zero`` (linear_q4._block_scales, loaded a tile ahead by the caller)."""
+    """A[rows, K tile] @ W[cols, K tile]^T in fp32 over the codes as bytes (4- or 8-bit), with the
+    tile's ``scale`` and ``zero`` (linear_q4._block_scales, loaded a tile ahead by the caller)."""
     NBT: tl.constexpr = BLOCK_K // QBLOCK
-    codes = _block_codes(b_ptr, cols, col_ok, tile * NBT, n_blocks, row_bytes, NBT, QBLOCK)
-    w = tl.reshape(_dequantized(codes, scale, zero, ZERO_KIND, NBT, QBLOCK, a_ptr.dtype.element_ty), (BLOCK_N, BLOCK_K))
+    codes = _block_codes(b_ptr, cols, col_ok, tile * NBT, n_blocks, row_bytes, NBT, QBLOCK, BITS)
+    w = tl.reshape(_dequantized(codes, scale, zero, ZERO_KIND, NBT, QBLOCK, a_ptr.dtype.element_ty, BITS),
+                   (BLOCK_N, BLOCK_K))  # fmt: skip
     return _a_times(a_ptr, rows, row_ok, tile * BLOCK_K + tl.arange(0, BLOCK_K), k, a_stride, w, IEEE)
 
 
@@ -111,7 +113,7 @@ def _q4_split_gemm_kernel(
     a_ptr, b_ptr, scale_ptr, zero_ptr, bias_ptr, c_ptr, part_ptr, ticket_ptr, m, n, k, a_stride, c_stride,
     n_blocks, row_units, zp_row_bytes, tiles_per_split, k_tiles, magic_bits, ZERO_KIND: tl.constexpr,
     HAS_BIAS: tl.constexpr, QBLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, WORDS: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_K: tl.constexpr, WORDS: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr, BITS: tl.constexpr,
 ):  # fmt: skip
     """Program (column tile, row tile, split): C[rows, cols] over K tiles split * tiles_per_split ..
     (the next split's first) - 1; with SPLIT, the partials meet through the tickets (module doc).
@@ -127,7 +129,7 @@ def _q4_split_gemm_kernel(
     NBT: tl.constexpr = BLOCK_K // QBLOCK
     if not WORDS:
         scale, zero = _block_scales(scale_ptr, zero_ptr, cols, col_ok, first * NBT, n_blocks, zp_row_bytes, NBT,
-                                    ZERO_KIND)  # fmt: skip
+                                    ZERO_KIND, BITS)  # fmt: skip
     for tile in range(first, last):
         if WORDS:
             acc += _word_tile(a_ptr, b_ptr, scale_ptr, zero_ptr, rows, row_ok, cols, col_ok, tile, k, a_stride,
@@ -136,9 +138,9 @@ def _q4_split_gemm_kernel(
         else:
             # the next tile's scales and zero points, loaded a tile ahead (linear_q4._block_scales)
             scale2, zero2 = _block_scales(scale_ptr, zero_ptr, cols, col_ok, (tile + 1) * NBT, n_blocks, zp_row_bytes,
-                                          NBT, ZERO_KIND)  # fmt: skip
+                                          NBT, ZERO_KIND, BITS)  # fmt: skip
             acc += _byte_tile(a_ptr, b_ptr, scale, zero, rows, row_ok, cols, col_ok, tile, k, a_stride, n_blocks,
-                              row_units, ZERO_KIND, QBLOCK, BLOCK_N, BLOCK_K, IEEE)  # fmt: skip
+                              row_units, ZERO_KIND, QBLOCK, BLOCK_N, BLOCK_K, IEEE, BITS)  # fmt: skip
             scale, zero = scale2, zero2
     inside = row_ok[:, None] & col_ok[None, :]
     cell = rows[:, None] * n + cols[None, :]
@@ -213,14 +215,15 @@ def _sm_count(device: torch.device) -> int:
 
 def matmul_q4_split(
     a2: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zeros: torch.Tensor, zero_kind: int,
-    bias: torch.Tensor | None, *, n: int, k: int, block_size: int,
+    bias: torch.Tensor | None, *, n: int, k: int, block_size: int, bits: int = 4,
 ) -> torch.Tensor:  # fmt: skip
-    """A [M, K] @ W^T (+ bias) -> [M, N] in A's dtype, W as linear_q4._layout gives it."""
+    """A [M, K] @ W^T (+ bias) -> [M, N] in A's dtype, W as linear_q4._layout gives it (4- or 8-bit
+    codes; the word tiles take 4-bit ones only)."""
     m = a2.shape[0]
     out = torch.empty((m, n), dtype=a2.dtype, device=a2.device)
     if m == 0:
         return out
-    words = _as_words(packed)
+    words = _as_words(packed) if bits == 4 else None
     block_m, block_n, block_k, warps, stages, splits, use_words = split_gemm_config(
         m, n, k, block_size, _sm_count(a2.device), words is not None
     )
@@ -237,7 +240,7 @@ def matmul_q4_split(
         a2, codes, scale, zeros, bias if bias is not None else out, out, parts, tickets, m, n, k, a2.stride(0),
         out.stride(0), scale.shape[1], codes.shape[1], zeros.shape[1], per_split, k_tiles, MAGIC_WORD,
         ZERO_KIND=zero_kind, HAS_BIAS=bias is not None, QBLOCK=block_size, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, WORDS=bool(use_words), SPLIT=splits > 1, IEEE=a2.dtype == torch.float32, num_warps=warps,
-        num_stages=stages,
+        BLOCK_K=block_k, WORDS=bool(use_words), SPLIT=splits > 1, IEEE=a2.dtype == torch.float32, BITS=bits,
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out

@@ -3,8 +3,8 @@
 Codes are packed low bits first (for 4 bits: element 2i in the low nibble of byte i), blocks run
 along K, and a weight is (code - zero_point) * scale with the default zero point 2^(bits - 1).
 
-On a Triton device (option ``triton_q4``, on by default) 4-bit weights in power-of-two blocks are
-multiplied as packed codes by gpu/linear_q4.py (one row: the GEMV kernels; a prompt: a tiled GEMM,
+On a Triton device (option ``triton_q4``, on by default) 4- and 8-bit weights in power-of-two blocks
+are multiplied as packed codes by gpu/linear_q4.py (one row: the GEMV kernels; a prompt: a tiled GEMM,
 or each weight dequantized into a buffer that lives for the call), and nothing below is cached;
 a form those kernels cannot take (quant_forms.py says which) is said once. Otherwise MatMulNBits
 dequantizes its weight to [N, K] and runs one GEMM. Caching (a conscious choice):
@@ -226,7 +226,7 @@ def q4_kernel_applies(
     if why is None and scales.dtype != a.dtype:
         why = f"scales of dtype {scales.dtype} beside activations of {a.dtype}"
     n_blocks = -(-k // block_size) if block_size > 0 else 0
-    if why is None and not (b.numel() == scales.numel() * (block_size // 2) and scales.numel() % n_blocks == 0):
+    if why is None and not (b.numel() == scales.numel() * (block_size * bits // 8) and scales.numel() % n_blocks == 0):
         why = "B or scales do not hold whole blocks per row"
     if why is not None:
         _say_fallback(why)
@@ -243,7 +243,7 @@ def _say_fallback(why: str) -> None:
     if why not in _SAID:
         _SAID.add(why)
         warnings.warn(
-            f"MatMulNBits with {why}: no packed 4-bit kernel; it runs over a dequantized copy of its weight "
+            f"MatMulNBits with {why}: no packed kernel; it runs over a dequantized copy of its weight "
             "(`onnxgen show PKG --device cuda` lists each form's path)",
             RuntimeWarning,
             stacklevel=4,
@@ -251,19 +251,20 @@ def _say_fallback(why: str) -> None:
 
 
 def q4_linear(
-    a, b, scales, zero_points, bias, *, n: int, k: int, block_size: int, scratch: Any = None, **prologue
-) -> torch.Tensor:
+    a, b, scales, zero_points, bias, *, n: int, k: int, block_size: int, bits: int = 4, scratch: Any = None,
+    **prologue,
+) -> torch.Tensor:  # fmt: skip
     """A @ W^T (+ bias) through gpu/linear_q4.py: the one-row kernel (``prologue`` fused) for one
     row, the prompt GEMM (no prologue; ``scratch``: the session's DequantScratch) for several;
     [..., N] in A's dtype."""
     from onnxgen.runtime.gpu.linear_q4 import linear_row_q4, matmul_q4
 
     if a.numel() == k:
-        out = linear_row_q4(a, b, scales, zero_points, bias, n=n, k=k, block_size=block_size, **prologue)
+        out = linear_row_q4(a, b, scales, zero_points, bias, n=n, k=k, block_size=block_size, bits=bits, **prologue)
         return out.reshape(*a.shape[:-1], n)
     if prologue:
         raise ValueError("a prologue is fused for one row only")
-    return matmul_q4(a, b, scales, zero_points, bias, n=n, k=k, block_size=block_size, scratch=scratch)
+    return matmul_q4(a, b, scales, zero_points, bias, n=n, k=k, block_size=block_size, scratch=scratch, bits=bits)
 
 
 SCRATCH_ATTR = "_q4_scratch"  # NodeContext.__dict__ key of the session's DequantScratch
@@ -285,7 +286,7 @@ def attach_q4_scratch(program: Any) -> int:
         ctx = node.ctx
         if (ctx.op_type, ctx.domain) not in (("MatMulNBits", MS_DOMAIN), ("MatMulNBitsGroup", "onnxgen")):
             continue
-        if int(ctx.attrs.get("bits", 4)) != 4:
+        if int(ctx.attrs.get("bits", 4)) not in (4, 8):
             continue
         widths = ctx.attrs.get("widths")
         n = sum(int(w) for w in widths) if widths else int(ctx.attrs.get("N", 0))
@@ -535,7 +536,7 @@ def matmul_nbits(
     int8_a = _int8_activations(ctx, a, zero_points, bits, block_size)
     if not int8_a and q4_kernel_applies(a, b, scales, zero_points, g_idx, k=k, bits=bits, block_size=block_size):
         scratch = ctx.__dict__.get(SCRATCH_ATTR)
-        return q4_linear(a, b, scales, zero_points, bias, n=n, k=k, block_size=block_size, scratch=scratch)
+        return q4_linear(a, b, scales, zero_points, bias, n=n, k=k, block_size=block_size, bits=bits, scratch=scratch)
     if _int4pack_applies(ctx, a, b, g_idx, k=k, n=n, bits=bits, block_size=block_size):
         plan = _Int4Plan(b, scales, zero_points, k=k, n=n, block_size=block_size)
         ctx.__dict__["_int4pack"] = plan

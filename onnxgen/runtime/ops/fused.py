@@ -197,7 +197,7 @@ def matmul_nbits_group(ctx: NodeContext, a: torch.Tensor, *rest: torch.Tensor | 
             triples[0] + biases[:1] if len(triples) == 1 else _packed_group(ctx, triples, biases, widths, k, block_size)
         )
         if packed is not None:
-            return _q4_group(ctx, a, packed, widths, k, block_size, x2, gamma)
+            return _q4_group(ctx, a, packed, widths, k, bits, block_size, x2, gamma)
     dtype = compute_dtype(a.dtype, a.device)
     if not int8_a and dtype == a.dtype and linear_row_serves(a) and _row_prologue_ok(ctx, a, k, x2, gamma):
         # one row over the dequantized copy (option triton_q4 off): the dense kernel, prologue fused
@@ -212,19 +212,19 @@ def matmul_nbits_group(ctx: NodeContext, a: torch.Tensor, *rest: torch.Tensor | 
     return _with_sum(ctx, tuple(outs), total)
 
 
-def _q4_group(ctx: NodeContext, a, packed, widths: list[int], k: int, block_size: int, x2, gamma) -> tuple:
+def _q4_group(ctx: NodeContext, a, packed, widths: list[int], k: int, bits: int, block_size: int, x2, gamma) -> tuple:
     """The group through gpu/linear_q4.py over its members' codes end to end: one row in one kernel,
     prologue fused; several rows after the prologue, in one GEMM."""
     b, s, z, bias = packed
     total = None
     if _row_prologue_ok(ctx, a, k, x2, gamma):
         kwargs, total = _row_kwargs(ctx, a, x2, gamma)
-        out = q4_linear(a, b, s, z, bias, n=sum(widths), k=k, block_size=block_size, **kwargs)
+        out = q4_linear(a, b, s, z, bias, n=sum(widths), k=k, block_size=block_size, bits=bits, **kwargs)
     else:
         if _prologue(ctx):
             a, total = apply_prologue(ctx, a, x2, gamma)
         scratch = ctx.__dict__.get(SCRATCH_ATTR)
-        out = q4_linear(a, b, s, z, bias, n=sum(widths), k=k, block_size=block_size, scratch=scratch)
+        out = q4_linear(a, b, s, z, bias, n=sum(widths), k=k, block_size=block_size, bits=bits, scratch=scratch)
     return _with_sum(ctx, tuple(torch.split(out, widths, dim=-1)), total)
 
 

@@ -27,10 +27,10 @@ _INT4PACK_PATH = (
 def q4_form_unserved(
     *, bits: int, block_size: int, has_g_idx: bool, codes_uint8: bool, scales_float: bool, zero: str
 ) -> str | None:
-    """Why gpu/linear_q4.py's packed 4-bit kernels cannot take this MatMulNBits form (None: they
-    can). ``zero``: "none", "packed" (uint8 codes) or "float" (the scales' dtype) or "other"."""
-    if bits != 4:
-        return f"bits={bits} (the packed kernels are 4-bit)"
+    """Why gpu/linear_q4.py's packed 4- and 8-bit kernels cannot take this MatMulNBits form (None:
+    they can). ``zero``: "none", "packed" (uint8 codes) or "float" (the scales' dtype) or "other"."""
+    if bits not in (4, 8):
+        return f"bits={bits} (the packed kernels are 4- and 8-bit)"
     if block_size < 16 or block_size & (block_size - 1):
         return f"block_size={block_size} is not a power of two >= 16"
     if has_g_idx:
@@ -124,7 +124,7 @@ def _matmul_nbits_form(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto],
             scales_float=scales_type in _FLOATS, zero=zero,
         )  # fmt: skip
         if why is None:
-            return _Form("MatMulNBits", text, "packed 4-bit kernels (gpu/linear_q4.py), no dequantized copy")
+            return _Form("MatMulNBits", text, f"packed {bits}-bit kernels (gpu/linear_q4.py), no dequantized copy")
     else:
         why = int4pack_form_unserved(accuracy_level=level, bits=bits, has_g_idx=has_g_idx, block_size=block, k=k, n=n)
         if why is None and not int4pack_enabled(options.current()):
