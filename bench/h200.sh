@@ -72,6 +72,9 @@
 #              reduction per row, a third of the shuffles after the PDL wait) against the per-block default:
 #              its parity on the GPU, each layer alone (gemv_micro --quick), then the whole step of both int4
 #              shapes (step_sweep, default / scaled / default again), ~6 min
+#   q8         8-bit MatMulNBits on the packed byte kernels (2026-12-07): their GPU parity tests, then each layer of
+#              both shapes alone (gemv_micro --quick --bits 8: the one-row kernel swept beside cuBLAS over the fp16
+#              copy, which is what 8-bit weights ran over before, and the 16-row prompt paths), ~5 min
 #   memorypeers issue 18's memory bound in one run: peers_decode int4 on both shapes, onnxgen beside onnxruntime-genai
 #              on the same package (graph and not; needs the peer wheels), device MB the same way for all, ~4 min
 #              (docs/benchmarks/2026-12-06-h100-memory-and-chunked.md)
@@ -297,6 +300,12 @@ stage_q4scaled() {
       --variant default: --variant scaled:ONNXGEN_Q4_ROW_SCALED=1 --variant default-again:
   done
 }
+stage_q8() {
+  run q8-parity 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py tests/test_fusion.py \
+    -k "(8bit or int8_group or 2bit or no_dequantized or prompt_gemm) and cuda"
+  run q8-micro-05b 150 $PY -m bench.gemv_micro $Q --quick --bits 8 --prompt-rows 16
+  run q8-micro-15b 150 $PY -m bench.gemv_micro $Q15 --quick --bits 8 --prompt-rows 16
+}
 stage_memorypeers() {
   run memorypeers-15b 200 $PY -m bench.peers_decode $Q15 --precision int4 --workdir /tmp/w15 \
     --engines onnxgen,ort-genai-graph,ort-genai
@@ -307,7 +316,7 @@ stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
 }
 
-STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory memorypeers q4scaled sampled"
+STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory memorypeers q4scaled q8 sampled"
 if [ $# -eq 0 ]; then
   echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
   exit 2
