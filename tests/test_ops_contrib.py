@@ -1209,6 +1209,30 @@ def test_matmul_nbits_with_model_builder_quantizer(device: str) -> None:
     assert_parity(model, {"A": a}, device, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_matmul_nbits_from_onnxruntimes_quantizer(bits: int, symmetric: bool, device: str) -> None:
+    """The MatMulNBits tensors onnxruntime's own weight-only quantizer writes (the tool behind
+    onnxruntime-genai's builder; 8 bits for its int8 packages): two MatMuls of a float model
+    quantized by it, run by onnxruntime and by onnxgen (on a Triton device: the packed kernels)."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    rng = np.random.default_rng(bits + symmetric)
+    k, hidden, n = 96, 160, 40  # 160 = 5 blocks of 32: an odd count of packed zero points
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal((k, hidden)).astype(np.float32) * 0.1, "W1"),
+             onnx.numpy_helper.from_array(rng.standard_normal((hidden, n)).astype(np.float32) * 0.1, "W2")]  # fmt: skip
+    nodes = [helper.make_node("MatMul", ["A", "W1"], ["H"]), helper.make_node("MatMul", ["H", "W2"], ["Y"])]
+    model = make_model(nodes, _value_infos({"A": (TP.FLOAT, ["M", k])}), _untyped_outputs(["Y"]), inits)
+    quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=32, is_symmetric=symmetric)
+    quantizer.process()
+    quantized = quantizer.model.model
+    kinds = [(n.op_type, next(a.i for a in n.attribute if a.name == "bits")) for n in quantized.graph.node]
+    assert kinds == [("MatMulNBits", bits)] * 2, kinds
+    for m in (1, 5):
+        assert_parity(quantized, {"A": rng.standard_normal((m, k)).astype(np.float32)}, device, rtol=1e-4, atol=1e-4)
+
+
 # ------------------------------------------------------------------------------------------------
 # MultiHeadAttention
 # ------------------------------------------------------------------------------------------------
