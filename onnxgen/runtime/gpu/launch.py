@@ -99,7 +99,7 @@ def linear_row_mode() -> str:
 
 
 def q4_kernels_serve(a: torch.Tensor) -> bool:
-    """MatMulNBits over ``a`` may run gpu/linear_q4.py's kernels on the packed 4-bit codes (option
+    """MatMulNBits over ``a`` may run gpu/linear_q4.py's kernels on the packed 4- or 8-bit codes (option
     ``triton_q4``, on by default; ``ONNXGEN_TRITON_Q4=0`` keeps a dequantized fp16 copy instead). An
     int4 package then holds its weights as int4 only; on the H200 the copy still decodes faster
     (docs/benchmarks/2026-12-02-h200-int4-packed.md), which is the opt-out's trade."""

@@ -271,8 +271,8 @@ SCRATCH_ATTR = "_q4_scratch"  # NodeContext.__dict__ key of the session's Dequan
 
 
 def attach_q4_scratch(program: Any) -> int:
-    """On CUDA, where prompts may dequantize 4-bit weights (option ``q4_prompt`` not ``gemm``, the
-    packed kernels on): one DequantScratch for the whole session, sized for its largest 4-bit
+    """On CUDA, where prompts may dequantize 4- or 8-bit weights (option ``q4_prompt`` not ``gemm``,
+    the packed kernels on): one DequantScratch for the whole session, sized for its largest packed
     weights (linear_q4.scratch_elements), allocated now, outside any capture, and handed to every
     MatMulNBits and MatMulNBitsGroup node. Returns its size in elements (0: none)."""
     opts = options.current()
