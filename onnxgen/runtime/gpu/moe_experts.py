@@ -52,7 +52,7 @@ import triton.language as tl
 
 from onnxgen import options
 from onnxgen.runtime.gpu.launch import KERNEL_DTYPES, LAUNCHES, pdl_launch, settled_before_launch
-from onnxgen.runtime.gpu.linear_q4 import MAGIC, MAGIC_BITS, _block_codes, _block_scales, _codes_less_zero
+from onnxgen.runtime.gpu.linear_q4 import MAGIC, _block_codes, _block_scales, _codes_less_zero
 from onnxgen.runtime.gpu.pdl import wait_for_previous
 
 # The kernels read one expert's weights per pair, so a call reads up to pairs / E times the bytes
@@ -124,13 +124,13 @@ def _expert_codes(
     """The weights of _expert_loads alone."""
     g = e * n + r  # the row in the [E * N, row_len] view of the weights
     # one branch per form and one return: the compiler visits what follows a return in a branch
-    if BITS == 4 and not PER_ROW:  # QMoE's block-wise 4-bit form is MatMulNBits' layout row by row
-        w = _block_codes(w_ptr, g, row_ok, first, n_blocks, row_len, NB, QBLOCK)
-    elif BITS == 0:
+    if BITS == 0:
         blk = first + tl.arange(0, NB)
         cols = blk[:, None] * QBLOCK + tl.arange(0, QBLOCK)[None, :]
         ok = (row_ok[:, None] & (blk < n_blocks)[None, :])[:, :, None] & (cols < k)[None, :, :]
         w = tl.load(w_ptr + g[:, None, None] * row_len + cols[None, :, :], mask=ok, other=0.0)
+    elif not PER_ROW:  # QMoE's block-wise form (4- or 8-bit) is MatMulNBits' layout row by row
+        w = _block_codes(w_ptr, g, row_ok, first, n_blocks, row_len, NB, QBLOCK, BITS)
     else:
         blk = first + tl.arange(0, NB)
         block_ok = row_ok[:, None] & (blk < n_blocks)[None, :]
@@ -148,22 +148,15 @@ def _expert_scales(
 ):  # fmt: skip
     """(scale, offset) of _expert_loads alone (0.0, 0.0 for dense weights)."""
     g = e * n + r
-    if BITS == 4 and not PER_ROW:
-        scale, offset = _block_scales(s_ptr, z_ptr, g, row_ok, first, n_blocks, z_len, NB, ZERO_KIND)
-    elif BITS == 0:
+    if BITS == 0:
         scale = 0.0
         offset = 0.0
-    else:
-        blk = first + tl.arange(0, NB)
-        block_ok = row_ok[:, None] & (blk < n_blocks)[None, :]
+    elif not PER_ROW:  # block-wise, as MatMulNBits (zero points: none or packed per block)
+        scale, offset = _block_scales(s_ptr, z_ptr, g, row_ok, first, n_blocks, z_len, NB, ZERO_KIND, BITS)
+    else:  # per row (zero points: none or packed per row)
         empty = tl.zeros((r.shape[0], NB), tl.float32)
-        if PER_ROW:
-            scale = tl.load(s_ptr + g, mask=row_ok, other=0.0).to(tl.float32)[:, None] + empty
-        else:
-            scale = tl.load(s_ptr + g[:, None] * n_blocks + blk[None, :], mask=block_ok, other=0.0).to(tl.float32)
-        if ZERO_KIND == 1:  # per block (8-bit here: 4-bit per block is _block_scales')
-            zero = tl.load(z_ptr + g[:, None] * z_len + blk[None, :], mask=block_ok, other=0).to(tl.float32)
-        elif ZERO_KIND == 3:  # per row, packed along the expert's rows
+        scale = tl.load(s_ptr + g, mask=row_ok, other=0.0).to(tl.float32)[:, None] + empty
+        if ZERO_KIND == 3:  # per row, packed along the expert's rows
             if BITS == 4:
                 zbyte = tl.load(z_ptr + e * z_len + r // 2, mask=row_ok, other=0)
                 zrow = tl.where(r % 2 == 0, zbyte & 0xF, zbyte >> 4).to(tl.float32)
@@ -183,10 +176,8 @@ def _dots(w, scale, offset, a, GROUPS: tl.constexpr, BITS: tl.constexpr, NB: tl.
     sum((code - zero) * a), then times the block's scale."""
     if BITS == 0:
         v = w.to(tl.float32)
-    elif BITS == 4:
-        v = _codes_less_zero(w, offset, 0, NB, QBLOCK)
     else:
-        v = (w.to(tl.int32) | MAGIC_BITS).to(tl.float32, bitcast=True) - offset[:, :, None]
+        v = _codes_less_zero(w, offset, 0, NB, QBLOCK, BITS)
     ROWS: tl.constexpr = v.shape[0] // GROUPS
     per_block = tl.sum(tl.reshape(v, (GROUPS, ROWS, NB, QBLOCK)) * a[:, None, :, :], axis=3)
     if BITS != 0:
