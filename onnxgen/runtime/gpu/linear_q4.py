@@ -137,14 +137,14 @@ def _block_products(
     ZERO_KIND: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr, SCALED: tl.constexpr, BITS: tl.constexpr = 4,
 ):  # fmt: skip
     """(w . p(x) per row, the prologue's sum of squares) in fp32 over NB blocks from ``first_block``.
-    The two nibbles of each byte are joined into element order (2i low, 2i + 1 high), so the
-    activations load as contiguous rows of the tile; a block's sum of (code - zero) * a is
-    multiplied once by its scale. SCALED (option q4_row_scaled): each weight is (code - zero) *
-    scale first (exact in fp32 for integer zero points: a 5-bit integer times the scale's 11-bit
-    mantissa), and a row's products are summed in one reduction instead of per block and then
-    across blocks: a few dozen warp shuffles after the PDL wait instead of hundreds (PTX for
-    sm_90, tests/test_triton_compile.py). The sums' order differs, so the result may differ from
-    the per-block form's in the last bits; each form repeats bit for bit."""
+    The codes come in element order (_codes_less_zero), so the activations load as contiguous rows
+    of the tile; a block's sum of (code - zero) * a is multiplied once by its scale. SCALED (option
+    q4_row_scaled): each weight is (code - zero) * scale first (exact in fp32 for integer zero
+    points: a 5- or 9-bit integer times the scale's 11-bit mantissa), and a row's products are
+    summed in one reduction instead of per block and then across blocks: a few dozen warp shuffles
+    after the PDL wait instead of hundreds (PTX for sm_90, tests/test_triton_compile.py). The sums'
+    order differs, so the result may differ from the per-block form's in the last bits; each form
+    repeats bit for bit."""
     blk = first_block + tl.arange(0, NB)
     cols = blk[:, None] * QBLOCK + tl.arange(0, QBLOCK)[None, :]  # [NB, QBLOCK]
     inside = cols < k
@@ -153,13 +153,12 @@ def _block_products(
     if PROLOGUE == 0 or PROLOGUE == 3:  # exact in the input dtype: half the bytes to share out
         a = a.to(x.dtype)
     squares = tl.sum(tl.sum(sq, axis=1), axis=0)
+    v = _codes_less_zero(codes, offset, ZERO_KIND, NB, QBLOCK, BITS)
     if SCALED:
-        w = _codes_less_zero(codes, offset, ZERO_KIND, NB, QBLOCK, BITS) * scale[:, :, None]
-        products = w * a[None, :, :].to(tl.float32)
+        products = v * scale[:, :, None] * a[None, :, :].to(tl.float32)
         if RESHAPE_REORDERS:  # one reduction of the row, in the order the compiler finds cheapest
             return tl.sum(tl.reshape(products, (codes.shape[0], NB * QBLOCK), can_reorder=True), axis=1), squares
         return tl.sum(tl.sum(products, axis=2), axis=1), squares
-    v = _codes_less_zero(codes, offset, ZERO_KIND, NB, QBLOCK, BITS)
     per_block = tl.sum(v * a[None, :, :].to(tl.float32), axis=2)
     return tl.sum(per_block * scale, axis=1), squares
 
