@@ -413,14 +413,11 @@ def q4_config(
     if forced:
         return (*forced[:3], forced[3] if bits == 4 else 0)  # type: ignore[return-value]
     padded = -(-k // block_size) * block_size
-    if bits == 8:
-        if padded > TILE_LIMIT // 2:
-            return 16, max(256, block_size), 4, 0
-        return (16 if n >= 1024 else 8), max(block_size, triton.next_power_of_2(padded)), 4, 0
-    if padded > TILE_LIMIT:
-        return 16, max(512, block_size), 4, 0
+    per_byte = 8 // bits  # elements per byte: the limits below hold the same bytes for either width
+    if padded > TILE_LIMIT * per_byte // 2:
+        return 16, max(256 * per_byte, block_size), 4, 0
     tile = max(block_size, triton.next_power_of_2(padded))
-    if n >= WORDS_MIN_ROWS and (tile <= 1024 or n <= WORDS_MAX_LM_ROWS):
+    if bits == 4 and n >= WORDS_MIN_ROWS and (tile <= 1024 or n <= WORDS_MAX_LM_ROWS):
         return 16, tile, 2 if tile <= 1024 else 4, 1
     return (16 if n >= 1024 else 8), tile, 4, 0
 
