@@ -154,7 +154,7 @@ def bench_shape(name: str, k: int, n: int, args, dev, sweeps) -> list[tuple[str,
     def add(label: str, us: float, nbytes: int = wbytes) -> None:
         rows.append((label, us, nbytes / us / 1e3))
 
-    # 4-bit (--bits) weights, MatMulNBits layout, symmetric (no zero points)
+    # 4-bit weights (8-bit with --bits 8), MatMulNBits layout, symmetric (no zero points)
     bs = args.block_size
     nb = -(-k // bs)
     row_bytes = bs * args.bits // 8  # per block
@@ -224,8 +224,7 @@ def one_row_sweeps(name, k, n, args, sweeps, ws, qb, qs, qcopies, add, copies, w
 
     def q4_fused(i: int) -> torch.Tensor:
         return Q4.linear_row_q4(x, qb[i], qs[i], None, n=n, k=k, block_size=bs, bits=args.bits, prologue="skip_rms",
-                                x2=skip,
-                                gamma=gamma, eps=1e-6, sum_out=total)  # fmt: skip
+                                x2=skip, gamma=gamma, eps=1e-6, sum_out=total)  # fmt: skip
 
     add("q4 chosen + skip_rms prologue", time_in_graph(q4_fused, qcopies), qbytes)
     if args.words and args.bits == 4:  # the same products over the codes as 32-bit words (gpu/linear_q4_words.py)
