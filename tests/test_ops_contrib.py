@@ -1227,7 +1227,7 @@ def test_matmul_nbits_from_onnxruntimes_quantizer(bits: int, symmetric: bool, de
     quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=32, is_symmetric=symmetric)
     quantizer.process()
     quantized = quantizer.model.model
-    kinds = [(n.op_type, next(a.i for a in n.attribute if a.name == "bits")) for n in quantized.graph.node]
+    kinds = [(node.op_type, next(a.i for a in node.attribute if a.name == "bits")) for node in quantized.graph.node]
     assert kinds == [("MatMulNBits", bits)] * 2, kinds
     for m in (1, 5):
         assert_parity(quantized, {"A": rng.standard_normal((m, k)).astype(np.float32)}, device, rtol=1e-4, atol=1e-4)
