@@ -343,8 +343,8 @@ KNOBS: tuple[Knob, ...] = (
          "caps the cache of dequantized weights (`0`: no cache): memory against dequantizing on every call",
          audience="user"),
     Knob("cpu_int4_gemm", "ONNXGEN_CPU_INT4_GEMM", _flag(), "`1` / `0`",
-         "`0`: no torch int4 GEMM (bf16 activations) for MatMulNBits at accuracy_level >= 3 on the CPU: "
-         "the exact fp32 path over an 8x larger dequantized copy", audience="user"),
+         "`0`: no torch int4 GEMM (bf16 activations) for 4- and 8-bit MatMulNBits at accuracy_level >= 3 on "
+         "the CPU: the exact fp32 path over a dequantized copy (8x / 4x the packed size)", audience="user"),
     Knob("triton_interpret", "TRITON_INTERPRET", _triton_flag, "`1` (anything else: off)",
          "`1`: Triton's interpreter (the tests run the kernels on the CPU); read by triton when the kernels "
          "are defined", lifetime="process"),

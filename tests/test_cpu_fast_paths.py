@@ -52,12 +52,15 @@ def _max_rel_error(actual: np.ndarray, expected: np.ndarray) -> float:
     return float(np.abs(actual.astype(np.float64) - expected.astype(np.float64)).max()) / scale
 
 
-@pytest.mark.parametrize("zp_kind", ["none", "packed", "float"])
+@pytest.mark.parametrize(
+    ("bits", "zp_kind"), [(4, "none"), (4, "packed"), (4, "float"), (8, "none"), (8, "packed")]
+)  # (onnxruntime's CPU kernel refuses 8-bit codes with float zero points: the next test)
 @pytest.mark.parametrize("block_size", [32, 64, 128])
 @pytest.mark.parametrize("dtype", [TP.FLOAT, TP.FLOAT16])
-def test_matmul_nbits_int4_gemm_matches_onnxruntime(zp_kind, block_size, dtype, int4_calls) -> None:
+def test_matmul_nbits_int4_gemm_matches_onnxruntime(bits, zp_kind, block_size, dtype, int4_calls) -> None:
+    """4-bit codes, and 8-bit ones as two 4-bit planes (their high and low nibbles)."""
     k, n = 256, 48
-    model = matmul_nbits_model(k, n, 4, block_size, dtype, zp_kind, accuracy_level=4, with_bias=True)
+    model = matmul_nbits_model(k, n, bits, block_size, dtype, zp_kind, accuracy_level=4, with_bias=True)
     exact = _with_level(model, 0)
     rng = np.random.default_rng(3)
     npt = np.float32 if dtype == TP.FLOAT else np.float16
@@ -68,6 +71,21 @@ def test_matmul_nbits_int4_gemm_matches_onnxruntime(zp_kind, block_size, dtype, 
         assert actual.dtype == expected.dtype and actual.shape == expected.shape
         assert _max_rel_error(actual, expected) < INT4_TOL, shape
     assert len(int4_calls) == 4, "the int4 GEMM path did not run"
+
+
+def test_matmul_nbits_8bit_planes_with_float_zero_points(int4_calls) -> None:
+    """8-bit codes with float zero points (fractional here) through the two planes, against the
+    contrib op's formula, (code - zero_point) * scale per block, in float64."""
+    k, n, bs = 256, 48, 32
+    model = matmul_nbits_model(k, n, 8, bs, TP.FLOAT, "float", accuracy_level=4)
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    codes = inits["B"].reshape(n, k // bs, bs).astype(np.float64)
+    w = (codes - inits["zp"].reshape(n, -1, 1)) * inits["scales"].reshape(n, -1, 1)
+    rng = np.random.default_rng(9)
+    for rows in (1, 5, 80):  # 80: the many-row path where this machine's packing is read back
+        a = rng.standard_normal((rows, k)).astype(np.float32)
+        assert _max_rel_error(onnxgen_run(model, {"A": a})[0], a.astype(np.float64) @ w.reshape(n, k).T) < INT4_TOL
+    assert len(int4_calls) == 3, "the int4 GEMM path did not run"
 
 
 def test_matmul_nbits_level0_stays_exact(int4_calls) -> None:
@@ -341,10 +359,29 @@ def test_int4_weights_are_packed_once_at_load(int4_calls) -> None:
     assert {"B", "scales", "zp"} <= set(level0.program.initializers)
 
 
-@pytest.mark.parametrize("zp_kind", ["none", "packed", "float"])
+def test_8bit_weights_are_packed_once_at_load(int4_calls) -> None:
+    """8-bit codes are prepacked as two 4-bit planes: a byte per weight, as B, and no fp32 copy."""
+    from onnxgen.runtime import InferenceSession
+
+    k, n = 256, 48
+    model = matmul_nbits_model(k, n, 8, 32, TP.FLOAT, "packed", accuracy_level=4)
+    contrib_quant.DEQUANT_CACHE.clear()
+    session = InferenceSession(model, device="cpu")
+    names = set(session.program.initializers)
+    assert not {"B", "scales", "zp"} & names, names
+    held = sum(t.numel() * t.element_size() for t in session.program.initializers.values())
+    assert held == n * k + (k // 32) * 2 * n * 2 * 2  # both planes' codes, their bf16 scale/zero pairs
+    a = np.random.default_rng(8).standard_normal((1, k)).astype(np.float32)
+    expected = ort_run(_with_level(model, 0), {"A": a})[0]
+    assert _max_rel_error(session.run(None, {"A": a})[0], expected) < INT4_TOL
+    assert int4_calls == [1]
+    assert contrib_quant.DEQUANT_CACHE.used == 0, "a dequantized copy was made"
+
+
+@pytest.mark.parametrize(("bits", "zp_kind"), [(4, "none"), (4, "packed"), (4, "float"), (8, "none"), (8, "packed")])
 @pytest.mark.parametrize("block_size", [32, 128])
 def test_matmul_nbits_many_rows_dequantize_the_packed_weight_per_call(
-    zp_kind, block_size, int4_calls, monkeypatch: pytest.MonkeyPatch
+    bits, zp_kind, block_size, int4_calls, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A prompt chunk's product (at least int4pack_rows.MIN_ROWS rows) takes the weight dequantized
     from the int4 GEMM's packed layout for the call and one fp32 GEMM; the same oracle and
@@ -362,7 +399,7 @@ def test_matmul_nbits_many_rows_dequantize_the_packed_weight_per_call(
 
     monkeypatch.setattr(int4pack_rows, "matmul", counting)
     k, n = 256, 128
-    model = matmul_nbits_model(k, n, 4, block_size, TP.FLOAT, zp_kind, accuracy_level=4, with_bias=True)
+    model = matmul_nbits_model(k, n, bits, block_size, TP.FLOAT, zp_kind, accuracy_level=4, with_bias=True)
     exact = _with_level(model, 0)
     rng = np.random.default_rng(11)
     for shape in ((80, k), (2, 40, k), (3, k)):

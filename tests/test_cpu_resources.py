@@ -171,6 +171,53 @@ def test_int4_packing_is_row_separable():
         contrib_quant._PACK_ROWS = old
 
 
+def test_8bit_planes_pack_in_row_slices():
+    """8-bit codes as two 4-bit planes, [high nibbles' rows; low nibbles' rows], packed in slices of
+    _PACK_ROWS rows of the stacked planes (64 here; 176 rows a plane, so a slice spans both): the
+    same bytes as packing the two planes as one weight."""
+    from onnxgen.runtime.ops import contrib_quant
+
+    codes = torch.randint(0, 256, (176, 128), dtype=torch.int32)
+    planes = torch.cat((codes >> 4, codes & 15))
+    whole = torch.ops.aten._convert_weight_to_int4pack_for_cpu(planes.contiguous(), 1)
+    old = contrib_quant._PACK_ROWS
+    try:
+        contrib_quant._PACK_ROWS = 64
+        got = contrib_quant._int4pack_weight(codes.to(torch.uint8), k=128, n=176, bits=8)
+    finally:
+        contrib_quant._PACK_ROWS = old
+    assert torch.equal(got, whole)
+
+
+def test_8bit_planes_scales_and_zeros():
+    """The planes' pairs: (16 s, (136 - zero_point) * s) for the high nibbles h and (s, 0) for the low
+    ones l, so that (16 s) (h - 8) + (136 - z) s + s (l - 8) = (16 h + l - z) s; one byte per packed
+    zero point, and 128 where there are none."""
+    from onnxgen.runtime.ops import contrib_quant
+
+    n, k, block = 176, 96, 32
+    gen = torch.Generator().manual_seed(4)
+    scales = torch.rand(n * 3, generator=gen) + 0.1
+    zp = torch.randint(0, 256, (n, 3), generator=gen)
+    old = contrib_quant._PACK_ROWS
+    try:
+        contrib_quant._PACK_ROWS = 64
+        got = contrib_quant._int4pack_scales_zeros(
+            scales, zp.to(torch.uint8).reshape(-1), k=k, n=n, block_size=block, bits=8
+        )
+        plain = contrib_quant._int4pack_scales_zeros(scales, None, k=k, n=n, block_size=block, bits=8)
+    finally:
+        contrib_quant._PACK_ROWS = old
+    assert got.shape == (3, 2 * n, 2) and got.dtype == torch.bfloat16
+    for row in (0, 63, 64, 130, 175):
+        for b in range(3):
+            scale = float(scales[row * 3 + b])
+            high = torch.tensor([16 * scale, (136 - int(zp[row, b])) * scale]).to(torch.bfloat16)
+            low = torch.tensor([scale, 0.0]).to(torch.bfloat16)
+            assert torch.equal(got[b, row], high) and torch.equal(got[b, n + row], low), (row, b)
+            assert torch.equal(plain[b, row], torch.tensor([16 * scale, 8 * scale]).to(torch.bfloat16)), (row, b)
+
+
 def test_int4_scales_and_zeros_in_row_slices():
     """_int4pack_scales_zeros, made _PACK_ROWS rows at a time (64 here: 176 rows, the last slice
     short), is MatMulNBits' dequantization (code - zero_point) * scale as the kernel's pair (scale,

@@ -713,7 +713,12 @@ def test_quantized_weight_paths_name_each_form() -> None:
         "bits=4 block_size=16 zero_points=float accuracy_level=0 -> reference: dequantized fp32 copy kept "
         "(accuracy_level=0 asks for fp32 compute (the int4 GEMM is bf16: levels >= 3))"
     ]
-    eight = matmul_nbits_model(96, 20, 8, 32, TP.FLOAT, "none", 4)
+    eight = matmul_nbits_model(96, 32, 8, 32, TP.FLOAT, "none", 4)
+    assert paths(eight, "cpu") == [
+        "bits=8 block_size=32 zero_points=none accuracy_level=4 -> torch int4 GEMM over the codes' high and low "
+        "nibbles as two 4-bit planes (bf16 activations); a prompt chunk's many rows: both planes dequantized for "
+        "the call, fp32 GEMM (ops/int4pack_rows.py); packed codes only"
+    ]
     assert paths(eight, "cuda") == [
         "bits=8 block_size=32 zero_points=none accuracy_level=4 -> packed 8-bit kernels (gpu/linear_q4.py), "
         "no dequantized copy"
@@ -722,6 +727,10 @@ def test_quantized_weight_paths_name_each_form() -> None:
     assert paths(two, "cuda") == [
         "bits=2 block_size=32 zero_points=none accuracy_level=4 -> reference: dequantized fp16/bf16 copy kept "
         "(bits=2 (the packed kernels are 4- and 8-bit))"
+    ]
+    assert paths(two, "cpu") == [
+        "bits=2 block_size=32 zero_points=none accuracy_level=4 -> reference: dequantized fp32 copy kept "
+        "(bits=2 (the CPU int4 GEMM takes 4-bit codes, and 8-bit ones as two 4-bit planes))"
     ]
     model, _ = _gidx_model("none", np.arange(64, dtype=np.int32) // 16)
     g_idx_path = paths(model, "cuda")[0]

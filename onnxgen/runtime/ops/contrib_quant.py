@@ -31,7 +31,8 @@ than without the rounding (1.8e-3). So it is off by default and useful for singl
 
 On the CPU at accuracy_level >= 3, 4-bit weights skip all of the above and go through torch's
 int4 weight-only GEMM with bf16 activations (see "CPU fast path" below): the level permits bf16
-compute, and decode reads the packed weight instead of an 8x larger fp32 copy. A CPU session puts
+compute, and decode reads the packed weight instead of an 8x larger fp32 copy. 8-bit weights go
+the same way as two 4-bit planes, their codes' high and low nibbles (int4pack_planes). A CPU session puts
 that layout in place of the node's codes, scales and zero points at load (prepack_int4), so the
 weight is held once. At levels 0-2 the exact path stays (fp32 one-row products split across
 cores, see cpu_gemv) over a cached fp32 copy.
@@ -362,40 +363,70 @@ def _int4pack_applies(
 _PACK_ROWS = 1024
 
 
-def _int4pack_weight(b: torch.Tensor, *, k: int, n: int) -> torch.Tensor:
-    """B in the kernel's packed layout ([N, K / 2] uint8). The packing takes int32 codes, 8x the
-    packed size; done in slices of rows (the layout packs rows independently: checked in
-    tests/test_cpu_resources.py) so an embedding-sized lm_head never has all its codes at once."""
+def int4pack_planes(bits: int) -> int:
+    """The 4-bit planes the CPU int4 GEMM multiplies for one weight of ``bits``-bit codes: 4-bit codes
+    are one plane; 8-bit codes are two, their high nibbles and their low ones, stacked as a weight
+    of twice the rows (so one kernel call serves both, and the packed planes hold a byte per
+    weight, as B does)."""
+    return 2 if bits == 8 else 1
+
+
+def _int4pack_weight(b: torch.Tensor, *, k: int, n: int, bits: int = 4) -> torch.Tensor:
+    """B in the kernel's packed layout ([planes * N, K / 2] uint8; int4pack_planes). The packing
+    takes int32 codes, 8x the packed size; done in slices of rows of the stacked planes (the layout
+    packs rows independently: checked in tests/test_cpu_resources.py) so an embedding-sized lm_head
+    never has all its codes at once."""
     rows = b.reshape(n, -1)
-    out = torch.empty((n, k // 2), dtype=torch.uint8)
-    for lo in range(0, n, _PACK_ROWS):
-        hi = min(n, lo + _PACK_ROWS)
-        codes = unpack_codes(rows[lo:hi], 4)[:, :k].to(torch.int32).contiguous()
-        out[lo:hi] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+    planes = int4pack_planes(bits)
+    out = torch.empty((planes * n, k // 2), dtype=torch.uint8)
+    for lo in range(0, planes * n, _PACK_ROWS):
+        hi = min(planes * n, lo + _PACK_ROWS)
+        out[lo:hi] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(_plane_codes(rows, lo, hi, n, k, bits), 1)
     return out
 
 
+def _plane_codes(rows: torch.Tensor, lo: int, hi: int, n: int, k: int, bits: int) -> torch.Tensor:
+    """int32 4-bit codes of the stacked planes' rows [lo, hi): for 8-bit codes, row r < N is row r's
+    high nibbles and row N + r its low ones."""
+    if bits == 4:
+        return unpack_codes(rows[lo:hi], 4)[:, :k].to(torch.int32).contiguous()
+    parts = []
+    for plane, shift in ((0, 4), (1, 0)):  # high nibbles first
+        first, last = max(lo, plane * n), min(hi, (plane + 1) * n)
+        if first < last:
+            codes = rows[first - plane * n : last - plane * n, :k]
+            parts.append(((codes >> shift) & 15).to(torch.int32))
+    return torch.cat(parts).contiguous()
+
+
 def _int4pack_scales_zeros(
-    scales: torch.Tensor, zero_points: torch.Tensor | None, *, k: int, n: int, block_size: int
+    scales: torch.Tensor, zero_points: torch.Tensor | None, *, k: int, n: int, block_size: int, bits: int = 4
 ) -> torch.Tensor:
-    """[K / block, N, 2] bf16: (scale, (8 - zero_point) * scale), computed in fp32, rounded once;
-    _PACK_ROWS rows at a time, so the fp32 temporaries stay small beside the result."""
+    """[K / block, planes * N, 2] bf16, the kernel's (scale, zero) with w = (q - 8) * scale + zero,
+    computed in fp32, rounded once; _PACK_ROWS rows at a time, so the fp32 temporaries stay small
+    beside the result. 4-bit: (s, (8 - zero_point) * s). 8-bit code 16h + l as two planes:
+    (16 s, (136 - zero_point) * s) for the high nibbles h and (s, 0) for the low ones l, whose sum
+    is (16h + l - zero_point) * s (16 s is exact in bf16)."""
     n_blocks = k // block_size
     scales = scales.reshape(n, -1)
     zero_rows = zero_points.reshape(n, -1) if zero_points is not None else None
-    out = torch.empty((n_blocks, n, 2), dtype=torch.bfloat16)
+    planes = int4pack_planes(bits)
+    out = torch.empty((n_blocks, planes * n, 2), dtype=torch.bfloat16)
+    default = float(1 << (bits - 1))
     for lo in range(0, n, _PACK_ROWS):
         hi = min(n, lo + _PACK_ROWS)
         scale = scales[lo:hi, :n_blocks].float()
         if zero_rows is None:
-            zero = torch.zeros_like(scale)  # default zero point 8: nothing to shift
+            zp = torch.full_like(scale, default)
+        elif zero_rows.dtype == torch.uint8:
+            zp = unpack_codes(zero_rows[lo:hi], bits)[:, :n_blocks].float()
         else:
-            if zero_rows.dtype == torch.uint8:
-                zp = unpack_codes(zero_rows[lo:hi], 4)[:, :n_blocks].float()
-            else:
-                zp = zero_rows[lo:hi, :n_blocks].float()
-            zero = (8.0 - zp) * scale
-        out[:, lo:hi] = torch.stack((scale, zero), dim=-1).transpose(0, 1)
+            zp = zero_rows[lo:hi, :n_blocks].float()
+        if planes == 1:
+            out[:, lo:hi] = torch.stack((scale, (8.0 - zp) * scale), dim=-1).transpose(0, 1)
+        else:
+            out[:, lo:hi] = torch.stack((scale * 16.0, (136.0 - zp) * scale), dim=-1).transpose(0, 1)
+            out[:, n + lo : n + hi] = torch.stack((scale, torch.zeros_like(scale)), dim=-1).transpose(0, 1)
     return out
 
 
@@ -411,20 +442,20 @@ class _Int4Plan:
     copy is as large as B itself, plus bf16 scales/zeros.
     """
 
-    __slots__ = ("refs", "versions", "packed", "sz", "k", "n", "block_size")
+    __slots__ = ("refs", "versions", "packed", "sz", "k", "n", "block_size", "planes")
 
     def __init__(
         self, b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, *, k, n, block_size,
-        packed: tuple[torch.Tensor, torch.Tensor] | None = None,
+        bits: int = 4, packed: tuple[torch.Tensor, torch.Tensor] | None = None,
     ):  # fmt: skip
         self.refs = (weakref.ref(b), weakref.ref(scales), _weak(zero_points))
         self.versions = (_version_of(b), _version_of(scales), _version_of(zero_points))
         if packed is not None:  # made at load (prepack_int4): b and scales are these very tensors
             self.packed, self.sz = packed
         else:
-            self.packed = _int4pack_weight(b, k=k, n=n)
-            self.sz = _int4pack_scales_zeros(scales, zero_points, k=k, n=n, block_size=block_size)
-        self.k, self.n, self.block_size = k, n, block_size
+            self.packed = _int4pack_weight(b, k=k, n=n, bits=bits)
+            self.sz = _int4pack_scales_zeros(scales, zero_points, k=k, n=n, block_size=block_size, bits=bits)
+        self.k, self.n, self.block_size, self.planes = k, n, block_size, int4pack_planes(bits)
 
     def serves(self, b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None) -> bool:
         rb, rs, rz = self.refs
@@ -438,18 +469,24 @@ class _Int4Plan:
 
     def run(self, a: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """A @ W^T (+ bias) through the int4 kernel, in A's dtype; many rows (a prompt chunk) as the
-        weight dequantized for the call and one fp32 GEMM (int4pack_rows.py)."""
+        weight dequantized for the call and one fp32 GEMM (int4pack_rows.py). Two planes (8-bit
+        codes) give two halves of the output, which are summed in fp32."""
         rows = a.numel() // self.k
-        if int4pack_rows.serves(self.n, rows):
+        n = self.n
+        if int4pack_rows.serves(self.planes * n, rows):
             x = a.reshape(rows, self.k).to(torch.float32)
-            out = int4pack_rows.matmul(x, self.packed, self.sz, k=self.k, n=self.n, block_size=self.block_size)
+            out = int4pack_rows.matmul(
+                x, self.packed, self.sz, k=self.k, n=n, block_size=self.block_size, planes=self.planes
+            )
         else:  # the decode step: .bfloat16() / .float() are the cheapest casts to call per layer
             x = a.reshape(-1, self.k)
             x = (x if x.is_contiguous() else x.contiguous()).bfloat16()
             out = _INT4PACK_CALL(x, self.packed, self.block_size, self.sz).float()
+            if self.planes == 2:
+                out = out[:, :n] + out[:, n:]
         if bias is not None:
             out += bias
-        out = out.view(*a.shape[:-1], self.n)
+        out = out.view(*a.shape[:-1], n)
         return out if a.dtype == torch.float32 else out.to(a.dtype)
 
 
@@ -484,16 +521,19 @@ def prepack_int4(program: Any) -> int:
             accuracy_level=int(ctx.attrs.get("accuracy_level", 0)), bits=int(ctx.attrs.get("bits", 4)),
             has_g_idx=False, block_size=block, k=k, n=n,
         )  # fmt: skip
-        if why is not None or b.numel() != n * k // 2:
+        bits = int(ctx.attrs.get("bits", 4))
+        if why is not None or b.numel() != n * k * bits // 8:
             continue
-        packed = _int4pack_weight(b, k=k, n=n)
-        sz = _int4pack_scales_zeros(scales, zero, k=k, n=n, block_size=block)
+        packed = _int4pack_weight(b, k=k, n=n, bits=bits)
+        sz = _int4pack_scales_zeros(scales, zero, k=k, n=n, block_size=block, bits=bits)
         label = names[0]
         program.initializers[f"onnxgen.int4pack[{label}]"] = packed
         program.initializers[f"onnxgen.int4pack_sz[{label}]"] = sz
         node.inputs[1:4] = [f"onnxgen.int4pack[{label}]", f"onnxgen.int4pack_sz[{label}]", ""]
         ctx.attrs[PREPACKED_ATTR] = 1
-        ctx.__dict__["_int4pack"] = _Int4Plan(packed, sz, None, k=k, n=n, block_size=block, packed=(packed, sz))
+        ctx.__dict__["_int4pack"] = _Int4Plan(
+            packed, sz, None, k=k, n=n, block_size=block, bits=bits, packed=(packed, sz)
+        )
         _drop_unread(program, readers, [name for name in names if name])
         done += 1
     return done
@@ -538,7 +578,7 @@ def matmul_nbits(
         scratch = ctx.__dict__.get(SCRATCH_ATTR)
         return q4_linear(a, b, scales, zero_points, bias, n=n, k=k, block_size=block_size, bits=bits, scratch=scratch)
     if _int4pack_applies(ctx, a, b, g_idx, k=k, n=n, bits=bits, block_size=block_size):
-        plan = _Int4Plan(b, scales, zero_points, k=k, n=n, block_size=block_size)
+        plan = _Int4Plan(b, scales, zero_points, k=k, n=n, block_size=block_size, bits=bits)
         ctx.__dict__["_int4pack"] = plan
         return plan.run(a, bias)
     extra = (k, n, bits, block_size, dtype, a.device)

@@ -75,9 +75,16 @@ def serves(n: int, rows: int) -> bool:
     return block is not None and n % block == 0
 
 
-def matmul(a: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor, *, k: int, n: int, block_size: int) -> torch.Tensor:
-    """``a`` [rows, K] fp32 times the packed weight transposed: [rows, N] fp32 (``serves`` said so)."""
-    return a @ _dequantized_t(packed, sz, k=k, n=n, block_size=block_size)
+def matmul(
+    a: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor, *, k: int, n: int, block_size: int, planes: int = 1
+) -> torch.Tensor:
+    """``a`` [rows, K] fp32 times the packed weight transposed: [rows, N] fp32 (``serves`` said so for
+    ``planes * n``). Two planes (8-bit codes as high and low nibbles, contrib_quant.int4pack_planes)
+    are summed into the first before the one GEMM."""
+    w = _dequantized_t(packed, sz, k=k, n=planes * n, block_size=block_size)
+    if planes == 2:
+        w = w[:, :n].add_(w[:, n:])  # a view of row stride 2N: the GEMM reads it in place
+    return a @ w
 
 
 def _dequantized_t(packed: torch.Tensor, sz: torch.Tensor, *, k: int, n: int, block_size: int) -> torch.Tensor:

@@ -22,6 +22,10 @@ _INT4PACK_PATH = (
     "torch int4 GEMM (bf16 activations); a prompt chunk's many rows: the packed weight dequantized for "
     "the call, fp32 GEMM (ops/int4pack_rows.py); packed codes only"
 )
+_INT4PACK_PLANES_PATH = (
+    "torch int4 GEMM over the codes' high and low nibbles as two 4-bit planes (bf16 activations); a prompt "
+    "chunk's many rows: both planes dequantized for the call, fp32 GEMM (ops/int4pack_rows.py); packed codes only"
+)
 
 
 def q4_form_unserved(
@@ -50,8 +54,8 @@ def int4pack_form_unserved(
     """Why torch's CPU int4 GEMM (bf16 activations) cannot take this MatMulNBits form (None: it can)."""
     if accuracy_level < 3:
         return f"accuracy_level={accuracy_level} asks for fp32 compute (the int4 GEMM is bf16: levels >= 3)"
-    if bits != 4:
-        return f"bits={bits} (the CPU int4 GEMM is 4-bit)"
+    if bits not in (4, 8):
+        return f"bits={bits} (the CPU int4 GEMM takes 4-bit codes, and 8-bit ones as two 4-bit planes)"
     if has_g_idx:
         return "g_idx (blocks out of order)"
     if block_size not in INT4PACK_GROUPS:
@@ -130,7 +134,7 @@ def _matmul_nbits_form(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto],
         if why is None and not int4pack_enabled(options.current()):
             why = "ONNXGEN_CPU_INT4_GEMM=0 or ONNXGEN_INT8_ACTIVATIONS set"
         if why is None:
-            return _Form("MatMulNBits", text, _INT4PACK_PATH)
+            return _Form("MatMulNBits", text, _INT4PACK_PATH if bits == 4 else _INT4PACK_PLANES_PATH)
     return _Form("MatMulNBits", text, f"reference: dequantized {copy} copy kept ({why})")
 
 
