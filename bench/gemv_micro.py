@@ -110,6 +110,11 @@ def main() -> int:
         help="also time prompts of these many rows (comma list): cuBLAS fp16, q4 dequant, q4 gemm, q4 split",
     )
     parser.add_argument("--prompt-only", action="store_true", help="only the --prompt-rows products")
+    parser.add_argument(
+        "--zero-points",
+        action="store_true",
+        help="packed uint8 zero points (onnxgen's builder writes them; default: none, the symmetric form)",
+    )
     parser.add_argument("--words", action="store_true", help="also sweep the 4-bit kernel over 32-bit words")
     parser.add_argument("--layers", help="comma list of layer_shapes' names: qkv, o_proj, gate_up, down, lm_head; "
                         "gdn_in, gdn_out, moe_in, shared_down for the hybrid shapes (default: all)")  # fmt: skip
@@ -154,7 +159,8 @@ def bench_shape(name: str, k: int, n: int, args, dev, sweeps) -> list[tuple[str,
     def add(label: str, us: float, nbytes: int = wbytes) -> None:
         rows.append((label, us, nbytes / us / 1e3))
 
-    # 4-bit weights (8-bit with --bits 8), MatMulNBits layout, symmetric (no zero points)
+    # 4-bit weights (8-bit with --bits 8), MatMulNBits layout, symmetric (no zero points; with
+    # --zero-points, packed uint8 ones as onnxgen's builder writes)
     bs = args.block_size
     nb = -(-k // bs)
     row_bytes = bs * args.bits // 8  # per block
@@ -162,16 +168,20 @@ def bench_shape(name: str, k: int, n: int, args, dev, sweeps) -> list[tuple[str,
     qcopies = max(2, min(96, int(256e6 // qbytes)))
     qb = [torch.randint(0, 256, (n, nb, row_bytes), device=dev, dtype=torch.uint8) for _ in range(qcopies)]
     qs = [torch.rand(n, nb, device=dev, dtype=torch.float16) * 0.01 for _ in range(qcopies)]
+    zp_bytes = -(-nb * args.bits // 8)
+    qz = [torch.randint(0, 256, (n, zp_bytes), device=dev, dtype=torch.uint8) if args.zero_points else None
+          for _ in range(qcopies)]  # fmt: skip
+    qbytes += n * zp_bytes if args.zero_points else 0
     if not args.prompt_only:
-        one_row_sweeps(name, k, n, args, sweeps, ws, qb, qs, qcopies, add, copies, wbytes, qbytes)
-    prompt_rows(name, k, n, args, ws, qb, qs, qcopies, add, copies, wbytes, qbytes)
+        one_row_sweeps(name, k, n, args, sweeps, ws, qb, qs, qz, qcopies, add, copies, wbytes, qbytes)
+    prompt_rows(name, k, n, args, ws, qb, qs, qz, qcopies, add, copies, wbytes, qbytes)
     print(f"\n{name}: K={k} N={n}  fp16 weight {wbytes / 1e6:.2f} MB, int4 {qbytes / 1e6:.2f} MB", flush=True)
     for label, us, gbs in rows:
         print(f"  {label:36s} {us:8.2f} us  {gbs:7.0f} GB/s")
     return rows
 
 
-def one_row_sweeps(name, k, n, args, sweeps, ws, qb, qs, qcopies, add, copies, wbytes, qbytes) -> None:
+def one_row_sweeps(name, k, n, args, sweeps, ws, qb, qs, qz, qcopies, add, copies, wbytes, qbytes) -> None:
     """The one-row products: cuBLAS, the dense Triton GEMV swept, the 4-bit kernels swept."""
     bn_list, bk_list, w_list, bpi_list = sweeps
     dev = ws[0].device
@@ -205,11 +215,11 @@ def one_row_sweeps(name, k, n, args, sweeps, ws, qb, qs, qcopies, add, copies, w
     add("q4-dequant (fp16 copy)", time_in_graph(lambda i: F.linear(x, ws[i]), copies), wbytes)
 
     qchosen = Q4.q4_config(n, k, bs, dev, bits=args.bits)
-    wq = dequantize_nbits(qb[0], qs[0], None, None, k=k, n=n, bits=args.bits, block_size=bs, dtype=torch.float32)
+    wq = dequantize_nbits(qb[0], qs[0], qz[0], None, k=k, n=n, bits=args.bits, block_size=bs, dtype=torch.float32)
     qref = F.linear(x, wq.half()).float()
 
     def q4(i: int) -> torch.Tensor:
-        return Q4.linear_row_q4(x, qb[i], qs[i], None, n=n, k=k, block_size=bs, bits=args.bits)
+        return Q4.linear_row_q4(x, qb[i], qs[i], qz[i], n=n, k=k, block_size=bs, bits=args.bits)
 
     tile = triton_pow2(nb * bs)  # BLOCK_K >= K: the whole row in one program
     q4_bk = [tile] + ([b for b in (256, 512, 1024) if b < nb * bs] if nb * bs > 1024 else [])
@@ -223,7 +233,7 @@ def one_row_sweeps(name, k, n, args, sweeps, ws, qb, qs, qcopies, add, copies, w
             add(f"q4 {bn}/{bk}/{warps}{mark}", time_in_graph(q4, qcopies), qbytes)
 
     def q4_fused(i: int) -> torch.Tensor:
-        return Q4.linear_row_q4(x, qb[i], qs[i], None, n=n, k=k, block_size=bs, bits=args.bits, prologue="skip_rms",
+        return Q4.linear_row_q4(x, qb[i], qs[i], qz[i], n=n, k=k, block_size=bs, bits=args.bits, prologue="skip_rms",
                                 x2=skip, gamma=gamma, eps=1e-6, sum_out=total)  # fmt: skip
 
     add("q4 chosen + skip_rms prologue", time_in_graph(q4_fused, qcopies), qbytes)
@@ -244,7 +254,7 @@ def one_row_sweeps(name, k, n, args, sweeps, ws, qb, qs, qcopies, add, copies, w
                 add(f"q4 {bn}/{tile}/{warps} + skip_rms prologue", time_in_graph(q4_fused, qcopies), qbytes)
 
 
-def prompt_rows(name, k, n, args, ws, qb, qs, qcopies, add, copies, wbytes, qbytes) -> None:
+def prompt_rows(name, k, n, args, ws, qb, qs, qz, qcopies, add, copies, wbytes, qbytes) -> None:
     """Several rows (a prompt; the lm_head reads one row, so there only M = 1 runs): cuBLAS on fp16
     against the 4-bit prompt paths: the default policy, the tiled GEMM swept, the split-K GEMM swept
     (q4_prompt=split)."""
@@ -254,7 +264,7 @@ def prompt_rows(name, k, n, args, ws, qb, qs, qcopies, add, copies, wbytes, qbyt
     for m in args.prompt_rows if name != "lm_head" else [r for r in args.prompt_rows if r == 1]:
         a = torch.randn(m, k, device=dev, dtype=torch.float16)
         add(f"prompt {m} rows: cublas fp16", time_in_graph(lambda i, a=a: F.linear(a, ws[i]), copies), wbytes)
-        want = F.linear(a, dequantize_nbits(qb[0], qs[0], None, None, k=k, n=n, bits=args.bits,
+        want = F.linear(a, dequantize_nbits(qb[0], qs[0], qz[0], None, k=k, n=n, bits=args.bits,
                                             block_size=bs, dtype=torch.float16)).float()  # fmt: skip
         gemms = GEMM_SWEEP_SMALL if m <= 64 else GEMM_SWEEP_LARGE
         variants = [("auto", None), ("dequant", None), ("gemm", None)] + [("gemm", c) for c in gemms]
@@ -264,10 +274,10 @@ def prompt_rows(name, k, n, args, ws, qb, qs, qcopies, add, copies, wbytes, qbyt
             key = "gemm_q4_split" if mode == "split" else "gemm_q4"
             changes = {"q4_prompt": mode} | ({key: config} if config else {})
             with options.override(**changes):
-                got = Q4.matmul_q4(a, qb[0], qs[0], None, n=n, k=k, block_size=bs, bits=args.bits).float()
+                got = Q4.matmul_q4(a, qb[0], qs[0], qz[0], n=n, k=k, block_size=bs, bits=args.bits).float()
                 err = ((got - want).norm() / want.norm()).item()
                 us = time_in_graph(
-                    lambda i, a=a: Q4.matmul_q4(a, qb[i], qs[i], None, n=n, k=k, block_size=bs, bits=args.bits),
+                    lambda i, a=a: Q4.matmul_q4(a, qb[i], qs[i], qz[i], n=n, k=k, block_size=bs, bits=args.bits),
                     qcopies,
                 )
                 label = f"{mode} {','.join(map(str, config))}" if config else f"{mode} (default table)"

@@ -68,10 +68,6 @@
 #              where build-35b made it: the chunked kernels past 128 tokens against the torch path there, ~9 min
 #   memory     python -m bench.memory_peak on the 1.5B and 0.5B int4 packages: the device memory issue 18 compares
 #              with onnxruntime-genai's, taken apart at its peak by the onnxgen line of each live block, ~2 min
-#   q4scaled   the one-row 4-bit byte kernels' scaled form (ONNXGEN_Q4_ROW_SCALED=1: each weight scaled, one
-#              reduction per row, a third of the shuffles after the PDL wait) against the per-block default:
-#              its parity on the GPU, each layer alone (gemv_micro --quick), then the whole step of both int4
-#              shapes (step_sweep, default / scaled / default again), ~6 min
 #   q8         8-bit MatMulNBits on the packed byte kernels (2026-12-07): their GPU parity tests, then each layer of
 #              both shapes alone (gemv_micro --quick --bits 8: the one-row kernel swept beside cuBLAS over the fp16
 #              copy, which is what 8-bit weights ran over before, and the 16-row prompt paths), ~5 min
@@ -287,19 +283,6 @@ stage_memory() {
   run memory-15b 120 $PY -m bench.memory_peak $Q15 --precision int4 --top 20
   run memory-05b 90 $PY -m bench.memory_peak $Q --precision int4 --top 20
 }
-stage_q4scaled() {
-  ONNXGEN_Q4_ROW_SCALED=1 run q4scaled-parity 150 $PY -m pytest -q -p no:cacheprovider tests/test_ops_contrib.py \
-    tests/test_fusion.py -k "(matmul_nbits or int4_group) and cuda"
-  ONNXGEN_Q4_ROW_SCALED=1 run q4scaled-micro 150 $PY -m bench.gemv_micro --quick
-  local size
-  for size in 05b 15b; do
-    local shape=$Q
-    [ $size = 15b ] && shape=$Q15
-    # shellcheck disable=SC2086
-    run q4scaled-step-$size 150 $PY -m bench.step_sweep $shape --precision int4 --context 512 --repeats 3 \
-      --variant default: --variant scaled:ONNXGEN_Q4_ROW_SCALED=1 --variant default-again:
-  done
-}
 stage_q8() {
   run q8-parity 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py tests/test_fusion.py \
     -k "(8bit or int8_group or 2bit or no_dequantized or prompt_gemm) and cuda"
@@ -316,7 +299,7 @@ stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
 }
 
-STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory memorypeers q4scaled q8 sampled"
+STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory memorypeers q8 sampled"
 if [ $# -eq 0 ]; then
   echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
   exit 2

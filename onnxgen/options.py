@@ -80,7 +80,6 @@ class Options:
     gemm_q4_split: ShapeOverrides = NO_OVERRIDES
     q4_prompt: Literal["auto", "dequant", "gemm", "split"] = "auto"
     q4_norm_apart: int = 4096
-    q4_row_scaled: bool = False
     gemv_split: ShapeOverrides = NO_OVERRIDES
     gqa_decode: tuple[int, int] | None = None
     gqa_early: bool = True
@@ -440,9 +439,6 @@ KNOBS: tuple[Knob, ...] = (
     Knob("q4_norm_apart", "ONNXGEN_Q4_NORM_APART", _count("programs"), "`P` (programs; `0`: never)",
          "a 4-bit one-row product of more than P programs (the lm_head) runs its norm prologue as a kernel of "
          "its own instead of once per program"),
-    Knob("q4_row_scaled", "ONNXGEN_Q4_ROW_SCALED", _flag(), "`1` / `0`",
-         "`1`: the one-row 4-bit byte kernels scale each weight and sum a row in one reduction instead of per "
-         "block (about a third of the warp shuffles after the PDL wait; not yet timed on a GPU)"),
     Knob("gemv_split", "ONNXGEN_GEMV_SPLIT", _split, "`off` / `BLOCK_N,BLOCK_K,WARPS`",
          "`off`: long rows run the loop kernel; a configuration: the split-K kernel wherever it applies "
          "(all shapes, or `_<N>x<K>`)", per_shape=True,

@@ -143,21 +143,6 @@ def test_int4_word_kernels_parity_through_the_triton_interpreter() -> None:
 
 
 @runs(
-    INT4_SCALED := interpreted(
-        ONE_ROW_INT4_CASES,  # under the byte kernel's other form (option q4_row_scaled)
-        ONNXGEN_TRITON_LINEAR="1",
-        ONNXGEN_TRITON_Q4="1",
-        ONNXGEN_Q4_ROW_SCALED="1",
-    )
-)
-def test_int4_scaled_row_form_parity_through_the_triton_interpreter() -> None:
-    """gpu/linear_q4.py's one-row byte kernels with each weight scaled before one reduction per row
-    (ONNXGEN_Q4_ROW_SCALED=1) against onnxruntime on the byte kernel's cases."""
-    launches = INT4_SCALED.launches()
-    assert launches.get("linear_row_q4", 0) >= 10 and launches.get("linear_row_q4_split", 0) >= 1, launches
-
-
-@runs(
     INT4_MODELS := interpreted(
         "growing_kv and int4 and fused and qwen2", ONNXGEN_TRITON_LINEAR="1", ONNXGEN_TRITON_Q4="1"
     )

@@ -34,8 +34,6 @@ for prompts of a few rows.
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 import triton
 import triton.language as tl
@@ -80,11 +78,6 @@ MAGIC = tl.constexpr(8388608.0)
 # CUDA; Triton's interpreter (CI's check of what the kernels compute) runs no PTX, so there the
 # same values come from Triton ops. Fixed for the process, as the interpreter is.
 PTX_NIBBLES = tl.constexpr(not interpreting())
-# tl.reshape(..., can_reorder=True) lets a reduction sum a thread's elements first, whatever their
-# logical order: the scaled one-row form's single reduction per row needs it (a reshape that keeps
-# the order costs about as many shuffles as the per-block form). Triton 3.9 deprecates it and 3.10
-# removes it; without it the form sums per block and then across blocks (the same weights, slower).
-RESHAPE_REORDERS = tl.constexpr("can_reorder" in inspect.signature(tl.reshape).parameters)
 
 
 @triton.jit
@@ -134,17 +127,11 @@ def _block_scales(
 @triton.jit
 def _block_products(
     codes, scale, offset, x_ptr, x2_ptr, gamma_ptr, sum_ptr, first_block, k, PROLOGUE: tl.constexpr,
-    ZERO_KIND: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr, SCALED: tl.constexpr, BITS: tl.constexpr = 4,
+    ZERO_KIND: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr, BITS: tl.constexpr = 4,
 ):  # fmt: skip
     """(w . p(x) per row, the prologue's sum of squares) in fp32 over NB blocks from ``first_block``.
     The codes come in element order (_codes_less_zero), so the activations load as contiguous rows
-    of the tile; a block's sum of (code - zero) * a is multiplied once by its scale. SCALED (option
-    q4_row_scaled): each weight is (code - zero) * scale first (exact in fp32 for integer zero
-    points: a 5- or 9-bit integer times the scale's 11-bit mantissa), and a row's products are
-    summed in one reduction instead of per block and then across blocks: a few dozen warp shuffles
-    after the PDL wait instead of hundreds (PTX for sm_90, tests/test_triton_compile.py). The sums'
-    order differs, so the result may differ from the per-block form's in the last bits; each form
-    repeats bit for bit."""
+    of the tile; a block's sum of (code - zero) * a is multiplied once by its scale."""
     blk = first_block + tl.arange(0, NB)
     cols = blk[:, None] * QBLOCK + tl.arange(0, QBLOCK)[None, :]  # [NB, QBLOCK]
     inside = cols < k
@@ -154,11 +141,6 @@ def _block_products(
         a = a.to(x.dtype)
     squares = tl.sum(tl.sum(sq, axis=1), axis=0)
     v = _codes_less_zero(codes, offset, ZERO_KIND, NB, QBLOCK, BITS)
-    if SCALED:
-        products = v * scale[:, :, None] * a[None, :, :].to(tl.float32)
-        if RESHAPE_REORDERS:  # one reduction of the row, in the order the compiler finds cheapest
-            return tl.sum(tl.reshape(products, (codes.shape[0], NB * QBLOCK), can_reorder=True), axis=1), squares
-        return tl.sum(tl.sum(products, axis=2), axis=1), squares
     per_block = tl.sum(v * a[None, :, :].to(tl.float32), axis=2)
     return tl.sum(per_block * scale, axis=1), squares
 
@@ -261,7 +243,7 @@ def _q4_tile_kernel(
     x_ptr, x2_ptr, gamma_ptr, sum_ptr, b_ptr, scale_ptr, zero_ptr, bias_ptr, out_ptr, n, k, n_blocks, row_bytes,
     zp_row_bytes, eps, PROLOGUE: tl.constexpr, ZERO_KIND: tl.constexpr, HAS_BIAS: tl.constexpr,
     QBLOCK: tl.constexpr, BLOCK_N: tl.constexpr, B0: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr,
-    PDL: tl.constexpr, SCALED: tl.constexpr, BITS: tl.constexpr,
+    PDL: tl.constexpr, BITS: tl.constexpr,
 ):  # fmt: skip
     """y[rows] for BLOCK_N whole rows per program, a row's blocks in up to three power-of-two parts
     (B0 + B1 + B2 >= n_blocks; a part of 0 is absent): every code, scale and zero of the program is
@@ -280,15 +262,15 @@ def _q4_tile_kernel(
                                   zp_row_bytes, B2, QBLOCK, ZERO_KIND, BITS)  # fmt: skip
     wait_for_previous(PDL)
     dot, squares = _block_products(c0, s0, z0, x_ptr, x2_ptr, gamma_ptr, sum_ptr, 0, k, PROLOGUE, ZERO_KIND, B0,
-                                   QBLOCK, SCALED, BITS)  # fmt: skip
+                                   QBLOCK, BITS)  # fmt: skip
     if B1 > 0:
         d1, q1 = _block_products(c1, s1, z1, x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0, k, PROLOGUE, ZERO_KIND, B1,
-                                 QBLOCK, SCALED, BITS)  # fmt: skip
+                                 QBLOCK, BITS)  # fmt: skip
         dot += d1
         squares += q1
     if B2 > 0:
         d2, q2 = _block_products(c2, s2, z2, x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0 + B1, k, PROLOGUE, ZERO_KIND,
-                                 B2, QBLOCK, SCALED, BITS)  # fmt: skip
+                                 B2, QBLOCK, BITS)  # fmt: skip
         dot += d2
         squares += q2
     if PROLOGUE == 1 or PROLOGUE == 2:
@@ -303,7 +285,7 @@ def _q4_split_kernel(
     x_ptr, x2_ptr, gamma_ptr, sum_ptr, b_ptr, scale_ptr, zero_ptr, bias_ptr, out_ptr, part_ptr, ticket_ptr, n, k,
     n_blocks, row_bytes, zp_row_bytes, PROLOGUE: tl.constexpr, ZERO_KIND: tl.constexpr, HAS_BIAS: tl.constexpr,
     QBLOCK: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
-    SCALED: tl.constexpr, BITS: tl.constexpr,
+    BITS: tl.constexpr,
 ):  # fmt: skip
     """Program (i, j): row block i over blocks j * NB .. j * NB + NB - 1; the partial sums meet in
     linear_row.merge_splits (PROLOGUE 0 or 3 only)."""
@@ -318,7 +300,7 @@ def _q4_split_kernel(
                                       zp_row_bytes, NB, QBLOCK, ZERO_KIND, BITS)  # fmt: skip
     wait_for_previous(PDL)
     dot, _ = _block_products(codes, scale, zero, x_ptr, x2_ptr, gamma_ptr, sum_ptr, first, k, PROLOGUE, ZERO_KIND,
-                             NB, QBLOCK, SCALED, BITS)  # fmt: skip
+                             NB, QBLOCK, BITS)  # fmt: skip
     merge_splits(dot, bias, part_ptr, ticket_ptr, out_ptr, rows, row_ok, n, BLOCK_S)
 
 
@@ -511,7 +493,6 @@ def linear_row_q4(
         code = 0
     common = dict(PROLOGUE=code, ZERO_KIND=zero_kind, HAS_BIAS=bias is not None, QBLOCK=block_size,
                   BLOCK_N=block_n, num_warps=warps)  # fmt: skip
-    scaled = opts.q4_row_scaled  # the byte kernels' form (_block_products)
     bias_arg = bias if bias is not None else out
     LAUNCHES["linear_row_q4"] += 1
     words = _as_words(packed) if kernel and bits == 4 else None
@@ -522,7 +503,7 @@ def linear_row_q4(
         b0, b1, b2 = power_parts(n_blocks)
         _q4_tile_kernel[(triton.cdiv(n, block_n),)](
             x, x2, gamma, sum_out, packed, scale, zeros, bias_arg, out, n, k, n_blocks, packed.shape[1],
-            zeros.shape[1], float(eps), **common, B0=b0, B1=b1, B2=b2, SCALED=scaled, BITS=bits,
+            zeros.shape[1], float(eps), **common, B0=b0, B1=b1, B2=b2, BITS=bits,
             **pdl_launch(x, out, sum_out),
         )  # fmt: skip
         return out
@@ -531,7 +512,7 @@ def linear_row_q4(
     LAUNCHES["linear_row_q4_split"] += 1
     _q4_split_kernel[(blocks, splits)](
         x, x2, gamma, sum_out, packed, scale, zeros, bias_arg, out, parts, tickets, n, k, n_blocks, packed.shape[1],
-        zeros.shape[1], **common, NB=split_blocks, BLOCK_S=triton.next_power_of_2(splits), SCALED=scaled, BITS=bits,
+        zeros.shape[1], **common, NB=split_blocks, BLOCK_S=triton.next_power_of_2(splits), BITS=bits,
         **pdl_launch(x, out, parts, tickets),
     )  # fmt: skip
     return out
