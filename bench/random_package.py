@@ -39,6 +39,13 @@ def add_package_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context", type=int, default=2048)
     parser.add_argument("--package", default=None, help="an existing package instead of random weights")
     parser.add_argument(
+        "--int4-zero-points",
+        default="exact",
+        choices=["exact", "packed", "none"],
+        help="int4's zero points (onnxgen build's option; random weights are on no 4-bit grid, so exact "
+        "writes packed ones; none: symmetric blocks, onnxruntime-genai's builder's default form)",
+    )
+    parser.add_argument(
         "--no-pipeline",
         action="store_true",
         help="captured static-KV decode reads each token before building the next step (the old sequential "
@@ -73,6 +80,7 @@ def build_random_package(args: argparse.Namespace, directory: str | Path) -> flo
         device=args.device,
         attention=args.attention,
         context_length=args.context,
+        int4_zero_points=getattr(args, "int4_zero_points", "exact") if args.precision == "int4" else "exact",
     )
     return time.perf_counter() - t0
 

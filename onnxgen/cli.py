@@ -600,11 +600,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_build_options(p)
     p.add_argument(
         "--int4-zero-points",
-        choices=["exact", "packed"],
+        choices=["exact", "packed", "none"],
         default="exact",
         help="int4 only. exact: a weight already in 4-bit blocks (a GGUF's Q4_1) keeps them, with float zero "
         "points; packed: 4-bit zero points everywhere, the form onnxruntime's CPU kernel runs fast, each such "
-        "block rounded again (default: exact)",
+        "block rounded again; none: symmetric blocks, no zero points (onnxruntime-genai's builder's default "
+        "form; the GPU's prompt GEMMs run it faster) (default: exact)",
     )
     p.set_defaults(func=cmd_build)
     return parser

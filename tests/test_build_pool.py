@@ -11,7 +11,7 @@ import pytest
 from onnxgen.models import build_pool
 from onnxgen.models.builder import BuildError, build_package
 from onnxgen.models.builder_hybrid import expert_weight_names, quantize_experts
-from onnxgen.models.quantize import quantize_4bit
+from onnxgen.models.quantize import quantize_4bit, quantize_4bit_symmetric
 from onnxgen.models.random_source import TINY_CONFIGS, RandomSource
 
 
@@ -81,6 +81,29 @@ def test_quantize_4bit_keeps_its_arithmetic(shape: tuple[int, int], block: int) 
     for got, want in zip((q.codes, q.scales, q.zero_points), _quantize_4bit_reference(weight, block)):
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize(("shape", "block"), [((64, 256), 32), ((33, 100), 32), ((7, 128), 64)])
+def test_symmetric_quantization_puts_each_blocks_extreme_on_code_0(shape: tuple[int, int], block: int) -> None:
+    """quantize_4bit_symmetric: scale = the block's largest-magnitude value over -8 (that value is code
+    0 exactly), zero points 8, codes 8 + rint(w / scale) clipped to 0..15, all-zero blocks scale 1;
+    no zero-point tensor for MatMulNBits."""
+    rng = np.random.default_rng(shape[0])
+    weight = rng.standard_normal(shape, dtype=np.float32)
+    weight[0] = 0.0
+    q = quantize_4bit_symmetric(weight, block)
+    n, k = shape
+    padded = np.zeros((n, q.n_blocks * block), np.float32)
+    padded[:, :k] = weight
+    blocks = padded.reshape(n, q.n_blocks, block)
+    extreme = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=2)[:, :, None], axis=2)[:, :, 0]
+    want_scale = np.where(extreme == 0, 1.0, extreme / -8.0).astype(np.float32)
+    np.testing.assert_array_equal(q.scales, want_scale)
+    want_codes = np.clip(np.rint(blocks / want_scale[:, :, None]), -8, 7) + 8
+    np.testing.assert_array_equal(q.codes, want_codes.reshape(n, -1).astype(np.uint8))
+    assert (q.zero_points == 8).all() and q.matmulnbits_tensors()[2].size == 0
+    error = np.abs(q.dequantize() - weight).max(axis=1)
+    assert (error <= np.abs(weight).max(axis=1) / 8 + 1e-6).all()  # at most one step anywhere
 
 
 def test_experts_quantized_one_at_a_time_equal_the_stacked_layer() -> None:

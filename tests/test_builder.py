@@ -16,7 +16,7 @@ from onnxgen.models.builder import BuildError, build_package
 from onnxgen.models.config import DecoderConfig, WeightSource
 from onnxgen.models.hf_reference import transformers_config
 from onnxgen.models.hf_source import HFSource
-from onnxgen.models.quantize import quantize_4bit
+from onnxgen.models.quantize import quantize_4bit, quantize_4bit_symmetric
 from onnxgen.models.random_source import TINY_CONFIGS, RandomSource
 
 CONTEXT = 64
@@ -93,6 +93,26 @@ class OrtDecoder:
             tokens.append(int(np.argmax(logits[-1])))
             logits = self.step(tokens[-1:])
         return tokens
+
+
+class OnnxgenDecoder(OrtDecoder):
+    """The same loop over onnxgen's InferenceSession (CPU)."""
+
+    def __init__(self, directory: Path, config: DecoderConfig) -> None:
+        from onnxgen.runtime import InferenceSession
+
+        self.sess = InferenceSession(str(directory / "model.onnx"), device="cpu")
+        self.config = config
+        self.names = [o.name for o in self.sess.get_outputs()]
+        self.wants_positions = "position_ids" in {i.name for i in self.sess.get_inputs()}
+        kv_type = next(i.type for i in self.sess.get_inputs() if i.name.startswith("past"))
+        self.kv = empty_kv(config, np.float16 if "float16" in kv_type else np.float32)
+        self.length = 0
+
+
+def onnxgen_decode_logits(directory: Path, config: DecoderConfig) -> np.ndarray:
+    dec = OnnxgenDecoder(directory, config)
+    return np.concatenate([dec.step(PROMPT)] + [dec.step([t]) for t in DECODE], axis=0)
 
 
 def decode_logits(directory: Path, config: DecoderConfig) -> np.ndarray:
@@ -203,6 +223,34 @@ def test_int4_matches_dequantized_fp32(packages, tmp_path, attention):
     fp32 = decode_logits(packages("tiny-llama"), config)
     assert _relative_error(q4, fp32) < 0.25
     assert np.mean(np.argmax(q4, -1) == np.argmax(fp32, -1)) >= 0.6
+
+
+class SymmetricSource(LinearsMappedSource):
+    """The source's linear weights through symmetric 4-bit quantization and back (embedding kept)."""
+
+    def linear(self, array: np.ndarray) -> np.ndarray:
+        return quantize_4bit_symmetric(array).dequantize()
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
+def test_int4_without_zero_points(tmp_path, name):
+    """--int4-zero-points none: symmetric blocks, MatMulNBits and the tied embedding's
+    GatherBlockQuantized with no zero-point input (the op's default 8); its logits are the fp32
+    graph's over the same symmetric-dequantized weights (onnxruntime at accuracy_level 4 on the
+    CPU, as test_int4_matches_dequantized_fp32), and onnxgen's match onnxruntime's on it."""
+    config = TINY_CONFIGS[name]
+    source = RandomSource(config, seed=1)
+    int4 = build_package(source, tmp_path / "int4", "int4", "cpu", "gqa", CONTEXT, int4_zero_points="none")
+    model = onnx.load(str(int4 / "model.onnx"), load_external_data=False)
+    quantized = [n for n in model.graph.node if n.op_type in ("MatMulNBits", "GatherBlockQuantized")]
+    assert quantized and all(len([i for i in n.input if i]) == 3 for n in quantized), [list(n.input) for n in quantized]
+    assert any(n.op_type == "GatherBlockQuantized" for n in quantized) == config.tie_word_embeddings
+    if not config.tie_word_embeddings:
+        build_package(SymmetricSource(source), tmp_path / "fp32", "fp32", "cpu", "gqa", CONTEXT)
+        theirs = decode_logits(int4, config)
+        assert _relative_error(theirs, decode_logits(tmp_path / "fp32", config)) < 0.03
+    ours = onnxgen_decode_logits(int4, config)
+    assert _relative_error(ours, decode_logits(int4, config)) < 0.03
 
 
 class GridSource(LinearsMappedSource):

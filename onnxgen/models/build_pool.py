@@ -84,7 +84,7 @@ def plan_jobs(config: DecoderConfig, options: BuildOptions, shares_q4_table: boo
         elements = shape[0] * shape[1] if len(shape) == 2 else 0
         if name == "model.embed_tokens.weight":
             if shares_q4_table:
-                jobs.append(Job(("linear", name, True), elements))
+                jobs.append(Job(("linear", name, options.zero_point_form(table=True)), elements))
             continue
         expert = _EXPERT.fullmatch(name)
         if expert:
@@ -95,7 +95,7 @@ def plan_jobs(config: DecoderConfig, options: BuildOptions, shares_q4_table: boo
                 jobs.append(Job(("experts", layer, first), 3 * count * elements, count))
             continue
         if len(shape) == 2:
-            jobs.append(Job(("linear", name, options.packed_zero_points), elements, early=name == "lm_head.weight"))
+            jobs.append(Job(("linear", name, options.zero_point_form()), elements, early=name == "lm_head.weight"))
     return jobs
 
 
@@ -112,8 +112,8 @@ def _start_worker(source: WeightSource, spill_prefix: str | None) -> None:
 def _run(job: Job, block_size: int) -> Any:
     assert _source is not None
     if job.key[0] == "linear":
-        _, name, packed_zero_points = job.key
-        result = q4_tensors(checked_weight(_source, name), block_size, packed_zero_points)
+        _, name, form = job.key
+        result = q4_tensors(checked_weight(_source, name), block_size, form)
     else:
         _, layer, first = job.key
         result = quantize_experts(partial(checked_weight, _source), layer, range(first, first + job.count), block_size)

@@ -24,7 +24,7 @@ from onnxgen.models.graph_writer import GraphWriter
 __all__ = ["BuildError", "build_package", "genai_config"]
 
 MODEL_FILE = "model.onnx"
-INT4_ZERO_POINTS = ("exact", "packed")
+INT4_ZERO_POINTS = ("exact", "packed", "none")
 # model.type values onnxruntime-genai runs as a plain decoder; any other family is declared as llama,
 # whose runtime behaviour (decoder-only, KV cache) is the same.
 _GENAI_DECODER_TYPES = {"llama", "qwen2", "mistral", "phi3", "gemma", "granite", "olmo", "smollm3", "qwen3"}

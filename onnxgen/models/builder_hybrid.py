@@ -284,7 +284,7 @@ def quantize_experts(
     p = f"model.layers.{layer}.mlp."
     out: list[list[np.ndarray]] = [[] for _ in range(6)]
     for e in experts:
-        gate, up, down = (q4_tensors(fetch(f"{p}experts.{e}.{proj}_proj.weight"), block_size, True)
+        gate, up, down = (q4_tensors(fetch(f"{p}experts.{e}.{proj}_proj.weight"), block_size, "packed")
                           for proj in ("gate", "up", "down"))  # fmt: skip
         fc1 = [np.stack([a.reshape(gate.n, -1), b.reshape(up.n, -1)], axis=1).reshape(gate.n + up.n, -1)
                for a, b in ((gate.b, up.b), (gate.scales, up.scales), (gate.zero_points, up.zero_points))]  # fmt: skip

@@ -17,7 +17,7 @@ from onnx import TensorProto
 from onnxgen.errors import OnnxgenError
 from onnxgen.models.config import DecoderConfig, WeightSource, iter_layer_names
 from onnxgen.models.graph_writer import GraphWriter, onnx_dtype
-from onnxgen.models.quantize import on_4bit_grid, quantize_4bit
+from onnxgen.models.quantize import on_4bit_grid, quantize_4bit, quantize_4bit_symmetric
 
 if TYPE_CHECKING:
     from onnxgen.models.build_pool import BuildPool
@@ -38,12 +38,16 @@ class BuildOptions:
     block_size: int = 32
     # "exact": a weight already on a 4-bit grid per block keeps it, with float zero points;
     # "packed": every MatMulNBits weight gets 4-bit zero points, the form onnxruntime's CPU kernel
-    # runs fast (it takes a slow path for float ones), at the cost of rounding such a weight again.
+    # runs fast (it takes a slow path for float ones), at the cost of rounding such a weight again;
+    # "none": symmetric blocks and no zero points (onnxruntime-genai's builder's default form).
     int4_zero_points: str = "exact"
 
-    @property
-    def packed_zero_points(self) -> bool:
-        return self.int4_zero_points == "packed"
+    def zero_point_form(self, table: bool = False) -> str:
+        """q4_tensors' form for a weight; ``table``: read by GatherBlockQuantized too, whose zero
+        points must be packed like its codes (or absent)."""
+        if self.int4_zero_points == "none":
+            return "none"
+        return "packed" if table or self.int4_zero_points == "packed" else "exact"
 
     @property
     def io_dtype(self) -> np.dtype:
@@ -94,21 +98,28 @@ class Q4Tensors:
 
     b: np.ndarray
     scales: np.ndarray
-    zero_points: np.ndarray  # packed uint8, or float32 where float_zero_points
+    zero_points: np.ndarray  # packed uint8, or float32 where float_zero_points; empty: none (symmetric)
     float_zero_points: bool
     n: int
     k: int
 
+    @property
+    def has_zero_points(self) -> bool:
+        return self.zero_points.size > 0
 
-def q4_tensors(w: np.ndarray, block_size: int, packed_zero_points: bool = False) -> Q4Tensors:
-    """W [N, K] for MatMulNBits. A weight already on a 4-bit grid per block (a 4-bit checkpoint
-    dequantized) keeps its exact values with float zero points (quantize.on_4bit_grid); any other
-    is quantized with 4-bit ones, as is every weight where ``packed_zero_points``
-    (GatherBlockQuantized reads the table too, and its zero points must be packed like its codes).
-    A pure function of W: the build pool's workers run it too, and their tensors must be the
-    ones a serial build writes."""
-    q = None if packed_zero_points else on_4bit_grid(w, block_size)
-    q = q or quantize_4bit(w, block_size)
+
+def q4_tensors(w: np.ndarray, block_size: int, zero_points: str = "exact") -> Q4Tensors:
+    """W [N, K] for MatMulNBits, by ``zero_points`` form: "exact", a weight already on a 4-bit grid
+    per block (a 4-bit checkpoint dequantized) keeps its exact values with float zero points
+    (quantize.on_4bit_grid) and any other is quantized with 4-bit ones; "packed", every weight with
+    4-bit ones (GatherBlockQuantized reads the table too, and its zero points must be packed like
+    its codes); "none", symmetric blocks without zero points. A pure function of W: the build
+    pool's workers run it too, and their tensors must be the ones a serial build writes."""
+    if zero_points == "none":
+        q = quantize_4bit_symmetric(w, block_size)
+    else:
+        q = None if zero_points == "packed" else on_4bit_grid(w, block_size)
+        q = q or quantize_4bit(w, block_size)
     b, scales, zp = q.matmulnbits_tensors()
     return Q4Tensors(b, scales, zp, q.float_zero_points, q.n, q.k)
 
@@ -190,7 +201,8 @@ class DecoderGraph:
     ) -> str:
         """x @ W^T (+ b) for the HF Linear `prefix` ("model.layers.0.self_attn.q_proj")."""
         if self.opt.precision == "int4" and self.opt.attention == "gqa":
-            q = self.q4(prefix + ".weight") if weight is None else q4_tensors(weight, self.opt.block_size)
+            form = self.opt.zero_point_form()
+            q = self.q4(prefix + ".weight") if weight is None else q4_tensors(weight, self.opt.block_size, form)
             weights = self._write_q4(q, prefix)
             y = self._nbits_node(x, weights, prefix, None if bias else output, n=q.n, k=q.k)
             del q
@@ -209,26 +221,29 @@ class DecoderGraph:
             y = self.w.node("Add", [y, b], name=prefix + "/BiasAdd", outputs=None if output is None else [output])[0]
         return y
 
-    def q4(self, name: str, *, packed_zero_points: bool = False) -> Q4Tensors:
-        """The MatMulNBits tensors of weight `name` (q4_tensors): the build pool's, where it computed
-        them ahead, else computed here."""
-        packed_zero_points = packed_zero_points or self.opt.packed_zero_points
+    def q4(self, name: str, *, table: bool = False) -> Q4Tensors:
+        """The MatMulNBits tensors of weight `name` (q4_tensors; ``table``: the embedding's, see
+        BuildOptions.zero_point_form): the build pool's, where it computed them ahead, else
+        computed here."""
+        form = self.opt.zero_point_form(table)
         if self.pool is not None:
-            q = self.pool.take(("linear", name, packed_zero_points))
+            q = self.pool.take(("linear", name, form))
             if q is not None:
                 self.fetched(name)
                 return q
-        return q4_tensors(self.fetch(name), self.opt.block_size, packed_zero_points)
+        return q4_tensors(self.fetch(name), self.opt.block_size, form)
 
     def _write_q4(self, q: Q4Tensors, prefix: str) -> list[str]:
-        """MatMulNBits' B, scales and zero points written as initializers (scales, and float zero
-        points, in the activations' dtype); their names."""
-        zeros = self.cast(prefix + ".weight zero points", q.zero_points) if q.float_zero_points else q.zero_points
-        return [
+        """MatMulNBits' B, scales and zero points (none for symmetric blocks) written as initializers
+        (scales, and float zero points, in the activations' dtype); their names."""
+        names = [
             self.w.initializer(prefix + ".MatMulNBits.qweight", q.b),
             self.w.initializer(prefix + ".MatMulNBits.scales", self.cast(prefix + ".weight scales", q.scales)),
-            self.w.initializer(prefix + ".MatMulNBits.qzeros", zeros),
         ]
+        if q.has_zero_points:
+            zeros = self.cast(prefix + ".weight zero points", q.zero_points) if q.float_zero_points else q.zero_points
+            names.append(self.w.initializer(prefix + ".MatMulNBits.qzeros", zeros))
+        return names
 
     def _nbits_node(self, x: str, weights: list[str], prefix: str, output: str | None, *, n: int, k: int) -> str:
         return self.w.node(
@@ -297,7 +312,7 @@ class DecoderGraph:
         """GatherBlockQuantized over the head's MatMulNBits tensors, reshaped to rows: B [N, blocks,
         block/2] is [N, K/2] bytes row by row; the flat scales and zero points are [N, blocks] and
         [N, ceil(blocks/2)]. Both ops read the same initializers, so the codes are stored once."""
-        q = self.q4("model.embed_tokens.weight", packed_zero_points=True)
+        q = self.q4("model.embed_tokens.weight", table=True)
         n, k = q.n, q.k
         weights = self._write_q4(q, "lm_head")
         del q
@@ -308,7 +323,7 @@ class DecoderGraph:
             for name, width, role in zip(weights, (k // 2, blocks, -(-blocks // 2)), ("codes", "scales", "zeros"))
         ]
         return self.w.op(
-            "GatherBlockQuantized", rows[0], input_ids, rows[1], rows[2],
+            "GatherBlockQuantized", rows[0], input_ids, *rows[1:],
             name="/model/embed_tokens/GatherBlockQuantized", domain="com.microsoft",
             bits=4, block_size=self.opt.block_size, gather_axis=0, quantize_axis=1,
         )  # fmt: skip

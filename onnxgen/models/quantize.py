@@ -6,6 +6,9 @@ that W[n, k] ~= (code - zero_point) * scale. Two forms of zero point:
 
 - 4-bit (``quantize_4bit``, the default): the range of every block includes 0, which keeps zero
   exactly representable and the zero point an integer in [0, 15], packed two per byte.
+- none (``quantize_4bit_symmetric``): symmetric blocks with MatMulNBits' default zero point 8 and
+  no zero-point tensor, the form onnxruntime-genai's builder writes by default (and llama.cpp's
+  Q4_0): each block's largest-magnitude value is code 0 exactly.
 - float (``on_4bit_grid``): a block's range is its own [min, max] and the zero point the float
   -min / scale. A weight that already lies on such a grid in every block (a 4-bit checkpoint
   dequantized, e.g. GGUF Q4_1, whose blocks are min + d * code) is then held exactly, where the
@@ -35,6 +38,7 @@ class Quantized4Bit:
     zero_points: np.ndarray  # uint8 [N, n_blocks], values 0..15; or float32 (on_4bit_grid)
     k: int  # logical in_features (before padding)
     block_size: int
+    symmetric: bool = False  # every zero point is 8 and none is written (quantize_4bit_symmetric)
 
     @property
     def n(self) -> int:
@@ -56,8 +60,11 @@ class Quantized4Bit:
 
     def matmulnbits_tensors(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(B [N, n_blocks, block/2] uint8, scales [N*n_blocks] float32, zero_points
-        [N*ceil(n_blocks/2)] uint8, or [N*n_blocks] float32 where they are float)."""
+        [N*ceil(n_blocks/2)] uint8, or [N*n_blocks] float32 where they are float, or empty where
+        the blocks are symmetric: the op's default zero point, no tensor)."""
         b = pack_uint4(self.codes).reshape(self.n, self.n_blocks, self.block_size // 2)
+        if self.symmetric:
+            return b, self.scales.reshape(-1).copy(), np.zeros(0, np.uint8)
         if self.float_zero_points:
             return b, self.scales.reshape(-1).copy(), self.zero_points.reshape(-1).astype(np.float32)
         zp = self.zero_points
@@ -130,6 +137,38 @@ def quantize_4bit(weight: np.ndarray, block_size: int = 32) -> Quantized4Bit:
         scales[rows] = scale
         zero_points[rows] = zp
     return Quantized4Bit(codes, scales, zero_points, k, block_size)
+
+
+def quantize_4bit_symmetric(weight: np.ndarray, block_size: int = 32) -> Quantized4Bit:
+    """Symmetric 4-bit quantization of W [N, K] along K in blocks of `block_size`, zero point 8.
+
+    A block's scale is its largest-magnitude value m over -8, so m is code 0 exactly and the codes
+    8 + rint(w / scale) cover -8..7 steps (negative scales where m is positive); a value of the
+    opposite sign and the same magnitude as m clips to 7 steps, one step short. All-zero blocks
+    get scale 1 (every code 8)."""
+    if weight.ndim != 2:
+        raise ValueError(f"expected a 2-D weight, got shape {weight.shape}")
+    if block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(f"block_size must be a power of two >= 16, got {block_size}")
+    n, k = weight.shape
+    n_blocks = -(-k // block_size)
+    codes = np.empty((n, n_blocks * block_size), np.uint8)
+    scales = np.empty((n, n_blocks), np.float32)
+    for start in range(0, n, _ROWS_PER_CHUNK):
+        rows = slice(start, min(n, start + _ROWS_PER_CHUNK))
+        w = np.zeros((rows.stop - rows.start, n_blocks * block_size), np.float32)
+        w[:, :k] = weight[rows]
+        blocks = w.reshape(w.shape[0], n_blocks, block_size)
+        index = np.abs(blocks).argmax(axis=2)[:, :, None]
+        scale = np.take_along_axis(blocks, index, axis=2)[:, :, 0] / -8.0
+        scale = np.where(scale == 0.0, 1.0, scale).astype(np.float32)
+        q = np.divide(blocks, scale[:, :, None])
+        np.rint(q, out=q)
+        np.clip(q, -8, 7, out=q)
+        codes[rows] = (q + 8).reshape(w.shape)  # whole numbers in 0..15: the cast is exact
+        scales[rows] = scale
+    zero_points = np.full((n, n_blocks), 8, np.uint8)
+    return Quantized4Bit(codes, scales, zero_points, k, block_size, symmetric=True)
 
 
 # a value on its block's grid is within this fraction of a step of a grid point (float rounding
