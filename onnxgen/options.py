@@ -437,8 +437,8 @@ KNOBS: tuple[Knob, ...] = (
          "to 24, 40 to 48; 56 split as 48 + 8): less padding, 13 recorded chunk shapes up to 1,024 rows instead "
          "of 7"),
     Knob("q4_norm_apart", "ONNXGEN_Q4_NORM_APART", _count("programs"), "`P` (programs; `0`: never)",
-         "a 4-bit one-row product of more than P programs (the lm_head) runs its norm prologue as a kernel of "
-         "its own instead of once per program"),
+         "a 4- or 8-bit one-row product of more than P programs (the lm_head), or of rows over twice the one-tile "
+         "limit, runs its norm prologue as a kernel of its own instead of once per program"),
     Knob("gemv_split", "ONNXGEN_GEMV_SPLIT", _split, "`off` / `BLOCK_N,BLOCK_K,WARPS`",
          "`off`: long rows run the loop kernel; a configuration: the split-K kernel wherever it applies "
          "(all shapes, or `_<N>x<K>`)", per_shape=True,

@@ -66,13 +66,29 @@ def test_default_gemv_configs(shape: tuple[int, int], h200: None) -> None:
 @pytest.mark.parametrize(
     ("n", "k", "block", "config"),
     [(1152, 896, 32, (16, 1024, 4, 0)), (896, 896, 32, (8, 1024, 4, 0)), (151936, 896, 32, (16, 1024, 4, 0)),
-     (1536, 1536, 32, (16, 256, 4, 0)), (896, 4864, 128, (16, 256, 4, 0)), (2048, 1536, 512, (16, 512, 4, 0))],
+     (1536, 1536, 32, (16, 1024, 4, 0)), (896, 4864, 128, (16, 1024, 4, 0)), (2048, 1536, 2048, (16, 2048, 4, 0))],
 )  # fmt: skip
 def test_8bit_gemv_configs(n: int, k: int, block: int, config: tuple) -> None:
     """8-bit codes take the byte kernel: rows of up to 1,024 elements (as many bytes as 2,048 4-bit
-    ones) in one tile, longer ones split along K in 256-element tiles (a block wider than that is the
+    ones) in one tile, longer ones split along K in 1,024-element tiles (a block wider than that is the
     tile); never the 4-bit word kernel."""
     assert linear_q4.q4_config(n, k, block, CUDA, bits=8) == config
+
+
+@pytest.mark.parametrize(
+    ("n", "padded_k", "bits", "apart"),
+    [(1152, 896, 4, False), (151936, 896, 4, True), (1536, 4096, 4, False), (896, 4864, 4, True),
+     (2048, 1536, 8, False), (1536, 8960, 8, True), (896, 2048, 8, False), (896, 2080, 8, True)],
+)  # fmt: skip
+def test_norm_prologue_runs_apart_for_many_programs_or_long_rows(n: int, padded_k: int, bits: int, apart: bool):
+    """A norm prologue stays in the one-row 4-/8-bit product unless the product has more programs
+    than q4_norm_apart (the lm_head) or a row over twice the one-tile limit (4,096 4-bit or 2,048
+    8-bit elements); q4_norm_apart=0 keeps it in everywhere."""
+    from onnxgen import options
+
+    assert linear_q4.norm_apart(n, 16, padded_k, bits) == apart
+    with options.override(q4_norm_apart=0):
+        assert not linear_q4.norm_apart(n, 16, padded_k, bits)
 
 
 def test_default_attention_and_tile_settings() -> None:

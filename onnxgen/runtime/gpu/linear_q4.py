@@ -371,6 +371,9 @@ def _q4_dequant_kernel(
 # -- launch configurations ---------------------------------------------------------------------
 
 TILE_LIMIT = 2048  # rows up to this many elements run one tile per program (longer: split along K)
+# the split tiles of longer rows, in elements, by code width: 8-bit rows in 1,024-element tiles were
+# the fastest split of both shapes' down_proj on an H100 (docs/benchmarks/2026-12-07-h100-8bit-scaled-ttft.md)
+SPLIT_TILE = {4: 512, 8: 1024}
 
 
 WORDS_MIN_ROWS = 4096  # one-tile products with at least this many rows take the word kernel (gate_up, lm_head)
@@ -387,17 +390,19 @@ def q4_config(
     1,024 rows), 4 warps; wide ones (WORDS_MIN_ROWS) over the codes as 32-bit words
     (gpu/linear_q4_words.py, KERNEL 1; 0: the byte kernel), 2 warps for rows of at most 1,024 elements; longer rows
     split along K in 512-element tiles, 16 rows per program, bytes. A row with a norm prologue is
-    never split (its statistics span the row): the launcher widens the tile to the row.
-    8-bit codes take the byte kernel, with the tiles' limits halved (the same bytes per program).
+    never split (its statistics span the row): the launcher widens the tile to the row, or over
+    twice the one-tile limit runs the norm apart (norm_apart).
+    8-bit codes take the byte kernel, with the one-tile limit halved (the same bytes per program) and
+    longer rows split in SPLIT_TILE[8]-element tiles.
     ``ONNXGEN_GEMV_Q4[_<N>x<K>]`` (option ``gemv_q4``) forces a configuration (for 8-bit codes,
     with the byte kernel)."""
     forced = (opts or options.current()).gemv_q4.lookup(n, k)
     if forced:
         return (*forced[:3], forced[3] if bits == 4 else 0)  # type: ignore[return-value]
     padded = -(-k // block_size) * block_size
-    per_byte = 8 // bits  # elements per byte: the limits below hold the same bytes for either width
+    per_byte = 8 // bits  # elements per byte: the one-tile limit holds the same bytes for either width
     if padded > TILE_LIMIT * per_byte // 2:
-        return 16, max(256 * per_byte, block_size), 4, 0
+        return 16, max(SPLIT_TILE[bits], block_size), 4, 0
     tile = max(block_size, triton.next_power_of_2(padded))
     if bits == 4 and n >= WORDS_MIN_ROWS and (tile <= 1024 or n <= WORDS_MAX_LM_ROWS):
         return 16, tile, 2 if tile <= 1024 else 4, 1
@@ -485,10 +490,7 @@ def linear_row_q4(
     block_n, block_k, warps, kernel = _q4_plan(n, k, block_size, x.device, bits)
     split_blocks = max(block_k, block_size) // block_size
     splits = triton.cdiv(n_blocks, split_blocks)
-    opts = options.current()
-    apart = opts.q4_norm_apart
-    if code in NORM_PROLOGUES and apart and triton.cdiv(n, block_n) > apart:
-        # many programs would each recompute the row's statistics: normalize once, then multiply
+    if code in NORM_PROLOGUES and norm_apart(n, block_n, n_blocks * block_size, bits):
         x, _, _ = fused_rms_norm(x, gamma, eps, skip=x2 if code == 2 else None, sum_out=sum_out if code == 2 else None)
         code = 0
     common = dict(PROLOGUE=code, ZERO_KIND=zero_kind, HAS_BIAS=bias is not None, QBLOCK=block_size,
@@ -516,6 +518,17 @@ def linear_row_q4(
         **pdl_launch(x, out, parts, tickets),
     )  # fmt: skip
     return out
+
+
+def norm_apart(n: int, block_n: int, padded_k: int, bits: int, opts: options.Options | None = None) -> bool:
+    """Whether a norm prologue runs as a kernel of its own before a one-row product instead of in each
+    program (option ``q4_norm_apart``, 0: never): where more than that many programs would each
+    recompute the row's statistics (the lm_head), or where the row is over twice the one-tile limit,
+    so that the whole row the norm needs would be one huge tile (8-bit down_proj under a norm took
+    162 us where its split product takes 8: docs/benchmarks/2026-12-07-h100-8bit-scaled-ttft.md)."""
+    apart = (opts or options.current()).q4_norm_apart
+    long_row = padded_k > TILE_LIMIT * (8 // bits)
+    return bool(apart) and (triton.cdiv(n, block_n) > apart or long_row)
 
 
 def _as_words(packed: torch.Tensor) -> torch.Tensor | None:
