@@ -68,6 +68,8 @@
 #              where build-35b made it: the chunked kernels past 128 tokens against the torch path there, ~9 min
 #   memory     python -m bench.memory_peak on the 1.5B and 0.5B int4 packages: the device memory issue 18 compares
 #              with onnxruntime-genai's, taken apart at its peak by the onnxgen line of each live block, ~2 min
+#   q4sym      the 1.5B int4 package with symmetric blocks (--int4-zero-points none) against packed zero points:
+#              TTFT at 16 / 64 tokens and the decode step of each, the fp16 package's TTFT beside them, ~6 min
 #   q8         8-bit MatMulNBits on the packed byte kernels (2026-12-07): their GPU parity tests, then each layer of
 #              both shapes alone (gemv_micro --quick --bits 8: the one-row kernel swept beside cuBLAS over the fp16
 #              copy, which is what 8-bit weights ran over before, and the 16-row prompt paths), ~5 min
@@ -283,6 +285,24 @@ stage_memory() {
   run memory-15b 120 $PY -m bench.memory_peak $Q15 --precision int4 --top 20
   run memory-05b 90 $PY -m bench.memory_peak $Q --precision int4 --top 20
 }
+stage_q4sym() {
+  local z
+  for z in none packed; do
+    run "q4sym-build-$z" 120 $PY -c "from onnxgen.models.builder import build_package
+from onnxgen.models.random_source import MODEL_SHAPES, RandomSource
+build_package(RandomSource(MODEL_SHAPES['qwen2.5-coder-1.5b-instruct']), '/tmp/p15$z', precision='int4', device='cuda',
+              attention='gqa', context_length=2048, int4_zero_points='$z')"
+  done
+  # shellcheck disable=SC2086
+  run q4sym-ttft-fp16 150 $PY -m bench.prefill $Q15 --precision fp16 --lengths 16,64 --repeats 5
+  for z in none packed; do
+    # shellcheck disable=SC2086
+    run "q4sym-ttft-$z" 90 $PY -m bench.prefill $Q15 --precision int4 --package /tmp/p15$z --lengths 16,64 --repeats 5
+    # shellcheck disable=SC2086
+    run "q4sym-step-$z" 90 $PY -m bench.step_sweep $Q15 --precision int4 --package /tmp/p15$z --context 2048 \
+      --repeats 3 --variant "$z:"
+  done
+}
 stage_q8() {
   run q8-parity 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py tests/test_fusion.py \
     -k "(8bit or int8_group or 2bit or no_dequantized or prompt_gemm) and cuda"
@@ -299,7 +319,7 @@ stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
 }
 
-STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory memorypeers q8 sampled"
+STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory memorypeers q4sym q8 sampled"
 if [ $# -eq 0 ]; then
   echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
   exit 2
