@@ -64,8 +64,8 @@ def empty_kv(config: DecoderConfig, dtype, batch: int = 1) -> dict[str, np.ndarr
 class OrtDecoder:
     """Drives the raw graph step by step with a growing KV cache (the manual oracle loop)."""
 
-    def __init__(self, directory: Path, config: DecoderConfig) -> None:
-        self.sess = session(directory)
+    def __init__(self, directory: Path, config: DecoderConfig, sess=None) -> None:
+        self.sess = sess or session(directory)
         self.config = config
         self.names = [o.name for o in self.sess.get_outputs()]
         self.wants_positions = "position_ids" in {i.name for i in self.sess.get_inputs()}
@@ -95,23 +95,11 @@ class OrtDecoder:
         return tokens
 
 
-class OnnxgenDecoder(OrtDecoder):
-    """The same loop over onnxgen's InferenceSession (CPU)."""
-
-    def __init__(self, directory: Path, config: DecoderConfig) -> None:
-        from onnxgen.runtime import InferenceSession
-
-        self.sess = InferenceSession(str(directory / "model.onnx"), device="cpu")
-        self.config = config
-        self.names = [o.name for o in self.sess.get_outputs()]
-        self.wants_positions = "position_ids" in {i.name for i in self.sess.get_inputs()}
-        kv_type = next(i.type for i in self.sess.get_inputs() if i.name.startswith("past"))
-        self.kv = empty_kv(config, np.float16 if "float16" in kv_type else np.float32)
-        self.length = 0
-
-
 def onnxgen_decode_logits(directory: Path, config: DecoderConfig) -> np.ndarray:
-    dec = OnnxgenDecoder(directory, config)
+    """decode_logits over onnxgen's InferenceSession (CPU) instead of onnxruntime's."""
+    from onnxgen.runtime import InferenceSession
+
+    dec = OrtDecoder(directory, config, InferenceSession(str(directory / "model.onnx"), device="cpu"))
     return np.concatenate([dec.step(PROMPT)] + [dec.step([t]) for t in DECODE], axis=0)
 
 

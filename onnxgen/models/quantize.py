@@ -104,14 +104,19 @@ def _fold(op: np.ufunc, blocks: np.ndarray) -> np.ndarray:
     return blocks[..., 0]
 
 
-def quantize_4bit(weight: np.ndarray, block_size: int = 32) -> Quantized4Bit:
-    """Asymmetric 4-bit quantization of W [N, K] along K in blocks of `block_size`."""
+def _block_grid(weight: np.ndarray, block_size: int) -> tuple[int, int, int]:
+    """(N, K, blocks per row) of a 2-D weight quantized in blocks of `block_size` along K (checked)."""
     if weight.ndim != 2:
         raise ValueError(f"expected a 2-D weight, got shape {weight.shape}")
     if block_size < 16 or block_size & (block_size - 1):
         raise ValueError(f"block_size must be a power of two >= 16, got {block_size}")
     n, k = weight.shape
-    n_blocks = -(-k // block_size)
+    return n, k, -(-k // block_size)
+
+
+def quantize_4bit(weight: np.ndarray, block_size: int = 32) -> Quantized4Bit:
+    """Asymmetric 4-bit quantization of W [N, K] along K in blocks of `block_size`."""
+    n, k, n_blocks = _block_grid(weight, block_size)
     codes = np.empty((n, n_blocks * block_size), np.uint8)
     scales = np.empty((n, n_blocks), np.float32)
     zero_points = np.empty((n, n_blocks), np.uint8)
@@ -146,12 +151,7 @@ def quantize_4bit_symmetric(weight: np.ndarray, block_size: int = 32) -> Quantiz
     8 + rint(w / scale) cover -8..7 steps (negative scales where m is positive); a value of the
     opposite sign and the same magnitude as m clips to 7 steps, one step short. All-zero blocks
     get scale 1 (every code 8)."""
-    if weight.ndim != 2:
-        raise ValueError(f"expected a 2-D weight, got shape {weight.shape}")
-    if block_size < 16 or block_size & (block_size - 1):
-        raise ValueError(f"block_size must be a power of two >= 16, got {block_size}")
-    n, k = weight.shape
-    n_blocks = -(-k // block_size)
+    n, k, n_blocks = _block_grid(weight, block_size)
     codes = np.empty((n, n_blocks * block_size), np.uint8)
     scales = np.empty((n, n_blocks), np.float32)
     for start in range(0, n, _ROWS_PER_CHUNK):
