@@ -69,7 +69,8 @@
 #   memory     python -m bench.memory_peak on the 1.5B and 0.5B int4 packages: the device memory issue 18 compares
 #              with onnxruntime-genai's, taken apart at its peak by the onnxgen line of each live block, ~2 min
 #   q4sym      the 1.5B int4 package with symmetric blocks (--int4-zero-points none) against packed zero points:
-#              TTFT at 16 / 64 tokens and the decode step of each, the fp16 package's TTFT beside them, ~6 min
+#              TTFT at 16 / 64 tokens and the decode step of each, the fp16 package's TTFT beside them, then
+#              the one-row kernels of each layer alone with and without zero points (gemv_micro), ~10 min
 #   q8         8-bit MatMulNBits on the packed byte kernels (2026-12-07): their GPU parity tests, then each layer of
 #              both shapes alone (gemv_micro --quick --bits 8: the one-row kernel swept beside cuBLAS over the fp16
 #              copy, which is what 8-bit weights ran over before, and the 16-row prompt paths), ~5 min
@@ -302,6 +303,11 @@ build_package(RandomSource(MODEL_SHAPES['qwen2.5-coder-1.5b-instruct']), '/tmp/p
     run "q4sym-step-$z" 90 $PY -m bench.step_sweep $Q15 --precision int4 --package /tmp/p15$z --context 2048 \
       --repeats 3 --variant "$z:"
   done
+  # the one-row (decode) kernels alone, symmetric against packed zero points
+  # shellcheck disable=SC2086
+  run q4sym-rows-none 150 $PY -m bench.gemv_micro $Q15 --quick --layers qkv,gate_up,down
+  # shellcheck disable=SC2086
+  run q4sym-rows-packed 150 $PY -m bench.gemv_micro $Q15 --quick --layers qkv,gate_up,down --zero-points
 }
 stage_q8() {
   run q8-parity 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py tests/test_fusion.py \
