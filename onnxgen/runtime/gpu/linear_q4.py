@@ -380,6 +380,12 @@ WORDS_MIN_ROWS = 4096  # one-tile products with at least this many rows take the
 WORDS_MAX_LM_ROWS = 65536  # ...except vocabulary-wide ones over rows longer than 1,024 (the 1.5B lm_head)
 
 
+def one_tile_elements(bits: int) -> int:
+    """The longest row (elements) a one-row program takes in one tile: TILE_LIMIT 4-bit elements, the
+    same bytes for 8-bit codes."""
+    return TILE_LIMIT * (8 // bits) // 2
+
+
 def q4_config(
     n: int, k: int, block_size: int, device: torch.device, opts: options.Options | None = None, bits: int = 4
 ) -> tuple[int, int, int, int]:
@@ -400,8 +406,7 @@ def q4_config(
     if forced:
         return (*forced[:3], forced[3] if bits == 4 else 0)  # type: ignore[return-value]
     padded = -(-k // block_size) * block_size
-    per_byte = 8 // bits  # elements per byte: the one-tile limit holds the same bytes for either width
-    if padded > TILE_LIMIT * per_byte // 2:
+    if padded > one_tile_elements(bits):
         return 16, max(SPLIT_TILE[bits], block_size), 4, 0
     tile = max(block_size, triton.next_power_of_2(padded))
     if bits == 4 and n >= WORDS_MIN_ROWS and (tile <= 1024 or n <= WORDS_MAX_LM_ROWS):
@@ -527,7 +532,7 @@ def norm_apart(n: int, block_n: int, padded_k: int, bits: int, opts: options.Opt
     so that the whole row the norm needs would be one huge tile (8-bit down_proj under a norm took
     162 us where its split product takes 8: docs/benchmarks/2026-12-07-h100-8bit-scaled-ttft.md)."""
     apart = (opts or options.current()).q4_norm_apart
-    long_row = padded_k > TILE_LIMIT * (8 // bits)
+    long_row = padded_k > 2 * one_tile_elements(bits)
     return bool(apart) and (triton.cdiv(n, block_n) > apart or long_row)
 
 

@@ -517,11 +517,11 @@ def prepack_int4(program: Any) -> int:
         if not isinstance(b, torch.Tensor) or b.dtype != torch.uint8 or not scales.is_floating_point():
             continue
         k, n, block = int(ctx.attrs.get("K", 0)), int(ctx.attrs.get("N", 0)), int(ctx.attrs.get("block_size", 0))
-        why = int4pack_form_unserved(
-            accuracy_level=int(ctx.attrs.get("accuracy_level", 0)), bits=int(ctx.attrs.get("bits", 4)),
-            has_g_idx=False, block_size=block, k=k, n=n,
-        )  # fmt: skip
         bits = int(ctx.attrs.get("bits", 4))
+        why = int4pack_form_unserved(
+            accuracy_level=int(ctx.attrs.get("accuracy_level", 0)), bits=bits, has_g_idx=False, block_size=block,
+            k=k, n=n,
+        )  # fmt: skip
         if why is not None or b.numel() != n * k * bits // 8:
             continue
         packed = _int4pack_weight(b, k=k, n=n, bits=bits)
