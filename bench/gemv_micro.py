@@ -112,8 +112,13 @@ def main() -> int:
     parser.add_argument("--prompt-only", action="store_true", help="only the --prompt-rows products")
     parser.add_argument(
         "--zero-points",
-        action="store_true",
-        help="packed uint8 zero points (onnxgen's builder writes them; default: none, the symmetric form)",
+        nargs="?",
+        const="packed",
+        choices=["packed", "bytes", "float"],
+        help="zero points: packed uint8 codes as MatMulNBits stores them (the default when named alone); bytes: "
+        "int8 a byte per block, the form a session widens packed 4-bit ones to at load "
+        "(contrib_quant.widen_zero_points); float: integer values as fp16 in the scales' layout (MatMulNBits' "
+        "float form); default: none, the symmetric form",
     )
     parser.add_argument("--words", action="store_true", help="also sweep the 4-bit kernel over 32-bit words")
     parser.add_argument("--layers", help="comma list of layer_shapes' names: qkv, o_proj, gate_up, down, lm_head; "
@@ -160,7 +165,7 @@ def bench_shape(name: str, k: int, n: int, args, dev, sweeps) -> list[tuple[str,
         rows.append((label, us, nbytes / us / 1e3))
 
     # 4-bit weights (8-bit with --bits 8), MatMulNBits layout, symmetric (no zero points; with
-    # --zero-points, packed uint8 ones as onnxgen's builder writes)
+    # --zero-points, packed uint8 ones, a byte per block, or integers as fp16 [N, blocks])
     bs = args.block_size
     nb = -(-k // bs)
     row_bytes = bs * args.bits // 8  # per block
@@ -168,9 +173,8 @@ def bench_shape(name: str, k: int, n: int, args, dev, sweeps) -> list[tuple[str,
     qcopies = max(2, min(96, int(256e6 // qbytes)))
     qb = [torch.randint(0, 256, (n, nb, row_bytes), device=dev, dtype=torch.uint8) for _ in range(qcopies)]
     qs = [torch.rand(n, nb, device=dev, dtype=torch.float16) * 0.01 for _ in range(qcopies)]
-    zp_bytes = -(-nb * args.bits // 8)
-    qz = [torch.randint(0, 256, (n, zp_bytes), device=dev, dtype=torch.uint8) if args.zero_points else None
-          for _ in range(qcopies)]  # fmt: skip
+    zp_bytes = {"packed": -(-nb * args.bits // 8), "bytes": nb, "float": nb * 2}.get(args.zero_points, 0)
+    qz = [zero_points(args.zero_points, n, nb, zp_bytes, args.bits, dev) for _ in range(qcopies)]
     qbytes += n * zp_bytes if args.zero_points else 0
     if not args.prompt_only:
         one_row_sweeps(name, k, n, args, sweeps, ws, qb, qs, qz, qcopies, add, copies, wbytes, qbytes)
@@ -179,6 +183,16 @@ def bench_shape(name: str, k: int, n: int, args, dev, sweeps) -> list[tuple[str,
     for label, us, gbs in rows:
         print(f"  {label:36s} {us:8.2f} us  {gbs:7.0f} GB/s")
     return rows
+
+
+def zero_points(form: str | None, n: int, nb: int, zp_bytes: int, bits: int, dev) -> torch.Tensor | None:
+    if form == "packed":
+        return torch.randint(0, 256, (n, zp_bytes), device=dev, dtype=torch.uint8)
+    if form == "bytes":
+        return torch.randint(0, 16, (n, nb), device=dev, dtype=torch.int8)  # widened 4-bit codes
+    if form == "float":
+        return torch.randint(0, 1 << bits, (n, nb), device=dev).to(torch.float16)
+    return None
 
 
 def one_row_sweeps(name, k, n, args, sweeps, ws, qb, qs, qz, qcopies, add, copies, wbytes, qbytes) -> None:
