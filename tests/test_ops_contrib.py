@@ -849,6 +849,32 @@ def test_matmul_nbits_on_triton_keeps_no_dequantized_copy(bits: int, device: str
         assert DEQUANT_CACHE.used == 0
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_matmul_nbits_zero_points_widened_at_load(device: str) -> None:
+    """Where the packed kernels serve (CUDA, Triton's interpreter), a session holds a 4-bit weight's
+    packed zero points as int8, a byte per block (contrib_quant.widen_zero_points), with the values
+    the packed form holds (13 blocks: the last byte's high nibble is padding). They stay packed
+    elsewhere, for rows of one block, and where another op reads the same tensor. The products
+    against onnxruntime are the parity cases' (test_matmul_nbits_4bit)."""
+    from onnxgen.runtime.gpu.launch import q4_kernels_serve
+
+    serves = q4_kernels_serve(torch.zeros(1, device=device))
+    model = matmul_nbits_model(200, 24, 4, 16, TP.FLOAT16, "packed", 0)
+    packed = onnx.numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == "zp")).reshape(24, 7)
+    codes = np.stack([packed & 0xF, packed >> 4], axis=-1).reshape(24, 14)[:, :13]
+    held = _session(model, device).program.initializers["zp"]
+    if serves:
+        assert held.dtype == torch.int8 and held.shape == (24, 13)
+        assert np.array_equal(held.cpu().numpy(), codes)
+    else:
+        assert held.dtype == torch.uint8 and held.numel() == 24 * 7
+    one_block = _session(matmul_nbits_model(200, 24, 4, 256, TP.FLOAT16, "packed", 0), device)
+    assert one_block.program.initializers["zp"].dtype == torch.uint8
+    model.graph.node.append(helper.make_node("Identity", ["zp"], ["Z"]))
+    model.graph.output.append(onnx.ValueInfoProto(name="Z"))
+    assert _session(model, device).program.initializers["zp"].dtype == torch.uint8
+
+
 # on CUDA the session fuses a lone MatMulNBits into a one-member MatMulNBitsGroup (fusion "singles")
 _NBITS_NODE_TYPES = ("MatMulNBits", "MatMulNBitsGroup")
 

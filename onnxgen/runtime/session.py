@@ -20,7 +20,7 @@ from onnxgen.runtime.executor import GraphProgram, ValueInfo, compile_model
 from onnxgen.runtime.fusion import fuse_for_device, group_weight_names, pack_matmul_groups, pack_nbits_groups
 from onnxgen.runtime.host_memory import release_freed_host_memory
 from onnxgen.runtime.model_io import load_model, parse_model_bytes
-from onnxgen.runtime.ops.contrib_quant import attach_q4_scratch, prepack_int4
+from onnxgen.runtime.ops.contrib_quant import attach_q4_scratch, prepack_int4, widen_zero_points
 
 if TYPE_CHECKING:
     from onnxgen.runtime.capture.runtime import CaptureRuntime
@@ -118,6 +118,8 @@ class InferenceSession:
         self.program.move_host_held_to_device()
         if self.device.type == "cpu":
             prepack_int4(self.program)  # the CPU int4 GEMM's layout in place of the codes, not beside
+        widen_zero_points(self.program)  # where the packed Triton kernels serve: a byte per zero point
+        if self.device.type == "cpu":
             release_freed_host_memory()  # the load's temporaries, kept by the allocator otherwise
         if self.device.type == "cuda":
             attach_q4_scratch(self.program)  # one buffer for the prompts' dequantized 4-bit chunks

@@ -5,6 +5,11 @@ Layout, as MatMulNBits stores it: B is [N, n_blocks * QBLOCK / 2] bytes (K padde
 element c of a row in byte c // 2, the low nibble for even c; scales [N, n_blocks]; zero points
 absent (8 for every block), packed uint8 [N, ceil(n_blocks / 2)] (block b in byte b // 2, the low
 nibble for even b), or [N, n_blocks] in the scales' dtype. A weight is (code - zero) * scale.
+One more form is onnxgen's own: int8 [N, n_blocks], a byte per block (ZERO_KIND 3), which
+contrib_quant.widen_zero_points makes from the packed 4-bit form at load. Its load has the scales'
+address pattern; the packed form's (byte b // 2) gets a layout from which Triton stages the prompt
+GEMMs' dequantized weight tile through shared memory instead of handing it to the tensor cores in
+registers (compiled for sm_90: docs/benchmarks/2026-12-07-h100-symmetric-and-zero-bytes.md).
 8-bit codes (onnxruntime-genai's int8 packages, and the 8-bit layers of mixed ones) take the same
 byte kernels with BITS 8: a byte per element, a byte per packed zero point, 128 where they are
 absent; the word kernel and the PTX nibble unpacking are 4-bit only.
@@ -57,8 +62,11 @@ NORM_PROLOGUES = (1, 2)  # rms, skip_rms: statistics over the whole row, so neve
 @triton.jit
 def _block_zeros(zero_ptr, rows, blk, mask, n_blocks, zp_row_bytes, ZERO_KIND: tl.constexpr, BITS: tl.constexpr = 4):
     """The zero point of block ``blk`` of each row, in fp32 (broadcast shape of rows x blk): packed
-    codes (two 4-bit ones per byte, an 8-bit one per byte), floats, or absent (2^(BITS - 1))."""
-    if ZERO_KIND == 1 and BITS == 8:
+    codes (ZERO_KIND 1: two 4-bit ones per byte, an 8-bit one per byte), a byte per block
+    (ZERO_KIND 3, any BITS), floats (2), or absent (0: 2^(BITS - 1))."""
+    if ZERO_KIND == 3:  # rows of n_blocks bytes: the scales' address pattern (module doc)
+        zero = tl.load(zero_ptr + rows * n_blocks + blk, mask=mask, other=0).to(tl.float32)
+    elif ZERO_KIND == 1 and BITS == 8:
         zero = tl.load(zero_ptr + rows * zp_row_bytes + blk, mask=mask, other=0).to(tl.float32)
     elif ZERO_KIND == 1:
         zbyte = tl.load(zero_ptr + rows * zp_row_bytes + blk // 2, mask=mask, other=0)
@@ -171,7 +179,7 @@ def _codes_less_zero_half(w, offset, scale, NB: tl.constexpr, QBLOCK: tl.constex
     exactly 1024 + code, and less 1024 + zero it is code - zero, exact; its fp16 product with the
     scale is rounded once, as the fp32 product (exact: 5 bits times the scale's 11) rounded to fp16
     is. So the weights equal _codes_less_zero's times the scale rounded to fp16, bit for bit
-    (tests/test_moe_kernels.py), for integer zero points (ZERO_KIND 0, 1; offset 2^23 + zero).
+    (tests/test_moe_kernels.py), for integer zero points (ZERO_KIND 0, 1, 3; offset 2^23 + zero).
     Fewer instructions per weight than the fp32 form (instruction count turned out not to bound
     these GEMMs: docs/benchmarks/2026-12-06-h100-grouped-swap-ttft.md). bf16 stays on the fp32
     form: Triton's interpreter, the check CI has, misreads a bitcast to bf16."""
@@ -451,6 +459,10 @@ def _check_bits(bits: int) -> None:
         raise ValueError(f"bits={bits}: these kernels take 4- and 8-bit codes")
 
 
+# the kernels' ZERO_KIND by the zero points' dtype (absent: 0; any float dtype: 2)
+ZERO_KINDS = {torch.uint8: 1, torch.int8: 3}
+
+
 def _layout(
     b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, n: int, k: int, block_size: int,
     bits: int = 4,
@@ -461,7 +473,10 @@ def _layout(
     if packed.shape[1] != n_blocks * block_size * bits // 8:
         raise ValueError(f"B has {packed.shape[1]} bytes per row; {n_blocks} blocks of {block_size} {bits}-bit "
                          f"codes need {n_blocks * block_size * bits // 8}")  # fmt: skip
-    zero_kind = 0 if zero_points is None else (1 if zero_points.dtype == torch.uint8 else 2)
+    zero_kind = 0 if zero_points is None else ZERO_KINDS.get(zero_points.dtype, 2)
+    if zero_kind == 3 and zero_points.numel() != n * n_blocks:
+        raise ValueError(f"int8 zero points (a byte per block) hold {zero_points.numel()} values; "
+                         f"{n} rows of {n_blocks} blocks need {n * n_blocks}")  # fmt: skip
     zeros = zero_points.reshape(n, -1) if zero_points is not None else packed
     return packed, scales.reshape(n, n_blocks), zeros, zero_kind
 

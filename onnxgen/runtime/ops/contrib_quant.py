@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,7 +101,7 @@ def dequantize_nbits(
         zero: torch.Tensor | None = None
     elif zero_points.dtype == torch.uint8:  # packed like B, each row padded to whole bytes
         zero = zero_points.reshape(n, -1)
-    else:  # unpacked, same type as the scales
+    else:  # unpacked: the scales' type, or int8 codes a byte per block (widen_zero_points)
         zero = zero_points.reshape(n, n_blocks)
     group = g_idx.to(torch.long).reshape(-1)[:k] if g_idx is not None else None
     out = torch.empty((n, k), dtype=dtype, device=b.device)
@@ -197,7 +198,7 @@ def _int8_activations(
     mode = options.current().int8_activations
     if mode == "none" or (mode != "all" and a.device.type != "cpu"):
         return False
-    float_zero_points = zero_points is not None and zero_points.dtype != torch.uint8
+    float_zero_points = zero_points is not None and zero_points.is_floating_point()
     return not float_zero_points and not (bits == 2 and block < 32)
 
 
@@ -221,7 +222,7 @@ def q4_kernel_applies(
     why = q4_form_unserved(
         bits=bits, block_size=block_size, has_g_idx=g_idx is not None, codes_uint8=b.dtype == torch.uint8,
         scales_float=scales.is_floating_point(),
-        zero=zero_kind(zero_points is not None, zero_points is not None and zero_points.dtype == torch.uint8,
+        zero=zero_kind(zero_points is not None, zero_points is not None and zero_points.dtype in INTEGER_ZEROS,
                        zero_points is not None and zero_points.dtype == scales.dtype),
     )  # fmt: skip
     if why is None and scales.dtype != a.dtype:
@@ -488,6 +489,64 @@ class _Int4Plan:
             out += bias
         out = out.view(*a.shape[:-1], n)
         return out if a.dtype == torch.float32 else out.to(a.dtype)
+
+
+# integer zero points: uint8 packed as MatMulNBits stores them, or int8 a byte per block (widen_zero_points)
+INTEGER_ZEROS = (torch.uint8, torch.int8)
+
+
+def widen_zero_points(program: Any) -> int:
+    """Where the packed Triton kernels serve the session's device: every 4-bit MatMulNBits (and
+    joined MatMulNBitsGroup) whose zero points are a packed uint8 initializer read by such nodes
+    alone gets them at load as int8 [N, n_blocks], a byte per block, in place of the packed tensor
+    (gpu/linear_q4.py's ZERO_KIND 3: the load the prompt GEMMs keep their weight tile in registers
+    with). Half a byte more per block; rows of one block (the same either way) stay packed.
+    Returns the initializers widened."""
+    from onnxgen.runtime.fusion import _readers
+
+    device = getattr(program, "device", None)
+    if device is None or not options.current().triton_q4 or not triton_serves(torch.empty(0, device=device)):
+        return 0
+    fed = {vi.name for vi in program.inputs} | {vi.name for vi in program.outputs}
+    shapes: dict[str, set[tuple[int, int]]] = {}  # zero point name -> (rows, blocks) of each reader
+    widenable: Counter[str] = Counter()
+    for node in program.nodes:
+        shape = _packed_zero_reader(node.ctx)
+        name = node.inputs[3] if len(node.inputs) > 3 else ""
+        if shape is not None and name:
+            shapes.setdefault(name, set()).add(shape)
+            widenable[name] += 1
+    readers = _readers(program)
+    done = 0
+    for name, count in widenable.items():
+        zero = program.initializers.get(name)
+        if readers[name] != count or name in fed or len(shapes[name]) != 1 or not isinstance(zero, torch.Tensor):
+            continue
+        ((n, n_blocks),) = shapes[name]
+        if zero.dtype != torch.uint8 or n_blocks < 2 or zero.numel() != n * -(-n_blocks // 2):
+            continue
+        codes = unpack_codes(zero.reshape(n, -1), 4)[:, :n_blocks]
+        program.initializers[name] = codes.to(torch.int8).contiguous()
+        done += 1
+    return done
+
+
+def _packed_zero_reader(ctx: NodeContext) -> tuple[int, int] | None:
+    """(rows, blocks) of a node whose input 3 is a 4-bit weight's zero points that the packed
+    kernels take widened: a MatMulNBits, or a MatMulNBitsGroup of one weight (one member, or
+    members joined at load: fusion.pack_nbits_groups)."""
+    if int(ctx.attrs.get("bits", 4)) != 4 or ctx.attrs.get(PREPACKED_ATTR):
+        return None
+    block = int(ctx.attrs.get("block_size", 0))
+    if (ctx.op_type, ctx.domain) == ("MatMulNBits", MS_DOMAIN):
+        n = int(ctx.attrs.get("N", 0))
+    elif (ctx.op_type, ctx.domain) == ("MatMulNBitsGroup", "onnxgen") and (
+        ctx.attrs.get("packed_weight") or len(ctx.attrs["widths"]) == 1
+    ):
+        n = sum(int(w) for w in ctx.attrs["widths"])
+    else:
+        return None
+    return (n, -(-int(ctx.attrs.get("K", 0)) // block)) if block > 0 else None
 
 
 PREPACKED_ATTR = "onnxgen_int4pack"  # set by prepack_int4: B and scales are the int4 GEMM's layout
