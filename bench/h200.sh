@@ -71,6 +71,10 @@
 #   q4sym      the 1.5B int4 package with symmetric blocks (--int4-zero-points none) against packed zero points:
 #              TTFT at 16 / 64 tokens and the decode step of each, the fp16 package's TTFT beside them, then
 #              the one-row kernels of each layer alone with and without zero points (gemv_micro), ~10 min
+#   zerobytes  packed 4-bit zero points widened to a byte per block at load (e159038): the 4-bit GPU parity tests,
+#              the 16-row prompt GEMMs of the 1.5B shape with packed / byte / no zero points (gemv_micro), then the
+#              1.5B int4 package (packed zero points) with ONNXGEN_Q4_ZERO_BYTES=1 and =0 beside fp16: TTFT at 16
+#              and 64 tokens and the decode step, ~8 min
 #   q8         8-bit MatMulNBits on the packed byte kernels (2026-12-07): their GPU parity tests, then each layer of
 #              both shapes alone (gemv_micro --quick --bits 8: the one-row kernel swept beside cuBLAS over the fp16
 #              copy, which is what 8-bit weights ran over before, and the 16-row prompt paths), ~5 min
@@ -309,6 +313,26 @@ build_package(RandomSource(MODEL_SHAPES['qwen2.5-coder-1.5b-instruct']), '/tmp/p
   # shellcheck disable=SC2086
   run q4sym-rows-packed 150 $PY -m bench.gemv_micro $Q15 --quick --layers qkv,gate_up,down --zero-points
 }
+stage_zerobytes() {
+  local z
+  run zerobytes-parity 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py tests/test_fusion.py \
+    -k "(matmul_nbits or int4_group) and cuda"
+  for z in packed bytes none; do
+    # shellcheck disable=SC2086
+    run "zerobytes-micro-$z" 100 $PY -m bench.gemv_micro $Q15 --prompt-rows 16 --prompt-only \
+      --layers qkv,o_proj,gate_up,down $([ $z = none ] || echo --zero-points $z)
+  done
+  # shellcheck disable=SC2086
+  run zerobytes-ttft-fp16 120 $PY -m bench.prefill $Q15 --precision fp16 --lengths 16,64 --repeats 5
+  for z in 1 0; do
+    # shellcheck disable=SC2086
+    run "zerobytes-ttft-$z" 120 env ONNXGEN_Q4_ZERO_BYTES=$z $PY -m bench.prefill $Q15 --precision int4 \
+      --int4-zero-points packed --lengths 16,64 --repeats 5
+    # shellcheck disable=SC2086
+    run "zerobytes-step-$z" 120 env ONNXGEN_Q4_ZERO_BYTES=$z $PY -m bench.step_sweep $Q15 --precision int4 \
+      --int4-zero-points packed --context 2048 --repeats 3 --variant "zero-bytes-$z:"
+  done
+}
 stage_q8() {
   run q8-parity 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py tests/test_fusion.py \
     -k "(8bit or int8_group or 2bit or no_dequantized or prompt_gemm) and cuda"
@@ -325,7 +349,7 @@ stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
 }
 
-STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory memorypeers q4sym q8 sampled"
+STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory memorypeers q4sym zerobytes q8 sampled"
 if [ $# -eq 0 ]; then
   echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
   exit 2

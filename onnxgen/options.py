@@ -71,6 +71,7 @@ class Options:
     triton_interpret: bool = False
     triton_linear: Literal["auto", "on", "off"] = "auto"
     triton_q4: bool = True
+    q4_zero_bytes: bool = True
     pdl: bool = True
     gemv_persist: int = 0
     gemv_tile: bool = True
@@ -353,6 +354,10 @@ KNOBS: tuple[Knob, ...] = (
          "`0`: 4- and 8-bit MatMulNBits on a Triton device multiply a cached fp16 copy of each weight (4x / 2x "
          "the packed size) instead of the packed codes: more device memory, a faster decode step on the H200",
          audience="user"),
+    Knob("q4_zero_bytes", "ONNXGEN_Q4_ZERO_BYTES", _flag(), "`1` / `0`",
+         "`0`: a session keeps 4-bit MatMulNBits' packed zero points as they are instead of a byte per block "
+         "(half a byte less per block; the prompt GEMMs then stage each weight tile through shared memory)",
+         lifetime="session"),
     Knob("pdl", "ONNXGEN_PDL", _flag(), "`1` / `0`",
          "`0`: no programmatic dependent launch between the step's Triton kernels (Hopper+)"),
     Knob("gemv_persist", "ONNXGEN_GEMV_PERSIST", _persist, "`P` (programs per SM; `0`: off)",

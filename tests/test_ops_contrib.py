@@ -854,7 +854,8 @@ def test_matmul_nbits_zero_points_widened_at_load(device: str) -> None:
     """Where the packed kernels serve (CUDA, Triton's interpreter), a session holds a 4-bit weight's
     packed zero points as int8, a byte per block (contrib_quant.widen_zero_points), with the values
     the packed form holds (13 blocks: the last byte's high nibble is padding). They stay packed
-    elsewhere, for rows of one block, and where another op reads the same tensor. The products
+    elsewhere, with option q4_zero_bytes off, for rows of one block, and where another op reads
+    the same tensor. The products
     against onnxruntime are the parity cases' (test_matmul_nbits_4bit)."""
     from onnxgen.runtime.gpu.launch import q4_kernels_serve
 
@@ -868,6 +869,8 @@ def test_matmul_nbits_zero_points_widened_at_load(device: str) -> None:
         assert np.array_equal(held.cpu().numpy(), codes)
     else:
         assert held.dtype == torch.uint8 and held.numel() == 24 * 7
+    with options.override(q4_zero_bytes=False):
+        assert _session(model, device).program.initializers["zp"].dtype == torch.uint8
     one_block = _session(matmul_nbits_model(200, 24, 4, 256, TP.FLOAT16, "packed", 0), device)
     assert one_block.program.initializers["zp"].dtype == torch.uint8
     model.graph.node.append(helper.make_node("Identity", ["zp"], ["Z"]))

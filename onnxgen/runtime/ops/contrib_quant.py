@@ -499,13 +499,16 @@ def widen_zero_points(program: Any) -> int:
     """Where the packed Triton kernels serve the session's device: every 4-bit MatMulNBits (and
     joined MatMulNBitsGroup) whose zero points are a packed uint8 initializer read by such nodes
     alone gets them at load as int8 [N, n_blocks], a byte per block, in place of the packed tensor
-    (gpu/linear_q4.py's ZERO_KIND 3: the load the prompt GEMMs keep their weight tile in registers
-    with). Half a byte more per block; rows of one block (the same either way) stay packed.
-    Returns the initializers widened."""
+    (gpu/linear_q4.py's ZERO_KIND 3, whose load lets the prompt GEMMs keep their weight tile in
+    registers). Half a byte more per block; rows of one block (the same either way) stay packed.
+    Option ``q4_zero_bytes`` off keeps them packed. Returns the initializers widened."""
     from onnxgen.runtime.fusion import _readers
 
     device = getattr(program, "device", None)
-    if device is None or not options.current().triton_q4 or not triton_serves(torch.empty(0, device=device)):
+    opts = options.current()
+    if device is None or not (opts.triton_q4 and opts.q4_zero_bytes):
+        return 0
+    if not triton_serves(torch.empty(0, device=device)):
         return 0
     fed = {vi.name for vi in program.inputs} | {vi.name for vi in program.outputs}
     shapes: dict[str, set[tuple[int, int]]] = {}  # zero point name -> (rows, blocks) of each reader
