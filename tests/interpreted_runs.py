@@ -10,8 +10,8 @@ worker has taken it runs that child itself. A test reads its child's result with
 
 from __future__ import annotations
 
-import ast
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -139,7 +139,7 @@ def _run_child(run: Interpreted) -> dict[str, int]:
     summary = out.strip().splitlines()[-1] if out.strip() else ""
     assert not (run.no_skips and " skipped" in summary), out[-3000:]
     line = next(x for x in out.splitlines() if x.startswith("TRITON-LAUNCHES"))
-    return ast.literal_eval(line.split(" ", 1)[1])
+    return json.loads(line.split(" ", 1)[1])
 
 
 def start(items) -> None:
