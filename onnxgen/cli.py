@@ -605,7 +605,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="int4 only. exact: a weight already in 4-bit blocks (a GGUF's Q4_1) keeps them, with float zero "
         "points; packed: 4-bit zero points everywhere, the form onnxruntime's CPU kernel runs fast, each such "
         "block rounded again; none: symmetric blocks, no zero points (onnxruntime-genai's builder's default "
-        "form; the GPU's prompt GEMMs run it faster) (default: exact)",
+        "form; less accurate than zero points: docs/benchmarks/2026-12-07-h100-symmetric-and-zero-bytes.md) "
+        "(default: exact)",
     )
     p.set_defaults(func=cmd_build)
     return parser
