@@ -173,9 +173,8 @@ def bench_shape(name: str, k: int, n: int, args, dev, sweeps) -> list[tuple[str,
     qcopies = max(2, min(96, int(256e6 // qbytes)))
     qb = [torch.randint(0, 256, (n, nb, row_bytes), device=dev, dtype=torch.uint8) for _ in range(qcopies)]
     qs = [torch.rand(n, nb, device=dev, dtype=torch.float16) * 0.01 for _ in range(qcopies)]
-    zp_bytes = {"packed": -(-nb * args.bits // 8), "bytes": nb, "float": nb * 2}.get(args.zero_points, 0)
-    qz = [zero_points(args.zero_points, n, nb, zp_bytes, args.bits, dev) for _ in range(qcopies)]
-    qbytes += n * zp_bytes if args.zero_points else 0
+    qz = [zero_points(args.zero_points, n, nb, args.bits, dev) for _ in range(qcopies)]
+    qbytes += qz[0].numel() * qz[0].element_size() if qz[0] is not None else 0
     if not args.prompt_only:
         one_row_sweeps(name, k, n, args, sweeps, ws, qb, qs, qz, qcopies, add, copies, wbytes, qbytes)
     prompt_rows(name, k, n, args, ws, qb, qs, qz, qcopies, add, copies, wbytes, qbytes)
@@ -185,9 +184,10 @@ def bench_shape(name: str, k: int, n: int, args, dev, sweeps) -> list[tuple[str,
     return rows
 
 
-def zero_points(form: str | None, n: int, nb: int, zp_bytes: int, bits: int, dev) -> torch.Tensor | None:
-    if form == "packed":
-        return torch.randint(0, 256, (n, zp_bytes), device=dev, dtype=torch.uint8)
+def zero_points(form: str | None, n: int, nb: int, bits: int, dev) -> torch.Tensor | None:
+    """Random zero points of ``nb`` blocks per row in --zero-points' form (None: absent)."""
+    if form == "packed":  # each row padded to whole bytes
+        return torch.randint(0, 256, (n, -(-nb * bits // 8)), device=dev, dtype=torch.uint8)
     if form == "bytes":
         return torch.randint(0, 16, (n, nb), device=dev, dtype=torch.int8)  # widened 4-bit codes
     if form == "float":

@@ -55,7 +55,7 @@ def main() -> int:
     gamma = torch.rand(k, device=dev, dtype=torch.float16) + 0.5
     total = torch.empty(k, device=dev, dtype=torch.float16)
     if args.prompt_rows:
-        zeros = zero_points(args.zero_points, n, nb, -(-nb // 2), 4, dev)
+        zeros = zero_points(args.zero_points, n, nb, 4, dev)
         a = torch.randn(args.prompt_rows, k, device=dev, dtype=torch.float16)
         for _ in range(1 + args.launches):
             Q4.matmul_q4(a, codes, scales, zeros, n=n, k=k, block_size=bs)

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -269,6 +268,16 @@ def q4_linear(
     return matmul_q4(a, b, scales, zero_points, bias, n=n, k=k, block_size=block_size, scratch=scratch, bits=bits)
 
 
+# the nodes that multiply MatMulNBits weights through q4_linear: the op, and fusion's groups of it
+_NBITS_OPS = (("MatMulNBits", MS_DOMAIN), ("MatMulNBitsGroup", "onnxgen"))
+
+
+def _weight_rows(ctx: NodeContext) -> int:
+    """N of a MatMulNBits, or of all a MatMulNBitsGroup's members together (their widths)."""
+    widths = ctx.attrs.get("widths")
+    return sum(int(w) for w in widths) if widths else int(ctx.attrs.get("N", 0))
+
+
 SCRATCH_ATTR = "_q4_scratch"  # NodeContext.__dict__ key of the session's DequantScratch
 
 
@@ -286,12 +295,11 @@ def attach_q4_scratch(program: Any) -> int:
     nodes, sizes, dtype = [], [], None
     for node in program.nodes:
         ctx = node.ctx
-        if (ctx.op_type, ctx.domain) not in (("MatMulNBits", MS_DOMAIN), ("MatMulNBitsGroup", "onnxgen")):
+        if (ctx.op_type, ctx.domain) not in _NBITS_OPS:
             continue
         if int(ctx.attrs.get("bits", 4)) not in (4, 8):
             continue
-        widths = ctx.attrs.get("widths")
-        n = sum(int(w) for w in widths) if widths else int(ctx.attrs.get("N", 0))
+        n = _weight_rows(ctx)
         scales = program.initializers.get(node.inputs[2]) if len(node.inputs) > 2 else None
         if not isinstance(scales, torch.Tensor) or not scales.is_floating_point():
             continue
@@ -511,21 +519,19 @@ def widen_zero_points(program: Any) -> int:
     if not triton_serves(torch.empty(0, device=device)):
         return 0
     fed = {vi.name for vi in program.inputs} | {vi.name for vi in program.outputs}
-    shapes: dict[str, set[tuple[int, int]]] = {}  # zero point name -> (rows, blocks) of each reader
-    widenable: Counter[str] = Counter()
+    shapes: dict[str, list[tuple[int, int]]] = {}  # zero point name -> (rows, blocks) of each such reader
     for node in program.nodes:
         shape = _packed_zero_reader(node.ctx)
         name = node.inputs[3] if len(node.inputs) > 3 else ""
         if shape is not None and name:
-            shapes.setdefault(name, set()).add(shape)
-            widenable[name] += 1
+            shapes.setdefault(name, []).append(shape)
     readers = _readers(program)
     done = 0
-    for name, count in widenable.items():
+    for name, seen in shapes.items():
         zero = program.initializers.get(name)
-        if readers[name] != count or name in fed or len(shapes[name]) != 1 or not isinstance(zero, torch.Tensor):
+        if readers[name] != len(seen) or name in fed or len(set(seen)) != 1 or not isinstance(zero, torch.Tensor):
             continue
-        ((n, n_blocks),) = shapes[name]
+        n, n_blocks = seen[0]
         if zero.dtype != torch.uint8 or n_blocks < 2 or zero.numel() != n * -(-n_blocks // 2):
             continue
         codes = unpack_codes(zero.reshape(n, -1), 4)[:, :n_blocks]
@@ -541,15 +547,12 @@ def _packed_zero_reader(ctx: NodeContext) -> tuple[int, int] | None:
     if int(ctx.attrs.get("bits", 4)) != 4 or ctx.attrs.get(PREPACKED_ATTR):
         return None
     block = int(ctx.attrs.get("block_size", 0))
-    if (ctx.op_type, ctx.domain) == ("MatMulNBits", MS_DOMAIN):
-        n = int(ctx.attrs.get("N", 0))
-    elif (ctx.op_type, ctx.domain) == ("MatMulNBitsGroup", "onnxgen") and (
-        ctx.attrs.get("packed_weight") or len(ctx.attrs["widths"]) == 1
-    ):
-        n = sum(int(w) for w in ctx.attrs["widths"])
-    else:
+    if (ctx.op_type, ctx.domain) not in _NBITS_OPS or block <= 0:
         return None
-    return (n, -(-int(ctx.attrs.get("K", 0)) // block)) if block > 0 else None
+    widths = ctx.attrs.get("widths")
+    if widths and len(widths) > 1 and not ctx.attrs.get("packed_weight"):
+        return None  # members apart: input 3 is the first member's zero points only
+    return _weight_rows(ctx), -(-int(ctx.attrs.get("K", 0)) // block)
 
 
 PREPACKED_ATTR = "onnxgen_int4pack"  # set by prepack_int4: B and scales are the int4 GEMM's layout
