@@ -143,6 +143,23 @@ def test_int4_word_kernels_parity_through_the_triton_interpreter() -> None:
 
 
 @runs(
+    INT4_STREAM := interpreted(
+        ONE_ROW_INT4_CASES,
+        ONNXGEN_TRITON_LINEAR="1",
+        ONNXGEN_TRITON_Q4="1",
+        ONNXGEN_GEMV_Q4="4,1024,2,1",
+        ONNXGEN_Q4_STREAM="2",  # two programs, each over every other 4-row tile
+    )
+)
+def test_int4_streaming_word_kernel_parity_through_the_triton_interpreter() -> None:
+    """The opt-in streaming word kernel (ONNXGEN_Q4_STREAM: fewer programs than row tiles, each with
+    its next tile's codes in flight) on the word kernel's cases without a norm prologue: zero point
+    kinds, block sizes, bias, the SiLU-mul prologue, a last tile past the rows."""
+    launches = INT4_STREAM.launches()
+    assert launches.get("linear_row_q4_words_stream", 0) >= 10, launches
+
+
+@runs(
     INT4_MODELS := interpreted(
         "growing_kv and int4 and fused and qwen2", ONNXGEN_TRITON_LINEAR="1", ONNXGEN_TRITON_Q4="1"
     )
