@@ -144,7 +144,7 @@ def test_int4_word_kernels_parity_through_the_triton_interpreter() -> None:
 
 @runs(
     INT4_STREAM := interpreted(
-        ONE_ROW_INT4_CASES,
+        "(matmul_nbits_4bit and not prompt and -1-) or (int4_group and packed and not 2100)",  # one row only
         ONNXGEN_TRITON_LINEAR="1",
         ONNXGEN_TRITON_Q4="1",
         ONNXGEN_GEMV_Q4="4,1024,2,1",
