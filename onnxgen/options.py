@@ -446,8 +446,8 @@ KNOBS: tuple[Knob, ...] = (
          "a 4- or 8-bit one-row product of more than P programs (the lm_head), or of rows over twice the one-tile "
          "limit, runs its norm prologue as a kernel of its own instead of once per program"),
     Knob("q4_stream", "ONNXGEN_Q4_STREAM", _persist, "`P` (programs per SM; `0`: off)",
-         "4-bit one-row products over the codes as words with more row tiles than P programs per SM and no norm "
-         "prologue (the lm_head) run as P programs per SM, each with its next tile's codes in flight"),
+         "4-bit one-row products over the codes as words (gate_up, the lm_head) with more row tiles than P programs "
+         "per SM run as P programs per SM, each with its next tile's codes in flight"),
     Knob("gemv_split", "ONNXGEN_GEMV_SPLIT", _split, "`off` / `BLOCK_N,BLOCK_K,WARPS`",
          "`off`: long rows run the loop kernel; a configuration: the split-K kernel wherever it applies "
          "(all shapes, or `_<N>x<K>`)", per_shape=True,

@@ -153,8 +153,8 @@ def test_int4_word_kernels_parity_through_the_triton_interpreter() -> None:
 )
 def test_int4_streaming_word_kernel_parity_through_the_triton_interpreter() -> None:
     """The opt-in streaming word kernel (ONNXGEN_Q4_STREAM: fewer programs than row tiles, each with
-    its next tile's codes in flight) on the word kernel's cases without a norm prologue: zero point
-    kinds, block sizes, bias, the SiLU-mul prologue, a last tile past the rows."""
+    its next tile's codes in flight) on one-row MatMulNBits (zero point kinds, block sizes, bias, a
+    last tile past the rows) and the packed groups' rms and SiLU-mul prologues."""
     launches = INT4_STREAM.launches()
     assert launches.get("linear_row_q4_words_stream", 0) >= 10, launches
 

@@ -185,15 +185,17 @@ MAGIC_WORD = 0x4B000000  # linear_q4.MAGIC_BITS, passed to the kernels as an arg
 @triton.jit
 def _q4w_stream_kernel(
     x_ptr, x2_ptr, gamma_ptr, sum_ptr, w_ptr, scale_ptr, zero_ptr, bias_ptr, out_ptr, n, k, n_blocks, row_words,
-    zp_row_bytes, magic_bits, PROLOGUE: tl.constexpr, ZERO_KIND: tl.constexpr, HAS_BIAS: tl.constexpr,
+    zp_row_bytes, eps, magic_bits, PROLOGUE: tl.constexpr, ZERO_KIND: tl.constexpr, HAS_BIAS: tl.constexpr,
     QBLOCK: tl.constexpr, BLOCK_N: tl.constexpr, B0: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
-    """_q4w_tile_kernel with fewer programs than row tiles (vocabulary-wide products: the lm_head):
-    program p takes tiles p, p + P, p + 2P, ... and holds the next tile's codes in flight while it
-    sums this one's, so a program never waits out a whole memory round trip between tiles; the
-    activations are made once per program. PROLOGUE 0 or 3 only (a norm runs apart for such rows).
-    Per row the same products and sums, in the same order, as _q4w_tile_kernel."""
+    """_q4w_tile_kernel with fewer programs than row tiles (wide products: the lm_head): program p
+    takes tiles p, p + P, p + 2P, ... and loads the next tile's codes, scales and zero points before
+    it sums this one's, so it never waits out a whole memory round trip between tiles. Each tile
+    makes its activations (and a norm prologue's statistics) again from the row x, which the cache
+    holds: kept for the whole loop, they spilled registers (compiled for sm_90). Per row the same
+    products and sums as _q4w_tile_kernel; skip_rms's sum is stored by program 0 on each of its
+    tiles, the same values each time."""
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK_N
     lanes = tl.arange(0, BLOCK_N)
@@ -201,40 +203,42 @@ def _q4w_stream_kernel(
     row_ok = rows < n
     w0, s0, z0 = _word_loads(w_ptr, scale_ptr, zero_ptr, rows, row_ok, 0, n_blocks, row_words, zp_row_bytes, B0,
                              QBLOCK, ZERO_KIND)  # fmt: skip
+    w1, s1, z1 = w0, s0, z0
+    w2, s2, z2 = w0, s0, z0
     if B1 > 0:
         w1, s1, z1 = _word_loads(w_ptr, scale_ptr, zero_ptr, rows, row_ok, B0, n_blocks, row_words, zp_row_bytes,
                                  B1, QBLOCK, ZERO_KIND)  # fmt: skip
-    else:
-        w1, s1, z1 = w0, s0, z0
     if B2 > 0:
         w2, s2, z2 = _word_loads(w_ptr, scale_ptr, zero_ptr, rows, row_ok, B0 + B1, n_blocks, row_words,
                                  zp_row_bytes, B2, QBLOCK, ZERO_KIND)  # fmt: skip
-    else:
-        w2, s2, z2 = w0, s0, z0
     wait_for_previous(PDL)
     for _ in range(pid * BLOCK_N, n, step):
         ahead = rows + step
         ahead_ok = ahead < n
         v0, t0, y0 = _word_loads(w_ptr, scale_ptr, zero_ptr, ahead, ahead_ok, 0, n_blocks, row_words, zp_row_bytes,
                                  B0, QBLOCK, ZERO_KIND)  # fmt: skip
+        v1, t1, y1 = v0, t0, y0
+        v2, t2, y2 = v0, t0, y0
         if B1 > 0:
             v1, t1, y1 = _word_loads(w_ptr, scale_ptr, zero_ptr, ahead, ahead_ok, B0, n_blocks, row_words,
                                      zp_row_bytes, B1, QBLOCK, ZERO_KIND)  # fmt: skip
-        else:
-            v1, t1, y1 = v0, t0, y0
         if B2 > 0:
             v2, t2, y2 = _word_loads(w_ptr, scale_ptr, zero_ptr, ahead, ahead_ok, B0 + B1, n_blocks, row_words,
                                      zp_row_bytes, B2, QBLOCK, ZERO_KIND)  # fmt: skip
-        else:
-            v2, t2, y2 = v0, t0, y0
-        dot, _ = _word_products(w0, s0, z0, x_ptr, x2_ptr, gamma_ptr, sum_ptr, 0, k, magic_bits, PROLOGUE, B0,
-                                QBLOCK)  # fmt: skip
+        dot, squares = _word_products(w0, s0, z0, x_ptr, x2_ptr, gamma_ptr, sum_ptr, 0, k, magic_bits, PROLOGUE, B0,
+                                      QBLOCK)  # fmt: skip
         if B1 > 0:
-            dot += _word_products(w1, s1, z1, x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0, k, magic_bits, PROLOGUE, B1,
-                                  QBLOCK)[0]  # fmt: skip
+            d1, q1 = _word_products(w1, s1, z1, x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0, k, magic_bits, PROLOGUE,
+                                     B1, QBLOCK)  # fmt: skip
+            dot += d1
+            squares += q1
         if B2 > 0:
-            dot += _word_products(w2, s2, z2, x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0 + B1, k, magic_bits, PROLOGUE,
-                                  B2, QBLOCK)[0]  # fmt: skip
+            d2, q2 = _word_products(w2, s2, z2, x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0 + B1, k, magic_bits,
+                                     PROLOGUE, B2, QBLOCK)  # fmt: skip
+            dot += d2
+            squares += q2
+        if PROLOGUE == 1 or PROLOGUE == 2:
+            dot = dot / tl.sqrt(squares / k + eps)
         if HAS_BIAS:
             dot += tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
         tl.store(out_ptr + rows, dot.to(out_ptr.dtype.element_ty), mask=row_ok)
