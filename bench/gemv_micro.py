@@ -121,12 +121,6 @@ def main() -> int:
         "float form); default: none, the symmetric form",
     )
     parser.add_argument("--words", action="store_true", help="also sweep the 4-bit kernel over 32-bit words")
-    parser.add_argument(
-        "--stream",
-        action="store_true",
-        help="also sweep the streaming word kernel (option "
-        "q4_stream: programs per SM, rows per tile, warps) where a layer has more tiles than programs",
-    )
     parser.add_argument("--layers", help="comma list of layer_shapes' names: qkv, o_proj, gate_up, down, lm_head; "
                         "gdn_in, gdn_out, moe_in, shared_down for the hybrid shapes (default: all)")  # fmt: skip
     args = parser.parse_args()
@@ -268,16 +262,6 @@ def one_row_sweeps(name, k, n, args, sweeps, ws, qb, qs, qz, qcopies, add, copie
                 add(f"q4w {bn}/{bk}/{warps}", time_in_graph(q4, qcopies), qbytes)
                 if nb * bs <= 2048 and name != "lm_head":
                     add(f"q4w {bn}/{bk}/{warps} + skip_rms prologue", time_in_graph(q4_fused, qcopies), qbytes)
-    if args.stream and args.bits == 4 and nb * bs <= 2048:  # the streaming word kernel (option q4_stream)
-        for per_sm, bn, warps in itertools.product([2, 4, 6, 8], [8, 16, 32], [2, 4]):
-            if -(-n // bn) <= per_sm * Q4._sms(dev):
-                continue  # no more tiles than programs: the one-tile kernel runs
-            with options.override(gemv_q4=(bn, tile, warps, 1), q4_stream=per_sm):
-                err = ((q4(0).float() - qref).norm() / qref.norm()).item()
-                if not err < 1e-2:
-                    print(f"  {name} q4w stream {per_sm}/SM {bn}/{tile}/{warps}: WRONG (rel err {err:.3g})")
-                    continue
-                add(f"q4w stream {per_sm}/SM {bn}/{tile}/{warps}", time_in_graph(q4, qcopies), qbytes)
     if nb * bs <= 2048:  # rows a norm prologue can precede (the whole row in one tile): their sweep
         for bn, warps in itertools.product([16, 32, 64], [4, 8]):
             with options.override(gemv_q4=(bn, tile, warps, 0)):

@@ -81,7 +81,6 @@ class Options:
     gemm_q4_split: ShapeOverrides = NO_OVERRIDES
     q4_prompt: Literal["auto", "dequant", "gemm", "split"] = "auto"
     q4_norm_apart: int = 4096
-    q4_stream: int = 0
     gemv_split: ShapeOverrides = NO_OVERRIDES
     gqa_decode: tuple[int, int] | None = None
     gqa_early: bool = True
@@ -445,9 +444,6 @@ KNOBS: tuple[Knob, ...] = (
     Knob("q4_norm_apart", "ONNXGEN_Q4_NORM_APART", _count("programs"), "`P` (programs; `0`: never)",
          "a 4- or 8-bit one-row product of more than P programs (the lm_head), or of rows over twice the one-tile "
          "limit, runs its norm prologue as a kernel of its own instead of once per program"),
-    Knob("q4_stream", "ONNXGEN_Q4_STREAM", _persist, "`P` (programs per SM; `0`: off)",
-         "4-bit one-row products over the codes as words (gate_up, the lm_head) with more row tiles than P programs "
-         "per SM run as P programs per SM, each with its next tile's codes in flight"),
     Knob("gemv_split", "ONNXGEN_GEMV_SPLIT", _split, "`off` / `BLOCK_N,BLOCK_K,WARPS`",
          "`off`: long rows run the loop kernel; a configuration: the split-K kernel wherever it applies "
          "(all shapes, or `_<N>x<K>`)", per_shape=True,
@@ -537,7 +533,6 @@ def _env_text(value: Any) -> str:
 _SCALAR_TYPES: dict[str, tuple[type, ...]] = {
     "gemv_persist": (int,),
     "q4_norm_apart": (int,),
-    "q4_stream": (int,),
     "gdn_chunked_from": (int,),
     "gdn_chunked_to": (int,),
     "moe_pairs_per_expert": (int, float),

@@ -143,23 +143,6 @@ def test_int4_word_kernels_parity_through_the_triton_interpreter() -> None:
 
 
 @runs(
-    INT4_STREAM := interpreted(
-        "(matmul_nbits_4bit and not prompt and -1-) or (int4_group and packed and not 2100)",  # one row only
-        ONNXGEN_TRITON_LINEAR="1",
-        ONNXGEN_TRITON_Q4="1",
-        ONNXGEN_GEMV_Q4="4,1024,2,1",
-        ONNXGEN_Q4_STREAM="2",  # two programs, each over every other 4-row tile
-    )
-)
-def test_int4_streaming_word_kernel_parity_through_the_triton_interpreter() -> None:
-    """The opt-in streaming word kernel (ONNXGEN_Q4_STREAM: fewer programs than row tiles, each with
-    its next tile's codes in flight) on one-row MatMulNBits (zero point kinds, block sizes, bias, a
-    last tile past the rows) and the packed groups' rms and SiLU-mul prologues."""
-    launches = INT4_STREAM.launches()
-    assert launches.get("linear_row_q4_words_stream", 0) >= 10, launches
-
-
-@runs(
     INT4_MODELS := interpreted(
         "growing_kv and int4 and fused and qwen2", ONNXGEN_TRITON_LINEAR="1", ONNXGEN_TRITON_Q4="1"
     )

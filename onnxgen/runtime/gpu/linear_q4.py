@@ -50,7 +50,6 @@ from onnxgen.runtime.gpu.linear_row import (
     _activation_inputs,
     _plans,
     _prologue_args,
-    _sms,
     merge_splits,
     split_scratch,
 )
@@ -568,15 +567,6 @@ def _linear_row_words(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out,
 
     LAUNCHES["linear_row_q4_words"] += 1
     tiles = triton.cdiv(n, common["BLOCK_N"])
-    streams = stream_programs(x.device)
-    if (splits == 1 or common["PROLOGUE"] in NORM_PROLOGUES) and 0 < streams < tiles:
-        b0, b1, b2 = power_parts(n_blocks)
-        LAUNCHES["linear_row_q4_words_stream"] += 1
-        W._q4w_stream_kernel[(streams,)](
-            x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, n, k, n_blocks, words.shape[1],
-            zeros.shape[1], eps, W.MAGIC_WORD, **common, B0=b0, B1=b1, B2=b2, **pdl_launch(x, out, sum_out),
-        )  # fmt: skip
-        return out
     if splits == 1 or common["PROLOGUE"] in NORM_PROLOGUES:
         b0, b1, b2 = power_parts(n_blocks)
         W._q4w_tile_kernel[(tiles,)](
@@ -592,14 +582,6 @@ def _linear_row_words(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out,
         **pdl_launch(x, out, parts, tickets),
     )  # fmt: skip
     return out
-
-
-def stream_programs(device: torch.device, opts: options.Options | None = None) -> int:
-    """Programs of the streaming word kernel (0: off): option ``q4_stream`` P per SM (on the CPU
-    interpreter: P programs), for word products of more row tiles than that which are not split
-    along K (one tile per row, or a norm prologue's whole row)."""
-    per_sm = (opts or options.current()).q4_stream
-    return per_sm * _sms(device) if device.type == "cuda" else per_sm
 
 
 def power_parts(count: int) -> tuple[int, int, int]:
