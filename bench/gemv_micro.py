@@ -315,9 +315,11 @@ SPLIT_SWEEP = [(16, 32, 128, 4, 3, 0, 0), (16, 32, 256, 4, 3, 0, 1), (16, 64, 12
 # (the 256-row and 256-column tiles: twice the products per dequantized weight tile; compiled for sm_90
 # their K loops issue about 0.4 instructions per tensor-core cycle of their products, against about 0.8
 # for 128 x 128 x 64)
+# and SWAP 1 (the weight tile as the tensor cores' first operand, from registers; a sixth value)
 GEMM_SWEEP_LARGE = [(64, 128, 64, 4, 3), (128, 128, 64, 8, 3), (128, 64, 128, 4, 3), (64, 128, 128, 8, 3),
                     (128, 128, 128, 8, 3), (256, 128, 64, 8, 3), (128, 256, 64, 8, 3),
-                    (256, 128, 128, 8, 2)]  # fmt: skip
+                    (256, 128, 128, 8, 2), (64, 128, 64, 4, 3, 1), (128, 128, 64, 8, 3, 1), (128, 256, 64, 8, 3, 1),
+                    (256, 128, 64, 8, 3, 1), (128, 128, 128, 8, 3, 1)]  # fmt: skip
 
 
 def triton_pow2(k: int) -> int:

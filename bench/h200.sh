@@ -75,6 +75,10 @@
 #              the 16-row prompt GEMMs of the 1.5B shape with packed / byte / no zero points (gemv_micro), then the
 #              1.5B int4 package (packed zero points) with ONNXGEN_Q4_ZERO_BYTES=1 and =0 beside fp16: TTFT at 16
 #              and 64 tokens and the decode step, ~8 min
+#   q4long     long prompts' 4-bit GEMMs (2026-12-07): the tiled GEMM with the weight tile as the tensor cores'
+#              first operand (ONNXGEN_GEMM_Q4's SWAP 1) against dequantize-then-cuBLAS (the default past 128 rows)
+#              and cuBLAS fp16: its GPU parity tests, the 1.5B layers at 1,024 rows (gemv_micro, tiles swept), then
+#              the 1.5B int4 TTFT at 1,024 tokens per variant beside fp16, ~6 min
 #   q8         8-bit MatMulNBits on the packed byte kernels (2026-12-07): their GPU parity tests, then each layer of
 #              both shapes alone (gemv_micro --quick --bits 8: the one-row kernel swept beside cuBLAS over the fp16
 #              copy, which is what 8-bit weights ran over before, and the 16-row prompt paths), ~5 min
@@ -333,6 +337,18 @@ stage_zerobytes() {
       --int4-zero-points packed --context 2048 --repeats 3 --variant "zero-bytes-$z:"
   done
 }
+stage_q4long() {
+  run q4long-parity 150 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py -k "prompt_gemm and cuda"
+  # shellcheck disable=SC2086
+  run q4long-micro 200 $PY -m bench.gemv_micro $Q15 --prompt-rows 1024 --prompt-only --layers qkv,o_proj,gate_up,down
+  # shellcheck disable=SC2086
+  run q4long-ttft-fp16 90 $PY -m bench.prefill $Q15 --precision fp16 --lengths 1024 --repeats 5
+  # shellcheck disable=SC2086
+  run q4long-ttft-int4 150 $PY -m bench.prefill $Q15 --precision int4 --lengths 1024 --repeats 5 --variant auto: \
+    --variant swap128:ONNXGEN_Q4_PROMPT=gemm,ONNXGEN_GEMM_Q4=128,128,64,8,3,1 \
+    --variant swap256:ONNXGEN_Q4_PROMPT=gemm,ONNXGEN_GEMM_Q4=128,256,64,8,3,1 \
+    --variant plain:ONNXGEN_Q4_PROMPT=gemm --variant auto-again:
+}
 stage_q8() {
   run q8-parity 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py tests/test_fusion.py \
     -k "(8bit or int8_group or 2bit or no_dequantized or prompt_gemm) and cuda"
@@ -349,7 +365,7 @@ stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
 }
 
-STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory memorypeers q4sym zerobytes q8 sampled"
+STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory memorypeers q4sym zerobytes q4long q8 sampled"
 if [ $# -eq 0 ]; then
   echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
   exit 2

@@ -268,7 +268,16 @@ def _q4(raw: str) -> Config:
 
 
 def _gemm_q4(raw: str) -> Config:
-    return _ints(raw, 5, "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES")
+    """BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES and an optional sixth value SWAP: 0 (the default) A times
+    the weight tile, 1 the weight tile times A (the dequantized tile then feeds the tensor cores from
+    registers)."""
+    what = "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES[,SWAP] (SWAP 0 or 1)"
+    parts = raw.split(",")
+    if len(parts) == 6:
+        if parts[5] not in ("0", "1"):
+            raise ValueError(f"expected {what}")
+        return (*_ints(",".join(parts[:5]), 5, what), int(parts[5]))
+    return (*_ints(raw, 5, what), 0)
 
 
 def _gemm_q4_split(raw: str) -> Config:
@@ -371,8 +380,9 @@ KNOBS: tuple[Knob, ...] = (
          "forces the one-row 4-bit GEMV's launch configuration (BLOCK_K < K: split along K; KERNEL 1: the kernel "
          "over 32-bit words of codes; all shapes, or `_<N>x<K>`)", per_shape=True,
          default_text="unset: the kernel's table"),
-    Knob("gemm_q4", "ONNXGEN_GEMM_Q4", _gemm_q4, "`BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES`",
-         "forces the several-row 4-bit GEMM's launch configuration (prompts; all shapes, or `_<N>x<K>`)",
+    Knob("gemm_q4", "ONNXGEN_GEMM_Q4", _gemm_q4, "`BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES[,SWAP]`",
+         "forces the several-row 4-bit GEMM's launch configuration (prompts; SWAP 1: the weight tile as the "
+         "tensor cores' first operand, from registers; all shapes, or `_<N>x<K>`)",
          per_shape=True, default_text="unset: the kernel's table"),
     Knob("gemm_q4_split", "ONNXGEN_GEMM_Q4_SPLIT", _gemm_q4_split,
          "`BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES,SPLITS,WORDS`",

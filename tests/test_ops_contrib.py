@@ -565,16 +565,18 @@ def test_matmul_nbits_4bit_long_rows(zp_kind: str, device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("swap", [False, True])
 @pytest.mark.parametrize(
     ("block_size", "zp_kind", "bits"), [(16, "packed", 4), (32, "none", 4), (128, "float", 4), (32, "packed", 8)]
 )
-def test_matmul_nbits_prompt_gemm(block_size: int, zp_kind: str, bits: int, device: str) -> None:
+def test_matmul_nbits_prompt_gemm(block_size: int, zp_kind: str, bits: int, swap: bool, device: str) -> None:
     """Option q4_prompt=gemm: several rows through the Triton GEMM that dequantizes tiles in
-    registers (where the packed kernels serve; elsewhere the same as the default)."""
+    registers (where the packed kernels serve; elsewhere the same as the default); swap: the tile as
+    W @ A^T (option gemm_q4's SWAP), 24 weight rows in a 32-row tile and 5 prompt rows in 16."""
     from onnxgen import options
 
     model = matmul_nbits_model(200, 24, bits, block_size, TP.FLOAT16, zp_kind, 0)
-    with options.override(q4_prompt="gemm"):
+    with options.override(q4_prompt="gemm", gemm_q4=(16, 32, 128, 4, 3, int(swap))):
         _nbits_parity(model, TP.FLOAT16, device, NBITS_TOL[(TP.FLOAT16, 0)], m_values=(5,))
 
 

@@ -85,6 +85,7 @@ def test_per_shape_variables_become_one_field() -> None:
         ("ONNXGEN_GEMV_DENSE_9728x896", "a,b,c", "expected BLOCK_N,BLOCK_K,WARPS"),
         ("ONNXGEN_GEMV_SPLIT", "on", "expected off or BLOCK_N,BLOCK_K,WARPS"),
         ("ONNXGEN_GEMV_Q4_151936x896", "16,1024,2,2", "(KERNEL 0: bytes, 1: words)"),
+        ("ONNXGEN_GEMM_Q4", "128,128,64,8,3,2", "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES[,SWAP] (SWAP 0 or 1)"),
         ("ONNXGEN_GEMM_Q4_SPLIT", "16,32,128,4,3,4,2", "SPLITS 0: the kernel's count; WORDS 0 or 1"),
         ("ONNXGEN_GEMM_Q4_SPLIT_2048x1536", "16,32,128,4,3", "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES,SPLITS,WORDS"),
         ("ONNXGEN_Q4_PROMPT", "fast", "expected auto, dequant, gemm or split"),
@@ -168,7 +169,9 @@ def test_overrides_reach_the_kernels_launch_tables() -> None:
         assert launch.q4_kernels_serve(row) == launch.triton_serves(row)
     with options.override(gemv_q4="8,512,2", gemm_q4="32,64,64,4,2"):
         assert linear_q4._q4_plan(896, 896, 32, cpu) == (8, 512, 2, 0)
-        assert linear_q4.gemm_q4_config(100, 896, 896) == (32, 64, 64, 4, 2)
+        assert linear_q4.gemm_q4_config(100, 896, 896) == (32, 64, 64, 4, 2, 0)
+    with options.override(gemm_q4="128,128,64,8,3,1"):
+        assert linear_q4.gemm_q4_config(1024, 896, 896) == (128, 128, 64, 8, 3, 1)
     with options.override(gemm_q4_split={"2048x1536": "16,64,256,8,2,3,0"}):
         assert linear_q4_split.split_gemm_config(16, 2048, 1536, 32, 132, True) == (16, 64, 256, 8, 2, 3, 0)
     with options.override(gemm_q4_split="16,64,256,8,2,0,0"):

@@ -316,17 +316,21 @@ def _q4_split_kernel(
 def _q4_matmul_kernel(
     a_ptr, b_ptr, scale_ptr, zero_ptr, bias_ptr, c_ptr, m, n, k, a_stride, c_stride, n_blocks, row_bytes,
     zp_row_bytes, ZERO_KIND: tl.constexpr, HAS_BIAS: tl.constexpr, QBLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr, BITS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr, BITS: tl.constexpr, SWAP: tl.constexpr = False,
 ):  # fmt: skip
     """C[BLOCK_M, BLOCK_N] tile = A @ W^T (+ bias), W dequantized BLOCK_K columns (whole quantization
     blocks, BLOCK_K >= QBLOCK) at a time: each block's codes, scale and zero load once per tile, the
-    nibbles are joined into element order and rounded to A's dtype as dequantize_nbits rounds them."""
+    nibbles are joined into element order and rounded to A's dtype as dequantize_nbits rounds them.
+    SWAP: the same tile as (W @ A^T)^T, the weight tile the product's first operand."""
     NBT: tl.constexpr = BLOCK_K // QBLOCK
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < m
     col_ok = cols < n
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     scale, zero = _block_scales(scale_ptr, zero_ptr, cols, col_ok, 0, n_blocks, zp_row_bytes, NBT, ZERO_KIND, BITS)
     for first in range(0, n_blocks, NBT):
         codes = _block_codes(b_ptr, cols, col_ok, first, n_blocks, row_bytes, NBT, QBLOCK, BITS)
@@ -339,14 +343,25 @@ def _q4_matmul_kernel(
         kcols = first * QBLOCK + tl.arange(0, BLOCK_K)
         a = tl.load(a_ptr + rows[:, None] * a_stride + kcols[None, :], mask=row_ok[:, None] & (kcols < k)[None, :],
                     other=0.0)  # fmt: skip
-        if IEEE:
+        if SWAP:  # W . A^T: the dequantized tile is the tensor cores' first operand, read from registers
+            if IEEE:
+                acc += tl.dot(w, tl.trans(a), input_precision="ieee")
+            else:
+                acc += tl.dot(w, tl.trans(a))
+        elif IEEE:
             acc += tl.dot(a, tl.trans(w), input_precision="ieee")
         else:
             acc += tl.dot(a, tl.trans(w))
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    out = c_ptr + rows[:, None] * c_stride + cols[None, :]
-    tl.store(out, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+    if SWAP:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[:, None]
+        out = c_ptr + rows[None, :] * c_stride + cols[:, None]
+        tl.store(out, acc.to(c_ptr.dtype.element_ty), mask=row_ok[None, :] & col_ok[:, None])
+    else:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        out = c_ptr + rows[:, None] * c_stride + cols[None, :]
+        tl.store(out, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit
@@ -422,19 +437,21 @@ def q4_config(
     return (16 if n >= 1024 else 8), tile, 4, 0
 
 
-def gemm_q4_config(m: int, n: int, k: int, opts: options.Options | None = None) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of the several-row kernel: short prompts in
+def gemm_q4_config(m: int, n: int, k: int, opts: options.Options | None = None) -> tuple[int, int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, SWAP) of the several-row kernel: short prompts in
     16 x 32 tiles (memory-bound: the weight bytes dominate, and narrow tiles make more programs),
-    long ones in 128 x 128 tiles (the best of a small sweep on the H200's 0.5B-shape layers).
+    long ones in 128 x 128 tiles (the best of a small sweep on the H200's 0.5B-shape layers). SWAP 1
+    multiplies the weight tile by A^T instead: compiled for sm_90, the dequantized tile then feeds
+    the tensor cores from registers where SWAP 0 stores it to shared memory first; untimed, so off.
     ``ONNXGEN_GEMM_Q4[_<N>x<K>]`` (option ``gemm_q4``) forces a configuration."""
     forced = (opts or options.current()).gemm_q4.lookup(n, k)
     if forced:
         return forced  # type: ignore[return-value]
     if m <= 16:
-        return 16, 32, 128, 4, 3
+        return 16, 32, 128, 4, 3, 0
     if m <= 64:
-        return 64, 64, 64, 4, 3
-    return 128, 128, 64, 8, 3
+        return 64, 64, 64, 4, 3, 0
+    return 128, 128, 64, 8, 3, 0
 
 
 def _q4_plan(n: int, k: int, block_size: int, device: torch.device, bits: int = 4) -> tuple[int, int, int, int]:
@@ -642,14 +659,14 @@ def matmul_q4(
     out = torch.empty((m, n), dtype=a.dtype, device=a.device)
     if m == 0:
         return out.reshape(*lead, n)
-    block_m, block_n, block_k, warps, stages = gemm_q4_config(m, n, k)
+    block_m, block_n, block_k, warps, stages, swap = gemm_q4_config(m, n, k)
     block_k = max(block_k, block_size)  # whole quantization blocks per tile
     LAUNCHES["matmul_q4"] += 1
     _q4_matmul_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m))](
         a2, packed, scale, zeros, bias if bias is not None else out, out, m, n, k, a2.stride(0), out.stride(0),
         scale.shape[1], packed.shape[1], zeros.shape[1], ZERO_KIND=zero_kind, HAS_BIAS=bias is not None,
         QBLOCK=block_size, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, IEEE=a.dtype == torch.float32,
-        BITS=bits, num_warps=warps, num_stages=stages,
+        BITS=bits, SWAP=bool(swap), num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out.reshape(*lead, n)
 
