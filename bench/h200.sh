@@ -79,6 +79,9 @@
 #              first operand (ONNXGEN_GEMM_Q4's SWAP 1) against dequantize-then-cuBLAS (the default past 128 rows)
 #              and cuBLAS fp16: its GPU parity tests, the 1.5B layers at 1,024 rows (gemv_micro, tiles swept), then
 #              the 1.5B int4 TTFT at 1,024 tokens per variant beside fp16, ~6 min
+#   moezero    option moe_zero_bytes (2026-12-07, untimed): QMoE's block-wise 4-bit expert zero points a byte per
+#              block against packed: the MoE GPU tests, then bench.moe_prompt on the 35B-A3B expert layer with
+#              each form (16-256 tokens, the per-pair and grouped kernels), ~4 min
 #   q8         8-bit MatMulNBits on the packed byte kernels (2026-12-07): their GPU parity tests, then each layer of
 #              both shapes alone (gemv_micro --quick --bits 8: the one-row kernel swept beside cuBLAS over the fp16
 #              copy, which is what 8-bit weights ran over before, and the 16-row prompt paths), ~5 min
@@ -349,6 +352,13 @@ stage_q4long() {
     --variant swap256:ONNXGEN_Q4_PROMPT=gemm,ONNXGEN_GEMM_Q4=128,256,64,8,3,1 \
     --variant plain:ONNXGEN_Q4_PROMPT=gemm --variant auto-again:
 }
+stage_moezero() {
+  run moezero-tests 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_moe_kernels.py
+  local z
+  for z in packed bytes packed-again; do
+    run "moezero-$z" 100 $PY -m bench.moe_prompt --tokens 1,16,64,256 --bounds 4,0 --zero-points "${z%-again}"
+  done
+}
 stage_q8() {
   run q8-parity 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py tests/test_fusion.py \
     -k "(8bit or int8_group or 2bit or no_dequantized or prompt_gemm) and cuda"
@@ -365,7 +375,7 @@ stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
 }
 
-STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory memorypeers q4sym zerobytes q4long q8 sampled"
+STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory memorypeers q4sym zerobytes q4long moezero q8 sampled"
 if [ $# -eq 0 ]; then
   echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
   exit 2

@@ -36,12 +36,15 @@ MS = "com.microsoft"
 BLOCK = 32
 
 
-def quantized(gen: torch.Generator, experts: int, n: int, k: int) -> tuple[torch.Tensor, ...]:
-    """(codes [E, N, K / 2], fp16 scales [E, N, K / 32], packed 4-bit zero points) on the GPU."""
+def quantized(gen: torch.Generator, experts: int, n: int, k: int, zero_bytes: bool) -> tuple[torch.Tensor, ...]:
+    """(codes [E, N, K / 2], fp16 scales [E, N, K / 32], 4-bit zero points: packed, or with
+    ``zero_bytes`` int8 a byte per block as option moe_zero_bytes holds them) on the GPU."""
     codes = torch.randint(0, 256, (experts, n, k // 2), generator=gen, dtype=torch.uint8)
     scales = (torch.rand(experts, n, k // BLOCK, generator=gen) + 0.5) / (8 * k**0.5)
     zeros = torch.randint(0, 256, (experts, n, -(-k // BLOCK // 2)), generator=gen, dtype=torch.uint8)
-    return codes.cuda(), scales.half().cuda(), zeros.cuda()
+    if zero_bytes:
+        zeros = torch.stack((zeros & 0xF, zeros >> 4), dim=-1).flatten(-2)[..., : k // BLOCK].to(torch.int8)
+    return codes.cuda(), scales.half().cuda(), zeros.contiguous().cuda()
 
 
 def graph_us(call) -> tuple[float, torch.Tensor]:
@@ -61,6 +64,9 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--inter", type=int, default=512)
     parser.add_argument("--variant", action="append", default=[], help="NAME:ENV=VALUE,... (step_sweep's form)")
+    parser.add_argument("--zero-points", choices=["packed", "bytes"], default="packed",
+                        help="the experts' zero points as QMoE stores them, or a byte per block (option "
+                        "moe_zero_bytes's form; the tensors are made here, not loaded by a session)")  # fmt: skip
     args = parser.parse_args()
     variants = [parse_variant(v) for v in args.variant] or [("", {})]
     for _, env in variants:
@@ -69,8 +75,8 @@ def main() -> None:
         raise SystemExit("bench.moe_prompt times CUDA kernels: no CUDA device here")
     gen = torch.Generator().manual_seed(0)
     e, h, inter = args.experts, args.hidden, args.inter
-    fc1 = quantized(gen, e, 2 * inter, h)
-    fc2 = quantized(gen, e, h, inter)
+    fc1 = quantized(gen, e, 2 * inter, h, args.zero_points == "bytes")
+    fc2 = quantized(gen, e, h, inter, args.zero_points == "bytes")
     attrs = {"activation_type": "swiglu", "k": args.top_k, "swiglu_fusion": 1, "normalize_routing_weights": 1,
              "expert_weight_bits": 4, "block_size": BLOCK}  # fmt: skip
     ctx = NodeContext("QMoE", "QMoE", MS, 1, attrs, torch.device("cuda"), 14, 1, (True,))
@@ -81,7 +87,7 @@ def main() -> None:
     bounds = [float(b) for b in args.bounds.split(",")]
     print(
         f"moe_prompt: {e} experts, top {args.top_k}, hidden {h}, inter {inter}, int4 blocks of {BLOCK} with zero "
-        f"points, fp16; {expert_bytes / 1e6:.2f} MB per expert; {torch.cuda.get_device_name()}"
+        f"points ({args.zero_points}), fp16; {expert_bytes / 1e6:.2f} MB per expert; {torch.cuda.get_device_name()}"
     )
     for name, env in variants:
         if name or env:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 import torch
 
@@ -203,6 +204,70 @@ def test_tokens_sharing_an_expert_and_prompts(device: str) -> None:
     _per_pair_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))
     attrs, inputs = _qmoe_inputs("int4_blocks", device, torch.float16, tokens=12)  # 24 pairs over 8 experts
     _per_pair_vs_torch(lambda: qmoe(_ctx("QMoE", device, **attrs), *inputs))
+
+
+def _widened(inputs: list) -> list:
+    """The QMoE inputs with each packed 4-bit per-block zero point tensor [E, N, ceil(blocks / 2)] as
+    int8 [E, N, blocks], a byte per block (what contrib_quant.widen_zero_points makes at load)."""
+    out = list(inputs)
+    for zero_at, scale_at in ((11, 3), (12, 6), (13, 9)):
+        zero, scales = out[zero_at], out[scale_at]
+        if zero is not None:
+            nibbles = torch.stack((zero & 0xF, zero >> 4), dim=-1).flatten(-2)
+            out[zero_at] = nibbles[..., : scales.shape[-1]].to(torch.int8).contiguous()
+    return out
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("grouped", [False, True])
+def test_widened_expert_zero_points_match_packed(device: str, grouped: bool) -> None:
+    """Block-wise 4-bit expert zero points a byte per block (int8, ZERO_KIND 3 with per-block scales)
+    give the packed form's output bit for bit, on the per-pair kernels (a decode step and a short
+    prompt) and on the grouped ones (a long prompt), and match the torch path, which reads them too."""
+    k = QMOE_CASES["int4_blocks_zero_points"][4]
+    tokens = _prompt_tokens(k) if grouped else 3
+    attrs, inputs = _qmoe_inputs("int4_blocks_zero_points", device, torch.float16, tokens=tokens)
+    wide = _widened(inputs)
+    assert wide[11].dtype == torch.int8 and wide[11].shape == inputs[3].shape
+    (_grouped_vs_torch if grouped else _per_pair_vs_torch)(lambda: qmoe(_ctx("QMoE", device, **attrs), *wide))
+    with options.override(**({} if grouped else {"moe_pairs_per_expert": 4})):
+        packed = qmoe(_ctx("QMoE", device, **attrs), *inputs)
+        assert torch.equal(qmoe(_ctx("QMoE", device, **attrs), *wide), packed)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_expert_zero_points_widened_at_load(device: str) -> None:
+    """With option moe_zero_bytes, a session on a device the Triton kernels serve holds a block-wise
+    4-bit QMoE's packed zero point initializers as int8 [E, N, blocks] (the values packed, the
+    padding nibble gone), and its output matches onnxruntime's on the same model; without the
+    option (the default), or with q4_zero_bytes off, they stay packed."""
+    from onnx import numpy_helper
+
+    from onnxgen.runtime import InferenceSession
+    from tests.conftest import ort_run
+    from tests.test_ops_moe import _qmoe
+
+    model, feeds = _qmoe(3, 1, bits=4, block=16, zero_points=True)  # fc2's K 32: two blocks, one byte
+    constant = [name for name in feeds if name not in ("x", "router")]
+    model.graph.initializer.extend(numpy_helper.from_array(feeds[name], name) for name in constant)
+    kept = [vi for vi in model.graph.input if vi.name not in constant]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    runtime_feeds = {name: feeds[name] for name in ("x", "router")}
+    expected = ort_run(model, runtime_feeds)[0]
+    with options.override(moe_zero_bytes=True):
+        session = InferenceSession(model, device=device)
+    for name in ("fc1_zp", "fc2_zp"):
+        held = session.program.initializers[name]
+        packed = torch.from_numpy(feeds[name])
+        nibbles = torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2)
+        blocks = feeds[name.replace("_zp", "_s")].shape[-1]
+        assert held.dtype == torch.int8 and torch.equal(held.cpu(), nibbles[..., :blocks].to(torch.int8)), name
+    actual = session.run(None, runtime_feeds)[0]
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5)
+    assert InferenceSession(model, device=device).program.initializers["fc1_zp"].dtype == torch.uint8
+    with options.override(q4_zero_bytes=False, moe_zero_bytes=True):
+        assert InferenceSession(model, device=device).program.initializers["fc1_zp"].dtype == torch.uint8
 
 
 # ---------------------------------------------------------------- long prompts (gpu/moe_grouped.py)
@@ -501,15 +566,16 @@ def _signature(kernel, pointers: dict[str, str], floats: tuple[str, ...] = ()) -
 @pytest.mark.parametrize(
     ("bits", "per_row", "zero_kind", "act", "pdl", "early"),
     [(4, False, 1, 4, True, True), (4, False, 0, 4, True, True), (4, True, 3, 3, True, False),
-     (8, False, 1, 4, False, False), (0, True, 0, 2, True, True)],
+     (8, False, 1, 4, False, False), (0, True, 0, 2, True, True), (4, False, 3, 4, True, True)],
 )  # fmt: skip
 def test_moe_kernels_compile(bits: int, per_row: bool, zero_kind: int, act: int, pdl: bool, early: bool) -> None:
     from onnxgen.runtime.gpu import moe_experts
     from tests.test_triton_compile import compile_for_sm90
 
     weight = "*fp16" if bits == 0 else "*u8"
-    ptrs = dict(x_ptr="*fp16", chosen_ptr="*i64", h_ptr="*fp32", w_ptr=weight, w3_ptr=weight, z_ptr="*u8",
-                z3_ptr="*u8", route_ptr="*fp32", out_ptr="*fp16")  # fmt: skip
+    zeros = "*i8" if zero_kind == 3 and not per_row else "*u8"  # a byte per block (widened at load)
+    ptrs = dict(x_ptr="*fp16", chosen_ptr="*i64", h_ptr="*fp32", w_ptr=weight, w3_ptr=weight, z_ptr=zeros,
+                z3_ptr=zeros, route_ptr="*fp32", out_ptr="*fp16")  # fmt: skip
     ptrs.update(dict.fromkeys(["s_ptr", "s3_ptr", "b_ptr", "b3_ptr"], "*fp16"))
     form = dict(BITS=bits, PER_ROW=per_row, ZERO_KIND=zero_kind, QBLOCK=32, EARLY=early, PDL=pdl)
     fc1 = moe_experts._moe_fc1_kernel
@@ -531,7 +597,8 @@ def test_moe_kernels_compile(bits: int, per_row: bool, zero_kind: int, act: int,
 @pytest.mark.parametrize(
     ("bits", "per_row", "zero_kind", "act", "dtype", "swap"),
     [(4, False, 1, 4, "fp16", False), (4, True, 3, 3, "bf16", False), (8, False, 0, 4, "fp16", False),
-     (0, True, 0, 2, "fp32", False), (4, False, 1, 4, "fp16", True), (0, True, 0, 2, "fp32", True)],
+     (0, True, 0, 2, "fp32", False), (4, False, 1, 4, "fp16", True), (0, True, 0, 2, "fp32", True),
+     (4, False, 3, 4, "fp16", True)],
 )  # fmt: skip
 def test_grouped_kernels_compile(bits: int, per_row: bool, zero_kind: int, act: int, dtype: str, swap: bool) -> None:
     """swap: option moe_grouped's SWAP, the weights as the products' first operand."""
@@ -539,7 +606,8 @@ def test_grouped_kernels_compile(bits: int, per_row: bool, zero_kind: int, act: 
     from tests.test_triton_compile import assert_ptx_nibbles, compile_for_sm90
 
     weight = f"*{dtype}" if bits == 0 else "*u8"
-    ptrs = dict(x_ptr=f"*{dtype}", h_ptr=f"*{dtype}", w_ptr=weight, w3_ptr=weight, z_ptr="*u8", z3_ptr="*u8",
+    zeros = "*i8" if zero_kind == 3 and not per_row else "*u8"  # a byte per block (widened at load)
+    ptrs = dict(x_ptr=f"*{dtype}", h_ptr=f"*{dtype}", w_ptr=weight, w3_ptr=weight, z_ptr=zeros, z3_ptr=zeros,
                 route_ptr="*fp32", y_ptr="*fp32")  # fmt: skip
     ptrs.update(dict.fromkeys(["s_ptr", "s3_ptr", "b_ptr", "b3_ptr"], f"*{dtype}"))
     ptrs.update(dict.fromkeys(["order_ptr", "tile_expert_ptr", "tile_first_ptr", "tile_rows_ptr"], "*i32"))

@@ -108,7 +108,8 @@ def _expert_loads(
     unused. Codes: [R, NB, QBLOCK * BITS / 8] bytes; offset = 2^23 + zero, what a code's magic float
     loses to become code - zero. Per-block scales make QBLOCK the quantization block; per-row ones
     any power of two. ZERO_KIND 0: no zero points (2^(BITS - 1)); 1: packed per block along the row;
-    3: packed per row along the expert's rows. _expert_codes and _expert_scales are its two halves
+    3: per row, packed along the expert's rows, or (per-block scales) int8 a byte per block, loaded
+    as the scales are (linear_q4's ZERO_KIND 3). _expert_codes and _expert_scales are its two halves
     (loops over K load the scales a step ahead)."""
     scale, offset = _expert_scales(s_ptr, z_ptr, e, r, row_ok, first, n_blocks, n, z_len, BITS, PER_ROW, ZERO_KIND,
                                    NB)  # fmt: skip
@@ -151,7 +152,7 @@ def _expert_scales(
     if BITS == 0:
         scale = 0.0
         offset = 0.0
-    elif not PER_ROW:  # block-wise, as MatMulNBits (zero points: none or packed per block)
+    elif not PER_ROW:  # block-wise, as MatMulNBits (zero points: none, packed, or a byte per block: ZERO_KIND 3)
         scale, offset = _block_scales(s_ptr, z_ptr, g, row_ok, first, n_blocks, z_len, NB, ZERO_KIND, BITS)
     else:  # per row (zero points: none or packed per row)
         empty = tl.zeros((r.shape[0], NB), tl.float32)
@@ -332,7 +333,7 @@ class _Form:
     qblock: int  # K-elements per compute block (per-block scales: the quantization block)
     n_blocks: int  # compute blocks of a row
     per_row: bool  # one scale per row (dense: no scale)
-    zero_kind: int  # 0 none, 1 packed per block, 3 packed per row
+    zero_kind: int  # 0 none, 1 packed per block, 3 per row packed (per_row) or per block a byte each (not per_row)
     z_len: int  # bytes of zero points per row (per block) or per expert (per row)
 
 
@@ -361,9 +362,11 @@ def _form(p: ExpertWeights, experts: int, device: torch.device) -> _Form | None:
         return None
     if s is None or s.dtype not in KERNEL_DTYPES or s.device != device or not s.is_contiguous():
         return None
-    if z is not None and (z.dtype != torch.uint8 or z.device != device or not z.is_contiguous()):
+    if z is not None and (z.dtype not in (torch.uint8, torch.int8) or z.device != device or not z.is_contiguous()):
         return None
     if s.shape == (experts, n):  # per row
+        if z is not None and z.dtype != torch.uint8:
+            return None
         qblock = _compute_block(k)
         if z is not None and (z.dim() != 2 or z.shape[0] != experts or z.shape[1] * 8 < n * bits):
             return None
@@ -374,6 +377,10 @@ def _form(p: ExpertWeights, experts: int, device: torch.device) -> _Form | None:
     block = k // s.shape[2]
     if block < 16 or block & (block - 1) or block > MAX_BLOCK:
         return None
+    if z is not None and z.dtype == torch.int8:  # a byte per block (contrib_moe.widen_expert_zero_points)
+        if z.shape != s.shape:
+            return None
+        return _Form(n, w.shape[2], bits, bits, block, s.shape[2], False, 3, z.shape[2])
     if z is not None and (z.dim() != 3 or z.shape[:2] != (experts, n) or z.shape[2] * 8 < s.shape[2] * bits):
         return None
     zero_kind, z_len = (0, 0) if z is None else (1, z.shape[2])

@@ -42,6 +42,7 @@ GatherBlockQuantized dequantizes only the gathered rows (no cache needed).
 
 from __future__ import annotations
 
+import math
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -508,9 +509,13 @@ def widen_zero_points(program: Any) -> int:
     joined MatMulNBitsGroup) whose zero points are a packed uint8 initializer read by such nodes
     alone gets them at load as int8 [N, n_blocks], a byte per block, in place of the packed tensor
     (gpu/linear_q4.py's ZERO_KIND 3, whose load lets the prompt GEMMs keep their weight tile in
-    registers). Half a byte more per block; rows of one block (the same either way) stay packed.
-    Option ``q4_zero_bytes`` off keeps them packed. Returns the initializers widened."""
+    registers); with option ``moe_zero_bytes`` (off by default: untimed on a GPU) so do a QMoE's
+    block-wise 4-bit expert zero points, as int8 [experts, N, n_blocks]
+    (contrib_moe.packed_expert_zero_readers). Half a byte more per block; rows of one block (the
+    same either way) stay packed. Option ``q4_zero_bytes`` off keeps them all packed. Returns the
+    initializers widened."""
     from onnxgen.runtime.fusion import _readers
+    from onnxgen.runtime.ops.contrib_moe import packed_expert_zero_readers
 
     device = getattr(program, "device", None)
     opts = options.current()
@@ -519,23 +524,27 @@ def widen_zero_points(program: Any) -> int:
     if not triton_serves(torch.empty(0, device=device)):
         return 0
     fed = {vi.name for vi in program.inputs} | {vi.name for vi in program.outputs}
-    shapes: dict[str, list[tuple[int, int]]] = {}  # zero point name -> (rows, blocks) of each such reader
+    shapes: dict[str, list[tuple[int, ...]]] = {}  # zero point name -> (lead dims..., blocks) per such reader
     for node in program.nodes:
         shape = _packed_zero_reader(node.ctx)
         name = node.inputs[3] if len(node.inputs) > 3 else ""
         if shape is not None and name:
             shapes.setdefault(name, []).append(shape)
+        if opts.moe_zero_bytes:
+            for name, shape in packed_expert_zero_readers(node.ctx, node.inputs, program.initializers):
+                shapes.setdefault(name, []).append(shape)
     readers = _readers(program)
     done = 0
     for name, seen in shapes.items():
         zero = program.initializers.get(name)
         if readers[name] != len(seen) or name in fed or len(set(seen)) != 1 or not isinstance(zero, torch.Tensor):
             continue
-        n, n_blocks = seen[0]
-        if zero.dtype != torch.uint8 or n_blocks < 2 or zero.numel() != n * -(-n_blocks // 2):
+        *lead, n_blocks = seen[0]
+        rows = math.prod(lead)
+        if zero.dtype != torch.uint8 or n_blocks < 2 or zero.numel() != rows * -(-n_blocks // 2):
             continue
-        codes = unpack_codes(zero.reshape(n, -1), 4)[:, :n_blocks]
-        program.initializers[name] = codes.to(torch.int8).contiguous()
+        codes = unpack_codes(zero.reshape(rows, -1), 4)[:, :n_blocks]
+        program.initializers[name] = codes.to(torch.int8).reshape(*lead, n_blocks).contiguous()
         done += 1
     return done
 
