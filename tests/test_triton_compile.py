@@ -190,10 +190,29 @@ def test_matmul_q4_compiles(zero_kind: int, dtype: str, bits: int) -> None:
     sig.update(b_ptr="*u8", zero_ptr=f"*{dtype}" if zero_kind == 2 else "*u8")
     sig.update(dict.fromkeys(["m", "n", "k", "a_stride", "c_stride", "n_blocks", "row_bytes", "zp_row_bytes"], "i32"))
     const = dict(ZERO_KIND=zero_kind, HAS_BIAS=True, QBLOCK=32, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64,
-                 IEEE=dtype == "fp32", BITS=bits)  # fmt: skip
+                 IEEE=dtype == "fp32", BITS=bits, SWAP=False)  # fmt: skip
     ptx = compile_for_sm90(linear_q4._q4_matmul_kernel, sig, const)
     assert ("mma" in ptx) == (dtype != "fp32")  # half types on tensor cores; fp32 in IEEE fp32, not TF32
     assert_ptx_nibbles(ptx, bits == 4 and dtype == "fp16" and zero_kind != 2)
+
+
+@pytest.mark.parametrize(("zero_kind", "dtype", "bits"), [(3, "fp16", 4), (1, "bf16", 4), (0, "fp16", 8)])
+def test_matmul_q4_swapped_tile_feeds_the_tensor_cores_from_registers(zero_kind: int, dtype: str, bits: int) -> None:
+    """Option gemm_q4's SWAP (W @ A^T): every wgmma takes the dequantized weight tile as its A operand
+    from registers ({%r...} after the accumulators), where A @ W^T passes two shared-memory
+    descriptors, the weight tile stored there first."""
+    from onnxgen.runtime.gpu import linear_q4
+
+    sig = dict.fromkeys(["a_ptr", "scale_ptr", "bias_ptr", "c_ptr"], f"*{dtype}")
+    sig.update(b_ptr="*u8", zero_ptr="*i8" if zero_kind == 3 else "*u8")
+    sig.update(dict.fromkeys(["m", "n", "k", "a_stride", "c_stride", "n_blocks", "row_bytes", "zp_row_bytes"], "i32"))
+    for swap in (False, True):
+        const = dict(ZERO_KIND=zero_kind, HAS_BIAS=True, QBLOCK=32, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, IEEE=False,
+                     BITS=bits, SWAP=swap)  # fmt: skip
+        ptx = compile_for_sm90(linear_q4._q4_matmul_kernel, sig, const)
+        products = [line.split("}", 1)[1] for line in ptx.splitlines() if "wgmma.mma_async" in line]
+        assert products, "no wgmma"
+        assert all(p.lstrip(", ").startswith("{") == swap for p in products), products[:2]
 
 
 def assert_ptx_nibbles(ptx: str, expected: bool) -> None:
