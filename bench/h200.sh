@@ -82,6 +82,9 @@
 #   moezero    option moe_zero_bytes (2026-12-07, untimed): QMoE's block-wise 4-bit expert zero points a byte per
 #              block against packed: the MoE GPU tests, then bench.moe_prompt on the 35B-A3B expert layer with
 #              each form (16-256 tokens, the per-pair and grouped kernels), ~4 min
+#   q4rows     the 0.5B int4 step with qkv / o_proj (and down) in fewer rows per program: the dense fp16 kernel runs
+#              them 4 rows per program (288 / 224 programs), the 4-bit table 16 / 8 (72 / 112), so each 4-bit
+#              program has 2-4x the work after its PDL wait; bench.step_sweep variants beside the default, ~2 min
 #   q8         8-bit MatMulNBits on the packed byte kernels (2026-12-07): their GPU parity tests, then each layer of
 #              both shapes alone (gemv_micro --quick --bits 8: the one-row kernel swept beside cuBLAS over the fp16
 #              copy, which is what 8-bit weights ran over before, and the 16-row prompt paths), ~5 min
@@ -359,6 +362,14 @@ stage_moezero() {
     run "moezero-$z" 100 $PY -m bench.moe_prompt --tokens 1,16,64,256 --bounds 4,0 --zero-points "${z%-again}"
   done
 }
+stage_q4rows() {
+  # shellcheck disable=SC2086
+  run q4rows 200 $PY -m bench.step_sweep $Q --precision int4 --context 512 --repeats 3 --variant "default:" \
+    --variant "qkv-o-4x4:ONNXGEN_GEMV_Q4_1152x896=4,1024,4,0,ONNXGEN_GEMV_Q4_896x896=4,1024,4,0" \
+    --variant "qkv-o-4x2:ONNXGEN_GEMV_Q4_1152x896=4,1024,2,0,ONNXGEN_GEMV_Q4_896x896=4,1024,2,0" \
+    --variant "qkv-o-2x2:ONNXGEN_GEMV_Q4_1152x896=2,1024,2,0,ONNXGEN_GEMV_Q4_896x896=2,1024,2,0" \
+    --variant "down-8:ONNXGEN_GEMV_Q4_896x4864=8,512,4,0" --variant "default-again:"
+}
 stage_q8() {
   run q8-parity 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py tests/test_fusion.py \
     -k "(8bit or int8_group or 2bit or no_dequantized or prompt_gemm) and cuda"
@@ -375,7 +386,7 @@ stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
 }
 
-STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory memorypeers q4sym zerobytes q4long moezero q8 sampled"
+STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory memorypeers q4sym zerobytes q4long moezero q4rows q8 sampled"
 if [ $# -eq 0 ]; then
   echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
   exit 2
