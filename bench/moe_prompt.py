@@ -31,6 +31,7 @@ from onnxgen import options
 from onnxgen.runtime.gpu.launch import LAUNCHES
 from onnxgen.runtime.node_contract import NodeContext
 from onnxgen.runtime.ops.contrib_moe import qmoe
+from onnxgen.runtime.ops.contrib_quant import unpack_codes
 
 MS = "com.microsoft"
 BLOCK = 32
@@ -43,7 +44,7 @@ def quantized(gen: torch.Generator, experts: int, n: int, k: int, zero_bytes: bo
     scales = (torch.rand(experts, n, k // BLOCK, generator=gen) + 0.5) / (8 * k**0.5)
     zeros = torch.randint(0, 256, (experts, n, -(-k // BLOCK // 2)), generator=gen, dtype=torch.uint8)
     if zero_bytes:
-        zeros = torch.stack((zeros & 0xF, zeros >> 4), dim=-1).flatten(-2)[..., : k // BLOCK].to(torch.int8)
+        zeros = unpack_codes(zeros, 4)[..., : k // BLOCK].to(torch.int8)
     return codes.cuda(), scales.half().cuda(), zeros.contiguous().cuda()
 
 

@@ -377,7 +377,7 @@ def _form(p: ExpertWeights, experts: int, device: torch.device) -> _Form | None:
     block = k // s.shape[2]
     if block < 16 or block & (block - 1) or block > MAX_BLOCK:
         return None
-    if z is not None and z.dtype == torch.int8:  # a byte per block (contrib_moe.widen_expert_zero_points)
+    if z is not None and z.dtype == torch.int8:  # a byte per block (contrib_quant.widen_zero_points)
         if z.shape != s.shape:
             return None
         return _Form(n, w.shape[2], bits, bits, block, s.shape[2], False, 3, z.shape[2])

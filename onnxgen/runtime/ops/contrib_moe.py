@@ -190,7 +190,7 @@ class _QuantExperts(_DenseExperts):
             zero = torch.full_like(scale, float(1 << (bits - 1)))
         elif column_wise:  # (..., ceil(N * bits / 8)): one zero point per row
             zero = _unpack(zero_codes[index], bits)[..., : q.shape[-2]].unsqueeze(-1).float()
-        elif zero_codes.dtype == torch.int8:  # (..., N, blocks): a byte per block (widen_expert_zero_points)
+        elif zero_codes.dtype == torch.int8:  # (..., N, blocks): a byte per block (contrib_quant.widen_zero_points)
             zero = zero_codes[index].float()
         else:  # (..., N, ceil(blocks * bits / 8))
             zero = _unpack(zero_codes[index], bits)[..., : scale.shape[-1]].float()
@@ -198,8 +198,8 @@ class _QuantExperts(_DenseExperts):
         return (q - zero.repeat_interleave(block, dim=-1)) * scale.repeat_interleave(block, dim=-1)
 
 
-# QMoE's inputs per projection: (weights, scales, zero points)
-_PROJECTION_INPUTS = {"fc1": (2, 3, 11), "fc2": (5, 6, 12), "fc3": (8, 9, 13)}
+# QMoE's inputs per projection: (scales, zero points)
+_SCALE_AND_ZERO_INPUTS = {"fc1": (3, 11), "fc2": (6, 12), "fc3": (9, 13)}
 
 
 def packed_expert_zero_readers(
@@ -208,13 +208,14 @@ def packed_expert_zero_readers(
     """(zero point input, (experts, N, blocks)) of each 4-bit projection of a block-wise QMoE whose
     packed per-block zero points contrib_quant.widen_zero_points may widen to a byte per block (the
     expert kernels' ZERO_KIND 3 with per-block scales); none where a projection with zero points
-    has no initializer scales of that shape, so that a node's projections widen together (the
-    kernels take fc1 and fc3 in one form)."""
+    is not 4-bit or has no 3-D initializer scales, since the kernels take fc1 and fc3 in one form.
+    (widen_zero_points still keeps a tensor packed that another op reads too; its node then runs
+    the torch path, which reads either form.)"""
     if (ctx.op_type, ctx.domain) != ("QMoE", MS_DOMAIN) or not int(ctx.attrs.get("block_size", 0) or 0):
         return []
     default_bits = int(ctx.attrs.get("expert_weight_bits", 4))
     found = []
-    for fc, (_, scale_at, zero_at) in _PROJECTION_INPUTS.items():
+    for fc, (scale_at, zero_at) in _SCALE_AND_ZERO_INPUTS.items():
         zero_name = inputs[zero_at] if len(inputs) > zero_at else ""
         if not zero_name:
             continue
