@@ -78,13 +78,14 @@
 #   q4long     long prompts' 4-bit GEMMs (2026-12-07): the tiled GEMM with the weight tile as the tensor cores'
 #              first operand (ONNXGEN_GEMM_Q4's SWAP 1) against dequantize-then-cuBLAS (the default past 128 rows)
 #              and cuBLAS fp16: its GPU parity tests, the 1.5B layers at 1,024 rows (gemv_micro, tiles swept), then
-#              the 1.5B int4 TTFT at 1,024 tokens per variant beside fp16, ~6 min
-#   moezero    option moe_zero_bytes (2026-12-07, untimed): QMoE's block-wise 4-bit expert zero points a byte per
+#              the 1.5B int4 TTFT at 1,024 tokens per variant beside fp16; on 2026-12-07 SWAP beat the plain tile
+#              but both lost to the default (docs/benchmarks/2026-12-07-h100-table.md), ~6 min
+#   moezero    option moe_zero_bytes (on since 2026-12-07): QMoE's block-wise 4-bit expert zero points a byte per
 #              block against packed: the MoE GPU tests, then bench.moe_prompt on the 35B-A3B expert layer with
-#              each form (16-256 tokens, the per-pair and grouped kernels), ~4 min
-#   q4rows     the 0.5B int4 step with qkv / o_proj (and down) in fewer rows per program: the dense fp16 kernel runs
-#              them 4 rows per program (288 / 224 programs), the 4-bit table 16 / 8 (72 / 112), so each 4-bit
-#              program has 2-4x the work after its PDL wait; bench.step_sweep variants beside the default, ~2 min
+#              each form (1-256 tokens, the per-pair and grouped kernels), ~4 min
+#   q4rows     the int4 step with qkv / o_proj and down_proj in other rows per program than the table's: the dense
+#              fp16 kernel runs them 4 rows per program, the 4-bit table 16 / 8 (down: 8 on the 0.5B shape since
+#              2026-12-07, 16 on 1.5B); bench.step_sweep variants beside the default on both shapes, ~4 min
 #   q8         8-bit MatMulNBits on the packed byte kernels (2026-12-07): their GPU parity tests, then each layer of
 #              both shapes alone (gemv_micro --quick --bits 8: the one-row kernel swept beside cuBLAS over the fp16
 #              copy, which is what 8-bit weights ran over before, and the 16-row prompt paths), ~5 min
@@ -367,8 +368,12 @@ stage_q4rows() {
   run q4rows 200 $PY -m bench.step_sweep $Q --precision int4 --context 512 --repeats 3 --variant "default:" \
     --variant "qkv-o-4x4:ONNXGEN_GEMV_Q4_1152x896=4,1024,4,0,ONNXGEN_GEMV_Q4_896x896=4,1024,4,0" \
     --variant "qkv-o-4x2:ONNXGEN_GEMV_Q4_1152x896=4,1024,2,0,ONNXGEN_GEMV_Q4_896x896=4,1024,2,0" \
-    --variant "qkv-o-2x2:ONNXGEN_GEMV_Q4_1152x896=2,1024,2,0,ONNXGEN_GEMV_Q4_896x896=2,1024,2,0" \
-    --variant "down-8:ONNXGEN_GEMV_Q4_896x4864=8,512,4,0" --variant "default-again:"
+    --variant "down-16:ONNXGEN_GEMV_Q4_896x4864=16,512,4,0" --variant "down-8x2:ONNXGEN_GEMV_Q4_896x4864=8,512,2,0" \
+    --variant "down-4:ONNXGEN_GEMV_Q4_896x4864=4,512,4,0" --variant "default-again:"
+  # shellcheck disable=SC2086
+  run q4rows15 200 $PY -m bench.step_sweep $Q15 --precision int4 --context 512 --repeats 3 --variant "default:" \
+    --variant "down-8:ONNXGEN_GEMV_Q4_1536x8960=8,512,4,0" --variant "down-8x2:ONNXGEN_GEMV_Q4_1536x8960=8,512,2,0" \
+    --variant "default-again:"
 }
 stage_q8() {
   run q8-parity 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py tests/test_fusion.py \

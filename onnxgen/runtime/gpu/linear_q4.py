@@ -418,11 +418,13 @@ def q4_config(
     rows of at most TILE_LIMIT elements in one tile (BLOCK_K >= K), 16 rows per program (8 below
     1,024 rows), 4 warps; wide ones (WORDS_MIN_ROWS) over the codes as 32-bit words
     (gpu/linear_q4_words.py, KERNEL 1; 0: the byte kernel), 2 warps for rows of at most 1,024 elements; longer rows
-    split along K in 512-element tiles, 16 rows per program, bytes. A row with a norm prologue is
-    never split (its statistics span the row): the launcher widens the tile to the row, or over
-    twice the one-tile limit runs the norm apart (norm_apart).
+    split along K in 512-element tiles, bytes, 16 rows per program (8 below 1,024 rows: the 0.5B
+    down_proj's step was faster so, the 1.5B one's slower at 8; docs/benchmarks/2026-12-07-h100-table.md).
+    A row with a norm prologue is never split (its statistics span the row): the launcher widens the
+    tile to the row, or over twice the one-tile limit runs the norm apart (norm_apart).
     8-bit codes take the byte kernel, with the one-tile limit halved (the same bytes per program) and
-    longer rows split in SPLIT_TILE[8]-element tiles.
+    longer rows split in SPLIT_TILE[8]-element tiles, 16 rows per program (8-bit kept the 4-bit rule
+    it was built under; the 8-row split is untimed for it).
     ``ONNXGEN_GEMV_Q4[_<N>x<K>]`` (option ``gemv_q4``) forces a configuration (for 8-bit codes,
     with the byte kernel)."""
     forced = (opts or options.current()).gemv_q4.lookup(n, k)
@@ -430,7 +432,7 @@ def q4_config(
         return (*forced[:3], forced[3] if bits == 4 else 0)  # type: ignore[return-value]
     padded = -(-k // block_size) * block_size
     if padded > one_tile_elements(bits):
-        return 16, max(SPLIT_TILE[bits], block_size), 4, 0
+        return (16 if n >= 1024 or bits == 8 else 8), max(SPLIT_TILE[bits], block_size), 4, 0
     tile = max(block_size, triton.next_power_of_2(padded))
     if bits == 4 and n >= WORDS_MIN_ROWS and (tile <= 1024 or n <= WORDS_MAX_LM_ROWS):
         return 16, tile, 2 if tile <= 1024 else 4, 1
@@ -442,7 +444,9 @@ def gemm_q4_config(m: int, n: int, k: int, opts: options.Options | None = None) 
     16 x 32 tiles (memory-bound: the weight bytes dominate, and narrow tiles make more programs),
     long ones in 128 x 128 tiles (the best of a small sweep on the H200's 0.5B-shape layers). SWAP 1
     multiplies the weight tile by A^T instead: compiled for sm_90, the dequantized tile then feeds
-    the tensor cores from registers where SWAP 0 stores it to shared memory first; untimed, so off.
+    the tensor cores from registers where SWAP 0 stores it to shared memory first. It beat SWAP 0 at
+    1,024 rows on an H100 but both lost to dequantize-then-cuBLAS there (the default past 128 rows;
+    docs/benchmarks/2026-12-07-h100-table.md), so it stays off.
     ``ONNXGEN_GEMM_Q4[_<N>x<K>]`` (option ``gemm_q4``) forces a configuration."""
     forced = (opts or options.current()).gemm_q4.lookup(n, k)
     if forced:
