@@ -72,7 +72,7 @@ class Options:
     triton_linear: Literal["auto", "on", "off"] = "auto"
     triton_q4: bool = True
     q4_zero_bytes: bool = True
-    moe_zero_bytes: bool = False
+    moe_zero_bytes: bool = True
     pdl: bool = True
     gemv_persist: int = 0
     gemv_tile: bool = True
@@ -369,8 +369,8 @@ KNOBS: tuple[Knob, ...] = (
          "(half a byte less per block; the prompt GEMMs then stage each weight tile through shared memory)",
          lifetime="session"),
     Knob("moe_zero_bytes", "ONNXGEN_MOE_ZERO_BYTES", _flag(), "`1` / `0`",
-         "`1`: a session on a Triton device also holds a block-wise 4-bit QMoE's packed expert zero points as a "
-         "byte per block (half a byte more per block; fewer registers in the grouped prompt kernels; untimed)",
+         "`0`: a session on a Triton device keeps a block-wise 4-bit QMoE's packed expert zero points as they are "
+         "instead of a byte per block (half a byte less per block; slower expert kernels in decode)",
          lifetime="session"),
     Knob("pdl", "ONNXGEN_PDL", _flag(), "`1` / `0`",
          "`0`: no programmatic dependent launch between the step's Triton kernels (Hopper+)"),

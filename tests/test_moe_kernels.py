@@ -237,10 +237,10 @@ def test_widened_expert_zero_points_match_packed(device: str, grouped: bool) -> 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
 def test_expert_zero_points_widened_at_load(device: str) -> None:
-    """With option moe_zero_bytes, a session on a device the Triton kernels serve holds a block-wise
-    4-bit QMoE's packed zero point initializers as int8 [E, N, blocks] (the values packed, the
-    padding nibble gone), and its output matches onnxruntime's on the same model; without the
-    option (the default), or with q4_zero_bytes off, they stay packed."""
+    """With option moe_zero_bytes (the default), a session on a device the Triton kernels serve holds a
+    block-wise 4-bit QMoE's packed zero point initializers as int8 [E, N, blocks] (the values packed,
+    the padding nibble gone), and its output matches onnxruntime's on the same model; with the option
+    off, or with q4_zero_bytes off, they stay packed."""
     from onnx import numpy_helper
 
     from onnxgen.runtime import InferenceSession
@@ -255,8 +255,7 @@ def test_expert_zero_points_widened_at_load(device: str) -> None:
     model.graph.input.extend(kept)
     runtime_feeds = {name: feeds[name] for name in ("x", "router")}
     expected = ort_run(model, runtime_feeds)[0]
-    with options.override(moe_zero_bytes=True):
-        session = InferenceSession(model, device=device)
+    session = InferenceSession(model, device=device)
     for name in ("fc1_zp", "fc2_zp"):
         held = session.program.initializers[name]
         packed = torch.from_numpy(feeds[name])
@@ -265,7 +264,8 @@ def test_expert_zero_points_widened_at_load(device: str) -> None:
         assert held.dtype == torch.int8 and torch.equal(held.cpu(), nibbles[..., :blocks].to(torch.int8)), name
     actual = session.run(None, runtime_feeds)[0]
     np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5)
-    assert InferenceSession(model, device=device).program.initializers["fc1_zp"].dtype == torch.uint8
+    with options.override(moe_zero_bytes=False):
+        assert InferenceSession(model, device=device).program.initializers["fc1_zp"].dtype == torch.uint8
     with options.override(q4_zero_bytes=False, moe_zero_bytes=True):
         assert InferenceSession(model, device=device).program.initializers["fc1_zp"].dtype == torch.uint8
 

@@ -509,7 +509,7 @@ def widen_zero_points(program: Any) -> int:
     joined MatMulNBitsGroup) whose zero points are a packed uint8 initializer read by such nodes
     alone gets them at load as int8 [N, n_blocks], a byte per block, in place of the packed tensor
     (gpu/linear_q4.py's ZERO_KIND 3, whose load lets the prompt GEMMs keep their weight tile in
-    registers); with option ``moe_zero_bytes`` (off by default: untimed on a GPU) so do a QMoE's
+    registers); with option ``moe_zero_bytes`` (on by default) so do a QMoE's
     block-wise 4-bit expert zero points, as int8 [experts, N, n_blocks]
     (contrib_moe.packed_expert_zero_readers). Half a byte more per block; rows of one block (the
     same either way) stay packed. Option ``q4_zero_bytes`` off keeps them all packed. Returns the
