@@ -165,8 +165,28 @@ from onnxgen.models.pull import build_from_source, default_precision, is_complet
 from onnxgen.models.random_source import MODEL_SHAPES, TINY_CONFIGS, RandomSource
 from onnxgen.threads import usable_cores
 
-# ../shared/device/README.md: on the H200 "a 4 GiB device-to-device copy moved about 4.2 TB/s".
-H200_COPY_BYTES_PER_S = 4.2e12
+
+def device_copy_bytes_per_s(size: int = 1 << 30, repeats: int = 10) -> float:
+    """Device memory traffic per second (bytes read plus bytes written) of a device-to-device copy of
+    ``size`` bytes on the current CUDA device, the fastest of ``repeats`` timed copies: the floor's
+    bandwidth, measured on the card the run uses (H100 and H200 differ) rather than assumed. The
+    fastest, not the median, because repeated medians on one H100 moved between calls: the floor
+    is a lower bound on the step, so it takes the best rate the card showed."""
+    src = torch.empty(size, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1000.0)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * size / min(times)
+
 
 ENGINES = (
     "onnxgen", "onnxgen-eager", "ort-genai-graph", "ort-genai", "ort-genai-own-graph", "ort-genai-own",
@@ -1326,7 +1346,8 @@ def token_agreement(results: list[EngineResult], eos_ids: set[int]) -> list[str]
 def report(bench: Bench, results: list[EngineResult]) -> list[str]:
     args = bench.args
     stored, read = weight_bytes(bench.package)
-    floor_ms = 1000.0 * read / H200_COPY_BYTES_PER_S if args.device == "cuda" else None
+    copy_rate = device_copy_bytes_per_s() if args.device == "cuda" else None
+    floor_ms = 1000.0 * read / copy_rate if copy_rate else None
     lines = [
         f"## decode speed: {args.label} {args.precision} on {args.device}",
         "",
@@ -1343,11 +1364,12 @@ def report(bench: Bench, results: list[EngineResult]) -> list[str]:
     if floor_ms:
         ours = next((r for r in results if r.name == "onnxgen" and r.ok), None)
         lines.append(
-            f"bandwidth floor: {weights} / 4.2 TB/s (H200 device copy) = {floor_ms:.3f} ms/token"
+            f"bandwidth floor: {weights} / {copy_rate / 1e12:.2f} TB/s (a 1 GiB device copy here, bytes read "
+            f"and written) = {floor_ms:.3f} ms/token"
             + (f"; onnxgen at {ours.ms_per_token / floor_ms:.1f}x the floor" if ours else "")
         )
     else:
-        lines.append(f"{weights} (no floor on the CPU: the 4.2 TB/s constant is the H200's)")
+        lines.append(f"{weights} (no floor on the CPU)")
     if args.precision == "int4" and any(r.name.startswith("hf") for r in results):
         dtype = "fp16" if args.device == "cuda" else "fp32"
         lines.append(f"int4: transformers has no int4 path here; its rows run the checkpoint's weights in {dtype}")
