@@ -270,6 +270,33 @@ def test_expert_zero_points_widened_at_load(device: str) -> None:
         assert InferenceSession(model, device=device).program.initializers["fc1_zp"].dtype == torch.uint8
 
 
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_expert_zero_points_stay_packed_together(device: str) -> None:
+    """A QMoE whose fc2 zero points another op reads too keeps them packed; its fc1 zero points,
+    which nothing else reads, then stay packed as well (a node's zero points widen together or not at
+    all), and the output still matches onnxruntime's."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from onnxgen.runtime import InferenceSession
+    from tests.conftest import ort_run
+    from tests.test_ops_moe import _qmoe
+
+    model, feeds = _qmoe(3, 1, bits=4, block=16, zero_points=True)
+    constant = [name for name in feeds if name not in ("x", "router")]
+    model.graph.initializer.extend(numpy_helper.from_array(feeds[name], name) for name in constant)
+    kept = [vi for vi in model.graph.input if vi.name not in constant]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    model.graph.node.append(helper.make_node("Identity", ["fc2_zp"], ["fc2_zp_copy"]))
+    model.graph.output.append(helper.make_tensor_value_info("fc2_zp_copy", TensorProto.UINT8, None))
+    runtime_feeds = {name: feeds[name] for name in ("x", "router")}
+    expected = ort_run(model, runtime_feeds)[0]
+    session = InferenceSession(model, device=device)
+    assert {name: session.program.initializers[name].dtype for name in ("fc1_zp", "fc2_zp")} == {
+        "fc1_zp": torch.uint8, "fc2_zp": torch.uint8}  # fmt: skip
+    np.testing.assert_allclose(session.run(None, runtime_feeds)[0], expected, rtol=1e-5, atol=1e-5)
+
+
 # ---------------------------------------------------------------- long prompts (gpu/moe_grouped.py)
 
 GROUPED = "moe_grouped"

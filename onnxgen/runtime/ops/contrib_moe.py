@@ -209,8 +209,8 @@ def packed_expert_zero_readers(
     packed per-block zero points contrib_quant.widen_zero_points may widen to a byte per block (the
     expert kernels' ZERO_KIND 3 with per-block scales); none where a projection with zero points
     is not 4-bit or has no 3-D initializer scales, since the kernels take fc1 and fc3 in one form.
-    (widen_zero_points still keeps a tensor packed that another op reads too; its node then runs
-    the torch path, which reads either form.)"""
+    (Where widen_zero_points must keep one of them packed, as another op reads it too, it keeps all
+    of the node's packed.)"""
     if (ctx.op_type, ctx.domain) != ("QMoE", MS_DOMAIN) or not int(ctx.attrs.get("block_size", 0) or 0):
         return []
     default_bits = int(ctx.attrs.get("expert_weight_bits", 4))

@@ -525,28 +525,46 @@ def widen_zero_points(program: Any) -> int:
         return 0
     fed = {vi.name for vi in program.inputs} | {vi.name for vi in program.outputs}
     shapes: dict[str, list[tuple[int, ...]]] = {}  # zero point name -> (lead dims..., blocks) per such reader
+    expert_groups: list[list[str]] = []  # each QMoE's zero points: widened together or not at all
     for node in program.nodes:
         shape = _packed_zero_reader(node.ctx)
         name = node.inputs[3] if len(node.inputs) > 3 else ""
         if shape is not None and name:
             shapes.setdefault(name, []).append(shape)
         if opts.moe_zero_bytes:
-            for name, shape in packed_expert_zero_readers(node.ctx, node.inputs, program.initializers):
+            found = packed_expert_zero_readers(node.ctx, node.inputs, program.initializers)
+            for name, shape in found:
                 shapes.setdefault(name, []).append(shape)
+            expert_groups.append([name for name, _ in found])
     readers = _readers(program)
-    done = 0
-    for name, seen in shapes.items():
-        zero = program.initializers.get(name)
-        if readers[name] != len(seen) or name in fed or len(set(seen)) != 1 or not isinstance(zero, torch.Tensor):
-            continue
-        *lead, n_blocks = seen[0]
+    widen = {name for name, seen in shapes.items() if name not in fed and _widens(program.initializers.get(name),
+                                                                                 seen, readers[name])}  # fmt: skip
+    # a QMoE whose fc1 zero points widened and fc3's did not (another op reads one of them) would
+    # leave the expert kernels two forms they do not take together: keep such a node's all packed,
+    # to a fixed point, as a tensor two QMoE nodes share ties their groups
+    changed = True
+    while changed:
+        changed = False
+        for group in expert_groups:
+            if widen.intersection(group) and not widen.issuperset(group):
+                widen.difference_update(group)
+                changed = True
+    for name in widen:
+        *lead, n_blocks = shapes[name][0]
         rows = math.prod(lead)
-        if zero.dtype != torch.uint8 or n_blocks < 2 or zero.numel() != rows * -(-n_blocks // 2):
-            continue
-        codes = unpack_codes(zero.reshape(rows, -1), 4)[:, :n_blocks]
+        codes = unpack_codes(program.initializers[name].reshape(rows, -1), 4)[:, :n_blocks]
         program.initializers[name] = codes.to(torch.int8).reshape(*lead, n_blocks).contiguous()
-        done += 1
-    return done
+    return len(widen)
+
+
+def _widens(zero: Any, seen: list[tuple[int, ...]], readers: int) -> bool:
+    """Whether packed zero points ``zero`` may become a byte per block: an initializer that only the
+    ``seen`` readers read, all with one (lead dims..., blocks) shape of at least two blocks, and
+    packed for that shape."""
+    if readers != len(seen) or len(set(seen)) != 1 or not isinstance(zero, torch.Tensor):
+        return False
+    *lead, n_blocks = seen[0]
+    return zero.dtype == torch.uint8 and n_blocks >= 2 and zero.numel() == math.prod(lead) * -(-n_blocks // 2)
 
 
 def _packed_zero_reader(ctx: NodeContext) -> tuple[int, int] | None:
