@@ -82,7 +82,9 @@
 #              but both lost to the default (docs/benchmarks/2026-12-07-h100-table.md), ~6 min
 #   moezero    option moe_zero_bytes (on since 2026-12-07): QMoE's block-wise 4-bit expert zero points a byte per
 #              block against packed: the MoE GPU tests, then bench.moe_prompt on the 35B-A3B expert layer with
-#              each form (1-256 tokens, the per-pair and grouped kernels), ~4 min
+#              each form (1-256 tokens, the per-pair and grouped kernels); where build-35b made the 35B-A3B int4
+#              package, its decode step and TTFT at 16 / 64 tokens with ONNXGEN_MOE_ZERO_BYTES=1 / 0 / 1, ~4 min
+#              (+ ~8 with the package)
 #   q4rows     the int4 step with qkv / o_proj and down_proj in other rows per program than the table's: the dense
 #              fp16 kernel runs them 4 rows per program, the 4-bit table 16 / 8 (down: 8 on the 0.5B shape since
 #              2026-12-07, 16 on 1.5B); bench.step_sweep variants beside the default on both shapes, ~4 min
@@ -361,6 +363,17 @@ stage_moezero() {
   local z
   for z in packed bytes packed-again; do
     run "moezero-$z" 100 $PY -m bench.moe_prompt --tokens 1,16,64,256 --bounds 4,0 --zero-points "${z%-again}"
+  done
+  # the whole 35B-A3B step and prompt with each form (a session-lifetime option: one process each), where
+  # bench/hybrid_peers_device.sh build-35b made the package
+  local p35 z
+  p35=$(compgen -G "/tmp/peers-qwen3.5-35b-a3b/pkg-qwen3.5-35b-a3b-int4-cuda-gqa-seed*[0-9]" | head -1)
+  [ -n "$p35" ] || return 0
+  for z in 1 0 1; do
+    ONNXGEN_MOE_ZERO_BYTES=$z run "moezero-35b-step-$z" 150 $PY -m bench.capture_decode --package "$p35" \
+      --context 512 --capture-only --repeats 3
+    ONNXGEN_MOE_ZERO_BYTES=$z run "moezero-35b-ttft-$z" 150 $PY -m bench.prefill --package "$p35" --context 2048 \
+      --lengths 16,64 --repeats 5
   done
 }
 stage_q4rows() {
