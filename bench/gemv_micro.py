@@ -281,12 +281,15 @@ def prompt_rows(name, k, n, args, ws, qb, qs, qz, qcopies, add, copies, wbytes, 
         want = F.linear(a, dequantize_nbits(qb[0], qs[0], qz[0], None, k=k, n=n, bits=args.bits,
                                             block_size=bs, dtype=torch.float16)).float()  # fmt: skip
         gemms = GEMM_SWEEP_SMALL if m <= 64 else GEMM_SWEEP_LARGE
-        variants = [("auto", None), ("dequant", None), ("gemm", None)] + [("gemm", c) for c in gemms]
+        variants = [("auto", None), ("dequant", None), ("dequant-blocks", None), ("gemm", None)]
+        variants += [("gemm", c) for c in gemms]
         if m <= Q4.SPLIT_MAX_ROWS:
             variants += [("split", None)] + [("split", c) for c in SPLIT_SWEEP]
         for mode, config in variants:
             key = "gemm_q4_split" if mode == "split" else "gemm_q4"
             changes = {"q4_prompt": mode} | ({key: config} if config else {})
+            if mode == "dequant-blocks":  # the same path with option q4_dequant's other kernel
+                changes = {"q4_prompt": "dequant", "q4_dequant": "blocks"}
             with options.override(**changes):
                 got = Q4.matmul_q4(a, qb[0], qs[0], qz[0], n=n, k=k, block_size=bs, bits=args.bits).float()
                 err = ((got - want).norm() / want.norm()).item()
@@ -299,7 +302,31 @@ def prompt_rows(name, k, n, args, ws, qb, qs, qz, qcopies, add, copies, wbytes, 
                     label = "default policy (dequant, or gemm for short prompts of short rows)"
                 elif mode == "dequant":
                     label = "dequant (then cuBLAS)"
+                elif mode == "dequant-blocks":
+                    label = "dequant by blocks (q4_dequant=blocks, then cuBLAS)"
                 add(f"prompt {m} rows: q4 {label} (err {err:.1e})", us, qbytes)
+    if args.prompt_rows and name != "lm_head":
+        dequant_alone(k, n, args, qb, qs, qz, qcopies, add, qbytes)
+
+
+def dequant_alone(k, n, args, qb, qs, qz, qcopies, add, qbytes) -> None:
+    """The prompts' dequantization kernel alone, each form (option q4_dequant), the whole weight into
+    one fp16 buffer: what the dequantize-then-cuBLAS path adds to cuBLAS. Both forms must give the
+    same bits; the line says so."""
+    bs = args.block_size
+    outs = {}
+    for form in Q4.DEQUANT_FORMS:
+        buffer = torch.empty((n, k), dtype=torch.float16, device=qb[0].device)
+
+        def run(i, form=form, buffer=buffer):
+            packed, scale, zeros, kind = Q4._layout(qb[i], qs[i], qz[i], n, k, bs, args.bits)
+            return Q4.dequantize_q4(packed, scale, zeros, kind, rows=slice(0, n), k=k, block_size=bs,
+                                    dtype=torch.float16, out=buffer, bits=args.bits, form=form)  # fmt: skip
+
+        outs[form] = run(0).clone()
+        same = torch.equal(outs[form], outs[Q4.DEQUANT_FORMS[0]])
+        add(f"dequantize alone, {form} form ({'same bits' if same else 'BITS DIFFER'})",
+            time_in_graph(run, qcopies), qbytes)  # fmt: skip
 
 
 # BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES of the 4-bit prompt GEMM tried per shape

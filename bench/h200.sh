@@ -75,11 +75,11 @@
 #              the 16-row prompt GEMMs of the 1.5B shape with packed / byte / no zero points (gemv_micro), then the
 #              1.5B int4 package (packed zero points) with ONNXGEN_Q4_ZERO_BYTES=1 and =0 beside fp16: TTFT at 16
 #              and 64 tokens and the decode step, ~8 min
-#   q4long     long prompts' 4-bit GEMMs (2026-12-07): the tiled GEMM with the weight tile as the tensor cores'
-#              first operand (ONNXGEN_GEMM_Q4's SWAP 1) against dequantize-then-cuBLAS (the default past 128 rows)
-#              and cuBLAS fp16: its GPU parity tests, the 1.5B layers at 1,024 rows (gemv_micro, tiles swept), then
-#              the 1.5B int4 TTFT at 1,024 tokens per variant beside fp16; on 2026-12-07 SWAP beat the plain tile
-#              but both lost to the default (docs/benchmarks/2026-12-07-h100-table.md), ~6 min
+#   q4long     long prompts' 4-bit products: dequantize-then-cuBLAS (the default past 128 rows) with the byte
+#              and the block dequantization kernels (option q4_dequant, 2026-12-07, untimed), the tiled GEMMs
+#              (SWAP 1 lost to the default on 2026-12-07: docs/benchmarks/2026-12-07-h100-table.md) and cuBLAS
+#              fp16: the GPU parity tests, the 1.5B layers at 1,024 rows (gemv_micro: each path, and each
+#              dequantization kernel alone), then the 1.5B int4 TTFT at 256 / 1,024 tokens per form beside fp16, ~6 min
 #   moezero    option moe_zero_bytes (on since 2026-12-07): QMoE's block-wise 4-bit expert zero points a byte per
 #              block against packed: the MoE GPU tests, then bench.moe_prompt on the 35B-A3B expert layer with
 #              each form (1-256 tokens, the per-pair and grouped kernels); where build-35b made the 35B-A3B int4
@@ -347,16 +347,15 @@ stage_zerobytes() {
   done
 }
 stage_q4long() {
-  run q4long-parity 150 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py -k "prompt_gemm and cuda"
+  run q4long-parity 150 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py \
+    -k "(prompt_gemm or dequant_forms or session_scratch) and cuda"
   # shellcheck disable=SC2086
   run q4long-micro 200 $PY -m bench.gemv_micro $Q15 --prompt-rows 1024 --prompt-only --layers qkv,o_proj,gate_up,down
   # shellcheck disable=SC2086
-  run q4long-ttft-fp16 90 $PY -m bench.prefill $Q15 --precision fp16 --lengths 1024 --repeats 5
+  run q4long-ttft-fp16 90 $PY -m bench.prefill $Q15 --precision fp16 --lengths 256,1024 --repeats 5
   # shellcheck disable=SC2086
-  run q4long-ttft-int4 150 $PY -m bench.prefill $Q15 --precision int4 --lengths 1024 --repeats 5 --variant auto: \
-    --variant swap128:ONNXGEN_Q4_PROMPT=gemm,ONNXGEN_GEMM_Q4=128,128,64,8,3,1 \
-    --variant swap256:ONNXGEN_Q4_PROMPT=gemm,ONNXGEN_GEMM_Q4=128,256,64,8,3,1 \
-    --variant plain:ONNXGEN_Q4_PROMPT=gemm --variant auto-again:
+  run q4long-ttft-int4 150 $PY -m bench.prefill $Q15 --precision int4 --lengths 256,1024 --repeats 5 --variant auto: \
+    --variant blocks:ONNXGEN_Q4_DEQUANT=blocks --variant auto-again: --variant blocks-again:ONNXGEN_Q4_DEQUANT=blocks
 }
 stage_moezero() {
   run moezero-tests 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_moe_kernels.py

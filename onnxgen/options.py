@@ -81,6 +81,7 @@ class Options:
     gemm_q4: ShapeOverrides = NO_OVERRIDES
     gemm_q4_split: ShapeOverrides = NO_OVERRIDES
     q4_prompt: Literal["auto", "dequant", "gemm", "split"] = "auto"
+    q4_dequant: Literal["bytes", "blocks"] = "bytes"
     q4_norm_apart: int = 4096
     gemv_split: ShapeOverrides = NO_OVERRIDES
     gqa_decode: tuple[int, int] | None = None
@@ -300,6 +301,12 @@ def _q4_prompt(raw: str) -> str:
     return raw
 
 
+def _q4_dequant(raw: str) -> str:
+    if raw not in ("bytes", "blocks"):
+        raise ValueError("expected bytes or blocks")
+    return raw
+
+
 def _prefill_pieces(raw: str) -> str:
     if raw not in ("pad", "split"):
         raise ValueError("expected pad or split")
@@ -401,6 +408,10 @@ KNOBS: tuple[Knob, ...] = (
          "same as split (16-row tiles up to 16 rows, 64-row tiles above: docs/benchmarks/2026-12-05-h200-day.md, "
          "docs/benchmarks/2026-12-05-h100-peers.md; up to 128 rows since "
          "docs/benchmarks/2026-12-06-h100-grouped-swap-ttft.md); split stays fixed if auto's bound moves"),
+    Knob("q4_dequant", "ONNXGEN_Q4_DEQUANT", _q4_dequant, "`bytes` / `blocks`",
+         "the kernel that dequantizes a long prompt's 4-bit weights for cuBLAS (q4_prompt's dequant path), the "
+         "same weights either way: per code byte, or per quantization block (each block's scale and zero point "
+         "loaded once; built without a GPU, untimed)"),
     Knob("conv_prompt", "ONNXGEN_CONV_PROMPT", _flag(), "`1` / `0`",
          "`0`: a prompt's CausalConvWithState on a Triton device runs the torch path (about ten kernels) instead "
          "of one Triton kernel (gpu/causal_conv_update.py); one-position steps keep their kernel"),
@@ -557,6 +568,7 @@ _NAMED_VALUES = {
     "triton_linear": ("auto", "on", "off"),
     "int8_activations": ("none", "cpu", "all"),
     "q4_prompt": ("auto", "dequant", "gemm", "split"),
+    "q4_dequant": ("bytes", "blocks"),
     "prefill_pieces": ("pad", "split"),
     "prefill_sizes": ("pow2", "fine"),
 }

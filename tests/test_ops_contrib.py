@@ -885,17 +885,19 @@ _NBITS_NODE_TYPES = ("MatMulNBits", "MatMulNBitsGroup")
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_matmul_nbits_prompt_chunks_go_to_the_session_scratch(device: str) -> None:
+@pytest.mark.parametrize("form", ["bytes", "blocks"])
+def test_matmul_nbits_prompt_chunks_go_to_the_session_scratch(device: str, form: str) -> None:
     """A prompt that dequantizes (q4_prompt=dequant) writes its weight chunks into the session's one
     DequantScratch: one of five rows cuts the 24-row weight into chunks of 5, 5, 5, 5 and 4 rows.
     The product is onnxruntime's, and the scratch holds what the last two chunks left: rows 20-23
-    of the weight, then row 19 (the reference dequantization, contrib_quant.dequantize_nbits)."""
+    of the weight, then row 19 (the reference dequantization, contrib_quant.dequantize_nbits).
+    Either dequantization kernel (option q4_dequant)."""
     from onnxgen.runtime import InferenceSession
-    from onnxgen.runtime.gpu.launch import q4_kernels_serve
+    from onnxgen.runtime.gpu.launch import LAUNCHES, q4_kernels_serve
     from onnxgen.runtime.gpu.linear_q4 import DequantScratch
     from onnxgen.runtime.ops.contrib_quant import SCRATCH_ATTR, dequantize_nbits
 
-    with options.override(triton_q4=True, q4_prompt="dequant"):
+    with options.override(triton_q4=True, q4_prompt="dequant", q4_dequant=form):
         if not q4_kernels_serve(torch.zeros(1, device=device)):
             pytest.skip("the 4-bit Triton kernels do not serve this device")
         k, n = 200, 24
@@ -907,7 +909,10 @@ def test_matmul_nbits_prompt_chunks_go_to_the_session_scratch(device: str) -> No
         node.ctx.__dict__[SCRATCH_ATTR] = scratch
         a = np.random.default_rng(3).standard_normal((20, k)).astype(np.float16)
         expected = ort_run(model, {"A": a})[0]
+        kernel = "dequant_q4_blocks" if form == "blocks" else "dequant_q4"
+        before = LAUNCHES[kernel]
         actual = session.run(None, {"A": a})[0]
+        assert LAUNCHES[kernel] - before == 5, kernel  # the five chunks
         _close(actual, expected, NBITS_TOL[(TP.FLOAT16, 0)] * float(np.abs(expected).max()), "M=20", rtol=0.0)
         inits = {i.name: torch.from_numpy(onnx.numpy_helper.to_array(i).copy()) for i in model.graph.initializer}
         weight = dequantize_nbits(
@@ -915,6 +920,61 @@ def test_matmul_nbits_prompt_chunks_go_to_the_session_scratch(device: str) -> No
         )
         left = scratch.buffer.view(5, k).float().cpu()
         torch.testing.assert_close(left, weight[[20, 21, 22, 23, 19]], rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    ("bits", "block", "zero", "dtype"),
+    [
+        (4, 32, "packed", torch.float16),  # the builder's form: fp16 arithmetic, inline nibbles
+        (4, 32, "bytes", torch.float16),  # widened at load (widen_zero_points)
+        (4, 16, "none", torch.bfloat16),
+        (4, 128, "float", torch.float16),
+        (4, 64, "packed", torch.float32),
+        (8, 32, "packed", torch.float16),
+        (8, 256, "none", torch.float16),  # two blocks per program
+    ],
+)
+def test_matmul_nbits_dequant_forms_agree(device: str, bits: int, block: int, zero: str, dtype) -> None:
+    """The prompts' dequantization kernel in both forms (linear_q4.dequantize_q4: per byte, and per
+    quantization block) gives contrib_quant.dequantize_nbits' weight bit for bit, over rows that
+    are not a whole tile (37 of 16-row tiles), a last block past K (K 1,000) and a row range that
+    starts inside the weight. (Triton's interpreter truncates fp32 to bf16 where compiled kernels
+    round to nearest even: there bf16 weights are checked within one bf16 step, and the two forms
+    against each other bit for bit.)"""
+    from onnxgen.runtime.gpu import linear_q4
+    from onnxgen.runtime.gpu.launch import q4_kernels_serve
+    from onnxgen.runtime.ops.contrib_quant import dequantize_nbits
+
+    if not q4_kernels_serve(torch.zeros(1, device=device)):
+        pytest.skip("the 4-bit Triton kernels do not serve this device")
+    gen = torch.Generator().manual_seed(bits * 1000 + block)
+    n, k = 41, 1000  # two programs of the block form along K at every block size here
+    n_blocks = -(-k // block)
+    b = torch.randint(0, 256, (n, n_blocks * block * bits // 8), dtype=torch.uint8, generator=gen)
+    scales = (torch.rand(n, n_blocks, generator=gen) * 0.02 + 0.001).to(dtype)
+    zero_points = {
+        "none": None,
+        "packed": torch.randint(0, 256, (n, -(-n_blocks * bits // 8)), dtype=torch.uint8, generator=gen),
+        "bytes": torch.randint(0, 16, (n, n_blocks), dtype=torch.int8, generator=gen),
+        "float": (torch.rand(n, n_blocks, generator=gen) * 15).to(dtype),
+    }[zero]
+    want = dequantize_nbits(b, scales, zero_points, None, k=k, n=n, bits=bits, block_size=block, dtype=dtype)
+    on = [t.to(device) if t is not None else None for t in (b, scales, zero_points)]
+    packed, scale, zeros, kind = linear_q4._layout(*on, n, k, block, bits)
+    rows = slice(4, n)
+    got = {
+        form: linear_q4.dequantize_q4(packed, scale, zeros, kind, rows=rows, k=k, block_size=block, dtype=dtype,
+                                      bits=bits, form=form).cpu()
+        for form in linear_q4.DEQUANT_FORMS
+    }  # fmt: skip
+    assert torch.equal(got["blocks"], got["bytes"])
+    if dtype == torch.bfloat16 and device == "cpu":
+        torch.testing.assert_close(got["bytes"], want[rows], rtol=2**-7, atol=0.0)
+    else:
+        assert torch.equal(got["bytes"], want[rows])
+    with pytest.raises(ValueError, match="form 'words' is not one of bytes, blocks"):
+        linear_q4.dequantize_q4(packed, scale, zeros, kind, rows=rows, k=k, block_size=block, dtype=dtype, form="words")
 
 
 @pytest.mark.parametrize(

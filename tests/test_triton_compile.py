@@ -180,6 +180,23 @@ def test_dequant_q4_compiles(zero_kind: int, dtype: str, bits: int) -> None:
     assert "st.global" in ptx
 
 
+@pytest.mark.parametrize("zero_kind", [0, 1, 2, 3])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_dequant_q4_blocks_compiles(zero_kind: int, dtype: str, bits: int) -> None:
+    """The block form of the prompts' dequantization: fp16 weights with integer zero points take the
+    inline-PTX nibbles (4-bit) and 16-byte stores; no integer-to-float conversion of a code is left."""
+    from onnxgen.runtime.gpu import linear_q4
+
+    sig = dict.fromkeys(["scale_ptr", "w_ptr"], f"*{dtype}")
+    sig.update(b_ptr="*u8", zero_ptr={2: f"*{dtype}", 3: "*i8"}.get(zero_kind, "*u8"))
+    sig.update(dict.fromkeys(["n", "k", "row_bytes", "n_blocks", "zp_row_bytes"], "i32"))
+    const = dict(ZERO_KIND=zero_kind, QBLOCK=32, BLOCK_N=16, NB=16, BITS=bits)
+    ptx = compile_for_sm90(linear_q4._q4_dequant_blocks_kernel, sig, const)
+    assert "st.global" in ptx
+    assert_ptx_nibbles(ptx, bits == 4 and dtype == "fp16" and zero_kind != 2)
+
+
 @pytest.mark.parametrize("zero_kind", [0, 1, 2])
 @pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
 @pytest.mark.parametrize("bits", [4, 8])

@@ -391,6 +391,26 @@ def _q4_dequant_kernel(
              mask=row_ok[:, None] & (cols < k)[None, :])  # fmt: skip
 
 
+@triton.jit
+def _q4_dequant_blocks_kernel(
+    b_ptr, scale_ptr, zero_ptr, w_ptr, n, k, row_bytes, n_blocks, zp_row_bytes, ZERO_KIND: tl.constexpr,
+    QBLOCK: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr, BITS: tl.constexpr,
+):  # fmt: skip
+    """_q4_dequant_kernel's weights, bit for bit, NB whole quantization blocks of BLOCK_N rows per
+    program: each block's scale and zero point loaded once (the byte form loads them once per
+    byte), the codes made floats by the exponent trick and, for fp16 with integer zero points,
+    scaled in fp16 arithmetic, which rounds as the fp32 product rounded once does (_dequantized)."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < n
+    first = tl.program_id(1) * NB
+    codes, scale, offset = _block_loads(b_ptr, scale_ptr, zero_ptr, rows, row_ok, first, n_blocks, row_bytes,
+                                        zp_row_bytes, NB, QBLOCK, ZERO_KIND, BITS)  # fmt: skip
+    w = _dequantized(codes, scale, offset, ZERO_KIND, NB, QBLOCK, w_ptr.dtype.element_ty, BITS)
+    cols = (first + tl.arange(0, NB))[:, None] * QBLOCK + tl.arange(0, QBLOCK)[None, :]  # [NB, QBLOCK]
+    tl.store(w_ptr + rows[:, None, None] * k + cols[None, :, :], w.to(w_ptr.dtype.element_ty),
+             mask=row_ok[:, None, None] & (cols < k)[None, :, :])  # fmt: skip
+
+
 # -- launch configurations ---------------------------------------------------------------------
 
 TILE_LIMIT = 2048  # rows up to this many elements run one tile per program (longer: split along K)
@@ -723,16 +743,34 @@ class DequantScratch:
         return self.buffer.numel() // k
 
 
+# elements of a row each program of the block form dequantizes (whole quantization blocks)
+DEQUANT_BLOCKS_ELEMENTS = 512
+DEQUANT_FORMS = ("bytes", "blocks")
+
+
 def dequantize_q4(
     packed: torch.Tensor, scale: torch.Tensor, zeros: torch.Tensor, zero_kind: int, *, rows: slice, k: int,
-    block_size: int, dtype: torch.dtype, out: torch.Tensor | None = None, bits: int = 4,
+    block_size: int, dtype: torch.dtype, out: torch.Tensor | None = None, bits: int = 4, form: str = "bytes",
 ) -> torch.Tensor:  # fmt: skip
     """Rows ``rows`` of the 4- or 8-bit weight as a dense [rows, K] tensor of ``dtype``: ``out``
-    (contiguous, that shape and dtype) or a new one."""
+    (contiguous, that shape and dtype) or a new one. ``form`` picks the kernel (option
+    ``q4_dequant`` for the prompts' path), both giving the same bits: ``bytes``
+    (_q4_dequant_kernel) or ``blocks`` (_q4_dequant_blocks_kernel)."""
+    if form not in DEQUANT_FORMS:
+        raise ValueError(f"form {form!r} is not one of {', '.join(DEQUANT_FORMS)}")
     lo, hi = rows.start, rows.stop
     if out is None:
         out = torch.empty((hi - lo, k), dtype=dtype, device=packed.device)
     row_bytes = packed.shape[1]
+    if form == "blocks":
+        nb = max(1, DEQUANT_BLOCKS_ELEMENTS // block_size)
+        n_blocks = scale.shape[1]
+        LAUNCHES["dequant_q4_blocks"] += 1
+        _q4_dequant_blocks_kernel[(triton.cdiv(hi - lo, 16), triton.cdiv(n_blocks, nb))](
+            packed[lo:hi], scale[lo:hi], zeros[lo:hi] if zero_kind else zeros, out, hi - lo, k, row_bytes, n_blocks,
+            zeros.shape[1], ZERO_KIND=zero_kind, QBLOCK=block_size, BLOCK_N=16, NB=nb, BITS=bits, num_warps=4,
+        )  # fmt: skip
+        return out
     block_n, nbytes = 16, 128
     LAUNCHES["dequant_q4"] += 1
     _q4_dequant_kernel[(triton.cdiv(hi - lo, block_n), triton.cdiv(row_bytes, nbytes))](
@@ -751,10 +789,12 @@ def _dequant_matmul(
     fit = scratch.rows_for(k, a2.dtype, a2.device) if scratch is not None else 0
     step = chunk_rows(n, fit if fit else max(16, DEQUANT_ROWS_ELEMENTS // k))
 
+    form = options.current().q4_dequant
+
     def chunk(lo: int, hi: int) -> torch.Tensor:
         into = scratch.rows_view(hi - lo, k) if fit else None
         return dequantize_q4(packed, scale, zeros, zero_kind, rows=slice(lo, hi), k=k, block_size=block_size,
-                             dtype=a2.dtype, out=into, bits=bits)  # fmt: skip
+                             dtype=a2.dtype, out=into, bits=bits, form=form)  # fmt: skip
 
     if step >= n:
         return _linear(a2, chunk(0, n), bias)
