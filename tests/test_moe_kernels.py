@@ -235,25 +235,33 @@ def test_widened_expert_zero_points_match_packed(device: str, grouped: bool) -> 
         assert torch.equal(qmoe(_ctx("QMoE", device, **attrs), *wide), packed)
 
 
+def _qmoe_constant_experts() -> tuple:
+    """tests/test_ops_moe.py's 4-bit block-wise QMoE with zero points (3 tokens, fp32; fc2's K 32: two
+    blocks, one byte), its expert tensors made initializers, as a package holds them: (model, every
+    tensor by name, the run's feeds x and router)."""
+    from onnx import numpy_helper
+
+    from tests.test_ops_moe import _qmoe
+
+    model, feeds = _qmoe(3, 1, bits=4, block=16, zero_points=True)
+    constant = [name for name in feeds if name not in ("x", "router")]
+    model.graph.initializer.extend(numpy_helper.from_array(feeds[name], name) for name in constant)
+    kept = [vi for vi in model.graph.input if vi.name not in constant]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    return model, feeds, {name: feeds[name] for name in ("x", "router")}
+
+
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
 def test_expert_zero_points_widened_at_load(device: str) -> None:
     """With option moe_zero_bytes (the default), a session on a device the Triton kernels serve holds a
     block-wise 4-bit QMoE's packed zero point initializers as int8 [E, N, blocks] (the values packed,
     the padding nibble gone), and its output matches onnxruntime's on the same model; with the option
     off, or with q4_zero_bytes off, they stay packed."""
-    from onnx import numpy_helper
-
     from onnxgen.runtime import InferenceSession
     from tests.conftest import ort_run
-    from tests.test_ops_moe import _qmoe
 
-    model, feeds = _qmoe(3, 1, bits=4, block=16, zero_points=True)  # fc2's K 32: two blocks, one byte
-    constant = [name for name in feeds if name not in ("x", "router")]
-    model.graph.initializer.extend(numpy_helper.from_array(feeds[name], name) for name in constant)
-    kept = [vi for vi in model.graph.input if vi.name not in constant]
-    del model.graph.input[:]
-    model.graph.input.extend(kept)
-    runtime_feeds = {name: feeds[name] for name in ("x", "router")}
+    model, feeds, runtime_feeds = _qmoe_constant_experts()
     expected = ort_run(model, runtime_feeds)[0]
     session = InferenceSession(model, device=device)
     for name in ("fc1_zp", "fc2_zp"):
@@ -275,21 +283,14 @@ def test_expert_zero_points_stay_packed_together(device: str) -> None:
     """A QMoE whose fc2 zero points another op reads too keeps them packed; its fc1 zero points,
     which nothing else reads, then stay packed as well (a node's zero points widen together or not at
     all), and the output still matches onnxruntime's."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
 
     from onnxgen.runtime import InferenceSession
     from tests.conftest import ort_run
-    from tests.test_ops_moe import _qmoe
 
-    model, feeds = _qmoe(3, 1, bits=4, block=16, zero_points=True)
-    constant = [name for name in feeds if name not in ("x", "router")]
-    model.graph.initializer.extend(numpy_helper.from_array(feeds[name], name) for name in constant)
-    kept = [vi for vi in model.graph.input if vi.name not in constant]
-    del model.graph.input[:]
-    model.graph.input.extend(kept)
+    model, _, runtime_feeds = _qmoe_constant_experts()
     model.graph.node.append(helper.make_node("Identity", ["fc2_zp"], ["fc2_zp_copy"]))
     model.graph.output.append(helper.make_tensor_value_info("fc2_zp_copy", TensorProto.UINT8, None))
-    runtime_feeds = {name: feeds[name] for name in ("x", "router")}
     expected = ort_run(model, runtime_feeds)[0]
     session = InferenceSession(model, device=device)
     assert {name: session.program.initializers[name].dtype for name in ("fc1_zp", "fc2_zp")} == {

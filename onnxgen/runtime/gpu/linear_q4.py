@@ -762,16 +762,17 @@ def dequantize_q4(
     if out is None:
         out = torch.empty((hi - lo, k), dtype=dtype, device=packed.device)
     row_bytes = packed.shape[1]
+    block_n = 16
     if form == "blocks":
         nb = max(1, DEQUANT_BLOCKS_ELEMENTS // block_size)
         n_blocks = scale.shape[1]
         LAUNCHES["dequant_q4_blocks"] += 1
-        _q4_dequant_blocks_kernel[(triton.cdiv(hi - lo, 16), triton.cdiv(n_blocks, nb))](
+        _q4_dequant_blocks_kernel[(triton.cdiv(hi - lo, block_n), triton.cdiv(n_blocks, nb))](
             packed[lo:hi], scale[lo:hi], zeros[lo:hi] if zero_kind else zeros, out, hi - lo, k, row_bytes, n_blocks,
-            zeros.shape[1], ZERO_KIND=zero_kind, QBLOCK=block_size, BLOCK_N=16, NB=nb, BITS=bits, num_warps=4,
+            zeros.shape[1], ZERO_KIND=zero_kind, QBLOCK=block_size, BLOCK_N=block_n, NB=nb, BITS=bits, num_warps=4,
         )  # fmt: skip
         return out
-    block_n, nbytes = 16, 128
+    nbytes = 128
     LAUNCHES["dequant_q4"] += 1
     _q4_dequant_kernel[(triton.cdiv(hi - lo, block_n), triton.cdiv(row_bytes, nbytes))](
         packed[lo:hi], scale[lo:hi], zeros[lo:hi] if zero_kind else zeros, out, hi - lo, k, row_bytes,

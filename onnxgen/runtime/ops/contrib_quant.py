@@ -535,7 +535,8 @@ def widen_zero_points(program: Any) -> int:
             found = packed_expert_zero_readers(node.ctx, node.inputs, program.initializers)
             for name, shape in found:
                 shapes.setdefault(name, []).append(shape)
-            expert_groups.append([name for name, _ in found])
+            if found:
+                expert_groups.append([name for name, _ in found])
     readers = _readers(program)
     widen = {name for name, seen in shapes.items() if name not in fed and _widens(program.initializers.get(name),
                                                                                  seen, readers[name])}  # fmt: skip
