@@ -88,6 +88,10 @@
 #   q4rows     the int4 step with qkv / o_proj and down_proj in other rows per program than the table's: the dense
 #              fp16 kernel runs them 4 rows per program, the 4-bit table 16 / 8 (down: 8 on the 0.5B shape since
 #              2026-12-07, 16 on 1.5B); bench.step_sweep variants beside the default on both shapes, ~4 min
+#   q4ready    option q4_row_ready (2026-12-07, built without a GPU): the one-row byte kernels (qkv, o_proj, down)
+#              make their weights before the PDL wait: the GPU parity tests and the int4 capture proofs with it on,
+#              then bench.step_sweep on both shapes (default, ready, ready with gate_up on the byte kernel too,
+#              default again) and the fp16 step beside them, ~6 min
 #   q8         8-bit MatMulNBits on the packed byte kernels (2026-12-07): their GPU parity tests, then each layer of
 #              both shapes alone (gemv_micro --quick --bits 8: the one-row kernel swept beside cuBLAS over the fp16
 #              copy, which is what 8-bit weights ran over before, and the 16-row prompt paths), ~5 min
@@ -386,6 +390,27 @@ stage_q4rows() {
   run q4rows15 200 $PY -m bench.step_sweep $Q15 --precision int4 --context 512 --repeats 3 --variant "default:" \
     --variant "down-8:ONNXGEN_GEMV_Q4_1536x8960=8,512,4,0" --variant "down-8x2:ONNXGEN_GEMV_Q4_1536x8960=8,512,2,0" \
     --variant "default-again:"
+}
+stage_q4ready() {
+  ONNXGEN_Q4_ROW_READY=1 run q4ready-parity 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py \
+    tests/test_fusion.py -k "(matmul_nbits or int4_group or int8_group) and cuda"
+  ONNXGEN_Q4_ROW_READY=1 run q4ready-capture 150 $PY -m pytest -q -p no:cacheprovider -m gpu \
+    tests/test_gpu_capture_models.py -k int4
+  # shellcheck disable=SC2086
+  run q4ready-05b 200 $PY -m bench.step_sweep $Q --precision int4 --context 512 --repeats 3 --variant "default:" \
+    --variant "ready:ONNXGEN_Q4_ROW_READY=1" \
+    --variant "ready-gate-up-bytes:ONNXGEN_Q4_ROW_READY=1,ONNXGEN_GEMV_Q4_9728x896=16,1024,4,0" \
+    --variant "default-again:" --variant "ready-again:ONNXGEN_Q4_ROW_READY=1"
+  # shellcheck disable=SC2086
+  run q4ready-15b 200 $PY -m bench.step_sweep $Q15 --precision int4 --context 512 --repeats 3 --variant "default:" \
+    --variant "ready:ONNXGEN_Q4_ROW_READY=1" \
+    --variant "ready-gate-up-bytes:ONNXGEN_Q4_ROW_READY=1,ONNXGEN_GEMV_Q4_17920x1536=16,2048,4,0" \
+    --variant "default-again:" --variant "ready-again:ONNXGEN_Q4_ROW_READY=1"
+  for s in "$Q" "$Q15"; do
+    # shellcheck disable=SC2086
+    run "q4ready-fp16-${s##*-coder-}" 100 $PY -m bench.step_sweep $s --precision fp16 --context 512 --repeats 3 \
+      --variant "fp16:"
+  done
 }
 stage_q8() {
   run q8-parity 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py tests/test_fusion.py \

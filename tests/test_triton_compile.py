@@ -16,14 +16,39 @@ from onnxgen.runtime.gpu.launch import triton_importable
 pytestmark = pytest.mark.skipif(not triton_importable(), reason="triton is not installed")
 
 
-def compile_for_sm90(fn, signature: dict[str, str], constexprs: dict[str, object]) -> str:
+def compiled_for_sm90(fn, signature: dict[str, str], constexprs: dict[str, object]):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     constexprs = {"PDL": False, **constexprs} if "PDL" in fn.arg_names else constexprs
+    # constexpr parameters a test leaves out take their defaults
+    defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}
+    constexprs = {**{n: v for n, v in defaults.items() if n not in signature}, **constexprs}
     sig = {name: ("constexpr" if name in constexprs else signature[name]) for name in fn.arg_names}
-    kernel = triton.compile(ASTSource(fn, sig, constexprs), target=GPUTarget("cuda", 90, 32))
+    return triton.compile(ASTSource(fn, sig, constexprs), target=GPUTarget("cuda", 90, 32))
+
+
+def sass_instructions(kernel) -> list[str]:
+    """The SASS of a compiled kernel, an instruction a line (nvdisasm, which Triton ships beside ptxas)."""
+    import os
+    import subprocess
+    import tempfile
+
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.cubin")
+        with open(path, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        text = subprocess.run([tool, "-c", path], capture_output=True, text=True, check=True).stdout
+    return [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", text)]
+
+
+def compile_for_sm90(fn, signature: dict[str, str], constexprs: dict[str, object]) -> str:
+    constexprs = {"PDL": False, **constexprs} if "PDL" in fn.arg_names else constexprs
+    kernel = compiled_for_sm90(fn, signature, constexprs)
     ptx = kernel.asm["ptx"]
     # under programmatic dependent launch every kernel waits for the one before (griddepcontrol)
     assert ("griddepcontrol.wait" in ptx) == bool(constexprs.get("PDL")), "griddepcontrol.wait where PDL asks"
@@ -137,6 +162,27 @@ def test_linear_row_q4_compiles(zero_kind: int, prologue: int, pdl: bool, split:
     if zero_kind == 0:  # codes become floats by the exponent trick: no integer-to-float conversion
         conversions = re.findall(r"cvt\.rn\.f32\.[su]\d+", ptx)  # (one is the norm's k, a scalar)
         assert len(conversions) <= 1, conversions
+
+
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_linear_row_q4_ready_weights_are_made_before_the_wait(split: bool, bits: int) -> None:
+    """Option q4_row_ready: in the SASS, every fp16 weight product (code - zero) * scale comes before the
+    PDL wait, as its point is. ptxas sinks that arithmetic past an unconditional wait; the wait guarded
+    by a test of every weight (linear_q4._all_made) keeps it in place."""
+    from onnxgen.runtime.gpu import linear_q4
+
+    sig = dict.fromkeys(["x_ptr", "x2_ptr", "gamma_ptr", "sum_ptr", "scale_ptr", "bias_ptr", "out_ptr"], "*fp16")
+    sig.update(b_ptr="*u8", zero_ptr="*u8", eps="fp32", part_ptr="*fp32")
+    sig.update(ticket_ptr="*i32", **dict.fromkeys(["n", "k", "n_blocks", "row_bytes", "zp_row_bytes"], "i32"))
+    const = dict(PROLOGUE=3 if split else 2, ZERO_KIND=1, HAS_BIAS=not split, QBLOCK=32, BLOCK_N=8, PDL=True,
+                 BITS=bits, READY=True)  # fmt: skip
+    const.update(dict(NB=16, BLOCK_S=16) if split else dict(B0=16, B1=8, B2=4))
+    kernel = linear_q4._q4_split_kernel if split else linear_q4._q4_tile_kernel
+    ins = sass_instructions(compiled_for_sm90(kernel, sig, const))
+    wait = max(i for i, text in enumerate(ins) if text.startswith("ACQBULK"))
+    scaled = [i for i, text in enumerate(ins) if re.search(r"\bHMUL2\b", text)]
+    assert scaled and max(scaled) < wait, (len(scaled), sum(i > wait for i in scaled))
 
 
 @pytest.mark.parametrize("zero_kind", [0, 1, 2])

@@ -143,6 +143,22 @@ def test_int4_word_kernels_parity_through_the_triton_interpreter() -> None:
 
 
 @runs(
+    INT4_READY := interpreted(
+        f"{ONE_ROW_INT4_CASES} or (matmul_nbits_8bit and not prompt)",
+        ONNXGEN_TRITON_LINEAR="1",
+        ONNXGEN_TRITON_Q4="1",
+        ONNXGEN_Q4_ROW_READY="1",
+    )
+)
+def test_int4_ready_weights_parity_through_the_triton_interpreter() -> None:
+    """Option q4_row_ready (the byte kernels' weights made before the PDL wait) on the byte kernel's
+    one-row cases, 4- and 8-bit: whole tiles with the prologues, and rows split along K."""
+    launches = INT4_READY.launches()
+    assert launches.get("linear_row_q4_split", 0) >= 1, launches
+    assert launches.get("linear_row_q4", 0) - launches.get("linear_row_q4_split", 0) >= 10, launches
+
+
+@runs(
     INT4_MODELS := interpreted(
         "growing_kv and int4 and fused and qwen2", ONNXGEN_TRITON_LINEAR="1", ONNXGEN_TRITON_Q4="1"
     )

@@ -136,10 +136,12 @@ def _block_scales(
 def _block_products(
     codes, scale, offset, x_ptr, x2_ptr, gamma_ptr, sum_ptr, first_block, k, PROLOGUE: tl.constexpr,
     ZERO_KIND: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr, BITS: tl.constexpr = 4,
+    READY: tl.constexpr = False,
 ):  # fmt: skip
     """(w . p(x) per row, the prologue's sum of squares) in fp32 over NB blocks from ``first_block``.
     The codes come in element order (_codes_less_zero), so the activations load as contiguous rows
-    of the tile; a block's sum of (code - zero) * a is multiplied once by its scale."""
+    of the tile; a block's sum of (code - zero) * a is multiplied once by its scale. READY: ``codes``
+    are _ready_weights' weights instead (scale and offset unused), and a block's sum is w . a."""
     blk = first_block + tl.arange(0, NB)
     cols = blk[:, None] * QBLOCK + tl.arange(0, QBLOCK)[None, :]  # [NB, QBLOCK]
     inside = cols < k
@@ -148,9 +150,12 @@ def _block_products(
     if PROLOGUE == 0 or PROLOGUE == 3:  # exact in the input dtype: half the bytes to share out
         a = a.to(x.dtype)
     squares = tl.sum(tl.sum(sq, axis=1), axis=0)
-    v = _codes_less_zero(codes, offset, ZERO_KIND, NB, QBLOCK, BITS)
-    per_block = tl.sum(v * a[None, :, :].to(tl.float32), axis=2)
-    return tl.sum(per_block * scale, axis=1), squares
+    if READY:
+        dot = tl.sum(tl.sum(codes.to(tl.float32) * a[None, :, :].to(tl.float32), axis=2), axis=1)
+    else:
+        v = _codes_less_zero(codes, offset, ZERO_KIND, NB, QBLOCK, BITS)
+        dot = tl.sum(tl.sum(v * a[None, :, :].to(tl.float32), axis=2) * scale, axis=1)
+    return dot, squares
 
 
 @triton.jit
@@ -236,6 +241,34 @@ def _dequantized(codes, scale, offset, ZERO_KIND: tl.constexpr, NB: tl.constexpr
 
 
 @triton.jit
+def _ready_weights(codes, scale, offset, x_ptr, ZERO_KIND: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr,
+                   BITS: tl.constexpr):  # fmt: skip
+    """The one-row kernels' weights made before the PDL wait (option ``q4_row_ready``): for fp16
+    activations rounded to fp16 (_dequantized: the very weights dequantize_nbits gives the prompt
+    path), else fp32. What is left after the wait is the dense kernel's work: the activations,
+    a multiply and a sum."""
+    if x_ptr.dtype.element_ty == tl.float16:
+        w = _dequantized(codes, scale, offset, ZERO_KIND, NB, QBLOCK, tl.float16, BITS)
+    else:
+        w = _dequantized(codes, scale, offset, ZERO_KIND, NB, QBLOCK, tl.float32, BITS)
+    return w
+
+
+@triton.jit
+def _all_made(w, n):
+    """A true scalar computed from every weight of ``w`` (_ready_weights'): the PDL wait is made
+    conditional on it, because ptxas otherwise sinks the weights' arithmetic past the wait (which
+    is no scheduling barrier for register math). True for every launch: a weight's bits, read
+    as a non-negative integer, exceed -n for the n >= 1 rows a launch has; n is a runtime value,
+    so the compiler cannot fold the test away."""
+    if w.dtype == tl.float16:
+        bits = w.to(tl.uint16, bitcast=True).to(tl.int32)
+    else:
+        bits = (w.to(tl.uint32, bitcast=True) >> 1).to(tl.int32)
+    return tl.max(tl.max(tl.max(bits, axis=2), axis=1), axis=0) > -n
+
+
+@triton.jit
 def _bytes_less_zero_half(w, offset, scale):
     """(code - zero) * scale of 8-bit codes in fp16 arithmetic: a byte OR-ed into the mantissa of
     the fp16 1024 reads as exactly 1024 + code, less 1024 + zero (exact: at most 1,279) it is
@@ -251,34 +284,50 @@ def _q4_tile_kernel(
     x_ptr, x2_ptr, gamma_ptr, sum_ptr, b_ptr, scale_ptr, zero_ptr, bias_ptr, out_ptr, n, k, n_blocks, row_bytes,
     zp_row_bytes, eps, PROLOGUE: tl.constexpr, ZERO_KIND: tl.constexpr, HAS_BIAS: tl.constexpr,
     QBLOCK: tl.constexpr, BLOCK_N: tl.constexpr, B0: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr,
-    PDL: tl.constexpr, BITS: tl.constexpr,
+    PDL: tl.constexpr, BITS: tl.constexpr, READY: tl.constexpr = False,
 ):  # fmt: skip
     """y[rows] for BLOCK_N whole rows per program, a row's blocks in up to three power-of-two parts
     (B0 + B1 + B2 >= n_blocks; a part of 0 is absent): every code, scale and zero of the program is
-    loaded before the wait for the kernel before, the activations after it."""
+    loaded before the wait for the kernel before, the activations after it. READY: the weights are
+    made before the wait too (_ready_weights)."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < n
     if HAS_BIAS:
         bias = tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
     c0, s0, z0 = _block_loads(b_ptr, scale_ptr, zero_ptr, rows, row_ok, 0, n_blocks, row_bytes, zp_row_bytes, B0,
                               QBLOCK, ZERO_KIND, BITS)  # fmt: skip
+    if READY:
+        c0 = _ready_weights(c0, s0, z0, x_ptr, ZERO_KIND, B0, QBLOCK, BITS)
     if B1 > 0:
         c1, s1, z1 = _block_loads(b_ptr, scale_ptr, zero_ptr, rows, row_ok, B0, n_blocks, row_bytes, zp_row_bytes,
                                   B1, QBLOCK, ZERO_KIND, BITS)  # fmt: skip
+        if READY:
+            c1 = _ready_weights(c1, s1, z1, x_ptr, ZERO_KIND, B1, QBLOCK, BITS)
     if B2 > 0:
         c2, s2, z2 = _block_loads(b_ptr, scale_ptr, zero_ptr, rows, row_ok, B0 + B1, n_blocks, row_bytes,
                                   zp_row_bytes, B2, QBLOCK, ZERO_KIND, BITS)  # fmt: skip
-    wait_for_previous(PDL)
+        if READY:
+            c2 = _ready_weights(c2, s2, z2, x_ptr, ZERO_KIND, B2, QBLOCK, BITS)
+    if READY:
+        made = _all_made(c0, n)
+        if B1 > 0:
+            made = made & _all_made(c1, n)
+        if B2 > 0:
+            made = made & _all_made(c2, n)
+        if made:
+            wait_for_previous(PDL)
+    else:
+        wait_for_previous(PDL)
     dot, squares = _block_products(c0, s0, z0, x_ptr, x2_ptr, gamma_ptr, sum_ptr, 0, k, PROLOGUE, ZERO_KIND, B0,
-                                   QBLOCK, BITS)  # fmt: skip
+                                   QBLOCK, BITS, READY)  # fmt: skip
     if B1 > 0:
         d1, q1 = _block_products(c1, s1, z1, x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0, k, PROLOGUE, ZERO_KIND, B1,
-                                 QBLOCK, BITS)  # fmt: skip
+                                 QBLOCK, BITS, READY)  # fmt: skip
         dot += d1
         squares += q1
     if B2 > 0:
         d2, q2 = _block_products(c2, s2, z2, x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0 + B1, k, PROLOGUE, ZERO_KIND,
-                                 B2, QBLOCK, BITS)  # fmt: skip
+                                 B2, QBLOCK, BITS, READY)  # fmt: skip
         dot += d2
         squares += q2
     if PROLOGUE == 1 or PROLOGUE == 2:
@@ -293,10 +342,10 @@ def _q4_split_kernel(
     x_ptr, x2_ptr, gamma_ptr, sum_ptr, b_ptr, scale_ptr, zero_ptr, bias_ptr, out_ptr, part_ptr, ticket_ptr, n, k,
     n_blocks, row_bytes, zp_row_bytes, PROLOGUE: tl.constexpr, ZERO_KIND: tl.constexpr, HAS_BIAS: tl.constexpr,
     QBLOCK: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
-    BITS: tl.constexpr,
+    BITS: tl.constexpr, READY: tl.constexpr = False,
 ):  # fmt: skip
     """Program (i, j): row block i over blocks j * NB .. j * NB + NB - 1; the partial sums meet in
-    linear_row.merge_splits (PROLOGUE 0 or 3 only)."""
+    linear_row.merge_splits (PROLOGUE 0 or 3 only). READY as in _q4_tile_kernel."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < n
     first = tl.program_id(1) * NB
@@ -306,9 +355,14 @@ def _q4_split_kernel(
         bias = 0.0
     codes, scale, zero = _block_loads(b_ptr, scale_ptr, zero_ptr, rows, row_ok, first, n_blocks, row_bytes,
                                       zp_row_bytes, NB, QBLOCK, ZERO_KIND, BITS)  # fmt: skip
-    wait_for_previous(PDL)
+    if READY:
+        codes = _ready_weights(codes, scale, zero, x_ptr, ZERO_KIND, NB, QBLOCK, BITS)
+        if _all_made(codes, n):
+            wait_for_previous(PDL)
+    else:
+        wait_for_previous(PDL)
     dot, _ = _block_products(codes, scale, zero, x_ptr, x2_ptr, gamma_ptr, sum_ptr, first, k, PROLOGUE, ZERO_KIND,
-                             NB, QBLOCK, BITS)  # fmt: skip
+                             NB, QBLOCK, BITS, READY)  # fmt: skip
     merge_splits(dot, bias, part_ptr, ticket_ptr, out_ptr, rows, row_ok, n, BLOCK_S)
 
 
@@ -557,6 +611,7 @@ def linear_row_q4(
     common = dict(PROLOGUE=code, ZERO_KIND=zero_kind, HAS_BIAS=bias is not None, QBLOCK=block_size,
                   BLOCK_N=block_n, num_warps=warps)  # fmt: skip
     bias_arg = bias if bias is not None else out
+    ready = options.current().q4_row_ready  # the byte kernels' form (_ready_weights)
     LAUNCHES["linear_row_q4"] += 1
     words = _as_words(packed) if kernel and bits == 4 else None
     if words is not None:
@@ -566,7 +621,7 @@ def linear_row_q4(
         b0, b1, b2 = power_parts(n_blocks)
         _q4_tile_kernel[(triton.cdiv(n, block_n),)](
             x, x2, gamma, sum_out, packed, scale, zeros, bias_arg, out, n, k, n_blocks, packed.shape[1],
-            zeros.shape[1], float(eps), **common, B0=b0, B1=b1, B2=b2, BITS=bits,
+            zeros.shape[1], float(eps), **common, B0=b0, B1=b1, B2=b2, BITS=bits, READY=ready,
             **pdl_launch(x, out, sum_out),
         )  # fmt: skip
         return out
@@ -575,7 +630,7 @@ def linear_row_q4(
     LAUNCHES["linear_row_q4_split"] += 1
     _q4_split_kernel[(blocks, splits)](
         x, x2, gamma, sum_out, packed, scale, zeros, bias_arg, out, parts, tickets, n, k, n_blocks, packed.shape[1],
-        zeros.shape[1], **common, NB=split_blocks, BLOCK_S=triton.next_power_of_2(splits), BITS=bits,
+        zeros.shape[1], **common, NB=split_blocks, BLOCK_S=triton.next_power_of_2(splits), BITS=bits, READY=ready,
         **pdl_launch(x, out, parts, tickets),
     )  # fmt: skip
     return out
