@@ -76,9 +76,9 @@
 #              1.5B int4 package (packed zero points) with ONNXGEN_Q4_ZERO_BYTES=1 and =0 beside fp16: TTFT at 16
 #              and 64 tokens and the decode step, ~8 min
 #   q4long     long prompts' 4-bit products: dequantize-then-cuBLAS (the default past 128 rows) with the byte
-#              and the block dequantization kernels (option q4_dequant, 2026-12-07, untimed), the tiled GEMMs
-#              (SWAP 1 lost to the default on 2026-12-07: docs/benchmarks/2026-12-07-h100-table.md) and cuBLAS
-#              fp16: the GPU parity tests, the 1.5B layers at 1,024 rows (gemv_micro: each path, and each
+#              and the block dequantization kernels (option q4_dequant, blocks by default since 2026-12-07), the
+#              tiled GEMMs (SWAP 1 lost to the default on 2026-12-07: docs/benchmarks/2026-12-07-h100-table.md)
+#              and cuBLAS fp16: the GPU parity tests, the 1.5B layers at 1,024 rows (gemv_micro: each path, and each
 #              dequantization kernel alone), then the 1.5B int4 TTFT at 256 / 1,024 tokens per form beside fp16, ~6 min
 #   moezero    option moe_zero_bytes (on since 2026-12-07): QMoE's block-wise 4-bit expert zero points a byte per
 #              block against packed: the MoE GPU tests, then bench.moe_prompt on the 35B-A3B expert layer with
@@ -88,10 +88,11 @@
 #   q4rows     the int4 step with qkv / o_proj and down_proj in other rows per program than the table's: the dense
 #              fp16 kernel runs them 4 rows per program, the 4-bit table 16 / 8 (down: 8 on the 0.5B shape since
 #              2026-12-07, 16 on 1.5B); bench.step_sweep variants beside the default on both shapes, ~4 min
-#   q4ready    option q4_row_ready (2026-12-07, built without a GPU): the one-row byte kernels (qkv, o_proj, down)
-#              make their weights before the PDL wait: the GPU parity tests and the int4 capture proofs with it on,
-#              then bench.step_sweep on both shapes (default, ready, ready with gate_up on the byte kernel too,
-#              default again) and the fp16 step beside them, ~6 min
+#   q4ready    option q4_row_ready (off: +2% / -1.4% on the 0.5B / 1.5B int4 steps on an H100, 2026-12-07): the
+#              one-row byte kernels (qkv, o_proj, down; the 1.5B lm_head) make their weights before the PDL
+#              wait: the GPU parity tests and the int4 capture proofs with it on, then bench.step_sweep on both
+#              shapes (default, ready, ready with gate_up on the byte kernel too, default again) and the fp16 step
+#              beside them, ~6 min
 #   q8         8-bit MatMulNBits on the packed byte kernels (2026-12-07): their GPU parity tests, then each layer of
 #              both shapes alone (gemv_micro --quick --bits 8: the one-row kernel swept beside cuBLAS over the fp16
 #              copy, which is what 8-bit weights ran over before, and the 16-row prompt paths), ~5 min
@@ -358,8 +359,8 @@ stage_q4long() {
   # shellcheck disable=SC2086
   run q4long-ttft-fp16 90 $PY -m bench.prefill $Q15 --precision fp16 --lengths 256,1024 --repeats 5
   # shellcheck disable=SC2086
-  run q4long-ttft-int4 150 $PY -m bench.prefill $Q15 --precision int4 --lengths 256,1024 --repeats 5 --variant auto: \
-    --variant blocks:ONNXGEN_Q4_DEQUANT=blocks --variant auto-again: --variant blocks-again:ONNXGEN_Q4_DEQUANT=blocks
+  run q4long-ttft-int4 150 $PY -m bench.prefill $Q15 --precision int4 --lengths 256,1024 --repeats 5 --variant blocks: \
+    --variant bytes:ONNXGEN_Q4_DEQUANT=bytes --variant blocks-again: --variant bytes-again:ONNXGEN_Q4_DEQUANT=bytes
 }
 stage_moezero() {
   run moezero-tests 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_moe_kernels.py

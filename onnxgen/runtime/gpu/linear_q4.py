@@ -27,14 +27,15 @@ never rounded to the activation dtype here, so results differ from a GEMM over t
 fp16 weight by that rounding (~1e-3 relative in fp16); the order of every sum is fixed, so a run
 repeats bit for bit and a captured step equals the eager one. Where a norm prologue would be
 recomputed by very many programs (the lm_head), it runs first as its own kernel (option
-``q4_norm_apart``).
+``q4_norm_apart``). Option ``q4_row_ready`` (off) makes the byte kernels' weights before the wait
+instead, rounded to fp16 for fp16 activations (_ready_weights, _all_made).
 
 Several rows (a prompt), option ``q4_prompt``: ``_q4_matmul_kernel``, tiles of A times tiles of W
 dequantized in registers ((code - zero) * scale in fp32, rounded once to the activation dtype, as
 dequantize_nbits rounds it) on tensor cores (tl.dot; fp32 activations in IEEE fp32, not TF32); or
-``_q4_dequant_kernel`` into the session's one DequantScratch (or, without one, a buffer that lives
-for the call), then cuBLAS. Or (``q4_prompt=split``) gpu/linear_q4_split.py's GEMM split along K,
-for prompts of a few rows.
+``_q4_dequant_blocks_kernel`` (option ``q4_dequant``; ``bytes``: ``_q4_dequant_kernel``) into the
+session's one DequantScratch (or, without one, a buffer that lives for the call), then cuBLAS.
+Or (``q4_prompt=split``) gpu/linear_q4_split.py's GEMM split along K, for prompts of a few rows.
 """
 
 from __future__ import annotations
@@ -805,7 +806,7 @@ DEQUANT_FORMS = ("bytes", "blocks")
 
 def dequantize_q4(
     packed: torch.Tensor, scale: torch.Tensor, zeros: torch.Tensor, zero_kind: int, *, rows: slice, k: int,
-    block_size: int, dtype: torch.dtype, out: torch.Tensor | None = None, bits: int = 4, form: str = "bytes",
+    block_size: int, dtype: torch.dtype, out: torch.Tensor | None = None, bits: int = 4, form: str = "blocks",
 ) -> torch.Tensor:  # fmt: skip
     """Rows ``rows`` of the 4- or 8-bit weight as a dense [rows, K] tensor of ``dtype``: ``out``
     (contiguous, that shape and dtype) or a new one. ``form`` picks the kernel (option
