@@ -119,6 +119,18 @@ def _flag(on: str = "1", off: str = "0") -> Callable[[str], bool]:
     return parse
 
 
+def _choice(*values: str) -> Callable[[str], str]:
+    """A parser that takes exactly one of ``values`` (as written: no case folding)."""
+    expected = f"{', '.join(values[:-1])} or {values[-1]}"
+
+    def parse(raw: str) -> str:
+        if raw not in values:
+            raise ValueError(f"expected {expected}")
+        return raw
+
+    return parse
+
+
 def _ints(raw: str, count: int, what: str) -> Config:
     try:
         values = tuple(int(v) for v in raw.split(","))
@@ -296,30 +308,6 @@ def _gemm_q4_split(raw: str) -> Config:
     return values
 
 
-def _q4_prompt(raw: str) -> str:
-    if raw not in ("auto", "dequant", "gemm", "split"):
-        raise ValueError("expected auto, dequant, gemm or split")
-    return raw
-
-
-def _q4_dequant(raw: str) -> str:
-    if raw not in ("bytes", "blocks"):
-        raise ValueError("expected bytes or blocks")
-    return raw
-
-
-def _prefill_pieces(raw: str) -> str:
-    if raw not in ("pad", "split"):
-        raise ValueError("expected pad or split")
-    return raw
-
-
-def _prefill_sizes(raw: str) -> str:
-    if raw not in ("pow2", "fine"):
-        raise ValueError("expected pow2 or fine")
-    return raw
-
-
 def _split(raw: str) -> Config:
     if raw == "off":
         return SPLIT_OFF
@@ -402,14 +390,15 @@ KNOBS: tuple[Knob, ...] = (
          "forces the split-K 4-bit GEMM's launch configuration (`ONNXGEN_Q4_PROMPT=split`; SPLITS 0: the kernel's "
          "count; WORDS 1: the codes as 32-bit words; all shapes, or `_<N>x<K>`)", per_shape=True,
          default_text="unset: the kernel's rule"),
-    Knob("q4_prompt", "ONNXGEN_Q4_PROMPT", _q4_prompt, "`auto` / `dequant` / `gemm` / `split`",
+    Knob("q4_prompt", "ONNXGEN_Q4_PROMPT", _choice("auto", "dequant", "gemm", "split"),
+         "`auto` / `dequant` / `gemm` / `split`",
          "4-bit weights times several rows (a prompt): dequantize each layer's weight into a transient "
          "buffer and run cuBLAS, or the Triton GEMM that dequantizes tiles in registers (no buffer); split: "
          "the split-K GEMM (gpu/linear_q4_split.py) for prompts of at most 128 rows, else dequant; auto: today the "
          "same as split (16-row tiles up to 16 rows, 64-row tiles above: docs/benchmarks/2026-12-05-h200-day.md, "
          "docs/benchmarks/2026-12-05-h100-peers.md; up to 128 rows since "
          "docs/benchmarks/2026-12-06-h100-grouped-swap-ttft.md); split stays fixed if auto's bound moves"),
-    Knob("q4_dequant", "ONNXGEN_Q4_DEQUANT", _q4_dequant, "`bytes` / `blocks`",
+    Knob("q4_dequant", "ONNXGEN_Q4_DEQUANT", _choice("bytes", "blocks"), "`bytes` / `blocks`",
          "the kernel that dequantizes a long prompt's 4-bit weights for cuBLAS (q4_prompt's dequant path), the "
          "same weights either way: per code byte, or per quantization block (each block's scale and zero point "
          "loaded once; the 1.5B int4 TTFT at 1,024 tokens 7.9 against 8.4 ms on an H100: "
@@ -464,12 +453,12 @@ KNOBS: tuple[Knob, ...] = (
          "the sequential Gated DeltaNet kernel's value columns per program and warps on prompts of 2 "
          "or more tokens (gpu/gated_delta_decode.py); one-token steps keep their tile",
          default_text="unset: `8,1`"),
-    Knob("prefill_pieces", "ONNXGEN_PREFILL_PIECES", _prefill_pieces, "`pad` / `split`",
+    Knob("prefill_pieces", "ONNXGEN_PREFILL_PIECES", _choice("pad", "split"), "`pad` / `split`",
          "how a hybrid decoder's prompt chunk runs over a static cache (genai/engine.py): `pad` one step padded "
          "like a dense one on CUDA, its carried states stopping at the last real row (runtime/state_rows.py; "
          "whole on the CPU), where the graph's state ops allow it, else split; `split` unpadded pieces, one pass "
          "over the weights each (56 = 32 + 16 + 8)"),
-    Knob("prefill_sizes", "ONNXGEN_PREFILL_SIZES", _prefill_sizes, "`pow2` / `fine`",
+    Knob("prefill_sizes", "ONNXGEN_PREFILL_SIZES", _choice("pow2", "fine"), "`pow2` / `fine`",
          "the rows of a padded prompt chunk and of a split one's pieces (genai/engine.py padded_rows, "
          "prompt_pieces): `pow2` powers of two; `fine` also 1.5 times a power of two from 24 on (20 rows padded "
          "to 24, 40 to 48; 56 split as 48 + 8): less padding, 13 recorded chunk shapes up to 1,024 rows instead "
