@@ -47,7 +47,6 @@ def sass_instructions(kernel) -> list[str]:
 
 
 def compile_for_sm90(fn, signature: dict[str, str], constexprs: dict[str, object]) -> str:
-    constexprs = {"PDL": False, **constexprs} if "PDL" in fn.arg_names else constexprs
     kernel = compiled_for_sm90(fn, signature, constexprs)
     ptx = kernel.asm["ptx"]
     # under programmatic dependent launch every kernel waits for the one before (griddepcontrol)
