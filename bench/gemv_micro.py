@@ -281,15 +281,15 @@ def prompt_rows(name, k, n, args, ws, qb, qs, qz, qcopies, add, copies, wbytes, 
         want = F.linear(a, dequantize_nbits(qb[0], qs[0], qz[0], None, k=k, n=n, bits=args.bits,
                                             block_size=bs, dtype=torch.float16)).float()  # fmt: skip
         gemms = GEMM_SWEEP_SMALL if m <= 64 else GEMM_SWEEP_LARGE
-        variants = [("auto", None), ("dequant", None), ("dequant-blocks", None), ("gemm", None)]
+        variants = [("auto", None), ("dequant", None), ("dequant-bytes", None), ("gemm", None)]
         variants += [("gemm", c) for c in gemms]
         if m <= Q4.SPLIT_MAX_ROWS:
             variants += [("split", None)] + [("split", c) for c in SPLIT_SWEEP]
         for mode, config in variants:
             key = "gemm_q4_split" if mode == "split" else "gemm_q4"
             changes = {"q4_prompt": mode} | ({key: config} if config else {})
-            if mode == "dequant-blocks":  # the same path with option q4_dequant's other kernel
-                changes = {"q4_prompt": "dequant", "q4_dequant": "blocks"}
+            if mode == "dequant-bytes":  # the same path with option q4_dequant's other kernel
+                changes = {"q4_prompt": "dequant", "q4_dequant": "bytes"}
             with options.override(**changes):
                 got = Q4.matmul_q4(a, qb[0], qs[0], qz[0], n=n, k=k, block_size=bs, bits=args.bits).float()
                 err = ((got - want).norm() / want.norm()).item()
@@ -301,9 +301,9 @@ def prompt_rows(name, k, n, args, ws, qb, qs, qz, qcopies, add, copies, wbytes, 
                 if mode == "auto":
                     label = "default policy (dequant, or gemm for short prompts of short rows)"
                 elif mode == "dequant":
-                    label = "dequant (then cuBLAS)"
-                elif mode == "dequant-blocks":
-                    label = "dequant by blocks (q4_dequant=blocks, then cuBLAS)"
+                    label = "dequant by blocks (the default q4_dequant, then cuBLAS)"
+                elif mode == "dequant-bytes":
+                    label = "dequant by bytes (q4_dequant=bytes, then cuBLAS)"
                 add(f"prompt {m} rows: q4 {label} (err {err:.1e})", us, qbytes)
     if args.prompt_rows and name != "lm_head":
         dequant_alone(k, n, args, qb, qs, qz, qcopies, add, qbytes)
