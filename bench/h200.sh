@@ -133,6 +133,11 @@ run() {
   grep -v '^\s*$' "$out/$name.log" | tail -n 14
 }
 
+# the 35B-A3B int4 package bench/hybrid_peers_device.sh build-35b writes, or nothing
+package35() {
+  compgen -G "/tmp/peers-qwen3.5-35b-a3b/pkg-qwen3.5-35b-a3b-int4-cuda-gqa-seed*[0-9]" | head -1
+}
+
 stage_tests() {
   # shellcheck disable=SC2086
   run tests 420 $PY -m pytest -q -p no:cacheprovider -m gpu $GPU_TESTS
@@ -229,7 +234,7 @@ stage_pieces() {
   run pieces-08 150 $PY -m bench.prefill --shape qwen3.5-0.8b --precision fp16 --context 2048 \
     --lengths 24,32,48,56,64,100 --repeats 5 "${v[@]}"
   local p35
-  p35=$(compgen -G "/tmp/peers-qwen3.5-35b-a3b/pkg-qwen3.5-35b-a3b-int4-cuda-gqa-seed*[0-9]" | head -1)
+  p35=$(package35)
   [ -n "$p35" ] && run pieces-35b 240 $PY -m bench.prefill --package "$p35" --context 2048 \
     --lengths 24,32,48,56,64,100 --repeats 5 "${v[@]}"
   # a dense graph's padded chunks under both size rules
@@ -266,7 +271,7 @@ stage_gdnchunk() {
   LENGTHS=16,64,128,300,1024 VARIANTS="32:ieee:16 32:tf32x3:16 64:ieee:16" run gdnchunk-08 360 \
     bash bench/gdn_prompt_variants.sh
   local p35
-  p35=$(compgen -G "/tmp/peers-qwen3.5-35b-a3b/pkg-qwen3.5-35b-a3b-int4-cuda-gqa-seed*[0-9]" | head -1)
+  p35=$(package35)
   [ -n "$p35" ] && run gdnchunk-35b 150 $PY -m bench.prefill --package "$p35" --context 2048 --lengths 64,128,300 \
     --repeats 5 --variant default: --variant torch-past-128:ONNXGEN_GDN_CHUNKED_TO=128 \
     --variant sequential:ONNXGEN_GDN_CHUNKED_FROM=0 --variant default-again:
@@ -370,8 +375,8 @@ stage_moezero() {
   done
   # the whole 35B-A3B step and prompt with each form (a session-lifetime option: one process each), where
   # bench/hybrid_peers_device.sh build-35b made the package
-  local p35 z
-  p35=$(compgen -G "/tmp/peers-qwen3.5-35b-a3b/pkg-qwen3.5-35b-a3b-int4-cuda-gqa-seed*[0-9]" | head -1)
+  local p35
+  p35=$(package35)
   [ -n "$p35" ] || return 0
   for z in 1 0 1; do
     ONNXGEN_MOE_ZERO_BYTES=$z run "moezero-35b-step-$z" 150 $PY -m bench.capture_decode --package "$p35" \
