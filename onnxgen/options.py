@@ -83,6 +83,7 @@ class Options:
     q4_prompt: Literal["auto", "dequant", "gemm", "split"] = "auto"
     q4_dequant: Literal["bytes", "blocks"] = "blocks"
     q4_row_ready: bool = False
+    q4_half: bool = False
     q4_norm_apart: int = 4096
     gemv_split: ShapeOverrides = NO_OVERRIDES
     gqa_decode: tuple[int, int] | None = None
@@ -268,15 +269,16 @@ def _dense(raw: str) -> Config:
 
 def _q4(raw: str) -> Config:
     """BLOCK_N,BLOCK_K,WARPS and an optional fourth value KERNEL: 0 (the default) the byte kernel, 1
-    the kernel over 32-bit words of codes (gpu/linear_q4_words.py)."""
+    the kernel over 32-bit words of codes (gpu/linear_q4_words.py), 2 the fp16 pair kernel
+    (gpu/linear_q4_half.py)."""
     parts = raw.split(",")
-    what = "BLOCK_N,BLOCK_K,WARPS[,KERNEL] (KERNEL 0: bytes, 1: words)"
+    what = "BLOCK_N,BLOCK_K,WARPS[,KERNEL] (KERNEL 0: bytes, 1: words, 2: fp16 pairs)"
     if len(parts) == 4:
         try:
             kernel = int(parts[3])
         except ValueError:
             kernel = -1
-        if kernel not in (0, 1):
+        if kernel not in (0, 1, 2):
             raise ValueError(f"expected {what}")
         return (*_ints(",".join(parts[:3]), 3, what), kernel)
     return (*_ints(raw, 3, what), 0)
@@ -379,7 +381,7 @@ KNOBS: tuple[Knob, ...] = (
          default_text="unset: the kernel's table"),
     Knob("gemv_q4", "ONNXGEN_GEMV_Q4", _q4, "`BLOCK_N,BLOCK_K,WARPS[,KERNEL]`",
          "forces the one-row 4-bit GEMV's launch configuration (BLOCK_K < K: split along K; KERNEL 1: the kernel "
-         "over 32-bit words of codes; all shapes, or `_<N>x<K>`)", per_shape=True,
+         "over 32-bit words of codes, 2: the fp16 pair kernel; all shapes, or `_<N>x<K>`)", per_shape=True,
          default_text="unset: the kernel's table"),
     Knob("gemm_q4", "ONNXGEN_GEMM_Q4", _gemm_q4, "`BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES[,SWAP]`",
          "forces the several-row 4-bit GEMM's launch configuration (prompts; SWAP 1: the weight tile as the "
@@ -408,6 +410,10 @@ KNOBS: tuple[Knob, ...] = (
          "activations' dtype (fp32 for bf16) before the PDL wait, so that after it they only multiply and sum, "
          "as the dense fp16 kernel does; fp16 weights are then rounded as the prompt path's are (off: +2% on "
          "the 0.5B int4 step, -1.4% on the 1.5B one on an H100, docs/benchmarks/2026-12-07-h100-ready-and-blocks.md)"),
+    Knob("q4_half", "ONNXGEN_Q4_HALF", _flag(), "`1` / `0`",
+         "`1`: the one-row 4-bit products with fp16 activations and integer zero points run the fp16 pair kernel "
+         "(gpu/linear_q4_half.py: codes less zero points and their products in fp16x2 arithmetic, each group of "
+         "32 products summed in fp16 lanes, then fp32), at the launch configurations of the word kernel's table"),
     Knob("conv_prompt", "ONNXGEN_CONV_PROMPT", _flag(), "`1` / `0`",
          "`0`: a prompt's CausalConvWithState on a Triton device runs the torch path (about ten kernels) instead "
          "of one Triton kernel (gpu/causal_conv_update.py); one-position steps keep their kernel"),

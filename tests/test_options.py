@@ -84,7 +84,7 @@ def test_per_shape_variables_become_one_field() -> None:
         ("ONNXGEN_GEMV_DENSE", "4,32", "expected BLOCK_N,BLOCK_K,WARPS (3 positive integers)"),
         ("ONNXGEN_GEMV_DENSE_9728x896", "a,b,c", "expected BLOCK_N,BLOCK_K,WARPS"),
         ("ONNXGEN_GEMV_SPLIT", "on", "expected off or BLOCK_N,BLOCK_K,WARPS"),
-        ("ONNXGEN_GEMV_Q4_151936x896", "16,1024,2,2", "(KERNEL 0: bytes, 1: words)"),
+        ("ONNXGEN_GEMV_Q4_151936x896", "16,1024,2,3", "(KERNEL 0: bytes, 1: words, 2: fp16 pairs)"),
         ("ONNXGEN_GEMM_Q4", "128,128,64,8,3,2", "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES[,SWAP] (SWAP 0 or 1)"),
         ("ONNXGEN_GEMM_Q4_SPLIT", "16,32,128,4,3,4,2", "SPLITS 0: the kernel's count; WORDS 0 or 1"),
         ("ONNXGEN_GEMM_Q4_SPLIT_2048x1536", "16,32,128,4,3", "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES,SPLITS,WORDS"),

@@ -211,6 +211,32 @@ def test_linear_row_q4_words_compiles(zero_kind: int, prologue: int, split: bool
     assert len(conversions) <= (8 if zero_kind == 1 else 1), conversions
 
 
+@pytest.mark.parametrize("zero_kind", [0, 1, 3])
+@pytest.mark.parametrize("prologue", [0, 1, 2, 3])
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("qblock", [32, 128])
+def test_linear_row_q4_half_compiles(zero_kind: int, prologue: int, split: bool, qblock: int) -> None:
+    """gpu/linear_q4_half.py: the codes, scales and zero points load before the PDL wait; each group's
+    products are fp16 pair instructions (the PTX form), with no fp64 of the interpreter's form."""
+    from onnxgen.runtime.gpu import linear_q4_half
+
+    if split and prologue in (1, 2):
+        pytest.skip("a norm prologue is never split")
+    sig = dict.fromkeys(["x_ptr", "x2_ptr", "gamma_ptr", "sum_ptr", "scale_ptr", "bias_ptr", "out_ptr"], "*fp16")
+    sig.update(w_ptr="*i32", zero_ptr="*i8" if zero_kind == 3 else "*u8", eps="fp32", part_ptr="*fp32")
+    sig.update(ticket_ptr="*i32", **dict.fromkeys(["n", "k", "n_blocks", "row_words", "zp_row_bytes"], "i32"))
+    const = dict(PROLOGUE=prologue, ZERO_KIND=zero_kind, HAS_BIAS=prologue == 0, QBLOCK=qblock, BLOCK_N=16, PDL=True)
+    if split:
+        const.update(NB=512 // qblock, BLOCK_S=4)
+    else:
+        const.update(B0=1024 // qblock, B1=512 // qblock, B2=0)  # 1,536 elements
+    kernel = linear_q4_half._q4h_split_kernel if split else linear_q4_half._q4h_tile_kernel
+    ptx = compile_for_sm90(kernel, sig, const)
+    wait = ptx.index("griddepcontrol.wait")
+    assert ptx.index("ld.global") < wait and "ld.global" in ptx[wait:]
+    assert "fma.rn.f16x2" in ptx[wait:] and ".f64" not in ptx
+
+
 @pytest.mark.parametrize("zero_kind", [0, 1, 2])
 @pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
 @pytest.mark.parametrize("bits", [4, 8])

@@ -144,6 +144,26 @@ def test_int4_word_kernels_parity_through_the_triton_interpreter() -> None:
 
 
 @runs(
+    INT4_HALF := interpreted(
+        ONE_ROW_INT4_CASES,
+        ONNXGEN_TRITON_LINEAR="1",
+        ONNXGEN_TRITON_Q4="1",
+        ONNXGEN_Q4_HALF="1",
+        # 4-row tiles split along K every 128 elements: the plain products split, the norm prologues' whole rows
+        ONNXGEN_GEMV_Q4="4,128,2,2",
+    )
+)
+def test_int4_fp16_pair_kernels_parity_through_the_triton_interpreter() -> None:
+    """gpu/linear_q4_half.py (option q4_half) on the byte kernel's one-row cases against onnxruntime:
+    the fp16 ones with integer zero points and blocks of 32 or more take it, whole rows under a norm
+    prologue and rows split along K; the others (fp32, float zero points, blocks of 16) keep the
+    word kernel."""
+    launches = INT4_HALF.launches()
+    split = launches.get("linear_row_q4_half_split", 0)
+    assert split >= 5 and launches.get("linear_row_q4_half", 0) - split >= 5, launches
+
+
+@runs(
     INT4_READY := interpreted(
         f"{ONE_ROW_INT4_CASES} or (matmul_nbits_8bit and not prompt)",
         ONNXGEN_TRITON_LINEAR="1",

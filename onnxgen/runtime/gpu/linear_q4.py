@@ -502,9 +502,16 @@ def q4_config(
     it was built under; the 8-row split is untimed for it).
     ``ONNXGEN_GEMV_Q4[_<N>x<K>]`` (option ``gemv_q4``) forces a configuration (for 8-bit codes,
     with the byte kernel)."""
-    forced = (opts or options.current()).gemv_q4.lookup(n, k)
+    opts = opts or options.current()
+    forced = opts.gemv_q4.lookup(n, k)
     if forced:
         return (*forced[:3], forced[3] if bits == 4 else 0)  # type: ignore[return-value]
+    block_n, block_k, warps, kernel = _q4_table(n, k, block_size, bits)
+    return block_n, block_k, warps, 2 if opts.q4_half and bits == 4 else kernel
+
+
+def _q4_table(n: int, k: int, block_size: int, bits: int) -> tuple[int, int, int, int]:
+    """q4_config's table (module doc there)."""
     padded = -(-k // block_size) * block_size
     if padded > one_tile_elements(bits):
         return (16 if n >= 1024 or bits == 8 else 8), max(SPLIT_TILE[bits], block_size), 4, 0
@@ -615,6 +622,9 @@ def linear_row_q4(
     ready = options.current().q4_row_ready  # the byte kernels' form (_ready_weights)
     LAUNCHES["linear_row_q4"] += 1
     words = _as_words(packed) if kernel and bits == 4 else None
+    if words is not None and kernel == 2 and half_fits(x.dtype, zero_kind, block_size):
+        return _linear_row_half(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, common, n, k, n_blocks,
+                                splits, split_blocks, float(eps))  # fmt: skip
     if words is not None:
         return _linear_row_words(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, common, n, k, n_blocks,
                                  splits, split_blocks, float(eps))  # fmt: skip
@@ -676,6 +686,38 @@ def _linear_row_words(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out,
     W._q4w_split_kernel[(tiles, splits)](
         x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, parts, tickets, n, k, n_blocks, words.shape[1],
         zeros.shape[1], W.MAGIC_WORD, **common, NB=split_blocks, BLOCK_S=triton.next_power_of_2(splits),
+        **pdl_launch(x, out, parts, tickets),
+    )  # fmt: skip
+    return out
+
+
+def half_fits(dtype: torch.dtype, zero_kind: int, block_size: int) -> bool:
+    """Whether gpu/linear_q4_half.py's fp16 pair kernel takes a product (KERNEL 2): fp16 activations,
+    integer zero points (or none), whole groups of 32 elements per quantization block. Other forms
+    run the word kernel (KERNEL 1) instead."""
+    return dtype == torch.float16 and zero_kind != 2 and block_size >= 32
+
+
+def _linear_row_half(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, common, n, k, n_blocks, splits,
+                     split_blocks, eps):  # fmt: skip
+    """linear_row_q4's launch of the fp16 pair kernels (gpu/linear_q4_half.py): a program per row
+    tile, or row tiles split along K."""
+    from onnxgen.runtime.gpu import linear_q4_half as H
+
+    LAUNCHES["linear_row_q4_half"] += 1
+    tiles = triton.cdiv(n, common["BLOCK_N"])
+    if splits == 1 or common["PROLOGUE"] in NORM_PROLOGUES:
+        b0, b1, b2 = power_parts(n_blocks)
+        H._q4h_tile_kernel[(tiles,)](
+            x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, n, k, n_blocks, words.shape[1],
+            zeros.shape[1], eps, **common, B0=b0, B1=b1, B2=b2, **pdl_launch(x, out, sum_out),
+        )  # fmt: skip
+        return out
+    parts, tickets = split_scratch(n, splits, tiles, x.device)
+    LAUNCHES["linear_row_q4_half_split"] += 1
+    H._q4h_split_kernel[(tiles, splits)](
+        x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, parts, tickets, n, k, n_blocks, words.shape[1],
+        zeros.shape[1], **common, NB=split_blocks, BLOCK_S=triton.next_power_of_2(splits),
         **pdl_launch(x, out, parts, tickets),
     )  # fmt: skip
     return out

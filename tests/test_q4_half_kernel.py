@@ -1,0 +1,143 @@
+"""gpu/linear_q4_half.py's fp16 pair kernel against a model of its arithmetic written here in numpy,
+and against the fp64 product: on CUDA (the PTX) and, in a child run, through Triton's interpreter
+(the Triton-ops form).
+
+The model follows the module's stated rules, not its code: per part of the row, activations scaled
+by the power of two that puts their largest magnitude in [64, 128] and rounded to fp16; per group of
+32 elements and row, two fp16 lanes per half group (words 0-1, then 2-3), each a chain of eight
+fused multiply-adds rounded once (computed exactly in float64, then rounded to fp16), the low lane
+over elements 8j + m, the high one over 8j + 4 + m; the four lanes added in fp32 as (lo + hi) +
+(lo' + hi'); times the block's scale, summed, and the power of two taken off. The kernel writes fp32
+here, so the model must match it to fp32 rounding: a different accumulation (16 products per lane,
+or fp32 lanes) is off by about 1e-4.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from onnxgen.runtime.gpu.launch import triton_importable
+from tests.interpreted_kernels import KERNEL_DEVICES
+from tests.interpreted_runs import IN_THE_PARENT, interpreted_file, runs
+
+pytestmark = pytest.mark.skipif(not triton_importable(), reason="triton is not installed")
+
+
+def _nibbles(codes: np.ndarray) -> np.ndarray:
+    """[N, bytes] -> [N, 2 * bytes] codes in element order (element 2i the low nibble of byte i)."""
+    return np.stack([codes & 0xF, codes >> 4], axis=-1).reshape(codes.shape[0], -1).astype(np.float64)
+
+
+def _lane(values: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+    """An fp16 lane's chain over the last axis: acc = fp16(v * p), then fp16(v * p + acc), each exact
+    before its one rounding (float64 holds these products and sums exactly)."""
+    acc = (values[..., 0] * pairs[..., 0]).astype(np.float16)
+    for i in range(1, values.shape[-1]):
+        acc = (values[..., i] * pairs[..., i] + acc.astype(np.float64)).astype(np.float16)
+    return acc.astype(np.float32)
+
+
+def _part_bounds(n_blocks: int) -> list[tuple[int, int]]:
+    """The kernel's parts of a row in blocks: the two highest bits of the count, then the rest."""
+    bounds, start, rest = [], 0, n_blocks
+    while rest:
+        size = 1 << (rest.bit_length() - 1) if len(bounds) < 2 else rest
+        bounds.append((start, start + size))
+        start, rest = start + size, rest - size
+    return bounds
+
+
+def lane_model(codes, scales, zeros, x, block_size: int) -> np.ndarray:
+    """The product of the module doc, fp64 [N], from numpy codes [N, bytes], scales [N, blocks] (fp16),
+    integer zero points [N, blocks] and fp16 activations x [K]."""
+    n, n_blocks = scales.shape
+    values = _nibbles(codes) - np.repeat(zeros.astype(np.float64), block_size, axis=1)  # code - zero
+    xf = np.zeros(n_blocks * block_size, np.float32)
+    xf[: x.size] = x.astype(np.float32)
+    y = np.zeros(n)
+    for first, last in _part_bounds(n_blocks):
+        part = xf[first * block_size : last * block_size]
+        _, e = np.frexp(np.float32(np.abs(part).max()))  # max |a| = m * 2^e, m in [0.5, 1)
+        exponent = max(int(e) - 1 + 127, 7)  # its biased fp32 exponent, held at 7 or more
+        a16 = (part * np.float32(2.0 ** (133 - exponent))).astype(np.float16).astype(np.float64)
+        v = values[:, first * block_size : last * block_size].reshape(n, -1, 4, 8)  # [N, group, word, nibble]
+        a = a16.reshape(-1, 4, 8)
+        halves = []
+        for words in ((0, 1), (2, 3)):  # eight products per lane: nibbles 0..3 (low), 4..7 (high)
+            low = _lane(
+                v[:, :, words, :4].reshape(n, -1, 8),
+                np.broadcast_to(a[:, words, :4].reshape(-1, 8), (n, a.shape[0], 8)),
+            )
+            high = _lane(
+                v[:, :, words, 4:].reshape(n, -1, 8),
+                np.broadcast_to(a[:, words, 4:].reshape(-1, 8), (n, a.shape[0], 8)),
+            )
+            halves.append(low + high)  # fp32
+        group = halves[0] + halves[1]  # [N, groups], fp32
+        group_scale = np.repeat(scales[:, first:last].astype(np.float32), block_size // 32, axis=1)
+        y += (group * group_scale).astype(np.float64).sum(axis=1) * 2.0 ** (exponent - 133)
+    return y
+
+
+def _launch(device: str, codes, scales, zeros, x, n: int, k: int, block_size: int, block_n: int) -> torch.Tensor:
+    """_q4h_tile_kernel over one row, fp32 out (PROLOGUE 0, no bias)."""
+    import triton
+
+    from onnxgen.runtime.gpu import linear_q4_half as H
+    from onnxgen.runtime.gpu.linear_q4 import _layout, power_parts
+
+    packed, scale, zp, kind = _layout(codes, scales, zeros, n, k, block_size)
+    words = packed.view(torch.int32)
+    out = torch.empty(n, device=device, dtype=torch.float32)
+    b0, b1, b2 = power_parts(scale.shape[1])
+    H._q4h_tile_kernel[(triton.cdiv(n, block_n),)](
+        x, x, x, x, words, scale, zp, out, out, n, k, scale.shape[1], words.shape[1], zp.shape[1], 0.0, PROLOGUE=0,
+        ZERO_KIND=kind, HAS_BIAS=False, QBLOCK=block_size, BLOCK_N=block_n, B0=b0, B1=b1, B2=b2, PDL=False,
+    )  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("zero_form", ["none", "packed", "bytes"])
+@pytest.mark.parametrize(("k", "block_size"), [(896, 32), (1000, 64), (640, 128)])
+@pytest.mark.parametrize("magnitude", [1.0, 5e3, 1e-4])
+def test_fp16_pair_kernel_equals_the_lane_model(
+    device: str, zero_form: str, k: int, block_size: int, magnitude: float
+) -> None:
+    """Zero points absent (8), packed two per byte and a byte per block; rows of whole and padded
+    blocks in one to three parts; activations of ordinary size, near fp16's largest (a lane of
+    unscaled products would overflow) and near its smallest normal."""
+    gen = torch.Generator().manual_seed(7)
+    n, n_blocks = 40, -(-k // block_size)
+    codes = torch.randint(0, 256, (n, n_blocks * block_size // 2), generator=gen, dtype=torch.uint8)
+    scales = (torch.rand(n, n_blocks, generator=gen) * 0.02 + 0.002).half()
+    zero_values = torch.randint(0, 16, (n, n_blocks), generator=gen)
+    if zero_form == "none":
+        zeros, zero_values = None, torch.full((n, n_blocks), 8)
+    elif zero_form == "bytes":
+        zeros = zero_values.to(torch.int8)
+    else:  # two per byte, rows padded to whole bytes
+        padded = torch.nn.functional.pad(zero_values, (0, n_blocks % 2))
+        zeros = (padded[:, 0::2] | (padded[:, 1::2] << 4)).to(torch.uint8)
+    x = (torch.randn(k, generator=gen) * magnitude).half()
+    assert torch.isfinite(x).all()
+    model = lane_model(codes.numpy(), scales.numpy(), zero_values.numpy(), x.numpy(), block_size)
+    to = dict(device=device)
+    got = _launch(device, codes.to(**to), scales.to(**to), None if zeros is None else zeros.to(**to), x.to(**to), n,
+                  k, block_size, 16).double().cpu().numpy()  # fmt: skip
+    top = np.abs(model).max()
+    assert np.abs(got - model).max() <= 2e-6 * top, np.abs(got - model).max() / top
+    # and the model is the product to fp16 accuracy (fp64 weights (code - zero) * scale)
+    weights = (_nibbles(codes.numpy())[:, :k] - np.repeat(zero_values.numpy(), block_size, axis=1)[:, :k]) * np.repeat(
+        scales.numpy().astype(np.float64), block_size, axis=1
+    )[:, :k]
+    exact = weights @ x.numpy().astype(np.float64)
+    assert np.abs(model - exact).max() <= 1e-3 * np.abs(exact).max()
+
+
+@IN_THE_PARENT
+@runs(KERNELS := interpreted_file(__file__, "through_the_triton_interpreter"))
+def test_fp16_pair_kernel_through_the_triton_interpreter() -> None:
+    KERNELS.launches()
