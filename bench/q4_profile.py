@@ -8,11 +8,12 @@ With ``--prompt-rows M`` it launches the prompt path instead (linear_q4.matmul_q
 default policy: the split-K GEMM for short prompts), over zero points of ``--zero-points`` form
 (gemv_micro's: packed, bytes, float; absent by default), e.g. for ncu -k regex:_q4_split.
 
-A variant is ``bytes`` (gpu/linear_q4.py) or ``words`` (gpu/linear_q4_words.py) with its launch
-configuration BLOCK_N,BLOCK_K,WARPS; ``--prologue skip_rms`` fuses the norm as the decode step
-does for gate_up and qkv. Each variant runs --launches times (3 by default) after one warm-up
-call, on fresh random codes (not zeros), so a profiler filtered on the kernel name sees the same
-number of launches per variant, in the order given.
+A variant is ``bytes`` (gpu/linear_q4.py), ``words`` (gpu/linear_q4_words.py) or ``half``
+(gpu/linear_q4_half.py, the fp16 pair kernel) with its launch configuration BLOCK_N,BLOCK_K,WARPS;
+``--prologue skip_rms`` fuses the norm as the decode step does for gate_up and qkv. Each variant
+runs --launches times (3 by default) after one warm-up call, on fresh random codes (not zeros), so
+a profiler filtered on the kernel name sees the same number of launches per variant, in the order
+given.
 """
 
 from __future__ import annotations
@@ -27,13 +28,15 @@ from onnxgen import options
 from onnxgen.models.random_source import MODEL_SHAPES
 from onnxgen.runtime.gpu import linear_q4 as Q4
 
+KERNELS = ("bytes", "words", "half")  # option gemv_q4's KERNEL index of each variant kind
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     dense = sorted(name for name, config in MODEL_SHAPES.items() if not config.layer_types)
     parser.add_argument("--shape", default="qwen2.5-coder-0.5b-instruct", choices=dense)
     parser.add_argument("--layer", default="gate_up", choices=["qkv", "o_proj", "gate_up", "down", "lm_head"])
-    parser.add_argument("--variant", action="append", default=[], help="bytes|words:BLOCK_N,BLOCK_K,WARPS")
+    parser.add_argument("--variant", action="append", default=[], help="bytes|words|half:BLOCK_N,BLOCK_K,WARPS")
     parser.add_argument("--prompt-rows", type=int, default=0, help="launch the prompt path on this many rows")
     parser.add_argument("--zero-points", choices=["packed", "bytes", "float"], help="(with --prompt-rows)")
     parser.add_argument("--prologue", default="none", choices=["none", "skip_rms"])
@@ -69,10 +72,10 @@ def main() -> int:
     results = {}
     for variant in args.variant:
         kind, _, config = variant.partition(":")
-        if kind not in ("bytes", "words"):
-            parser.error(f"variant {variant!r}: expected bytes:... or words:...")
+        if kind not in KERNELS:
+            parser.error(f"variant {variant!r}: expected bytes:..., words:... or half:...")
         bn, bk, warps = (int(v) for v in config.split(","))
-        with options.override(gemv_q4=(bn, bk, warps, int(kind == "words")), q4_norm_apart=0):
+        with options.override(gemv_q4=(bn, bk, warps, KERNELS.index(kind)), q4_norm_apart=0):
             for _ in range(1 + args.launches):
                 y = Q4.linear_row_q4(x, codes, scales, None, n=n, k=k, block_size=bs, **fused)
         torch.cuda.synchronize()

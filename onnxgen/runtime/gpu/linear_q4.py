@@ -622,12 +622,10 @@ def linear_row_q4(
     ready = options.current().q4_row_ready  # the byte kernels' form (_ready_weights)
     LAUNCHES["linear_row_q4"] += 1
     words = _as_words(packed) if kernel and bits == 4 else None
-    if words is not None and kernel == 2 and half_fits(x.dtype, zero_kind, block_size):
-        return _linear_row_half(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, common, n, k, n_blocks,
-                                splits, split_blocks, float(eps))  # fmt: skip
     if words is not None:
+        half = kernel == 2 and half_fits(x.dtype, zero_kind, block_size)
         return _linear_row_words(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, common, n, k, n_blocks,
-                                 splits, split_blocks, float(eps))  # fmt: skip
+                                 splits, split_blocks, float(eps), half)  # fmt: skip
     if splits == 1 or code in NORM_PROLOGUES:  # a norm's statistics span the row: one tile of the whole row
         b0, b1, b2 = power_parts(n_blocks)
         _q4_tile_kernel[(triton.cdiv(n, block_n),)](
@@ -667,25 +665,37 @@ def _as_words(packed: torch.Tensor) -> torch.Tensor | None:
 
 
 def _linear_row_words(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, common, n, k, n_blocks, splits,
-                      split_blocks, eps):  # fmt: skip
-    """linear_row_q4's launch over the codes as 32-bit words (gpu/linear_q4_words.py): a program per
-    row tile, or row tiles split along K."""
-    from onnxgen.runtime.gpu import linear_q4_words as W
+                      split_blocks, eps, half: bool = False):  # fmt: skip
+    """linear_row_q4's launch over the codes as 32-bit words: a program per row tile, or row tiles
+    split along K; by gpu/linear_q4_words.py's kernels, or with ``half`` gpu/linear_q4_half.py's
+    (which take no magic-bits argument)."""
+    if half:
+        from onnxgen.runtime.gpu import linear_q4_half as H
 
-    LAUNCHES["linear_row_q4_words"] += 1
+        label, extra, tile_kernel, split_kernel = "linear_row_q4_half", (), H._q4h_tile_kernel, H._q4h_split_kernel
+    else:
+        from onnxgen.runtime.gpu import linear_q4_words as W
+
+        label, extra, tile_kernel, split_kernel = (
+            "linear_row_q4_words",
+            (W.MAGIC_WORD,),
+            W._q4w_tile_kernel,
+            W._q4w_split_kernel,
+        )
+    LAUNCHES[label] += 1
     tiles = triton.cdiv(n, common["BLOCK_N"])
     if splits == 1 or common["PROLOGUE"] in NORM_PROLOGUES:
         b0, b1, b2 = power_parts(n_blocks)
-        W._q4w_tile_kernel[(tiles,)](
+        tile_kernel[(tiles,)](
             x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, n, k, n_blocks, words.shape[1],
-            zeros.shape[1], eps, W.MAGIC_WORD, **common, B0=b0, B1=b1, B2=b2, **pdl_launch(x, out, sum_out),
+            zeros.shape[1], eps, *extra, **common, B0=b0, B1=b1, B2=b2, **pdl_launch(x, out, sum_out),
         )  # fmt: skip
         return out
     parts, tickets = split_scratch(n, splits, tiles, x.device)
-    LAUNCHES["linear_row_q4_words_split"] += 1
-    W._q4w_split_kernel[(tiles, splits)](
+    LAUNCHES[f"{label}_split"] += 1
+    split_kernel[(tiles, splits)](
         x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, parts, tickets, n, k, n_blocks, words.shape[1],
-        zeros.shape[1], W.MAGIC_WORD, **common, NB=split_blocks, BLOCK_S=triton.next_power_of_2(splits),
+        zeros.shape[1], *extra, **common, NB=split_blocks, BLOCK_S=triton.next_power_of_2(splits),
         **pdl_launch(x, out, parts, tickets),
     )  # fmt: skip
     return out
@@ -696,31 +706,6 @@ def half_fits(dtype: torch.dtype, zero_kind: int, block_size: int) -> bool:
     integer zero points (or none), whole groups of 32 elements per quantization block. Other forms
     run the word kernel (KERNEL 1) instead."""
     return dtype == torch.float16 and zero_kind != 2 and block_size >= 32
-
-
-def _linear_row_half(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, common, n, k, n_blocks, splits,
-                     split_blocks, eps):  # fmt: skip
-    """linear_row_q4's launch of the fp16 pair kernels (gpu/linear_q4_half.py): a program per row
-    tile, or row tiles split along K."""
-    from onnxgen.runtime.gpu import linear_q4_half as H
-
-    LAUNCHES["linear_row_q4_half"] += 1
-    tiles = triton.cdiv(n, common["BLOCK_N"])
-    if splits == 1 or common["PROLOGUE"] in NORM_PROLOGUES:
-        b0, b1, b2 = power_parts(n_blocks)
-        H._q4h_tile_kernel[(tiles,)](
-            x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, n, k, n_blocks, words.shape[1],
-            zeros.shape[1], eps, **common, B0=b0, B1=b1, B2=b2, **pdl_launch(x, out, sum_out),
-        )  # fmt: skip
-        return out
-    parts, tickets = split_scratch(n, splits, tiles, x.device)
-    LAUNCHES["linear_row_q4_half_split"] += 1
-    H._q4h_split_kernel[(tiles, splits)](
-        x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, parts, tickets, n, k, n_blocks, words.shape[1],
-        zeros.shape[1], **common, NB=split_blocks, BLOCK_S=triton.next_power_of_2(splits),
-        **pdl_launch(x, out, parts, tickets),
-    )  # fmt: skip
-    return out
 
 
 def power_parts(count: int) -> tuple[int, int, int]:
