@@ -411,9 +411,10 @@ KNOBS: tuple[Knob, ...] = (
          "as the dense fp16 kernel does; fp16 weights are then rounded as the prompt path's are (off: +2% on "
          "the 0.5B int4 step, -1.4% on the 1.5B one on an H100, docs/benchmarks/2026-12-07-h100-ready-and-blocks.md)"),
     Knob("q4_half", "ONNXGEN_Q4_HALF", _flag(), "`1` / `0`",
-         "`1`: the one-row 4-bit products with fp16 activations and integer zero points run the fp16 pair kernel "
-         "(gpu/linear_q4_half.py: codes less zero points and their products in fp16x2 arithmetic, each group of "
-         "32 products summed in fp16 lanes, then fp32), at the launch configurations of the word kernel's table"),
+         "`1`: the one-row 4-bit products with fp16 or bf16 activations and integer zero points run the fp16 "
+         "pair kernel (gpu/linear_q4_half.py: codes less zero points and their products in fp16x2 arithmetic, "
+         "eight products per fp16 lane, then fp32), at the launch configurations of the word kernel's table; off "
+         "until timed on a GPU (docs/benchmarks/2026-12-07-h100-q4-ceiling.md)"),
     Knob("conv_prompt", "ONNXGEN_CONV_PROMPT", _flag(), "`1` / `0`",
          "`0`: a prompt's CausalConvWithState on a Triton device runs the torch path (about ten kernels) instead "
          "of one Triton kernel (gpu/causal_conv_update.py); one-position steps keep their kernel"),

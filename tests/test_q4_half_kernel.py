@@ -51,7 +51,7 @@ def _part_bounds(n_blocks: int) -> list[tuple[int, int]]:
 
 def lane_model(codes, scales, zeros, x, block_size: int) -> np.ndarray:
     """The product of the module doc, fp64 [N], from numpy codes [N, bytes], scales [N, blocks] (fp16),
-    integer zero points [N, blocks] and fp16 activations x [K]."""
+    integer zero points [N, blocks] and activations x [K] (fp16 or bf16 values, as float32)."""
     n, n_blocks = scales.shape
     values = _nibbles(codes) - np.repeat(zeros.astype(np.float64), block_size, axis=1)  # code - zero
     xf = np.zeros(n_blocks * block_size, np.float32)
@@ -109,6 +109,17 @@ def test_fp16_pair_kernel_equals_the_lane_model(
     """Zero points absent (8), packed two per byte and a byte per block; rows of whole and padded
     blocks in one to three parts; activations of ordinary size, near fp16's largest (a lane of
     unscaled products would overflow) and near its smallest normal."""
+    _equals_the_lane_model(device, zero_form, k, block_size, magnitude, torch.float16)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("magnitude", [1.0, 1e6])
+def test_fp16_pair_kernel_takes_bf16_activations(device: str, magnitude: float) -> None:
+    """bf16 activations, also far past fp16's range: scaled by a power of two into it, exact there."""
+    _equals_the_lane_model(device, "packed", 896, 32, magnitude, torch.bfloat16)
+
+
+def _equals_the_lane_model(device: str, zero_form: str, k: int, block_size: int, magnitude: float, dtype) -> None:
     gen = torch.Generator().manual_seed(7)
     n, n_blocks = 40, -(-k // block_size)
     codes = torch.randint(0, 256, (n, n_blocks * block_size // 2), generator=gen, dtype=torch.uint8)
@@ -121,9 +132,10 @@ def test_fp16_pair_kernel_equals_the_lane_model(
     else:  # two per byte, rows padded to whole bytes
         padded = torch.nn.functional.pad(zero_values, (0, n_blocks % 2))
         zeros = (padded[:, 0::2] | (padded[:, 1::2] << 4)).to(torch.uint8)
-    x = (torch.randn(k, generator=gen) * magnitude).half()
+    x = (torch.randn(k, generator=gen) * magnitude).to(dtype)
     assert torch.isfinite(x).all()
-    model = lane_model(codes.numpy(), scales.numpy(), zero_values.numpy(), x.numpy(), block_size)
+    x_values = x.float().numpy()  # exact for either dtype
+    model = lane_model(codes.numpy(), scales.numpy(), zero_values.numpy(), x_values, block_size)
     to = dict(device=device)
     got = _launch(device, codes.to(**to), scales.to(**to), None if zeros is None else zeros.to(**to), x.to(**to), n,
                   k, block_size, 16).double().cpu().numpy()  # fmt: skip
@@ -133,7 +145,7 @@ def test_fp16_pair_kernel_equals_the_lane_model(
     weights = (_nibbles(codes.numpy())[:, :k] - np.repeat(zero_values.numpy(), block_size, axis=1)[:, :k]) * np.repeat(
         scales.numpy().astype(np.float64), block_size, axis=1
     )[:, :k]
-    exact = weights @ x.numpy().astype(np.float64)
+    exact = weights @ x_values.astype(np.float64)
     assert np.abs(model - exact).max() <= 1e-3 * np.abs(exact).max()
 
 

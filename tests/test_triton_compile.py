@@ -215,14 +215,19 @@ def test_linear_row_q4_words_compiles(zero_kind: int, prologue: int, split: bool
 @pytest.mark.parametrize("prologue", [0, 1, 2, 3])
 @pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("qblock", [32, 128])
-def test_linear_row_q4_half_compiles(zero_kind: int, prologue: int, split: bool, qblock: int) -> None:
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_linear_row_q4_half_compiles(zero_kind: int, prologue: int, split: bool, qblock: int, dtype: str) -> None:
     """gpu/linear_q4_half.py: the codes, scales and zero points load before the PDL wait; each group's
-    products are fp16 pair instructions (the PTX form), with no fp64 of the interpreter's form."""
+    products are fp16 pair instructions (the PTX form), with no fp64 of the interpreter's form. bf16
+    activations in a few of the forms (the same kernel, another load and store type)."""
     from onnxgen.runtime.gpu import linear_q4_half
 
     if split and prologue in (1, 2):
         pytest.skip("a norm prologue is never split")
-    sig = dict.fromkeys(["x_ptr", "x2_ptr", "gamma_ptr", "sum_ptr", "scale_ptr", "bias_ptr", "out_ptr"], "*fp16")
+    if dtype == "bf16" and (zero_kind != 1 or qblock != 32):
+        pytest.skip("bf16: packed zero points and blocks of 32 only")
+    sig = dict.fromkeys(["x_ptr", "x2_ptr", "gamma_ptr", "sum_ptr", "bias_ptr", "out_ptr"], f"*{dtype}")
+    sig.update(scale_ptr=f"*{dtype}")
     sig.update(w_ptr="*i32", zero_ptr="*i8" if zero_kind == 3 else "*u8", eps="fp32", part_ptr="*fp32")
     sig.update(ticket_ptr="*i32", **dict.fromkeys(["n", "k", "n_blocks", "row_words", "zp_row_bytes"], "i32"))
     const = dict(PROLOGUE=prologue, ZERO_KIND=zero_kind, HAS_BIAS=prologue == 0, QBLOCK=qblock, BLOCK_N=16, PDL=True)

@@ -155,9 +155,9 @@ def test_int4_word_kernels_parity_through_the_triton_interpreter() -> None:
 )
 def test_int4_fp16_pair_kernels_parity_through_the_triton_interpreter() -> None:
     """gpu/linear_q4_half.py (option q4_half) on the byte kernel's one-row cases against onnxruntime:
-    the fp16 ones with integer zero points and blocks of 32 or more take it, whole rows under a norm
-    prologue and rows split along K; the others (fp32, float zero points, blocks of 16) keep the
-    word kernel."""
+    the fp16 (and bf16) ones with integer zero points and blocks of 32 or more take it, whole rows
+    under a norm prologue and rows split along K; the others (fp32, float zero points, blocks of 16)
+    keep the word kernel."""
     launches = INT4_HALF.launches()
     split = launches.get("linear_row_q4_half_split", 0)
     assert split >= 5 and launches.get("linear_row_q4_half", 0) - split >= 5, launches

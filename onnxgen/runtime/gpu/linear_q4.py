@@ -702,10 +702,11 @@ def _linear_row_words(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out,
 
 
 def half_fits(dtype: torch.dtype, zero_kind: int, block_size: int) -> bool:
-    """Whether gpu/linear_q4_half.py's fp16 pair kernel takes a product (KERNEL 2): fp16 activations,
-    integer zero points (or none), whole groups of 32 elements per quantization block. Other forms
-    run the word kernel (KERNEL 1) instead."""
-    return dtype == torch.float16 and zero_kind != 2 and block_size >= 32
+    """Whether gpu/linear_q4_half.py's fp16 pair kernel takes a product (KERNEL 2): fp16 or bf16
+    activations (a bf16 value scaled by a power of two into fp16's range is exact there), integer
+    zero points (or none), whole groups of 32 elements per quantization block. Other forms (fp32
+    activations, which fp16 would round) run the word kernel (KERNEL 1) instead."""
+    return dtype in (torch.float16, torch.bfloat16) and zero_kind != 2 and block_size >= 32
 
 
 def power_parts(count: int) -> tuple[int, int, int]:

@@ -1,5 +1,5 @@
 """The one-row 4-bit product in fp16 pair arithmetic (HFMA2): under two instructions per weight,
-for fp16 activations and integer zero points.
+for fp16 or bf16 activations and integer zero points.
 
 Why: bench/q4_ceiling.py showed the byte and word kernels bound by their arithmetic, not by the
 bytes they read (docs/benchmarks/2026-12-07-h100-q4-ceiling.md): with their codes served from
@@ -24,12 +24,13 @@ activations' size; the scale comes off the fp32 result exactly. Below the fp16 n
 (2^-14) an activation scaled so is at most 2^-21 of the largest, and its products' error is
 far below the fp32 sum's rounding.
 
-Invariants: the weights (code - zero) are exact, and the activations are rounded once to fp16
-(after the power-of-two scale: the same relative rounding as the activations' own dtype); every
-sum runs in a fixed order, so a run repeats bit for bit and a captured step equals the eager
-one. Under Triton's interpreter (CI's check) the same values come from Triton ops: each fused
-multiply-add of the PTX is computed exactly in fp64 (the product of an 11-bit fp16 activation and
-a 5-bit integer, plus an fp16 sum, fits 53 bits) and rounded once to fp16, as fma.rn.f16x2 rounds.
+Invariants: the weights (code - zero) are exact; the activations (fp32 after any prologue) are
+rounded once to fp16 after the power-of-two scale, which changes none that an fp16 or bf16 value
+holds (both fit fp16's mantissa; only a norm prologue's products round). Every sum runs in a
+fixed order, so a run repeats bit for bit and a captured step equals the eager one. Under
+Triton's interpreter (CI's check) the same values come from Triton ops: each fused multiply-add of
+the PTX is computed exactly in fp64 (the product of an 11-bit fp16 activation and a 5-bit integer,
+plus an fp16 sum, fits 53 bits) and rounded once to fp16, as fma.rn.f16x2 rounds.
 """
 
 from __future__ import annotations
