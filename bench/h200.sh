@@ -95,11 +95,11 @@
 #              beside them, ~6 min
 #   q4half     option q4_half (off): the one-row 4-bit products in fp16 pair arithmetic (gpu/linear_q4_half.py,
 #              built 2026-12-07 without a GPU after bench.q4_ceiling found the byte kernel bound by its arithmetic:
-#              docs/benchmarks/2026-12-07-h100-q4-ceiling.md): the kernel against its lane model and the int4
-#              GPU parity tests with it on; the lm_head and gate_up alone (bench.q4_ceiling: kernel, codes from
-#              cache, loads only, each form); bench.step_sweep on both shapes (default, half, again) with the fp16
-#              step beside them; the 1.5B step's kernels (step_anatomy) with it on, ~9 min: split over two calls
-#              as q4half (checks, layers, 1.5B) and q4half05 (0.5B, fp16, anatomy)
+#              docs/benchmarks/2026-12-07-h100-q4-ceiling.md): the kernel against its lane model, the lm_head and
+#              gate_up alone (bench.q4_ceiling: kernel, codes from cache, loads only, each form), the 1.5B step
+#              (bench.step_sweep: default, half, again), ~6 min; q4half05: the 0.5B step the same way, the fp16
+#              steps beside them and the 1.5B step's kernels (step_anatomy) with and without it, ~8 min;
+#              q4halfcheck: the int4 GPU parity tests and capture proofs with it on, ~5 min
 #   q8         8-bit MatMulNBits on the packed byte kernels (2026-12-07): their GPU parity tests, then each layer of
 #              both shapes alone (gemv_micro --quick --bits 8: the one-row kernel swept beside cuBLAS over the fp16
 #              copy, which is what 8-bit weights ran over before, and the 16-row prompt paths), ~5 min
@@ -427,13 +427,17 @@ stage_q4ready() {
 }
 stage_q4half() {
   run q4half-model 90 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_q4_half_kernel.py
-  ONNXGEN_Q4_HALF=1 run q4half-parity 150 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py \
-    tests/test_fusion.py -k "(matmul_nbits_4bit or int4_group) and cuda and not prompt"
   # shellcheck disable=SC2086
   run q4half-layers 90 $PY -m bench.q4_ceiling $Q15 --layer lm_head --layer gate_up --config 16,4 --config 32,8
   # shellcheck disable=SC2086
   run q4half-15b 200 $PY -m bench.step_sweep $Q15 --precision int4 --context 512 --repeats 3 --variant "default:" \
     --variant "half:ONNXGEN_Q4_HALF=1" --variant "default-again:" --variant "half-again:ONNXGEN_Q4_HALF=1"
+}
+stage_q4halfcheck() {
+  ONNXGEN_Q4_HALF=1 run q4half-parity 150 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py \
+    tests/test_fusion.py -k "(matmul_nbits_4bit or int4_group) and cuda and not prompt"
+  ONNXGEN_Q4_HALF=1 run q4half-capture 150 $PY -m pytest -q -p no:cacheprovider -m gpu \
+    tests/test_gpu_capture_models.py -k int4
 }
 stage_q4half05() {
   # shellcheck disable=SC2086
@@ -464,7 +468,7 @@ stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
 }
 
-STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory memorypeers q4sym zerobytes q4long moezero q4rows q4half q4half05 q8 sampled"
+STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory memorypeers q4sym zerobytes q4long moezero q4rows q4half q4half05 q4halfcheck q8 sampled"
 if [ $# -eq 0 ]; then
   echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
   exit 2
