@@ -11,6 +11,8 @@ not from L2):
     q4-dequant      F.linear over a dequantized fp16 copy (what ONNXGEN_TRITON_Q4=0 runs)
     q4 BN/BK/W      gpu/linear_q4.py's one-row 4-bit kernel on the packed codes, swept (BK < K: split along K;
                     --bits 8: the same kernels over 8-bit codes)
+    q4w / q4h       with --words / --half: the word kernel (gpu/linear_q4_words.py) / the fp16 pair kernel
+                    (gpu/linear_q4_half.py) swept the same way
 and the same kernel with its norm prologue fused (skip_rms) at the chosen configuration. Each row
 gives us/call and the bandwidth it reached (weight bytes / time). The chosen configurations of
 dense_config/q4_config are marked with '*'.
@@ -121,6 +123,7 @@ def main() -> int:
         "float form); default: none, the symmetric form",
     )
     parser.add_argument("--words", action="store_true", help="also sweep the 4-bit kernel over 32-bit words")
+    parser.add_argument("--half", action="store_true", help="also sweep the 4-bit fp16 pair kernel (option q4_half)")
     parser.add_argument("--layers", help="comma list of layer_shapes' names: qkv, o_proj, gate_up, down, lm_head; "
                         "gdn_in, gdn_out, moe_in, shared_down for the hybrid shapes (default: all)")  # fmt: skip
     args = parser.parse_args()
@@ -143,12 +146,12 @@ def main() -> int:
             continue
         dense = [r for r in rows if r[0].startswith("triton ") and "prologue" not in r[0]]
         q4 = [r for r in rows if r[0].startswith("q4 ") and "prologue" not in r[0]]
-        q4w = [r for r in rows if r[0].startswith("q4w") and "prologue" not in r[0]]
+        q4w = [r for r in rows if r[0].startswith(("q4w", "q4h")) and "prologue" not in r[0]]
         best_w = min(q4w, key=lambda r: r[1]) if q4w else ("-", float("nan"), 0.0)
         summary.append((name, rows[0][1], rows[1][1], min(dense, key=lambda r: r[1]), min(q4, key=lambda r: r[1]),
                         best_w))  # fmt: skip
         torch.cuda.empty_cache()
-    print("\nshape summary (us/call): cublas-linear, cublas-matmul, best triton dense, best q4, best q4w")
+    print("\nshape summary (us/call): cublas-linear, cublas-matmul, best triton dense, best q4, best q4w / q4h")
     for name, lin, mm, bd, bq, bw in summary:
         best = f"{bd[1]:7.2f} ({bd[0]})  {bq[1]:7.2f} ({bq[0]})  {bw[1]:7.2f} ({bw[0]})"
         print(f"  {name:8s} {lin:7.2f} {mm:7.2f}  {best}")
@@ -251,17 +254,20 @@ def one_row_sweeps(name, k, n, args, sweeps, ws, qb, qs, qz, qcopies, add, copie
                                 x2=skip, gamma=gamma, eps=1e-6, sum_out=total)  # fmt: skip
 
     add("q4 chosen + skip_rms prologue", time_in_graph(q4_fused, qcopies), qbytes)
-    if args.words and args.bits == 4:  # the same products over the codes as 32-bit words (gpu/linear_q4_words.py)
+    # the same products over the codes as 32-bit words (gpu/linear_q4_words.py, KERNEL 1) and in fp16 pair
+    # arithmetic (gpu/linear_q4_half.py, KERNEL 2)
+    swept = (((1, "q4w"), args.words), ((2, "q4h"), args.half))
+    for kernel, tag in [form for form, wanted in swept if wanted and args.bits == 4]:
         word_tiles = [tile] if nb * bs <= 2048 else [512, 1024]
         for bn, bk, warps in itertools.product([8, 16, 32, 64], word_tiles, [2, 4, 8]):
-            with options.override(gemv_q4=(bn, bk, warps, 1)):
+            with options.override(gemv_q4=(bn, bk, warps, kernel)):
                 err = ((q4(0).float() - qref).norm() / qref.norm()).item()
                 if not err < 1e-2:
-                    print(f"  {name} q4w {bn}/{bk}/{warps}: WRONG (rel err {err:.3g})")
+                    print(f"  {name} {tag} {bn}/{bk}/{warps}: WRONG (rel err {err:.3g})")
                     continue
-                add(f"q4w {bn}/{bk}/{warps}", time_in_graph(q4, qcopies), qbytes)
+                add(f"{tag} {bn}/{bk}/{warps}", time_in_graph(q4, qcopies), qbytes)
                 if nb * bs <= 2048 and name != "lm_head":
-                    add(f"q4w {bn}/{bk}/{warps} + skip_rms prologue", time_in_graph(q4_fused, qcopies), qbytes)
+                    add(f"{tag} {bn}/{bk}/{warps} + skip_rms prologue", time_in_graph(q4_fused, qcopies), qbytes)
     if nb * bs <= 2048:  # rows a norm prologue can precede (the whole row in one tile): their sweep
         for bn, warps in itertools.product([16, 32, 64], [4, 8]):
             with options.override(gemv_q4=(bn, tile, warps, 0)):
