@@ -99,7 +99,8 @@
 #              gate_up alone (bench.q4_ceiling: kernel, codes from cache, loads only, each form), the 1.5B step
 #              (bench.step_sweep: default, half, again), ~6 min; q4half05: the 0.5B step the same way, the fp16
 #              steps beside them and the 1.5B step's kernels (step_anatomy) with and without it, ~8 min;
-#              q4halfcheck: the int4 GPU parity tests and capture proofs with it on, ~5 min
+#              q4halfcheck: the int4 GPU parity tests and capture proofs with it on, then the 1.5B qkv, o_proj and
+#              down_proj alone with each kernel's configurations swept (gemv_micro --words --half), ~7 min
 #   q8         8-bit MatMulNBits on the packed byte kernels (2026-12-07): their GPU parity tests, then each layer of
 #              both shapes alone (gemv_micro --quick --bits 8: the one-row kernel swept beside cuBLAS over the fp16
 #              copy, which is what 8-bit weights ran over before, and the 16-row prompt paths), ~5 min
@@ -438,6 +439,8 @@ stage_q4halfcheck() {
     tests/test_fusion.py -k "(matmul_nbits_4bit or int4_group) and cuda and not prompt"
   ONNXGEN_Q4_HALF=1 run q4half-capture 150 $PY -m pytest -q -p no:cacheprovider -m gpu \
     tests/test_gpu_capture_models.py -k int4
+  # shellcheck disable=SC2086
+  run q4half-micro 150 $PY -m bench.gemv_micro $Q15 --quick --words --half --layers qkv,o_proj,down
 }
 stage_q4half05() {
   # shellcheck disable=SC2086
