@@ -97,8 +97,9 @@
 #              built 2026-12-07 without a GPU after bench.q4_ceiling found the byte kernel bound by its arithmetic:
 #              docs/benchmarks/2026-12-07-h100-q4-ceiling.md): the kernel against its lane model, the lm_head and
 #              gate_up alone (bench.q4_ceiling: kernel, codes from cache, loads only, each form), the 1.5B step
-#              (bench.step_sweep: default, half, again), ~6 min; q4half05: the 0.5B step the same way, the fp16
-#              steps beside them and the 1.5B step's kernels (step_anatomy) with and without it, ~8 min;
+#              (bench.step_sweep: default, half, half on the lm_head or gate_up alone, again), ~7 min; q4half05: the
+#              0.5B step the same way, the fp16 steps beside them and the 1.5B step's kernels (step_anatomy) with
+#              and without it, ~8 min;
 #              q4halfcheck: the int4 GPU parity tests and capture proofs with it on, then the 1.5B qkv, o_proj and
 #              down_proj alone with each kernel's configurations swept (gemv_micro --words --half), ~7 min
 #   q8         8-bit MatMulNBits on the packed byte kernels (2026-12-07): their GPU parity tests, then each layer of
@@ -431,8 +432,10 @@ stage_q4half() {
   # shellcheck disable=SC2086
   run q4half-layers 90 $PY -m bench.q4_ceiling $Q15 --layer lm_head --layer gate_up --config 16,4 --config 32,8
   # shellcheck disable=SC2086
-  run q4half-15b 200 $PY -m bench.step_sweep $Q15 --precision int4 --context 512 --repeats 3 --variant "default:" \
-    --variant "half:ONNXGEN_Q4_HALF=1" --variant "default-again:" --variant "half-again:ONNXGEN_Q4_HALF=1"
+  run q4half-15b 240 $PY -m bench.step_sweep $Q15 --precision int4 --context 512 --repeats 3 --variant "default:" \
+    --variant "half:ONNXGEN_Q4_HALF=1" --variant "half-lm-head:ONNXGEN_GEMV_Q4_151936x1536=16,2048,4,2" \
+    --variant "half-gate-up:ONNXGEN_GEMV_Q4_17920x1536=16,2048,4,2" --variant "default-again:" \
+    --variant "half-again:ONNXGEN_Q4_HALF=1"
 }
 stage_q4halfcheck() {
   ONNXGEN_Q4_HALF=1 run q4half-parity 150 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py \
@@ -444,8 +447,10 @@ stage_q4halfcheck() {
 }
 stage_q4half05() {
   # shellcheck disable=SC2086
-  run q4half-05b 180 $PY -m bench.step_sweep $Q --precision int4 --context 512 --repeats 3 --variant "default:" \
-    --variant "half:ONNXGEN_Q4_HALF=1" --variant "default-again:" --variant "half-again:ONNXGEN_Q4_HALF=1"
+  run q4half-05b 200 $PY -m bench.step_sweep $Q --precision int4 --context 512 --repeats 3 --variant "default:" \
+    --variant "half:ONNXGEN_Q4_HALF=1" --variant "half-lm-head:ONNXGEN_GEMV_Q4_151936x896=16,1024,2,2" \
+    --variant "half-gate-up:ONNXGEN_GEMV_Q4_9728x896=16,1024,2,2" --variant "default-again:" \
+    --variant "half-again:ONNXGEN_Q4_HALF=1"
   for s in "$Q" "$Q15"; do
     # shellcheck disable=SC2086
     run "q4half-fp16-${s##*-coder-}" 100 $PY -m bench.step_sweep $s --precision fp16 --context 512 --repeats 3 \
