@@ -149,8 +149,9 @@ def _pow2(e):
 @triton.jit
 def _fp16_scaled(a):
     """(a * 2^f rounded to fp16, 2^-f) for fp32 activations a, 2^f putting the largest magnitude in
-    [64, 128) (module doc: Range). For a biased exponent E of the largest, f = 133 - E; E is held
-    at 7 or more, so that 2^f stays a normal fp32 (an all-zero a then takes 2^126: any value works)."""
+    [64, 128) (at most 128 once rounded; module doc: Range). For a biased exponent E of the largest,
+    f = 133 - E; E is held at 7 or more, so that 2^f stays a normal fp32 (an all-zero a then takes
+    2^126: any value works)."""
     amax = tl.max(tl.max(tl.abs(a), axis=1), axis=0)
     exponent = tl.maximum((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF, 7)
     return (a * _pow2(133 - exponent)).to(tl.float16), _pow2(exponent - 133)
