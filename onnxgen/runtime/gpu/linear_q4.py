@@ -281,6 +281,27 @@ def _bytes_less_zero_half(w, offset, scale):
 
 
 @triton.jit
+def _row_bias(bias_ptr, rows, row_ok, HAS_BIAS: tl.constexpr):
+    """The rows' bias in fp32 (0.0 where there is none), loaded before the PDL wait: it is constant."""
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+    else:
+        bias = 0.0
+    return bias
+
+
+@triton.jit
+def _store_rows(dot, squares, bias, out_ptr, rows, row_ok, k, eps, PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """The one-tile kernels' end: a norm prologue's 1/rms (from the row's sum of squares), the bias,
+    the rows stored in the output's dtype."""
+    if PROLOGUE == 1 or PROLOGUE == 2:
+        dot = dot / tl.sqrt(squares / k + eps)
+    if HAS_BIAS:
+        dot += bias
+    tl.store(out_ptr + rows, dot.to(out_ptr.dtype.element_ty), mask=row_ok)
+
+
+@triton.jit
 def _q4_tile_kernel(
     x_ptr, x2_ptr, gamma_ptr, sum_ptr, b_ptr, scale_ptr, zero_ptr, bias_ptr, out_ptr, n, k, n_blocks, row_bytes,
     zp_row_bytes, eps, PROLOGUE: tl.constexpr, ZERO_KIND: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -293,8 +314,7 @@ def _q4_tile_kernel(
     made before the wait too (_ready_weights)."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < n
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+    bias = _row_bias(bias_ptr, rows, row_ok, HAS_BIAS)
     c0, s0, z0 = _block_loads(b_ptr, scale_ptr, zero_ptr, rows, row_ok, 0, n_blocks, row_bytes, zp_row_bytes, B0,
                               QBLOCK, ZERO_KIND, BITS)  # fmt: skip
     if READY:
@@ -331,11 +351,7 @@ def _q4_tile_kernel(
                                  B2, QBLOCK, BITS, READY)  # fmt: skip
         dot += d2
         squares += q2
-    if PROLOGUE == 1 or PROLOGUE == 2:
-        dot = dot / tl.sqrt(squares / k + eps)
-    if HAS_BIAS:
-        dot += bias
-    tl.store(out_ptr + rows, dot.to(out_ptr.dtype.element_ty), mask=row_ok)
+    _store_rows(dot, squares, bias, out_ptr, rows, row_ok, k, eps, PROLOGUE, HAS_BIAS)
 
 
 @triton.jit
@@ -350,10 +366,7 @@ def _q4_split_kernel(
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < n
     first = tl.program_id(1) * NB
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
-    else:
-        bias = 0.0
+    bias = _row_bias(bias_ptr, rows, row_ok, HAS_BIAS)
     codes, scale, zero = _block_loads(b_ptr, scale_ptr, zero_ptr, rows, row_ok, first, n_blocks, row_bytes,
                                       zp_row_bytes, NB, QBLOCK, ZERO_KIND, BITS)  # fmt: skip
     if READY:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from onnxgen.runtime.gpu.linear_q4 import MAGIC, _block_zeros
+from onnxgen.runtime.gpu.linear_q4 import MAGIC, _block_zeros, _row_bias, _store_rows
 from onnxgen.runtime.gpu.linear_row import _activation, _activation_inputs, merge_splits
 from onnxgen.runtime.gpu.pdl import wait_for_previous
 
@@ -125,8 +125,7 @@ def _q4w_tile_kernel(
     every code, scale and zero point is loaded before the wait for the kernel before."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < n
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+    bias = _row_bias(bias_ptr, rows, row_ok, HAS_BIAS)
     w0, s0, z0 = _word_loads(w_ptr, scale_ptr, zero_ptr, rows, row_ok, 0, n_blocks, row_words, zp_row_bytes, B0,
                              QBLOCK, ZERO_KIND)  # fmt: skip
     if B1 > 0:
@@ -148,11 +147,7 @@ def _q4w_tile_kernel(
                                  PROLOGUE, B2, QBLOCK)  # fmt: skip
         dot += d2
         squares += q2
-    if PROLOGUE == 1 or PROLOGUE == 2:
-        dot = dot / tl.sqrt(squares / k + eps)
-    if HAS_BIAS:
-        dot += bias
-    tl.store(out_ptr + rows, dot.to(out_ptr.dtype.element_ty), mask=row_ok)
+    _store_rows(dot, squares, bias, out_ptr, rows, row_ok, k, eps, PROLOGUE, HAS_BIAS)
 
 
 @triton.jit
@@ -167,10 +162,7 @@ def _q4w_split_kernel(
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < n
     first = tl.program_id(1) * NB
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
-    else:
-        bias = 0.0
+    bias = _row_bias(bias_ptr, rows, row_ok, HAS_BIAS)
     words, scale, zero = _word_loads(w_ptr, scale_ptr, zero_ptr, rows, row_ok, first, n_blocks, row_words,
                                      zp_row_bytes, NB, QBLOCK, ZERO_KIND)  # fmt: skip
     wait_for_previous(PDL)
