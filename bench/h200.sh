@@ -97,11 +97,11 @@
 #              built 2026-12-07 without a GPU after bench.q4_ceiling found the byte kernel bound by its arithmetic:
 #              docs/benchmarks/2026-12-07-h100-q4-ceiling.md): the kernel against its lane model, the lm_head and
 #              gate_up alone (bench.q4_ceiling: kernel, codes from cache, loads only, each form), the 1.5B step
-#              (bench.step_sweep: default, half, half on the lm_head or gate_up alone, again), ~7 min; q4half05: the
-#              0.5B step the same way, the fp16 steps beside them and the 1.5B step's kernels (step_anatomy) with
-#              and without it, ~8 min;
-#              q4halfcheck: the int4 GPU parity tests and capture proofs with it on, then the 1.5B qkv, o_proj and
-#              down_proj alone with each kernel's configurations swept (gemv_micro --words --half), ~7 min
+#              (bench.step_sweep: default, half, half on the lm_head or gate_up alone, again), ~7 min;
+#              q4halfcheck: the int4 GPU parity tests and capture proofs with it on, then the 0.5B step the same
+#              way, ~8 min; q4half05: the fp16 steps of both shapes, the 1.5B step's kernels (step_anatomy) with
+#              and without it, and the 1.5B qkv, o_proj and down_proj alone with each kernel's configurations
+#              swept (gemv_micro --words --half), ~7 min
 #   q8         8-bit MatMulNBits on the packed byte kernels (2026-12-07): their GPU parity tests, then each layer of
 #              both shapes alone (gemv_micro --quick --bits 8: the one-row kernel swept beside cuBLAS over the fp16
 #              copy, which is what 8-bit weights ran over before, and the 16-row prompt paths), ~5 min
@@ -443,14 +443,12 @@ stage_q4halfcheck() {
   ONNXGEN_Q4_HALF=1 run q4half-capture 150 $PY -m pytest -q -p no:cacheprovider -m gpu \
     tests/test_gpu_capture_models.py -k int4
   # shellcheck disable=SC2086
-  run q4half-micro 150 $PY -m bench.gemv_micro $Q15 --quick --words --half --layers qkv,o_proj,down
-}
-stage_q4half05() {
-  # shellcheck disable=SC2086
   run q4half-05b 200 $PY -m bench.step_sweep $Q --precision int4 --context 512 --repeats 3 --variant "default:" \
     --variant "half:ONNXGEN_Q4_HALF=1" --variant "half-lm-head:ONNXGEN_GEMV_Q4_151936x896=16,1024,2,2" \
     --variant "half-gate-up:ONNXGEN_GEMV_Q4_9728x896=16,1024,2,2" --variant "default-again:" \
     --variant "half-again:ONNXGEN_Q4_HALF=1"
+}
+stage_q4half05() {
   for s in "$Q" "$Q15"; do
     # shellcheck disable=SC2086
     run "q4half-fp16-${s##*-coder-}" 100 $PY -m bench.step_sweep $s --precision fp16 --context 512 --repeats 3 \
@@ -459,6 +457,8 @@ stage_q4half05() {
   # shellcheck disable=SC2086
   run q4half-anatomy 150 $PY -m bench.step_anatomy $Q15 --precision int4 --context 512 --kernels \
     --variant "default:" --variant "half:ONNXGEN_Q4_HALF=1"
+  # shellcheck disable=SC2086
+  run q4half-micro 150 $PY -m bench.gemv_micro $Q15 --quick --words --half --layers qkv,o_proj,down
 }
 stage_q8() {
   run q8-parity 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py tests/test_fusion.py \
