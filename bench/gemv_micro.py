@@ -231,7 +231,8 @@ def one_row_sweeps(name, k, n, args, sweeps, ws, qb, qs, qz, qcopies, add, copie
     add("triton chosen + skip_rms prologue", time_in_graph(fused, copies))
     add("q4-dequant (fp16 copy)", time_in_graph(lambda i: F.linear(x, ws[i]), copies), wbytes)
 
-    qchosen = Q4.q4_config(n, k, bs, dev, bits=args.bits)
+    # the configuration linear_row_q4 takes here (fp16 activations, integer zero points: the pair kernel fits)
+    qchosen = Q4.q4_config(n, k, bs, dev, bits=args.bits, half=args.bits == 4)
     wq = dequantize_nbits(qb[0], qs[0], qz[0], None, k=k, n=n, bits=args.bits, block_size=bs, dtype=torch.float32)
     qref = F.linear(x, wq.half()).float()
 
@@ -241,7 +242,7 @@ def one_row_sweeps(name, k, n, args, sweeps, ws, qb, qs, qz, qcopies, add, copie
     tile = triton_pow2(nb * bs)  # BLOCK_K >= K: the whole row in one program
     q4_bk = [tile] + ([b for b in (256, 512, 1024) if b < nb * bs] if nb * bs > 1024 else [])
     for bn, bk, warps in itertools.product(bpi_list, q4_bk, [4, 8]):
-        mark = "*" if (bn, bk, warps) == qchosen else ""
+        mark = "*" if (bn, bk, warps, 0) == qchosen else ""
         with options.override(gemv_q4=(bn, bk, warps, 0)):  # ONNXGEN_GEMV_Q4=bn,bk,warps,0
             err = ((q4(0).float() - qref).norm() / qref.norm()).item()
             if not err < 1e-2:
@@ -265,7 +266,8 @@ def one_row_sweeps(name, k, n, args, sweeps, ws, qb, qs, qz, qcopies, add, copie
                 if not err < 1e-2:
                     print(f"  {name} {tag} {bn}/{bk}/{warps}: WRONG (rel err {err:.3g})")
                     continue
-                add(f"{tag} {bn}/{bk}/{warps}", time_in_graph(q4, qcopies), qbytes)
+                mark = "*" if (bn, bk, warps, kernel) == qchosen else ""
+                add(f"{tag} {bn}/{bk}/{warps}{mark}", time_in_graph(q4, qcopies), qbytes)
                 if nb * bs <= 2048 and name != "lm_head":
                     add(f"{tag} {bn}/{bk}/{warps} + skip_rms prologue", time_in_graph(q4_fused, qcopies), qbytes)
     if nb * bs <= 2048:  # rows a norm prologue can precede (the whole row in one tile): their sweep

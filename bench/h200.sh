@@ -93,13 +93,14 @@
 #              wait: the GPU parity tests and the int4 capture proofs with it on, then bench.step_sweep on both
 #              shapes (default, ready, ready with gate_up on the byte kernel too, default again) and the fp16 step
 #              beside them, ~6 min
-#   q4half     option q4_half (off): the one-row 4-bit products in fp16 pair arithmetic (gpu/linear_q4_half.py,
+#   q4half     option q4_half: the one-row 4-bit products in fp16 pair arithmetic (gpu/linear_q4_half.py,
 #              built 2026-12-07 without a GPU after bench.q4_ceiling found the byte kernel bound by its arithmetic:
 #              docs/benchmarks/2026-12-07-h100-q4-ceiling.md): the kernel against its lane model, the lm_head and
 #              gate_up alone (bench.q4_ceiling: kernel, codes from cache, loads only, each form), the 1.5B step
-#              (bench.step_sweep: default, half, half on the lm_head or gate_up alone, again), ~7 min;
-#              q4halfcheck: the int4 GPU parity tests and capture proofs with it on, then the 0.5B step the same
-#              way, ~8 min; q4half05: the fp16 steps of both shapes, the 1.5B step's kernels (step_anatomy) with
+#              (bench.step_sweep: off, auto (the default since 2026-12-07), all, the lm_head or gate_up alone,
+#              again; docs/benchmarks/2026-12-07-h100-q4-half.md), ~7 min;
+#              q4halfcheck: the int4 GPU parity tests (auto and all) and capture proofs, then the 0.5B step the
+#              same way, ~9 min; q4half05: the fp16 steps of both shapes, the 1.5B step's kernels (step_anatomy) with
 #              and without it, and the 1.5B qkv, o_proj and down_proj alone with each kernel's configurations
 #              swept (gemv_micro --words --half), ~7 min
 #   q8         8-bit MatMulNBits on the packed byte kernels (2026-12-07): their GPU parity tests, then each layer of
@@ -432,21 +433,20 @@ stage_q4half() {
   # shellcheck disable=SC2086
   run q4half-layers 90 $PY -m bench.q4_ceiling $Q15 --layer lm_head --layer gate_up --config 16,4 --config 32,8
   # shellcheck disable=SC2086
-  run q4half-15b 240 $PY -m bench.step_sweep $Q15 --precision int4 --context 512 --repeats 3 --variant "default:" \
-    --variant "half:ONNXGEN_Q4_HALF=1" --variant "half-lm-head:ONNXGEN_GEMV_Q4_151936x1536=16,2048,4,2" \
-    --variant "half-gate-up:ONNXGEN_GEMV_Q4_17920x1536=16,2048,4,2" --variant "default-again:" \
-    --variant "half-again:ONNXGEN_Q4_HALF=1"
+  run q4half-15b 240 $PY -m bench.step_sweep $Q15 --precision int4 --context 512 --repeats 3 \
+    --variant "off:ONNXGEN_Q4_HALF=off" --variant "auto:" --variant "all:ONNXGEN_Q4_HALF=all" \
+    --variant "off-again:ONNXGEN_Q4_HALF=off" --variant "auto-again:"
 }
 stage_q4halfcheck() {
-  ONNXGEN_Q4_HALF=1 run q4half-parity 150 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py \
+  run q4half-parity 150 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py \
     tests/test_fusion.py -k "(matmul_nbits_4bit or int4_group) and cuda and not prompt"
-  ONNXGEN_Q4_HALF=1 run q4half-capture 150 $PY -m pytest -q -p no:cacheprovider -m gpu \
-    tests/test_gpu_capture_models.py -k int4
+  ONNXGEN_Q4_HALF=all run q4half-parity-all 150 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py \
+    tests/test_fusion.py -k "(matmul_nbits_4bit or int4_group) and cuda and not prompt"
+  run q4half-capture 150 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_capture_models.py -k int4
   # shellcheck disable=SC2086
-  run q4half-05b 200 $PY -m bench.step_sweep $Q --precision int4 --context 512 --repeats 3 --variant "default:" \
-    --variant "half:ONNXGEN_Q4_HALF=1" --variant "half-lm-head:ONNXGEN_GEMV_Q4_151936x896=16,1024,2,2" \
-    --variant "half-gate-up:ONNXGEN_GEMV_Q4_9728x896=16,1024,2,2" --variant "default-again:" \
-    --variant "half-again:ONNXGEN_Q4_HALF=1"
+  run q4half-05b 200 $PY -m bench.step_sweep $Q --precision int4 --context 512 --repeats 3 \
+    --variant "off:ONNXGEN_Q4_HALF=off" --variant "auto:" --variant "all:ONNXGEN_Q4_HALF=all" \
+    --variant "off-again:ONNXGEN_Q4_HALF=off" --variant "auto-again:"
 }
 stage_q4half05() {
   for s in "$Q" "$Q15"; do
@@ -456,7 +456,7 @@ stage_q4half05() {
   done
   # shellcheck disable=SC2086
   run q4half-anatomy 150 $PY -m bench.step_anatomy $Q15 --precision int4 --context 512 --kernels \
-    --variant "default:" --variant "half:ONNXGEN_Q4_HALF=1"
+    --variant "off:ONNXGEN_Q4_HALF=off" --variant "auto:" --variant "half:ONNXGEN_Q4_HALF=all"
   # shellcheck disable=SC2086
   run q4half-micro 150 $PY -m bench.gemv_micro $Q15 --quick --words --half --layers qkv,o_proj,down
 }

@@ -83,7 +83,7 @@ class Options:
     q4_prompt: Literal["auto", "dequant", "gemm", "split"] = "auto"
     q4_dequant: Literal["bytes", "blocks"] = "blocks"
     q4_row_ready: bool = False
-    q4_half: bool = False
+    q4_half: Literal["auto", "all", "off"] = "auto"
     q4_norm_apart: int = 4096
     gemv_split: ShapeOverrides = NO_OVERRIDES
     gqa_decode: tuple[int, int] | None = None
@@ -410,11 +410,12 @@ KNOBS: tuple[Knob, ...] = (
          "activations' dtype (fp32 for bf16) before the PDL wait, so that after it they only multiply and sum, "
          "as the dense fp16 kernel does; fp16 weights are then rounded as the prompt path's are (off: +2% on "
          "the 0.5B int4 step, -1.4% on the 1.5B one on an H100, docs/benchmarks/2026-12-07-h100-ready-and-blocks.md)"),
-    Knob("q4_half", "ONNXGEN_Q4_HALF", _flag(), "`1` / `0`",
-         "`1`: the one-row 4-bit products with fp16 or bf16 activations and integer zero points run the fp16 "
-         "pair kernel (gpu/linear_q4_half.py: codes less zero points and their products in fp16x2 arithmetic, "
-         "eight products per fp16 lane, then fp32), at the launch configurations of the word kernel's table; off "
-         "until timed on a GPU (docs/benchmarks/2026-12-07-h100-q4-ceiling.md)"),
+    Knob("q4_half", "ONNXGEN_Q4_HALF", _choice("auto", "all", "off"), "`auto` / `all` / `off`",
+         "which one-row 4-bit products with fp16 or bf16 activations and integer zero points run the fp16 pair "
+         "kernel (gpu/linear_q4_half.py: codes less zero points and their products in fp16x2 arithmetic, eight "
+         "products per fp16 lane, then fp32): `auto` the layers of its table (rows over 1,024 elements, and the "
+         "wide non-vocabulary layer; the 0.5B int4 step +4.4%, the 1.5B +4.3% on an H100), `all` every one, "
+         "`off` none (the byte and word kernels; docs/benchmarks/2026-12-07-h100-q4-half.md)"),
     Knob("conv_prompt", "ONNXGEN_CONV_PROMPT", _flag(), "`1` / `0`",
          "`0`: a prompt's CausalConvWithState on a Triton device runs the torch path (about ten kernels) instead "
          "of one Triton kernel (gpu/causal_conv_update.py); one-position steps keep their kernel"),
@@ -572,6 +573,7 @@ _NAMED_VALUES = {
     "int8_activations": ("none", "cpu", "all"),
     "q4_prompt": ("auto", "dequant", "gemm", "split"),
     "q4_dequant": ("bytes", "blocks"),
+    "q4_half": ("auto", "all", "off"),
     "prefill_pieces": ("pad", "split"),
     "prefill_sizes": ("pow2", "fine"),
 }

@@ -63,6 +63,45 @@ def test_default_gemv_configs(shape: tuple[int, int], h200: None) -> None:
     assert {linear_q4.q4_config(n, k, block, CPU) for block in (16, 32, 64, 128)} == {q4}  # 132 stand-in
 
 
+# (N, K): the one-row 4-bit configuration where the fp16 pair kernel fits the product (fp16 / bf16
+# activations, integer zero points), under q4_half=auto: the layers and tiles the H100 step sweeps of
+# 2026-12-07 chose (docs/benchmarks/2026-12-07-h100-q4-half.md): on the 0.5B shape only gate_up
+# (16 x 1,024 on 2 warps), on the 1.5B shape every layer, gate_up in 8 x 2,048 tiles on 2 warps
+HALF_DEFAULTS = {
+    (1152, 896): (16, 1024, 4, 0),
+    (896, 896): (8, 1024, 4, 0),
+    (9728, 896): (16, 1024, 2, 2),
+    (896, 4864): (8, 512, 4, 0),
+    (151936, 896): (16, 1024, 2, 1),
+    (2048, 1536): (16, 2048, 4, 2),
+    (1536, 1536): (16, 2048, 4, 2),
+    (17920, 1536): (8, 2048, 2, 2),
+    (1536, 8960): (16, 512, 4, 2),
+    (151936, 1536): (16, 2048, 4, 2),
+}
+
+
+@pytest.mark.parametrize("shape", list(HALF_DEFAULTS), ids=lambda s: f"{s[0]}x{s[1]}")
+def test_fp16_pair_kernel_configs(shape: tuple[int, int]) -> None:
+    """q4_half=auto puts the measured layers on the pair kernel (KERNEL 2); =all every layer, at the
+    pair table's tiles where it has them and the byte / word table's elsewhere; =off none; and a
+    product the pair kernel does not fit (half=False) keeps the byte / word table under any setting."""
+    from onnxgen import options
+
+    n, k = shape
+    byte_or_word = DEFAULTS[shape][3]
+    assert {linear_q4.q4_config(n, k, block, CUDA, half=True) for block in (32, 64, 128)} == {HALF_DEFAULTS[shape]}
+    for setting in ("auto", "all", "off"):
+        with options.override(q4_half=setting):
+            assert linear_q4.q4_config(n, k, 32, CUDA, half=False) == byte_or_word
+    with options.override(q4_half="off"):
+        assert linear_q4.q4_config(n, k, 32, CUDA, half=True) == byte_or_word
+    with options.override(q4_half="all"):
+        config = linear_q4.q4_config(n, k, 32, CUDA, half=True)
+    half = HALF_DEFAULTS[shape]
+    assert config == (half if half[3] == 2 else (*byte_or_word[:3], 2))
+
+
 @pytest.mark.parametrize(
     ("n", "k", "block", "config"),
     [(1152, 896, 32, (16, 1024, 4, 0)), (896, 896, 32, (8, 1024, 4, 0)), (151936, 896, 32, (16, 1024, 4, 0)),

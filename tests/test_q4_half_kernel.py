@@ -149,6 +149,41 @@ def _equals_the_lane_model(device: str, zero_form: str, k: int, block_size: int,
     assert np.abs(model - exact).max() <= 1e-3 * np.abs(exact).max()
 
 
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize(
+    ("setting", "dtype", "kernel"),
+    [("auto", torch.float16, "half"), ("auto", torch.bfloat16, "half"), ("off", torch.float16, "words"),
+     ("auto", torch.float32, "words")],
+)  # fmt: skip
+def test_the_default_puts_wide_products_on_the_pair_kernel(device: str, setting: str, dtype, kernel: str) -> None:
+    """linear_row_q4 as the runtime calls it, with no configuration forced: a wide product (4,096 rows)
+    of fp16 or bf16 activations takes the pair kernel under q4_half=auto (its table), the word
+    kernel under off and for fp32 activations, which the pair kernel would round; the result is the
+    product either way."""
+    from onnxgen import options
+    from onnxgen.runtime.gpu.launch import LAUNCHES
+    from onnxgen.runtime.gpu.linear_q4 import linear_row_q4
+
+    gen = torch.Generator().manual_seed(3)
+    n, k, block_size = 4096, 64, 32
+    codes = torch.randint(0, 256, (n, k // 2), generator=gen, dtype=torch.uint8)
+    scales = (torch.rand(n, k // block_size, generator=gen) * 0.02 + 0.002).half()
+    zeros = torch.randint(0, 256, (n, 1), generator=gen, dtype=torch.uint8)  # two blocks' zero points per byte
+    x = torch.randn(k, generator=gen).to(dtype)
+    before = dict(LAUNCHES)
+    with options.override(q4_half=setting):
+        got = linear_row_q4(x.to(device), codes.to(device), scales.to(device), zeros.to(device), n=n, k=k,
+                            block_size=block_size).double().cpu()  # fmt: skip
+    label = f"linear_row_q4_{kernel}"
+    other = "linear_row_q4_words" if kernel == "half" else "linear_row_q4_half"
+    assert LAUNCHES[label] - before.get(label, 0) == 1 and LAUNCHES[other] == before.get(other, 0)
+    nib = _nibbles(codes.numpy()) - np.repeat(_nibbles(zeros.numpy()), block_size, axis=1)
+    weights = nib * np.repeat(scales.numpy().astype(np.float64), block_size, axis=1)
+    exact = torch.from_numpy(weights @ x.double().numpy())
+    ulps = 2.0 * torch.finfo(dtype).eps if dtype == torch.bfloat16 else 2e-3  # the output's rounding (bf16: 2^-7)
+    assert (got - exact).abs().max() <= ulps * exact.abs().max()
+
+
 @IN_THE_PARENT
 @runs(KERNELS := interpreted_file(__file__, "through_the_triton_interpreter"))
 def test_fp16_pair_kernel_through_the_triton_interpreter() -> None:

@@ -148,7 +148,7 @@ def test_int4_word_kernels_parity_through_the_triton_interpreter() -> None:
         ONE_ROW_INT4_CASES,
         ONNXGEN_TRITON_LINEAR="1",
         ONNXGEN_TRITON_Q4="1",
-        ONNXGEN_Q4_HALF="1",
+        ONNXGEN_Q4_HALF="all",
         # 4-row tiles split along K every 128 elements: the plain products split, the norm prologues' whole rows
         ONNXGEN_GEMV_Q4="4,128,2,2",
     )
@@ -169,6 +169,7 @@ def test_int4_fp16_pair_kernels_parity_through_the_triton_interpreter() -> None:
         ONNXGEN_TRITON_LINEAR="1",
         ONNXGEN_TRITON_Q4="1",
         ONNXGEN_Q4_ROW_READY="1",
+        ONNXGEN_Q4_HALF="off",  # every one-row product on the byte kernels
     )
 )
 def test_int4_ready_weights_parity_through_the_triton_interpreter() -> None:

@@ -498,33 +498,42 @@ def one_tile_elements(bits: int) -> int:
 
 
 def q4_config(
-    n: int, k: int, block_size: int, device: torch.device, opts: options.Options | None = None, bits: int = 4
-) -> tuple[int, int, int, int]:
+    n: int, k: int, block_size: int, device: torch.device, opts: options.Options | None = None, bits: int = 4,
+    half: bool = False,
+) -> tuple[int, int, int, int]:  # fmt: skip
     """(BLOCK_N, BLOCK_K, num_warps, KERNEL) of the one-row 4-bit kernels, from sweeps of each layer
-    alone in CUDA graphs and of the whole decode step on the H200 (bench/gemv_micro.py --words,
-    bench/step_sweep.py; docs/benchmarks/2026-12-02-h200-int4.md, 2026-12-04-h200-int4-words.md):
-    rows of at most TILE_LIMIT elements in one tile (BLOCK_K >= K), 16 rows per program (8 below
-    1,024 rows), 4 warps; wide ones (WORDS_MIN_ROWS) over the codes as 32-bit words
-    (gpu/linear_q4_words.py, KERNEL 1; 0: the byte kernel), 2 warps for rows of at most 1,024 elements; longer rows
-    split along K in 512-element tiles, bytes, 16 rows per program (8 below 1,024 rows: the 0.5B
-    down_proj's step was faster so, the 1.5B one's slower at 8; docs/benchmarks/2026-12-07-h100-table.md).
+    alone in CUDA graphs and of the whole decode step on the H200 and H100 (bench/gemv_micro.py --words
+    --half, bench/step_sweep.py; docs/benchmarks/2026-12-02-h200-int4.md, 2026-12-04-h200-int4-words.md,
+    2026-12-07-h100-q4-half.md). ``half``: the product can take the fp16 pair kernel (half_fits); the
+    layers _q4_half_table names then take it (KERNEL 2) under option ``q4_half`` ``auto``, every layer
+    under ``all``, none under ``off``. Otherwise (_q4_table): rows of at most TILE_LIMIT elements in one
+    tile (BLOCK_K >= K), 16 rows per program (8 below 1,024 rows), 4 warps; wide ones (WORDS_MIN_ROWS)
+    over the codes as 32-bit words (gpu/linear_q4_words.py, KERNEL 1; 0: the byte kernel), 2 warps for
+    rows of at most 1,024 elements; longer rows split along K in 512-element tiles, bytes, 16 rows per
+    program (8 below 1,024 rows: the 0.5B down_proj's step was faster so, the 1.5B one's slower at 8;
+    docs/benchmarks/2026-12-07-h100-table.md).
     A row with a norm prologue is never split (its statistics span the row): the launcher widens the
     tile to the row, or over twice the one-tile limit runs the norm apart (norm_apart).
     8-bit codes take the byte kernel, with the one-tile limit halved (the same bytes per program) and
     longer rows split in SPLIT_TILE[8]-element tiles, 16 rows per program (8-bit kept the 4-bit rule
     it was built under; the 8-row split is untimed for it).
     ``ONNXGEN_GEMV_Q4[_<N>x<K>]`` (option ``gemv_q4``) forces a configuration (for 8-bit codes,
-    with the byte kernel)."""
+    with the byte kernel; KERNEL 2 where the pair kernel does not fit, with the word kernel)."""
     opts = opts or options.current()
     forced = opts.gemv_q4.lookup(n, k)
     if forced:
         return (*forced[:3], forced[3] if bits == 4 else 0)  # type: ignore[return-value]
-    block_n, block_k, warps, kernel = _q4_table(n, k, block_size, bits)
-    return block_n, block_k, warps, 2 if opts.q4_half and bits == 4 else kernel
+    table = _q4_table(n, k, block_size, bits)
+    if bits != 4 or not half or opts.q4_half == "off":
+        return table
+    pairs = _q4_half_table(n, k, block_size)
+    if pairs is not None:
+        return pairs
+    return (*table[:3], 2) if opts.q4_half == "all" else table
 
 
 def _q4_table(n: int, k: int, block_size: int, bits: int) -> tuple[int, int, int, int]:
-    """q4_config's table (module doc there)."""
+    """q4_config's table of the byte and word kernels (module doc there)."""
     padded = -(-k // block_size) * block_size
     if padded > one_tile_elements(bits):
         return (16 if n >= 1024 or bits == 8 else 8), max(SPLIT_TILE[bits], block_size), 4, 0
@@ -532,6 +541,24 @@ def _q4_table(n: int, k: int, block_size: int, bits: int) -> tuple[int, int, int
     if bits == 4 and n >= WORDS_MIN_ROWS and (tile <= 1024 or n <= WORDS_MAX_LM_ROWS):
         return 16, tile, 2 if tile <= 1024 else 4, 1
     return (16 if n >= 1024 else 8), tile, 4, 0
+
+
+def _q4_half_table(n: int, k: int, block_size: int) -> tuple[int, int, int, int] | None:
+    """The 4-bit layers the fp16 pair kernel takes by default, and at what configuration; None: the
+    byte or word kernel keeps it. From whole-step sweeps on an H100 (bench/step_sweep.py,
+    docs/benchmarks/2026-12-07-h100-q4-half.md): rows longer than 1,024 elements gained on every
+    layer together (the 1.5B shape), the wide non-vocabulary layer (gate_up) in 16,384-element tiles
+    on 2 warps, the others at the byte kernel's tiles; rows of at most 1,024 elements only on that wide
+    layer (the 0.5B gate_up), its qkv, o_proj, split down_proj and vocabulary-wide lm_head each slower
+    or level on the pair kernel."""
+    padded = -(-k // block_size) * block_size
+    wide = WORDS_MIN_ROWS <= n <= WORDS_MAX_LM_ROWS
+    if padded > one_tile_elements(4):
+        return (16, max(SPLIT_TILE[4], block_size), 4, 2) if n >= 1024 else None
+    tile = max(block_size, triton.next_power_of_2(padded))
+    if tile <= 1024:
+        return (16, tile, 2, 2) if wide else None
+    return (8, tile, 2, 2) if wide else ((16 if n >= 1024 else 8), tile, 4, 2)
 
 
 def gemm_q4_config(m: int, n: int, k: int, opts: options.Options | None = None) -> tuple[int, int, int, int, int, int]:
@@ -553,12 +580,14 @@ def gemm_q4_config(m: int, n: int, k: int, opts: options.Options | None = None) 
     return 128, 128, 64, 8, 3, 0
 
 
-def _q4_plan(n: int, k: int, block_size: int, device: torch.device, bits: int = 4) -> tuple[int, int, int, int]:
+def _q4_plan(
+    n: int, k: int, block_size: int, device: torch.device, bits: int = 4, half: bool = False
+) -> tuple[int, int, int, int]:
     plans, opts = _plans()
-    key = ("q4", n, k, block_size, device, bits)
+    key = ("q4", n, k, block_size, device, bits, half)
     plan = plans.get(key)
     if plan is None:
-        plan = plans[key] = q4_config(n, k, block_size, device, opts, bits)
+        plan = plans[key] = q4_config(n, k, block_size, device, opts, bits, half)
     return plan  # type: ignore[return-value]
 
 
@@ -623,7 +652,8 @@ def linear_row_q4(
     packed, scale, zeros, zero_kind = _layout(b, scales, zero_points, n, k, block_size, bits)
     n_blocks = scale.shape[1]
     out = torch.empty(n, dtype=x.dtype, device=x.device)
-    block_n, block_k, warps, kernel = _q4_plan(n, k, block_size, x.device, bits)
+    half = bits == 4 and half_fits(x.dtype, zero_kind, block_size)
+    block_n, block_k, warps, kernel = _q4_plan(n, k, block_size, x.device, bits, half)
     split_blocks = max(block_k, block_size) // block_size
     splits = triton.cdiv(n_blocks, split_blocks)
     if code in NORM_PROLOGUES and norm_apart(n, block_n, n_blocks * block_size, bits):
@@ -636,9 +666,8 @@ def linear_row_q4(
     LAUNCHES["linear_row_q4"] += 1
     words = _as_words(packed) if kernel and bits == 4 else None
     if words is not None:
-        half = kernel == 2 and half_fits(x.dtype, zero_kind, block_size)
         return _linear_row_words(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, common, n, k, n_blocks,
-                                 splits, split_blocks, float(eps), half)  # fmt: skip
+                                 splits, split_blocks, float(eps), half and kernel == 2)  # fmt: skip
     if splits == 1 or code in NORM_PROLOGUES:  # a norm's statistics span the row: one tile of the whole row
         b0, b1, b2 = power_parts(n_blocks)
         _q4_tile_kernel[(triton.cdiv(n, block_n),)](
@@ -718,7 +747,8 @@ def half_fits(dtype: torch.dtype, zero_kind: int, block_size: int) -> bool:
     """Whether gpu/linear_q4_half.py's fp16 pair kernel takes a product (KERNEL 2): fp16 or bf16
     activations (a bf16 value scaled by a power of two into fp16's range is exact there), integer
     zero points (or none), whole groups of 32 elements per quantization block. Other forms (fp32
-    activations, which fp16 would round) run the word kernel (KERNEL 1) instead."""
+    activations, which fp16 would round) take q4_config's byte / word table; one forced to KERNEL 2
+    (option gemv_q4) runs the word kernel at the forced tiles."""
     return dtype in (torch.float16, torch.bfloat16) and zero_kind != 2 and block_size >= 32
 
 
