@@ -414,7 +414,7 @@ KNOBS: tuple[Knob, ...] = (
          "which one-row 4-bit products with fp16 or bf16 activations and integer zero points run the fp16 pair "
          "kernel (gpu/linear_q4_half.py: codes less zero points and their products in fp16x2 arithmetic, eight "
          "products per fp16 lane, then fp32): `auto` the layers of its table (rows over 1,024 elements, and the "
-         "wide non-vocabulary layer; the 0.5B int4 step +4.4%, the 1.5B +4.3% on an H100), `all` every one, "
+         "wide non-vocabulary layer; both shapes' int4 steps 1.05x `off`'s on an H100), `all` every one, "
          "`off` none (the byte and word kernels; docs/benchmarks/2026-12-07-h100-q4-half.md)"),
     Knob("conv_prompt", "ONNXGEN_CONV_PROMPT", _flag(), "`1` / `0`",
          "`0`: a prompt's CausalConvWithState on a Triton device runs the torch path (about ten kernels) instead "
