@@ -103,6 +103,10 @@
 #              same way, ~9 min; q4half05: the fp16 steps of both shapes, the 1.5B step's kernels (step_anatomy) with
 #              and without it, and the 1.5B qkv, o_proj and down_proj alone with each kernel's configurations
 #              swept (gemv_micro --words --half), ~7 min
+#   q4stream   option q4_stream (off; built 2026-12-07 without a GPU): the fp16 pair kernel's one-tile products as P
+#              programs per SM, each making the activation pairs once and loading its next row block while it sums
+#              this one: the kernel's GPU tests (lane model, prologues over three parts), the int4 parity tests with
+#              it on, then both shapes' steps at 1, 2 and 4 programs per SM against the default, ~8 min
 #   q8         8-bit MatMulNBits on the packed byte kernels (2026-12-07): their GPU parity tests, then each layer of
 #              both shapes alone (gemv_micro --quick --bits 8: the one-row kernel swept beside cuBLAS over the fp16
 #              copy, which is what 8-bit weights ran over before, and the 16-row prompt paths), ~5 min
@@ -460,6 +464,18 @@ stage_q4half05() {
   # shellcheck disable=SC2086
   run q4half-micro 150 $PY -m bench.gemv_micro $Q15 --quick --words --half --layers qkv,o_proj,down
 }
+stage_q4stream() {
+  run q4stream-model 90 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_q4_half_kernel.py
+  ONNXGEN_Q4_STREAM=2 run q4stream-parity 150 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py \
+    tests/test_fusion.py -k "(matmul_nbits_4bit or int4_group) and cuda and not prompt"
+  for s in "$Q" "$Q15"; do
+    # shellcheck disable=SC2086
+    run "q4stream-${s##*-coder-}" 200 $PY -m bench.step_sweep $s --precision int4 --context 512 --repeats 3 \
+      --variant "auto:" --variant "stream1:ONNXGEN_Q4_STREAM=1" --variant "stream2:ONNXGEN_Q4_STREAM=2" \
+      --variant "stream4:ONNXGEN_Q4_STREAM=4" --variant "all-stream2:ONNXGEN_Q4_HALF=all,ONNXGEN_Q4_STREAM=2" \
+      --variant "auto-again:" --variant "stream2-again:ONNXGEN_Q4_STREAM=2"
+  done
+}
 stage_q8() {
   run q8-parity 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py tests/test_fusion.py \
     -k "(8bit or int8_group or 2bit or no_dequantized or prompt_gemm) and cuda"
@@ -476,7 +492,7 @@ stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
 }
 
-STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory memorypeers q4sym zerobytes q4long moezero q4rows q4half q4half05 q4halfcheck q8 sampled"
+STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory memorypeers q4sym zerobytes q4long moezero q4rows q4half q4half05 q4halfcheck q4stream q8 sampled"
 if [ $# -eq 0 ]; then
   echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
   exit 2

@@ -84,6 +84,7 @@ class Options:
     q4_dequant: Literal["bytes", "blocks"] = "blocks"
     q4_row_ready: bool = False
     q4_half: Literal["auto", "all", "off"] = "auto"
+    q4_stream: int = 0
     q4_norm_apart: int = 4096
     gemv_split: ShapeOverrides = NO_OVERRIDES
     gqa_decode: tuple[int, int] | None = None
@@ -416,6 +417,11 @@ KNOBS: tuple[Knob, ...] = (
          "products per fp16 lane, then fp32): `auto` the layers of its table (rows over 1,024 elements, and the "
          "wide non-vocabulary layer; both shapes' int4 steps 1.05x `off`'s on an H100), `all` every one, "
          "`off` none (the byte and word kernels; docs/benchmarks/2026-12-07-h100-q4-half.md)"),
+    Knob("q4_stream", "ONNXGEN_Q4_STREAM", _persist, "`P` (programs per SM; `0`: off)",
+         "one-tile products on the fp16 pair kernel (q4_half) with more row blocks than P programs per SM run "
+         "as P programs per SM, each making the activation pairs once and loading its next row block while it "
+         "sums this one (gpu/linear_q4_half.py, _q4h_stream_kernel; the same bits); built without a GPU, off "
+         "until timed"),
     Knob("conv_prompt", "ONNXGEN_CONV_PROMPT", _flag(), "`1` / `0`",
          "`0`: a prompt's CausalConvWithState on a Triton device runs the torch path (about ten kernels) instead "
          "of one Triton kernel (gpu/causal_conv_update.py); one-position steps keep their kernel"),
@@ -562,6 +568,7 @@ def _env_text(value: Any) -> str:
 
 _SCALAR_TYPES: dict[str, tuple[type, ...]] = {
     "gemv_persist": (int,),
+    "q4_stream": (int,),
     "q4_norm_apart": (int,),
     "gdn_chunked_from": (int,),
     "gdn_chunked_to": (int,),

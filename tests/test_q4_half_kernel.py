@@ -81,8 +81,11 @@ def lane_model(codes, scales, zeros, x, block_size: int) -> np.ndarray:
     return y
 
 
-def _launch(device: str, codes, scales, zeros, x, n: int, k: int, block_size: int, block_n: int) -> torch.Tensor:
-    """_q4h_tile_kernel over one row, fp32 out (PROLOGUE 0, no bias)."""
+def _launch(
+    device: str, codes, scales, zeros, x, n: int, k: int, block_size: int, block_n: int, programs: int = 0
+) -> torch.Tensor:
+    """_q4h_tile_kernel over one row, fp32 out (PROLOGUE 0, no bias); with ``programs``
+    _q4h_stream_kernel on that many programs instead."""
     import triton
 
     from onnxgen.runtime.gpu import linear_q4_half as H
@@ -92,7 +95,8 @@ def _launch(device: str, codes, scales, zeros, x, n: int, k: int, block_size: in
     words = packed.view(torch.int32)
     out = torch.empty(n, device=device, dtype=torch.float32)
     b0, b1, b2 = power_parts(scale.shape[1])
-    H._q4h_tile_kernel[(triton.cdiv(n, block_n),)](
+    kernel, grid = (H._q4h_stream_kernel, programs) if programs else (H._q4h_tile_kernel, triton.cdiv(n, block_n))
+    kernel[(grid,)](
         x, x, x, x, words, scale, zp, out, out, n, k, scale.shape[1], words.shape[1], zp.shape[1], 0.0, PROLOGUE=0,
         ZERO_KIND=kind, HAS_BIAS=False, QBLOCK=block_size, BLOCK_N=block_n, B0=b0, B1=b1, B2=b2, PDL=False,
     )  # fmt: skip
@@ -119,7 +123,18 @@ def test_fp16_pair_kernel_takes_bf16_activations(device: str, magnitude: float) 
     _equals_the_lane_model(device, "packed", 896, 32, magnitude, torch.bfloat16)
 
 
-def _equals_the_lane_model(device: str, zero_form: str, k: int, block_size: int, magnitude: float, dtype) -> None:
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize(("k", "block_size"), [(896, 32), (1000, 64)])
+def test_streaming_form_equals_the_lane_model(device: str, k: int, block_size: int) -> None:
+    """_q4h_stream_kernel (option q4_stream) on 2 programs over 3 row blocks of 16 (one program
+    takes two, the other one, each loading past the last row while it sums its last block): the
+    lane model's values, rows of one to three parts."""
+    _equals_the_lane_model(device, "packed", k, block_size, 1.0, torch.float16, programs=2)
+
+
+def _equals_the_lane_model(
+    device: str, zero_form: str, k: int, block_size: int, magnitude: float, dtype, programs: int = 0
+) -> None:
     gen = torch.Generator().manual_seed(7)
     n, n_blocks = 40, -(-k // block_size)
     codes = torch.randint(0, 256, (n, n_blocks * block_size // 2), generator=gen, dtype=torch.uint8)
@@ -138,7 +153,7 @@ def _equals_the_lane_model(device: str, zero_form: str, k: int, block_size: int,
     model = lane_model(codes.numpy(), scales.numpy(), zero_values.numpy(), x_values, block_size)
     to = dict(device=device)
     got = _launch(device, codes.to(**to), scales.to(**to), None if zeros is None else zeros.to(**to), x.to(**to), n,
-                  k, block_size, 16).double().cpu().numpy()  # fmt: skip
+                  k, block_size, 16, programs).double().cpu().numpy()  # fmt: skip
     top = np.abs(model).max()
     assert np.abs(got - model).max() <= 2e-6 * top, np.abs(got - model).max() / top
     # and the model is the product to fp16 accuracy (fp64 weights (code - zero) * scale)
@@ -182,6 +197,45 @@ def test_the_default_puts_wide_products_on_the_pair_kernel(device: str, setting:
     exact = torch.from_numpy(weights @ x.double().numpy())
     ulps = 2.0 * torch.finfo(dtype).eps if dtype == torch.bfloat16 else 2e-3  # the output's rounding (bf16: 2^-7)
     assert (got - exact).abs().max() <= ulps * exact.abs().max()
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("prologue", ["rms", "skip_rms", "silu_mul"])
+def test_prologues_over_rows_of_three_parts(device: str, prologue: str) -> None:
+    """The pair kernel behind each prologue on rows of 896 elements (28 blocks: parts of 16, 8 and 4,
+    whose sums of squares meet for the norm), 72 rows in blocks of 16: the fp64 product of the
+    prologue's activations; the streaming form (q4_stream, 3 programs) gives the tile form's bits."""
+    from onnxgen import options
+    from onnxgen.runtime.gpu.launch import LAUNCHES
+    from onnxgen.runtime.gpu.linear_q4 import linear_row_q4
+
+    gen = torch.Generator().manual_seed(11)
+    n, k, block_size = 72, 896, 32
+    codes = torch.randint(0, 256, (n, k // 2), generator=gen, dtype=torch.uint8)
+    scales = (torch.rand(n, k // block_size, generator=gen) * 0.02 + 0.002).half()
+    zeros = torch.randint(0, 256, (n, k // block_size // 2), generator=gen, dtype=torch.uint8)
+    x, x2 = (torch.randn(k, generator=gen).half() for _ in range(2))
+    gamma = (torch.rand(k, generator=gen) + 0.5).half()
+    outs = []
+    for programs in (0, 3):
+        total = torch.empty(k, dtype=torch.float16, device=device)
+        before = LAUNCHES["linear_row_q4_half_stream"]
+        with options.override(q4_half="all", gemv_q4=(16, 1024, 2, 2), q4_stream=programs, q4_norm_apart=0):
+            y = linear_row_q4(x.to(device), codes.to(device), scales.to(device), zeros.to(device), n=n, k=k,
+                              block_size=block_size, prologue=prologue, x2=x2.to(device), gamma=gamma.to(device),
+                              eps=1e-6, sum_out=total)  # fmt: skip
+        assert LAUNCHES["linear_row_q4_half_stream"] - before == (1 if programs else 0)
+        outs.append(y.cpu())
+    assert torch.equal(outs[0], outs[1])
+    xs, x2s, gs = (t.double().numpy() for t in (x, x2, gamma))
+    if prologue == "silu_mul":
+        a = xs / (1 + np.exp(-xs)) * x2s
+    else:
+        h = xs + x2s if prologue == "skip_rms" else xs
+        a = h / np.sqrt(np.mean(h * h) + 1e-6) * gs
+    nib = _nibbles(codes.numpy()) - np.repeat(_nibbles(zeros.numpy()), block_size, axis=1)
+    exact = (nib * np.repeat(scales.numpy().astype(np.float64), block_size, axis=1)) @ a
+    assert np.abs(outs[0].double().numpy() - exact).max() <= 2e-3 * np.abs(exact).max()
 
 
 @IN_THE_PARENT

@@ -242,6 +242,27 @@ def test_linear_row_q4_half_compiles(zero_kind: int, prologue: int, split: bool,
     assert "fma.rn.f16x2" in ptx[wait:] and ".f64" not in ptx
 
 
+@pytest.mark.parametrize(
+    ("zero_kind", "prologue", "parts"), [(1, 0, (16, 8, 4)), (3, 2, (16, 8, 4)), (1, 2, (64, 0, 0))]
+)
+def test_linear_row_q4_half_stream_compiles(zero_kind: int, prologue: int, parts: tuple[int, int, int]) -> None:
+    """_q4h_stream_kernel (option q4_stream): the first row block's codes load before the PDL wait,
+    the later ones in its loop; the products are fp16 pair instructions, with no fp64."""
+    from onnxgen.runtime.gpu import linear_q4_half
+
+    sig = dict.fromkeys(["x_ptr", "x2_ptr", "gamma_ptr", "sum_ptr", "bias_ptr", "out_ptr", "scale_ptr"], "*fp16")
+    sig.update(w_ptr="*i32", zero_ptr="*i8" if zero_kind == 3 else "*u8", eps="fp32")
+    sig.update(dict.fromkeys(["n", "k", "n_blocks", "row_words", "zp_row_bytes"], "i32"))
+    b0, b1, b2 = parts
+    const = dict(PROLOGUE=prologue, ZERO_KIND=zero_kind, HAS_BIAS=prologue == 0, QBLOCK=32, BLOCK_N=8, PDL=True,
+                 B0=b0, B1=b1, B2=b2)  # fmt: skip
+    ptx = compile_for_sm90(linear_q4_half._q4h_stream_kernel, sig, const)
+    wait = ptx.index("griddepcontrol.wait")
+    word_loads = [len(re.findall(r"ld\.global\S*\.b32", text)) for text in (ptx[:wait], ptx[wait:])]
+    assert word_loads[0] == word_loads[1] > 0, word_loads  # the loop loads the next block's words as the first
+    assert "fma.rn.f16x2" in ptx[wait:] and ".f64" not in ptx
+
+
 @pytest.mark.parametrize("zero_kind", [0, 1, 2])
 @pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
 @pytest.mark.parametrize("bits", [4, 8])

@@ -164,6 +164,25 @@ def test_int4_fp16_pair_kernels_parity_through_the_triton_interpreter() -> None:
 
 
 @runs(
+    INT4_STREAM := interpreted(
+        ONE_ROW_INT4_CASES,
+        ONNXGEN_TRITON_LINEAR="1",
+        ONNXGEN_TRITON_Q4="1",
+        ONNXGEN_Q4_HALF="all",
+        ONNXGEN_Q4_STREAM="2",
+        # whole rows in one tile of 4 rows: every product of more than 8 rows on 2 streaming programs
+        ONNXGEN_GEMV_Q4="4,4096,2,2",
+    )
+)
+def test_int4_streaming_pair_kernel_parity_through_the_triton_interpreter() -> None:
+    """Option q4_stream (gpu/linear_q4_half.py's _q4h_stream_kernel: few programs, each over many row
+    blocks with the next one's loads ahead) on the byte kernel's one-row cases against onnxruntime:
+    zero point kinds, block sizes, bias, the norm and SiLU prologues, fp16 and bf16."""
+    launches = INT4_STREAM.launches()
+    assert launches.get("linear_row_q4_half_stream", 0) >= 10, launches
+
+
+@runs(
     INT4_READY := interpreted(
         f"{ONE_ROW_INT4_CASES} or (matmul_nbits_8bit and not prompt)",
         ONNXGEN_TRITON_LINEAR="1",

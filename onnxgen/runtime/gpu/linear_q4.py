@@ -49,6 +49,7 @@ from onnxgen.runtime.gpu.launch import LAUNCHES, interpreting, pdl_launch
 from onnxgen.runtime.gpu.linear_row import (
     _activation,
     _activation_inputs,
+    _multiprocessors,
     _plans,
     _prologue_args,
     merge_splits,
@@ -728,6 +729,10 @@ def _linear_row_words(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out,
     tiles = triton.cdiv(n, common["BLOCK_N"])
     if splits == 1 or common["PROLOGUE"] in NORM_PROLOGUES:
         b0, b1, b2 = power_parts(n_blocks)
+        programs = stream_programs(x.device) if half else 0
+        if 0 < programs < tiles:  # fewer programs, each over every programs-th row block
+            LAUNCHES["linear_row_q4_half_stream"] += 1
+            tile_kernel, tiles = H._q4h_stream_kernel, programs
         tile_kernel[(tiles,)](
             x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, n, k, n_blocks, words.shape[1],
             zeros.shape[1], eps, *extra, **common, B0=b0, B1=b1, B2=b2, **pdl_launch(x, out, sum_out),
@@ -741,6 +746,13 @@ def _linear_row_words(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out,
         **pdl_launch(x, out, parts, tickets),
     )  # fmt: skip
     return out
+
+
+def stream_programs(device: torch.device, opts: options.Options | None = None) -> int:
+    """Programs of the pair kernel's streaming form (0: off, the default): option ``q4_stream`` P
+    programs per SM (on the CPU interpreter: P programs)."""
+    per_sm = (opts or options.current()).q4_stream
+    return per_sm * _multiprocessors(device.index or 0) if device.type == "cuda" and per_sm else per_sm
 
 
 def half_fits(dtype: torch.dtype, zero_kind: int, block_size: int) -> bool:

@@ -208,12 +208,11 @@ def _part_loads(
 
 
 @triton.jit
-def _part_products(
-    w0, w1, w2, w3, scale, zero, low, high, x_ptr, x2_ptr, gamma_ptr, sum_ptr, first_block, k,
-    PROLOGUE: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr, PTX: tl.constexpr,
+def _part_pairs(
+    x_ptr, x2_ptr, gamma_ptr, sum_ptr, first_block, k, PROLOGUE: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr,
 ):  # fmt: skip
-    """(w . p(x) per row over one part's groups, the prologue's sum of squares), fp32; PTX: the
-    groups' sums by _group_sums_ptx, else by Triton ops (the same bits)."""
+    """One part's activations as the products take them: (the sixteen pair tensors, the power of two
+    that takes their scale off, the prologue's sum of squares over the part)."""
     NG: tl.constexpr = NB * QBLOCK // GROUP
     cols = first_block * QBLOCK + tl.arange(0, NG)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [NG, 32]
     inside = cols < k
@@ -222,12 +221,28 @@ def _part_products(
     if PROLOGUE == 0 or PROLOGUE == 3:  # exact in the input dtype, as the other kernels round it
         a = a.to(x.dtype).to(tl.float32)
     a16, down = _fp16_scaled(a)
-    p = _activation_pairs(a16, NG)
+    return _activation_pairs(a16, NG), down, tl.sum(tl.sum(sq, axis=1), axis=0)
+
+
+@triton.jit
+def _part_dot(w0, w1, w2, w3, scale, zero, low, high, p, down, PTX: tl.constexpr):
+    """w . p(x) per row over one part's groups, fp32; PTX: the groups' sums by _group_sums_ptx, else
+    by Triton ops (the same bits)."""
     if PTX:  # the pairs [NG] broadcast to every row (inline asm broadcasts its arguments)
         sums = _group_sums_ptx(w0, w1, w2, w3, p, low, high)
     else:
         sums = _group_sums_ops(w0, w1, w2, w3, p, zero)
-    return tl.sum(sums * scale, axis=1) * down, tl.sum(tl.sum(sq, axis=1), axis=0)
+    return tl.sum(sums * scale, axis=1) * down
+
+
+@triton.jit
+def _part_products(
+    w0, w1, w2, w3, scale, zero, low, high, x_ptr, x2_ptr, gamma_ptr, sum_ptr, first_block, k,
+    PROLOGUE: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr, PTX: tl.constexpr,
+):  # fmt: skip
+    """(w . p(x) per row over one part's groups, the prologue's sum of squares), fp32."""
+    p, down, squares = _part_pairs(x_ptr, x2_ptr, gamma_ptr, sum_ptr, first_block, k, PROLOGUE, NB, QBLOCK)
+    return _part_dot(w0, w1, w2, w3, scale, zero, low, high, p, down, PTX), squares
 
 
 @triton.jit
@@ -285,3 +300,65 @@ def _q4h_split_kernel(
     dot, _ = _part_products(w0, w1, w2, w3, scale, zero, low, high, x_ptr, x2_ptr, gamma_ptr, sum_ptr, first, k,
                             PROLOGUE, NB, QBLOCK, PTX)  # fmt: skip
     merge_splits(dot, bias, part_ptr, ticket_ptr, out_ptr, rows, row_ok, n, BLOCK_S)
+
+
+@triton.jit
+def _q4h_stream_kernel(
+    x_ptr, x2_ptr, gamma_ptr, sum_ptr, w_ptr, scale_ptr, zero_ptr, bias_ptr, out_ptr, n, k, n_blocks, row_words,
+    zp_row_bytes, eps, PROLOGUE: tl.constexpr, ZERO_KIND: tl.constexpr, HAS_BIAS: tl.constexpr,
+    QBLOCK: tl.constexpr, BLOCK_N: tl.constexpr, B0: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr,
+    PDL: tl.constexpr, PTX: tl.constexpr = PTX_PAIRS,
+):  # fmt: skip
+    """_q4h_tile_kernel with fewer programs than row blocks (option q4_stream): each program takes
+    every num_programs-th block of BLOCK_N rows, makes the activation pairs once for all of them,
+    and has the next block's codes, scales and zero points in flight while it sums this one's. The
+    same products and sums per row as _q4h_tile_kernel, so the same bits."""
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK_N
+    lanes = tl.arange(0, BLOCK_N)
+    rows = pid * BLOCK_N + lanes
+    row_ok = rows < n
+    a0, a1, a2, a3, s0, z0, l0, h0 = _part_loads(w_ptr, scale_ptr, zero_ptr, rows, row_ok, 0, n_blocks, row_words,
+                                                 zp_row_bytes, B0, QBLOCK, ZERO_KIND)  # fmt: skip
+    if B1 > 0:
+        b0, b1, b2, b3, s1, z1, l1, h1 = _part_loads(w_ptr, scale_ptr, zero_ptr, rows, row_ok, B0, n_blocks,
+                                                     row_words, zp_row_bytes, B1, QBLOCK, ZERO_KIND)  # fmt: skip
+    if B2 > 0:
+        c0, c1, c2, c3, s2, z2, l2, h2 = _part_loads(w_ptr, scale_ptr, zero_ptr, rows, row_ok, B0 + B1, n_blocks,
+                                                     row_words, zp_row_bytes, B2, QBLOCK, ZERO_KIND)  # fmt: skip
+    wait_for_previous(PDL)
+    p0, down0, squares = _part_pairs(x_ptr, x2_ptr, gamma_ptr, sum_ptr, 0, k, PROLOGUE, B0, QBLOCK)
+    if B1 > 0:
+        p1, down1, q1 = _part_pairs(x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0, k, PROLOGUE, B1, QBLOCK)
+        squares += q1
+    if B2 > 0:
+        p2, down2, q2 = _part_pairs(x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0 + B1, k, PROLOGUE, B2, QBLOCK)
+        squares += q2
+    for first in range(pid * BLOCK_N, n, step):
+        rows = first + lanes
+        row_ok = rows < n
+        ahead = rows + step  # the next block's loads go out before this block's sums
+        ahead_ok = ahead < n
+        n00, n01, n02, n03, ns0, nz0, nl0, nh0 = _part_loads(
+            w_ptr, scale_ptr, zero_ptr, ahead, ahead_ok, 0, n_blocks, row_words, zp_row_bytes, B0, QBLOCK, ZERO_KIND
+        )
+        if B1 > 0:
+            n10, n11, n12, n13, ns1, nz1, nl1, nh1 = _part_loads(
+                w_ptr, scale_ptr, zero_ptr, ahead, ahead_ok, B0, n_blocks, row_words, zp_row_bytes, B1, QBLOCK,
+                ZERO_KIND,
+            )  # fmt: skip
+        if B2 > 0:
+            n20, n21, n22, n23, ns2, nz2, nl2, nh2 = _part_loads(
+                w_ptr, scale_ptr, zero_ptr, ahead, ahead_ok, B0 + B1, n_blocks, row_words, zp_row_bytes, B2, QBLOCK,
+                ZERO_KIND,
+            )  # fmt: skip
+        bias = _row_bias(bias_ptr, rows, row_ok, HAS_BIAS)
+        dot = _part_dot(a0, a1, a2, a3, s0, z0, l0, h0, p0, down0, PTX)
+        a0, a1, a2, a3, s0, z0, l0, h0 = n00, n01, n02, n03, ns0, nz0, nl0, nh0
+        if B1 > 0:
+            dot += _part_dot(b0, b1, b2, b3, s1, z1, l1, h1, p1, down1, PTX)
+            b0, b1, b2, b3, s1, z1, l1, h1 = n10, n11, n12, n13, ns1, nz1, nl1, nh1
+        if B2 > 0:
+            dot += _part_dot(c0, c1, c2, c3, s2, z2, l2, h2, p2, down2, PTX)
+            c0, c1, c2, c3, s2, z2, l2, h2 = n20, n21, n22, n23, ns2, nz2, nl2, nh2
+        _store_rows(dot, squares, bias, out_ptr, rows, row_ok, k, eps, PROLOGUE, HAS_BIAS)
