@@ -106,8 +106,10 @@
 #   q4stream   option q4_stream (off; built 2026-12-07 without a GPU): the fp16 pair kernel's one-tile products as P
 #              programs per SM, each making the activation pairs once and loading its next row block while it sums
 #              this one: the kernel's GPU tests (lane model, prologues over three parts), the int4 parity tests with
-#              it on, then both shapes' steps at 1, 2 and 4 programs per SM against the default (and option
-#              q4_row_ready once more: it lost on the 1.5B step when the byte kernels still ran there), ~8 min
+#              it on, then both shapes' steps at 1, 2 and 4 programs per SM against the default (also: the 0.5B
+#              lm_head on the pair kernel streaming, the 1.5B down_proj in the pair kernel's best tile alone, 64 x
+#              1,024 on 4 warps, and option q4_row_ready once more: it lost on the 1.5B step when the byte kernels
+#              still ran there), ~9 min
 #   q8         8-bit MatMulNBits on the packed byte kernels (2026-12-07): their GPU parity tests, then each layer of
 #              both shapes alone (gemv_micro --quick --bits 8: the one-row kernel swept beside cuBLAS over the fp16
 #              copy, which is what 8-bit weights ran over before, and the 16-row prompt paths), ~5 min
@@ -474,7 +476,9 @@ stage_q4stream() {
     run "q4stream-${s##*-coder-}" 200 $PY -m bench.step_sweep $s --precision int4 --context 512 --repeats 3 \
       --variant "auto:" --variant "stream1:ONNXGEN_Q4_STREAM=1" --variant "stream2:ONNXGEN_Q4_STREAM=2" \
       --variant "stream4:ONNXGEN_Q4_STREAM=4" --variant "all-stream2:ONNXGEN_Q4_HALF=all,ONNXGEN_Q4_STREAM=2" \
-      --variant "ready:ONNXGEN_Q4_ROW_READY=1" --variant "auto-again:" --variant "stream2-again:ONNXGEN_Q4_STREAM=2"
+      --variant "lm-head-stream2:ONNXGEN_GEMV_Q4_151936x896=16,1024,2,2,ONNXGEN_Q4_STREAM=2" \
+      --variant "down64:ONNXGEN_GEMV_Q4_1536x8960=64,1024,4,2" --variant "ready:ONNXGEN_Q4_ROW_READY=1" \
+      --variant "auto-again:" --variant "stream2-again:ONNXGEN_Q4_STREAM=2"
   done
 }
 stage_q8() {
