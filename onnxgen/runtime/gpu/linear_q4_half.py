@@ -212,7 +212,7 @@ def _part_pairs(
     x_ptr, x2_ptr, gamma_ptr, sum_ptr, first_block, k, PROLOGUE: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr,
 ):  # fmt: skip
     """One part's activations as the products take them: (the sixteen pair tensors, the power of two
-    that takes their scale off, the prologue's sum of squares over the part)."""
+    that takes their scale off, the prologue's squares [NG, 32], summed by the caller)."""
     NG: tl.constexpr = NB * QBLOCK // GROUP
     cols = first_block * QBLOCK + tl.arange(0, NG)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [NG, 32]
     inside = cols < k
@@ -221,7 +221,7 @@ def _part_pairs(
     if PROLOGUE == 0 or PROLOGUE == 3:  # exact in the input dtype, as the other kernels round it
         a = a.to(x.dtype).to(tl.float32)
     a16, down = _fp16_scaled(a)
-    return _activation_pairs(a16, NG), down, tl.sum(tl.sum(sq, axis=1), axis=0)
+    return _activation_pairs(a16, NG), down, sq
 
 
 @triton.jit
@@ -241,8 +241,8 @@ def _part_products(
     PROLOGUE: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr, PTX: tl.constexpr,
 ):  # fmt: skip
     """(w . p(x) per row over one part's groups, the prologue's sum of squares), fp32."""
-    p, down, squares = _part_pairs(x_ptr, x2_ptr, gamma_ptr, sum_ptr, first_block, k, PROLOGUE, NB, QBLOCK)
-    return _part_dot(w0, w1, w2, w3, scale, zero, low, high, p, down, PTX), squares
+    p, down, sq = _part_pairs(x_ptr, x2_ptr, gamma_ptr, sum_ptr, first_block, k, PROLOGUE, NB, QBLOCK)
+    return _part_dot(w0, w1, w2, w3, scale, zero, low, high, p, down, PTX), tl.sum(tl.sum(sq, axis=1), axis=0)
 
 
 @triton.jit
@@ -327,13 +327,14 @@ def _q4h_stream_kernel(
         c0, c1, c2, c3, s2, z2, l2, h2 = _part_loads(w_ptr, scale_ptr, zero_ptr, rows, row_ok, B0 + B1, n_blocks,
                                                      row_words, zp_row_bytes, B2, QBLOCK, ZERO_KIND)  # fmt: skip
     wait_for_previous(PDL)
-    p0, down0, squares = _part_pairs(x_ptr, x2_ptr, gamma_ptr, sum_ptr, 0, k, PROLOGUE, B0, QBLOCK)
+    p0, down0, sq = _part_pairs(x_ptr, x2_ptr, gamma_ptr, sum_ptr, 0, k, PROLOGUE, B0, QBLOCK)
+    squares = tl.sum(tl.sum(sq, axis=1), axis=0)
     if B1 > 0:
-        p1, down1, q1 = _part_pairs(x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0, k, PROLOGUE, B1, QBLOCK)
-        squares += q1
+        p1, down1, sq = _part_pairs(x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0, k, PROLOGUE, B1, QBLOCK)
+        squares += tl.sum(tl.sum(sq, axis=1), axis=0)
     if B2 > 0:
-        p2, down2, q2 = _part_pairs(x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0 + B1, k, PROLOGUE, B2, QBLOCK)
-        squares += q2
+        p2, down2, sq = _part_pairs(x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0 + B1, k, PROLOGUE, B2, QBLOCK)
+        squares += tl.sum(tl.sum(sq, axis=1), axis=0)
     for first in range(pid * BLOCK_N, n, step):
         rows = first + lanes
         row_ok = rows < n
