@@ -71,6 +71,14 @@ def config_layer_shapes(c: DecoderConfig) -> list[tuple[str, int, int]]:
     return [*layers, ("lm_head", c.hidden_size, c.vocab_size)]
 
 
+def cuda_device() -> torch.device | None:
+    """The CUDA device these layer benches time on; None, having said why on stderr, where there is none."""
+    if not torch.cuda.is_available():
+        print("needs a CUDA device", file=sys.stderr)
+        return None
+    return torch.device("cuda")
+
+
 def time_in_graph(fn, copies: int, replays: int = 20) -> float:
     """Microseconds per call of fn(i) for i in range(copies), recorded in one CUDA graph."""
     stream = torch.cuda.Stream()
@@ -127,10 +135,9 @@ def main() -> int:
     parser.add_argument("--layers", help="comma list of layer_shapes' names: qkv, o_proj, gate_up, down, lm_head; "
                         "gdn_in, gdn_out, moe_in, shared_down for the hybrid shapes (default: all)")  # fmt: skip
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("needs a CUDA device", file=sys.stderr)
+    dev = cuda_device()
+    if dev is None:
         return 2
-    dev = torch.device("cuda")
     torch.manual_seed(0)
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} shape {args.shape}")
     bn_list = [2, 4, 8, 16] if args.quick else [1, 2, 4, 8]

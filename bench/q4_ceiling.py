@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from bench.gemv_micro import layer_shapes, time_in_graph, zero_points
+from bench.gemv_micro import cuda_device, layer_shapes, time_in_graph, zero_points
 from onnxgen import options
 from onnxgen.models.random_source import MODEL_SHAPES
 from onnxgen.runtime.gpu import linear_q4 as Q4
@@ -70,10 +70,9 @@ def main() -> int:
                         "(repeatable; default: 8,4 16,4 32,8)")  # fmt: skip
     parser.add_argument("--zero-points", choices=["packed", "bytes", "float"])
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("needs a CUDA device", file=sys.stderr)
+    dev = cuda_device()
+    if dev is None:
         return 2
-    dev = torch.device("cuda")
     torch.manual_seed(0)
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} shape {args.shape}")
     configs = [tuple(int(v) for v in c.split(",")) for c in args.config] or [(8, 4), (16, 4), (32, 8)]

@@ -23,7 +23,7 @@ import sys
 
 import torch
 
-from bench.gemv_micro import layer_shapes, zero_points
+from bench.gemv_micro import cuda_device, layer_shapes, zero_points
 from onnxgen import options
 from onnxgen.models.random_source import MODEL_SHAPES
 from onnxgen.runtime.gpu import linear_q4 as Q4
@@ -43,10 +43,9 @@ def main() -> int:
     parser.add_argument("--launches", type=int, default=3)
     parser.add_argument("--block-size", type=int, default=32)
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("needs a CUDA device", file=sys.stderr)
+    dev = cuda_device()
+    if dev is None:
         return 2
-    dev = torch.device("cuda")
     k, n = next((k, n) for name, k, n in layer_shapes(args.shape) if name == args.layer)
     bs = args.block_size
     nb = -(-k // bs)

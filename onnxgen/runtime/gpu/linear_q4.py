@@ -49,10 +49,10 @@ from onnxgen.runtime.gpu.launch import LAUNCHES, interpreting, pdl_launch
 from onnxgen.runtime.gpu.linear_row import (
     _activation,
     _activation_inputs,
-    _multiprocessors,
     _plans,
     _prologue_args,
     merge_splits,
+    resident_programs,
     split_scratch,
 )
 from onnxgen.runtime.gpu.pdl import wait_for_previous
@@ -751,8 +751,7 @@ def _linear_row_words(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out,
 def stream_programs(device: torch.device, opts: options.Options | None = None) -> int:
     """Programs of the pair kernel's streaming form (0: off, the default): option ``q4_stream`` P
     programs per SM (on the CPU interpreter: P programs)."""
-    per_sm = (opts or options.current()).q4_stream
-    return per_sm * _multiprocessors(device.index or 0) if device.type == "cuda" and per_sm else per_sm
+    return resident_programs((opts or options.current()).q4_stream, device)
 
 
 def half_fits(dtype: torch.dtype, zero_kind: int, block_size: int) -> bool:

@@ -301,8 +301,13 @@ def persistent_programs(device: torch.device, opts: options.Options | None = Non
     """Programs of the persistent one-tile kernel (0: off, the default): ``ONNXGEN_GEMV_PERSIST=P``
     (option ``gemv_persist``) launches P programs per SM (on the CPU interpreter: P programs) for
     rows that fit one tile."""
-    per_sm = (opts or options.current()).gemv_persist
-    return per_sm * _multiprocessors(device.index or 0) if device.type == "cuda" else per_sm
+    return resident_programs((opts or options.current()).gemv_persist, device)
+
+
+def resident_programs(per_sm: int, device: torch.device) -> int:
+    """The programs of a kernel launched as ``per_sm`` programs per SM of ``device`` (the CPU
+    interpreter has no SMs: ``per_sm`` programs there); 0 stays 0 (off)."""
+    return per_sm * _multiprocessors(device.index or 0) if device.type == "cuda" and per_sm else per_sm
 
 
 @functools.cache
