@@ -110,6 +110,10 @@
 #              lm_head on the pair kernel streaming, the 1.5B down_proj in the pair kernel's best tile alone, 64 x
 #              1,024 on 4 warps, and option q4_row_ready once more: it lost on the 1.5B step when the byte kernels
 #              still ran there), ~9 min
+#   q4streamlayers  the streaming form layer by layer (gemv_q4's fifth value, 2026-12-07, after q4stream ran: 4
+#              programs per SM for every layer won 1.12x on the 1.5B step, lost on the 0.5B): the kernel's GPU
+#              tests, then both shapes' int4 steps streaming the gate_up or lm_head alone at 2, 4 and 8
+#              programs per SM, and fp16's steps in the same call, ~6 min
 #   q8         8-bit MatMulNBits on the packed byte kernels (2026-12-07): their GPU parity tests, then each layer of
 #              both shapes alone (gemv_micro --quick --bits 8: the one-row kernel swept beside cuBLAS over the fp16
 #              copy, which is what 8-bit weights ran over before, and the 16-row prompt paths), ~5 min
@@ -481,6 +485,25 @@ stage_q4stream() {
       --variant "auto-again:" --variant "stream2-again:ONNXGEN_Q4_STREAM=2"
   done
 }
+stage_q4streamlayers() {
+  run q4streamlayers-model 90 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_q4_half_kernel.py
+  local g15=ONNXGEN_GEMV_Q4_17920x1536=8,2048,2,2 l15=ONNXGEN_GEMV_Q4_151936x1536=16,2048,4,2
+  local l05=ONNXGEN_GEMV_Q4_151936x896=16,1024,2,2
+  run q4streamlayers-1.5b 240 $PY -m bench.step_sweep $Q15 --precision int4 --context 512 --repeats 3 \
+    --variant "auto:" --variant "stream4:ONNXGEN_Q4_STREAM=4" --variant "stream8:ONNXGEN_Q4_STREAM=8" \
+    --variant "gate-up-s2:$g15,2" --variant "gate-up-s4:$g15,4" --variant "gate-up-s8:$g15,8" \
+    --variant "lm-head-s2:$l15,2" --variant "lm-head-s4:$l15,4" --variant "lm-head-2w-s4:${l15%,4,2},2,2,4" \
+    --variant "both-s4:$g15,4,$l15,4" --variant "auto-again:" --variant "stream4-again:ONNXGEN_Q4_STREAM=4"
+  run q4streamlayers-0.5b 200 $PY -m bench.step_sweep $Q --precision int4 --context 512 --repeats 3 \
+    --variant "auto:" --variant "stream8:ONNXGEN_Q4_STREAM=8" --variant "lm-head-pair:$l05,0" \
+    --variant "lm-head-s2:$l05,2" --variant "lm-head-s4:$l05,4" --variant "lm-head-s6:$l05,6" \
+    --variant "lm-head-8r-s4:${l05/16,/8,},4" --variant "auto-again:"
+  for s in "$Q15" "$Q"; do
+    # shellcheck disable=SC2086
+    run "q4streamlayers-fp16-${s##*-coder-}" 150 $PY -m bench.step_sweep $s --precision fp16 --context 512 \
+      --repeats 3 --variant "fp16:"
+  done
+}
 stage_q8() {
   run q8-parity 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py tests/test_fusion.py \
     -k "(8bit or int8_group or 2bit or no_dequantized or prompt_gemm) and cuda"
@@ -497,7 +520,7 @@ stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
 }
 
-STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory memorypeers q4sym zerobytes q4long moezero q4rows q4half q4half05 q4halfcheck q4stream q8 sampled"
+STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory memorypeers q4sym zerobytes q4long moezero q4rows q4half q4half05 q4halfcheck q4stream q4streamlayers q8 sampled"
 if [ $# -eq 0 ]; then
   echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
   exit 2

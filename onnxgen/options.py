@@ -269,19 +269,20 @@ def _dense(raw: str) -> Config:
 
 
 def _q4(raw: str) -> Config:
-    """BLOCK_N,BLOCK_K,WARPS and an optional fourth value KERNEL: 0 (the default) the byte kernel, 1
+    """BLOCK_N,BLOCK_K,WARPS and optional KERNEL and STREAM: KERNEL 0 (the default) the byte kernel, 1
     the kernel over 32-bit words of codes (gpu/linear_q4_words.py), 2 the fp16 pair kernel
-    (gpu/linear_q4_half.py)."""
+    (gpu/linear_q4_half.py); STREAM P: the pair kernel's one-tile products as P programs per SM (its
+    streaming form, option q4_stream, for this shape alone; 0: the tile form)."""
     parts = raw.split(",")
-    what = "BLOCK_N,BLOCK_K,WARPS[,KERNEL] (KERNEL 0: bytes, 1: words, 2: fp16 pairs)"
-    if len(parts) == 4:
+    what = "BLOCK_N,BLOCK_K,WARPS[,KERNEL[,STREAM]] (KERNEL 0: bytes, 1: words, 2: fp16 pairs; STREAM: programs per SM)"
+    if len(parts) in (4, 5):
         try:
-            kernel = int(parts[3])
+            extra = [int(p) for p in parts[3:]]
         except ValueError:
-            kernel = -1
-        if kernel not in (0, 1, 2):
+            extra = [-1]
+        if extra[0] not in (0, 1, 2) or (len(extra) == 2 and (extra[1] < 0 or extra[0] != 2)):
             raise ValueError(f"expected {what}")
-        return (*_ints(",".join(parts[:3]), 3, what), kernel)
+        return (*_ints(",".join(parts[:3]), 3, what), *extra)
     return (*_ints(raw, 3, what), 0)
 
 
@@ -380,9 +381,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("gemv_dense", "ONNXGEN_GEMV_DENSE", _dense, "`BLOCK_N,BLOCK_K,WARPS`",
          "forces the dense GEMV's launch configuration (all shapes, or `_<N>x<K>` one weight shape)", per_shape=True,
          default_text="unset: the kernel's table"),
-    Knob("gemv_q4", "ONNXGEN_GEMV_Q4", _q4, "`BLOCK_N,BLOCK_K,WARPS[,KERNEL]`",
+    Knob("gemv_q4", "ONNXGEN_GEMV_Q4", _q4, "`BLOCK_N,BLOCK_K,WARPS[,KERNEL[,STREAM]]`",
          "forces the one-row 4-bit GEMV's launch configuration (BLOCK_K < K: split along K; KERNEL 1: the kernel "
-         "over 32-bit words of codes, 2: the fp16 pair kernel; all shapes, or `_<N>x<K>`)", per_shape=True,
+         "over 32-bit words of codes, 2: the fp16 pair kernel; STREAM P with KERNEL 2: its streaming form at P "
+         "programs per SM, as q4_stream for this shape; all shapes, or `_<N>x<K>`)", per_shape=True,
          default_text="unset: the kernel's table"),
     Knob("gemm_q4", "ONNXGEN_GEMM_Q4", _gemm_q4, "`BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES[,SWAP]`",
          "forces the several-row 4-bit GEMM's launch configuration (prompts; SWAP 1: the weight tile as the "

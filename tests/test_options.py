@@ -84,7 +84,7 @@ def test_per_shape_variables_become_one_field() -> None:
         ("ONNXGEN_GEMV_DENSE", "4,32", "expected BLOCK_N,BLOCK_K,WARPS (3 positive integers)"),
         ("ONNXGEN_GEMV_DENSE_9728x896", "a,b,c", "expected BLOCK_N,BLOCK_K,WARPS"),
         ("ONNXGEN_GEMV_SPLIT", "on", "expected off or BLOCK_N,BLOCK_K,WARPS"),
-        ("ONNXGEN_GEMV_Q4_151936x896", "16,1024,2,3", "(KERNEL 0: bytes, 1: words, 2: fp16 pairs)"),
+        ("ONNXGEN_GEMV_Q4_151936x896", "16,1024,2,3", "(KERNEL 0: bytes, 1: words, 2: fp16 pairs;"),
         ("ONNXGEN_GEMM_Q4", "128,128,64,8,3,2", "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES[,SWAP] (SWAP 0 or 1)"),
         ("ONNXGEN_GEMM_Q4_SPLIT", "16,32,128,4,3,4,2", "SPLITS 0: the kernel's count; WORDS 0 or 1"),
         ("ONNXGEN_GEMM_Q4_SPLIT_2048x1536", "16,32,128,4,3", "BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES,SPLITS,WORDS"),
@@ -191,6 +191,11 @@ def test_overrides_reach_the_kernels_launch_tables() -> None:
     with options.override(gemv_q4="8,512,2,1"):  # the fourth value picks the kernel over 32-bit words
         assert linear_q4._q4_plan(896, 896, 32, cpu) == (8, 512, 2, 1)
         assert linear_q4._q4_plan(896, 896, 32, cpu, 8) == (8, 512, 2, 0)  # the word kernel is 4-bit only
+        assert linear_q4.stream_programs(896, 896, cpu) == 0
+    # a fifth value streams the pair kernel for that shape alone, over option q4_stream
+    with options.override(gemv_q4={"151936x896": "16,1024,2,2,3", "9728x896": "16,1024,2,2,0"}, q4_stream=2):
+        assert linear_q4._q4_plan(151936, 896, 32, cpu, half=True) == (16, 1024, 2, 2)
+        assert [linear_q4.stream_programs(n, 896, cpu) for n in (151936, 9728, 4864)] == [3, 0, 2]
     with options.override(triton=False):
         assert not launch.triton_importable()
     assert linear_row._row_plan(896, 4864, True, cpu) == default_plan
@@ -252,6 +257,9 @@ def test_bench_variants_apply_in_process(monkeypatch: pytest.MonkeyPatch) -> Non
         ("dequant_cache_mb", "big", "expected MB"),
         ("gemv_dense", (4, 32), "expected BLOCK_N,BLOCK_K,WARPS"),
         ("gemv_q4", {"9728x896": "1,2"}, "expected BLOCK_N,BLOCK_K,WARPS"),
+        ("gemv_q4", "16,1024,2,1,4", r"STREAM: programs per SM"),  # streams the pair kernel only
+        ("gemv_q4", "16,1024,2,2,-1", r"STREAM: programs per SM"),
+        ("gemv_q4", "16,1024,2,2,4,1", "expected BLOCK_N,BLOCK_K,WARPS"),
         ("gemm_q4", (16, 64, 128), "expected BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES"),
         ("gemv_split", {"9728-896": "off"}, "is not N x K"),
     ],

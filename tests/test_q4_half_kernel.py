@@ -204,23 +204,26 @@ def test_the_default_puts_wide_products_on_the_pair_kernel(device: str, setting:
 def test_prologues_over_rows_of_three_parts(device: str, prologue: str) -> None:
     """The pair kernel behind each prologue on rows of 896 elements (28 blocks: parts of 16, 8 and 4,
     whose sums of squares meet for the norm), 72 rows in blocks of 16: the fp64 product of the
-    prologue's activations; the streaming form (q4_stream, 3 programs) gives the tile form's bits."""
+    prologue's activations; the streaming form (gemv_q4's fifth value: 3 programs on the interpreter,
+    one per SM on a GPU, with the rows there grown past one block per SM) gives the tile form's bits."""
     from onnxgen import options
     from onnxgen.runtime.gpu.launch import LAUNCHES
     from onnxgen.runtime.gpu.linear_q4 import linear_row_q4
 
     gen = torch.Generator().manual_seed(11)
-    n, k, block_size = 72, 896, 32
+    per_sm, n, k, block_size = 3, 72, 896, 32
+    if device == "cuda":  # fewer programs than row blocks, or the tile form runs
+        per_sm, n = 1, 16 * torch.cuda.get_device_properties(0).multi_processor_count + 72
     codes = torch.randint(0, 256, (n, k // 2), generator=gen, dtype=torch.uint8)
     scales = (torch.rand(n, k // block_size, generator=gen) * 0.02 + 0.002).half()
     zeros = torch.randint(0, 256, (n, k // block_size // 2), generator=gen, dtype=torch.uint8)
     x, x2 = (torch.randn(k, generator=gen).half() for _ in range(2))
     gamma = (torch.rand(k, generator=gen) + 0.5).half()
     outs = []
-    for programs in (0, 3):
+    for programs in (0, per_sm):
         total = torch.empty(k, dtype=torch.float16, device=device)
         before = LAUNCHES["linear_row_q4_half_stream"]
-        with options.override(q4_half="all", gemv_q4=(16, 1024, 2, 2), q4_stream=programs, q4_norm_apart=0):
+        with options.override(q4_half="all", gemv_q4=(16, 1024, 2, 2, programs), q4_norm_apart=0):
             y = linear_row_q4(x.to(device), codes.to(device), scales.to(device), zeros.to(device), n=n, k=k,
                               block_size=block_size, prologue=prologue, x2=x2.to(device), gamma=gamma.to(device),
                               eps=1e-6, sum_out=total)  # fmt: skip

@@ -729,7 +729,7 @@ def _linear_row_words(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out,
     tiles = triton.cdiv(n, common["BLOCK_N"])
     if splits == 1 or common["PROLOGUE"] in NORM_PROLOGUES:
         b0, b1, b2 = power_parts(n_blocks)
-        programs = stream_programs(x.device) if half else 0
+        programs = stream_programs(n, k, x.device) if half else 0
         if 0 < programs < tiles:  # fewer programs, each over every programs-th row block
             LAUNCHES["linear_row_q4_half_stream"] += 1
             tile_kernel, tiles = H._q4h_stream_kernel, programs
@@ -748,10 +748,14 @@ def _linear_row_words(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out,
     return out
 
 
-def stream_programs(device: torch.device, opts: options.Options | None = None) -> int:
-    """Programs of the pair kernel's streaming form (0: off, the default): option ``q4_stream`` P
-    programs per SM (on the CPU interpreter: P programs)."""
-    return resident_programs((opts or options.current()).q4_stream, device)
+def stream_programs(n: int, k: int, device: torch.device, opts: options.Options | None = None) -> int:
+    """Programs of the pair kernel's streaming form for weight [N, K] (0: off, the default): the fifth
+    value of option ``gemv_q4``'s configuration for that shape where it has one, else option
+    ``q4_stream``, P programs per SM (on the CPU interpreter: P programs)."""
+    opts = opts or options.current()
+    forced = opts.gemv_q4.lookup(n, k)
+    per_sm = forced[4] if forced is not None and len(forced) == 5 else opts.q4_stream
+    return resident_programs(per_sm, device)
 
 
 def half_fits(dtype: torch.dtype, zero_kind: int, block_size: int) -> bool:
