@@ -493,11 +493,11 @@ stage_q4streamlayers() {
     --variant "auto:" --variant "stream4:ONNXGEN_Q4_STREAM=4" --variant "stream8:ONNXGEN_Q4_STREAM=8" \
     --variant "gate-up-s2:$g15,2" --variant "gate-up-s4:$g15,4" --variant "gate-up-s8:$g15,8" \
     --variant "lm-head-s2:$l15,2" --variant "lm-head-s4:$l15,4" --variant "lm-head-2w-s4:${l15%,4,2},2,2,4" \
-    --variant "both-s4:$g15,4,$l15,4" --variant "auto-again:" --variant "stream4-again:ONNXGEN_Q4_STREAM=4"
+    --variant "both-s4:$g15,4,$l15,4" --variant "half-off:ONNXGEN_Q4_HALF=off" --variant "auto-again:" --variant "stream4-again:ONNXGEN_Q4_STREAM=4"
   run q4streamlayers-0.5b 200 $PY -m bench.step_sweep $Q --precision int4 --context 512 --repeats 3 \
     --variant "auto:" --variant "stream8:ONNXGEN_Q4_STREAM=8" --variant "lm-head-pair:$l05,0" \
     --variant "lm-head-s2:$l05,2" --variant "lm-head-s4:$l05,4" --variant "lm-head-s6:$l05,6" \
-    --variant "lm-head-8r-s4:${l05/16,/8,},4" --variant "auto-again:"
+    --variant "lm-head-8r-s4:${l05/16,/8,},4" --variant "half-off:ONNXGEN_Q4_HALF=off" --variant "auto-again:"
   for s in "$Q15" "$Q"; do
     # shellcheck disable=SC2086
     run "q4streamlayers-fp16-${s##*-coder-}" 150 $PY -m bench.step_sweep $s --precision fp16 --context 512 \
