@@ -114,6 +114,8 @@
 #              programs per SM for every layer won 1.12x on the 1.5B step, lost on the 0.5B): the kernel's GPU
 #              tests, then both shapes' int4 steps streaming the gate_up or lm_head alone at 2, 4 and 8
 #              programs per SM, and fp16's steps in the same call, ~6 min
+#   q4streamauto  q4_stream=auto (the default since 2026-12-07) timed as the default: both shapes' int4 steps,
+#              auto against q4_stream=0 (the pair kernel's tile form everywhere) and q4_half=off, ~4 min
 #   q8         8-bit MatMulNBits on the packed byte kernels (2026-12-07): their GPU parity tests, then each layer of
 #              both shapes alone (gemv_micro --quick --bits 8: the one-row kernel swept beside cuBLAS over the fp16
 #              copy, which is what 8-bit weights ran over before, and the 16-row prompt paths), ~5 min
@@ -504,6 +506,14 @@ stage_q4streamlayers() {
       --repeats 3 --variant "fp16:"
   done
 }
+stage_q4streamauto() {
+  for s in "$Q15" "$Q"; do
+    # shellcheck disable=SC2086
+    run "q4streamauto-${s##*-coder-}" 200 $PY -m bench.step_sweep $s --precision int4 --context 512 --repeats 3 \
+      --variant "auto:" --variant "tile:ONNXGEN_Q4_STREAM=0" --variant "half-off:ONNXGEN_Q4_HALF=off" \
+      --variant "auto-again:" --variant "tile-again:ONNXGEN_Q4_STREAM=0"
+  done
+}
 stage_q8() {
   run q8-parity 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py tests/test_fusion.py \
     -k "(8bit or int8_group or 2bit or no_dequantized or prompt_gemm) and cuda"
@@ -520,7 +530,7 @@ stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
 }
 
-STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory memorypeers q4sym zerobytes q4long moezero q4rows q4half q4half05 q4halfcheck q4stream q4streamlayers q8 sampled"
+STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory memorypeers q4sym zerobytes q4long moezero q4rows q4half q4half05 q4halfcheck q4stream q4streamlayers q4streamauto q8 sampled"
 if [ $# -eq 0 ]; then
   echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
   exit 2

@@ -84,7 +84,7 @@ class Options:
     q4_dequant: Literal["bytes", "blocks"] = "blocks"
     q4_row_ready: bool = False
     q4_half: Literal["auto", "all", "off"] = "auto"
-    q4_stream: int = 0
+    q4_stream: int | Literal["auto"] = "auto"
     q4_norm_apart: int = 4096
     gemv_split: ShapeOverrides = NO_OVERRIDES
     gqa_decode: tuple[int, int] | None = None
@@ -166,6 +166,14 @@ def _triton_linear(raw: str) -> str:
 def _persist(raw: str) -> int:
     if not raw.isdigit():
         raise ValueError("expected a number of programs per SM (0: off)")
+    return int(raw)
+
+
+def _stream(raw: str) -> int | str:
+    if raw == "auto":
+        return raw
+    if not raw.isdigit():
+        raise ValueError("expected auto (the kernel's table) or a number of programs per SM (0: off)")
     return int(raw)
 
 
@@ -419,11 +427,12 @@ KNOBS: tuple[Knob, ...] = (
          "products per fp16 lane, then fp32): `auto` the layers of its table (rows over 1,024 elements, and the "
          "wide non-vocabulary layer; both shapes' int4 steps 1.05x `off`'s on an H100), `all` every one, "
          "`off` none (the byte and word kernels; docs/benchmarks/2026-12-07-h100-q4-half.md)"),
-    Knob("q4_stream", "ONNXGEN_Q4_STREAM", _persist, "`P` (programs per SM; `0`: off)",
+    Knob("q4_stream", "ONNXGEN_Q4_STREAM", _stream, "`auto` / `P` (programs per SM; `0`: off)",
          "one-tile products on the fp16 pair kernel (q4_half) with more row blocks than P programs per SM run "
          "as P programs per SM, each making the activation pairs once and loading its next row block while it "
-         "sums this one (gpu/linear_q4_half.py, _q4h_stream_kernel; the same bits); built without a GPU, off "
-         "until timed"),
+         "sums this one (gpu/linear_q4_half.py, _q4h_stream_kernel; the same bits); `auto` its table: 4 per SM "
+         "for 2-warp products with at least two row blocks per program (the 1.5B gate_up, the 0.5B lm_head: "
+         "int4 steps 1.12x and 1.03x the tile form's on an H100, docs/benchmarks/2026-12-07-h100-q4-stream.md)"),
     Knob("conv_prompt", "ONNXGEN_CONV_PROMPT", _flag(), "`1` / `0`",
          "`0`: a prompt's CausalConvWithState on a Triton device runs the torch path (about ten kernels) instead "
          "of one Triton kernel (gpu/causal_conv_update.py); one-position steps keep their kernel"),
@@ -570,7 +579,7 @@ def _env_text(value: Any) -> str:
 
 _SCALAR_TYPES: dict[str, tuple[type, ...]] = {
     "gemv_persist": (int,),
-    "q4_stream": (int,),
+    "q4_stream": (int, str),  # "auto" or programs per SM, as the variable spells them
     "q4_norm_apart": (int,),
     "gdn_chunked_from": (int,),
     "gdn_chunked_to": (int,),

@@ -65,14 +65,14 @@ def test_default_gemv_configs(shape: tuple[int, int], h200: None) -> None:
 
 # (N, K): the one-row 4-bit configuration where the fp16 pair kernel fits the product (fp16 / bf16
 # activations, integer zero points), under q4_half=auto: the layers and tiles the H100 step sweeps of
-# 2026-12-07 chose (docs/benchmarks/2026-12-07-h100-q4-half.md): on the 0.5B shape only gate_up
-# (16 x 1,024 on 2 warps), on the 1.5B shape every layer, gate_up in 8 x 2,048 tiles on 2 warps
+# 2026-12-07 chose (docs/benchmarks/2026-12-07-h100-q4-half.md, -q4-stream.md): on the 0.5B shape gate_up
+# and lm_head (16 x 1,024 on 2 warps), on the 1.5B shape every layer, gate_up in 8 x 2,048 tiles on 2 warps
 HALF_DEFAULTS = {
     (1152, 896): (16, 1024, 4, 0),
     (896, 896): (8, 1024, 4, 0),
     (9728, 896): (16, 1024, 2, 2),
     (896, 4864): (8, 512, 4, 0),
-    (151936, 896): (16, 1024, 2, 1),
+    (151936, 896): (16, 1024, 2, 2),
     (2048, 1536): (16, 2048, 4, 2),
     (1536, 1536): (16, 2048, 4, 2),
     (17920, 1536): (8, 2048, 2, 2),
@@ -100,6 +100,31 @@ def test_fp16_pair_kernel_configs(shape: tuple[int, int]) -> None:
         config = linear_q4.q4_config(n, k, 32, CUDA, half=True)
     half = HALF_DEFAULTS[shape]
     assert config == (half if half[3] == 2 else (*byte_or_word[:3], 2))
+
+
+# (N, K): programs per SM of the pair kernel's streaming form under q4_stream=auto (0: its tile form), at
+# HALF_DEFAULTS' configuration on 132 SMs: the 1.5B gate_up (2,240 row blocks) and the 0.5B lm_head
+# (9,496) at 4; the 0.5B gate_up has 608 blocks, under two per program; the 1.5B lm_head runs 4 warps
+STREAM_DEFAULTS = {(9728, 896): 0, (151936, 896): 4, (2048, 1536): 0, (1536, 1536): 0, (17920, 1536): 4,
+                   (151936, 1536): 0}  # fmt: skip
+
+
+@pytest.mark.parametrize("shape", list(STREAM_DEFAULTS), ids=lambda s: f"{s[0]}x{s[1]}")
+def test_streaming_table(shape: tuple[int, int], h200: None) -> None:
+    """q4_stream=auto streams the measured layers at 4 programs per SM; a number forces every one-tile
+    product (0: none), and a fifth gemv_q4 value one shape over both."""
+    from onnxgen import options
+
+    n, k = shape
+    block_n, _, warps, kernel = HALF_DEFAULTS[shape]
+    assert kernel == 2
+    assert linear_q4.stream_programs(n, k, block_n, warps, CUDA) == STREAM_DEFAULTS[shape] * H200_SMS
+    with options.override(q4_stream=2):
+        assert linear_q4.stream_programs(n, k, block_n, warps, CUDA) == 2 * H200_SMS
+        with options.override(gemv_q4={f"{n}x{k}": f"{block_n},1024,{warps},2,0"}):
+            assert linear_q4.stream_programs(n, k, block_n, warps, CUDA) == 0
+    with options.override(q4_stream=0):
+        assert linear_q4.stream_programs(n, k, block_n, warps, CUDA) == 0
 
 
 @pytest.mark.parametrize(

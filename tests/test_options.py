@@ -191,11 +191,12 @@ def test_overrides_reach_the_kernels_launch_tables() -> None:
     with options.override(gemv_q4="8,512,2,1"):  # the fourth value picks the kernel over 32-bit words
         assert linear_q4._q4_plan(896, 896, 32, cpu) == (8, 512, 2, 1)
         assert linear_q4._q4_plan(896, 896, 32, cpu, 8) == (8, 512, 2, 0)  # the word kernel is 4-bit only
-        assert linear_q4.stream_programs(896, 896, cpu) == 0
     # a fifth value streams the pair kernel for that shape alone, over option q4_stream
     with options.override(gemv_q4={"151936x896": "16,1024,2,2,3", "9728x896": "16,1024,2,2,0"}, q4_stream=2):
         assert linear_q4._q4_plan(151936, 896, 32, cpu, half=True) == (16, 1024, 2, 2)
-        assert [linear_q4.stream_programs(n, 896, cpu) for n in (151936, 9728, 4864)] == [3, 0, 2]
+        assert [linear_q4.stream_programs(n, 896, 16, 2, cpu) for n in (151936, 9728, 4864)] == [3, 0, 2]
+    # auto (the default) on the CPU interpreter: 4 programs on 2 warps where each gets two row blocks
+    assert [linear_q4.stream_programs(n, 896, 16, w, cpu) for n, w in ((128, 2), (112, 2), (128, 4))] == [4, 0, 0]
     with options.override(triton=False):
         assert not launch.triton_importable()
     assert linear_row._row_plan(896, 4864, True, cpu) == default_plan

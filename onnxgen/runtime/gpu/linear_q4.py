@@ -551,15 +551,44 @@ def _q4_half_table(n: int, k: int, block_size: int) -> tuple[int, int, int, int]
     layer together (the 1.5B shape), the wide non-vocabulary layer (gate_up) in 16,384-element tiles
     on 2 warps, the others at the byte kernel's tiles; rows of at most 1,024 elements only on that wide
     layer (the 0.5B gate_up), its qkv, o_proj, split down_proj and vocabulary-wide lm_head each slower
-    or level on the pair kernel."""
+    or level on the pair kernel; the vocabulary-wide lm_head over such rows was level in its tile form
+    and gained streamed (stream_programs), so it takes the kernel at the wide layer's configuration."""
     padded = -(-k // block_size) * block_size
     wide = WORDS_MIN_ROWS <= n <= WORDS_MAX_LM_ROWS
     if padded > one_tile_elements(4):
         return (16, max(SPLIT_TILE[4], block_size), 4, 2) if n >= 1024 else None
     tile = max(block_size, triton.next_power_of_2(padded))
     if tile <= 1024:
-        return (16, tile, 2, 2) if wide else None
+        return (16, tile, 2, 2) if n >= WORDS_MIN_ROWS else None
     return (8, tile, 2, 2) if wide else ((16 if n >= 1024 else 8), tile, 4, 2)
+
+
+STREAM_PER_SM = 4  # programs per SM of the streaming form under q4_stream=auto
+STREAM_MIN_BLOCKS = 2  # ...where each program then takes at least this many row blocks
+
+
+def stream_programs(
+    n: int, k: int, block_n: int, warps: int, device: torch.device, opts: options.Options | None = None
+) -> int:  # fmt: skip
+    """Programs of the pair kernel's streaming form for a one-tile product over weight [N, K] in blocks
+    of ``block_n`` rows on ``warps`` warps (0: its tile form, a program per row block): the fifth
+    value of option ``gemv_q4``'s configuration for that shape where it has one, else option
+    ``q4_stream``: P programs per SM (on the CPU interpreter: P programs), or under ``auto`` this
+    table: STREAM_PER_SM on 2 warps (the kernel's registers let that many 64-thread programs stay
+    resident per SM) where every program gets STREAM_MIN_BLOCKS row blocks or more (one block leaves
+    nothing to load ahead). From whole-step sweeps on an H100 (bench/step_sweep.py,
+    docs/benchmarks/2026-12-07-h100-q4-stream.md): streamed at 4 per SM, the 1.5B gate_up (2,240
+    blocks of 8 rows) gained most and the 0.5B lm_head (9,496 of 16) some; the 0.5B gate_up (608
+    blocks: one or two per program) lost, and the 1.5B lm_head on 4 warps (two programs resident)
+    was level."""
+    opts = opts or options.current()
+    forced = opts.gemv_q4.lookup(n, k)
+    if forced is not None and len(forced) == 5:
+        return resident_programs(forced[4], device)
+    if opts.q4_stream != "auto":
+        return resident_programs(opts.q4_stream, device)
+    programs = resident_programs(STREAM_PER_SM, device) if warps == 2 else 0
+    return programs if programs and triton.cdiv(n, block_n) >= STREAM_MIN_BLOCKS * programs else 0
 
 
 def gemm_q4_config(m: int, n: int, k: int, opts: options.Options | None = None) -> tuple[int, int, int, int, int, int]:
@@ -729,7 +758,7 @@ def _linear_row_words(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out,
     tiles = triton.cdiv(n, common["BLOCK_N"])
     if splits == 1 or common["PROLOGUE"] in NORM_PROLOGUES:
         b0, b1, b2 = power_parts(n_blocks)
-        programs = stream_programs(n, k, x.device) if half else 0
+        programs = stream_programs(n, k, common["BLOCK_N"], common["num_warps"], x.device) if half else 0
         if 0 < programs < tiles:  # fewer programs, each over every programs-th row block
             LAUNCHES["linear_row_q4_half_stream"] += 1
             tile_kernel, tiles = H._q4h_stream_kernel, programs
@@ -746,16 +775,6 @@ def _linear_row_words(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out,
         **pdl_launch(x, out, parts, tickets),
     )  # fmt: skip
     return out
-
-
-def stream_programs(n: int, k: int, device: torch.device, opts: options.Options | None = None) -> int:
-    """Programs of the pair kernel's streaming form for weight [N, K] (0: off, the default): the fifth
-    value of option ``gemv_q4``'s configuration for that shape where it has one, else option
-    ``q4_stream``, P programs per SM (on the CPU interpreter: P programs)."""
-    opts = opts or options.current()
-    forced = opts.gemv_q4.lookup(n, k)
-    per_sm = forced[4] if forced is not None and len(forced) == 5 else opts.q4_stream
-    return resident_programs(per_sm, device)
 
 
 def half_fits(dtype: torch.dtype, zero_kind: int, block_size: int) -> bool:
