@@ -115,7 +115,8 @@
 #              tests, then both shapes' int4 steps streaming the gate_up or lm_head alone at 2, 4 and 8
 #              programs per SM, and fp16's steps in the same call, ~6 min
 #   q4streamauto  q4_stream=auto (the default since 2026-12-07) timed as the default: both shapes' int4 steps,
-#              auto against q4_stream=0 (the pair kernel's tile form everywhere) and q4_half=off, ~4 min
+#              auto against q4_stream=0 (the pair kernel's tile form everywhere; 0.5B also its gate_up in 8-row
+#              blocks, 1,216 of them, which the rule then streams), ~4 min
 #   q8         8-bit MatMulNBits on the packed byte kernels (2026-12-07): their GPU parity tests, then each layer of
 #              both shapes alone (gemv_micro --quick --bits 8: the one-row kernel swept beside cuBLAS over the fp16
 #              copy, which is what 8-bit weights ran over before, and the 16-row prompt paths), ~5 min
@@ -507,12 +508,13 @@ stage_q4streamlayers() {
   done
 }
 stage_q4streamauto() {
-  for s in "$Q15" "$Q"; do
-    # shellcheck disable=SC2086
-    run "q4streamauto-${s##*-coder-}" 200 $PY -m bench.step_sweep $s --precision int4 --context 512 --repeats 3 \
-      --variant "auto:" --variant "tile:ONNXGEN_Q4_STREAM=0" --variant "half-off:ONNXGEN_Q4_HALF=off" \
-      --variant "auto-again:" --variant "tile-again:ONNXGEN_Q4_STREAM=0"
-  done
+  # shellcheck disable=SC2086
+  run q4streamauto-0.5b 110 $PY -m bench.step_sweep $Q --precision int4 --context 512 --repeats 3 \
+    --variant "auto:" --variant "tile:ONNXGEN_Q4_STREAM=0" --variant "gate-up-8r:ONNXGEN_GEMV_Q4_9728x896=8,1024,2,2" \
+    --variant "auto-again:" --variant "tile-again:ONNXGEN_Q4_STREAM=0"
+  # shellcheck disable=SC2086
+  run q4streamauto-1.5b 150 $PY -m bench.step_sweep $Q15 --precision int4 --context 512 --repeats 3 \
+    --variant "auto:" --variant "tile:ONNXGEN_Q4_STREAM=0" --variant "auto-again:" --variant "tile-again:ONNXGEN_Q4_STREAM=0"
 }
 stage_q8() {
   run q8-parity 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py tests/test_fusion.py \
