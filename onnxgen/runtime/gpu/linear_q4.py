@@ -549,10 +549,10 @@ def _q4_half_table(n: int, k: int, block_size: int) -> tuple[int, int, int, int]
     byte or word kernel keeps it. From whole-step sweeps on an H100 (bench/step_sweep.py,
     docs/benchmarks/2026-12-07-h100-q4-half.md): rows longer than 1,024 elements gained on every
     layer together (the 1.5B shape), the wide non-vocabulary layer (gate_up) in 16,384-element tiles
-    on 2 warps, the others at the byte kernel's tiles; rows of at most 1,024 elements only on that wide
-    layer (the 0.5B gate_up), its qkv, o_proj, split down_proj and vocabulary-wide lm_head each slower
-    or level on the pair kernel; the vocabulary-wide lm_head over such rows was level in its tile form
-    and gained streamed (stream_programs), so it takes the kernel at the wide layer's configuration."""
+    on 2 warps, the others at the byte kernel's tiles. Of rows of at most 1,024 elements (the 0.5B
+    shape), only layers of WORDS_MIN_ROWS rows or more, 16 x 1,024 on 2 warps: gate_up gained in its
+    tile form, the vocabulary-wide lm_head was level so and gained streamed (stream_programs); qkv,
+    o_proj and the split down_proj were each slower or level on the pair kernel."""
     padded = -(-k // block_size) * block_size
     wide = WORDS_MIN_ROWS <= n <= WORDS_MAX_LM_ROWS
     if padded > one_tile_elements(4):
