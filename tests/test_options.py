@@ -168,7 +168,7 @@ def test_overrides_reach_the_kernels_launch_tables() -> None:
         assert gqa_decode.decode_config() == (16, 2) and not gqa_decode.early_reads_enabled()
         assert launch.q4_kernels_serve(row) == launch.triton_serves(row)
     with options.override(gemv_q4="8,512,2", gemm_q4="32,64,64,4,2"):
-        assert linear_q4._q4_plan(896, 896, 32, cpu) == (8, 512, 2, 0)
+        assert linear_q4._q4_plan(896, 896, 32, cpu)[0] == (8, 512, 2, 0)
         assert linear_q4.gemm_q4_config(100, 896, 896) == (32, 64, 64, 4, 2, 0)
     with options.override(gemm_q4="128,128,64,8,3,1"):
         assert linear_q4.gemm_q4_config(1024, 896, 896) == (128, 128, 64, 8, 3, 1)
@@ -189,18 +189,18 @@ def test_overrides_reach_the_kernels_launch_tables() -> None:
         assert linear_q4_split.split_gemm_config(16, 1024, 1536, 32, 132, True)[6] == 1
         assert linear_q4_split.split_gemm_config(16, 1024, 1536, 32, 132, False)[6] == 0
     with options.override(gemv_q4="8,512,2,1"):  # the fourth value picks the kernel over 32-bit words
-        assert linear_q4._q4_plan(896, 896, 32, cpu) == (8, 512, 2, 1)
-        assert linear_q4._q4_plan(896, 896, 32, cpu, 8) == (8, 512, 2, 0)  # the word kernel is 4-bit only
+        assert linear_q4._q4_plan(896, 896, 32, cpu) == ((8, 512, 2, 1), 0)
+        assert linear_q4._q4_plan(896, 896, 32, cpu, 8) == ((8, 512, 2, 0), 0)  # the word kernel is 4-bit only
     # a fifth value streams the pair kernel for that shape alone, over option q4_stream
     with options.override(gemv_q4={"151936x896": "16,1024,2,2,3", "9728x896": "16,1024,2,2,0"}, q4_stream=2):
-        assert linear_q4._q4_plan(151936, 896, 32, cpu, half=True) == (16, 1024, 2, 2)
+        assert linear_q4._q4_plan(151936, 896, 32, cpu, half=True) == ((16, 1024, 2, 2), 3)
         assert [linear_q4.stream_programs(n, 896, 16, 2, cpu) for n in (151936, 9728, 4864)] == [3, 0, 2]
     # auto (the default) on the CPU interpreter: 4 programs on 2 warps where each gets two row blocks
     assert [linear_q4.stream_programs(n, 896, 16, w, cpu) for n, w in ((128, 2), (112, 2), (128, 4))] == [4, 0, 0]
     with options.override(triton=False):
         assert not launch.triton_importable()
     assert linear_row._row_plan(896, 4864, True, cpu) == default_plan
-    assert linear_q4._q4_plan(896, 896, 32, cpu) == linear_q4.q4_config(896, 896, 32, cpu)
+    assert linear_q4._q4_plan(896, 896, 32, cpu)[0] == linear_q4.q4_config(896, 896, 32, cpu)
 
 
 def test_overrides_reach_the_quantized_kernels_and_the_dequant_cap() -> None:

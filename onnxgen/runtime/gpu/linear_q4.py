@@ -612,12 +612,16 @@ def gemm_q4_config(m: int, n: int, k: int, opts: options.Options | None = None) 
 
 def _q4_plan(
     n: int, k: int, block_size: int, device: torch.device, bits: int = 4, half: bool = False
-) -> tuple[int, int, int, int]:
+) -> tuple[tuple[int, int, int, int], int]:
+    """(q4_config's configuration, the pair kernel's streaming programs: stream_programs where the
+    configuration takes that kernel, else 0), once per shape while the options stay the same."""
     plans, opts = _plans()
     key = ("q4", n, k, block_size, device, bits, half)
     plan = plans.get(key)
     if plan is None:
-        plan = plans[key] = q4_config(n, k, block_size, device, opts, bits, half)
+        config = q4_config(n, k, block_size, device, opts, bits, half)
+        programs = stream_programs(n, k, config[0], config[2], device, opts) if half and config[3] == 2 else 0
+        plan = plans[key] = (config, programs)
     return plan  # type: ignore[return-value]
 
 
@@ -683,7 +687,7 @@ def linear_row_q4(
     n_blocks = scale.shape[1]
     out = torch.empty(n, dtype=x.dtype, device=x.device)
     half = bits == 4 and half_fits(x.dtype, zero_kind, block_size)
-    block_n, block_k, warps, kernel = _q4_plan(n, k, block_size, x.device, bits, half)
+    (block_n, block_k, warps, kernel), programs = _q4_plan(n, k, block_size, x.device, bits, half)
     split_blocks = max(block_k, block_size) // block_size
     splits = triton.cdiv(n_blocks, split_blocks)
     if code in NORM_PROLOGUES and norm_apart(n, block_n, n_blocks * block_size, bits):
@@ -697,7 +701,7 @@ def linear_row_q4(
     words = _as_words(packed) if kernel and bits == 4 else None
     if words is not None:
         return _linear_row_words(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, common, n, k, n_blocks,
-                                 splits, split_blocks, float(eps), half and kernel == 2)  # fmt: skip
+                                 splits, split_blocks, float(eps), half and kernel == 2, programs)  # fmt: skip
     if splits == 1 or code in NORM_PROLOGUES:  # a norm's statistics span the row: one tile of the whole row
         b0, b1, b2 = power_parts(n_blocks)
         _q4_tile_kernel[(triton.cdiv(n, block_n),)](
@@ -737,10 +741,11 @@ def _as_words(packed: torch.Tensor) -> torch.Tensor | None:
 
 
 def _linear_row_words(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out, common, n, k, n_blocks, splits,
-                      split_blocks, eps, half: bool = False):  # fmt: skip
+                      split_blocks, eps, half: bool = False, programs: int = 0):  # fmt: skip
     """linear_row_q4's launch over the codes as 32-bit words: a program per row tile, or row tiles
     split along K; by gpu/linear_q4_words.py's kernels, or with ``half`` gpu/linear_q4_half.py's
-    (which take no magic-bits argument)."""
+    (which take no magic-bits argument), whose one-tile products run as ``programs`` streaming
+    programs where that is fewer than their row tiles (_q4_plan)."""
     if half:
         from onnxgen.runtime.gpu import linear_q4_half as H
 
@@ -758,8 +763,7 @@ def _linear_row_words(x, x2, gamma, sum_out, words, scale, zeros, bias_arg, out,
     tiles = triton.cdiv(n, common["BLOCK_N"])
     if splits == 1 or common["PROLOGUE"] in NORM_PROLOGUES:
         b0, b1, b2 = power_parts(n_blocks)
-        programs = stream_programs(n, k, common["BLOCK_N"], common["num_warps"], x.device) if half else 0
-        if 0 < programs < tiles:  # fewer programs, each over every programs-th row block
+        if half and 0 < programs < tiles:  # fewer programs, each over every programs-th row block
             LAUNCHES["linear_row_q4_half_stream"] += 1
             tile_kernel, tiles = H._q4h_stream_kernel, programs
         tile_kernel[(tiles,)](
