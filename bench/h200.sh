@@ -117,6 +117,10 @@
 #   q4streamauto  q4_stream=auto (the default since 2026-12-07) timed as the default: both shapes' int4 steps,
 #              auto against q4_stream=0 (the pair kernel's tile form everywhere; 0.5B also its gate_up in 8-row
 #              blocks, 1,216 of them, which the rule then streams), ~4 min
+#   q4anatomy05  where the 0.5B int4 step's time goes with the streamed default (2026-12-07 evening): the pair
+#              kernel's GPU tests and the int4 parity tests (the launcher that plans streaming once per shape), the
+#              step's kernels int4 (default, every layer on the pair kernel) and fp16, and the 0.5B qkv, o_proj and
+#              down_proj alone with each 4-bit kernel swept (gemv_micro --words --half), ~9 min
 #   q8         8-bit MatMulNBits on the packed byte kernels (2026-12-07): their GPU parity tests, then each layer of
 #              both shapes alone (gemv_micro --quick --bits 8: the one-row kernel swept beside cuBLAS over the fp16
 #              copy, which is what 8-bit weights ran over before, and the 16-row prompt paths), ~5 min
@@ -516,6 +520,18 @@ stage_q4streamauto() {
   run q4streamauto-1.5b 150 $PY -m bench.step_sweep $Q15 --precision int4 --context 512 --repeats 3 \
     --variant "auto:" --variant "tile:ONNXGEN_Q4_STREAM=0" --variant "auto-again:" --variant "tile-again:ONNXGEN_Q4_STREAM=0"
 }
+stage_q4anatomy05() {
+  run q4anatomy05-model 90 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_q4_half_kernel.py
+  run q4anatomy05-parity 120 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py \
+    tests/test_fusion.py -k "(matmul_nbits_4bit or int4_group) and cuda and not prompt"
+  # shellcheck disable=SC2086
+  run q4anatomy05-int4 130 $PY -m bench.step_anatomy $Q --precision int4 --context 512 --kernels \
+    --variant "default:" --variant "half-all:ONNXGEN_Q4_HALF=all"
+  # shellcheck disable=SC2086
+  run q4anatomy05-fp16 90 $PY -m bench.step_anatomy $Q --precision fp16 --context 512 --kernels --variant "fp16:"
+  # shellcheck disable=SC2086
+  run q4anatomy05-micro 120 $PY -m bench.gemv_micro $Q --quick --words --half --layers qkv,o_proj,down
+}
 stage_q8() {
   run q8-parity 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py tests/test_fusion.py \
     -k "(8bit or int8_group or 2bit or no_dequantized or prompt_gemm) and cuda"
@@ -532,7 +548,7 @@ stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
 }
 
-STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory memorypeers q4sym zerobytes q4long moezero q4rows q4half q4half05 q4halfcheck q4stream q4streamlayers q4streamauto q8 sampled"
+STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory memorypeers q4sym zerobytes q4long moezero q4rows q4half q4half05 q4halfcheck q4stream q4streamlayers q4streamauto q4anatomy05 q8 sampled"
 if [ $# -eq 0 ]; then
   echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
   exit 2
