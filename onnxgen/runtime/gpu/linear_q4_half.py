@@ -208,6 +208,26 @@ def _part_loads(
 
 
 @triton.jit
+def _row_loads(
+    w_ptr, scale_ptr, zero_ptr, rows, row_ok, n_blocks, row_words, zp_row_bytes, B0: tl.constexpr, B1: tl.constexpr,
+    B2: tl.constexpr, QBLOCK: tl.constexpr, ZERO_KIND: tl.constexpr,
+):  # fmt: skip
+    """_part_loads of a row's up to three power-of-two parts (B0, B1, B2 blocks; an absent part
+    repeats the first's tensors, which no caller reads)."""
+    first = _part_loads(w_ptr, scale_ptr, zero_ptr, rows, row_ok, 0, n_blocks, row_words, zp_row_bytes, B0, QBLOCK,
+                        ZERO_KIND)  # fmt: skip
+    second = first
+    third = first
+    if B1 > 0:
+        second = _part_loads(w_ptr, scale_ptr, zero_ptr, rows, row_ok, B0, n_blocks, row_words, zp_row_bytes, B1,
+                             QBLOCK, ZERO_KIND)  # fmt: skip
+    if B2 > 0:
+        third = _part_loads(w_ptr, scale_ptr, zero_ptr, rows, row_ok, B0 + B1, n_blocks, row_words, zp_row_bytes, B2,
+                            QBLOCK, ZERO_KIND)  # fmt: skip
+    return first, second, third
+
+
+@triton.jit
 def _part_pairs(
     x_ptr, x2_ptr, gamma_ptr, sum_ptr, first_block, k, PROLOGUE: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr,
 ):  # fmt: skip
@@ -257,14 +277,11 @@ def _q4h_tile_kernel(
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < n
     bias = _row_bias(bias_ptr, rows, row_ok, HAS_BIAS)
-    a0, a1, a2, a3, s0, z0, l0, h0 = _part_loads(w_ptr, scale_ptr, zero_ptr, rows, row_ok, 0, n_blocks, row_words,
-                                                 zp_row_bytes, B0, QBLOCK, ZERO_KIND)  # fmt: skip
-    if B1 > 0:
-        b0, b1, b2, b3, s1, z1, l1, h1 = _part_loads(w_ptr, scale_ptr, zero_ptr, rows, row_ok, B0, n_blocks,
-                                                     row_words, zp_row_bytes, B1, QBLOCK, ZERO_KIND)  # fmt: skip
-    if B2 > 0:
-        c0, c1, c2, c3, s2, z2, l2, h2 = _part_loads(w_ptr, scale_ptr, zero_ptr, rows, row_ok, B0 + B1, n_blocks,
-                                                     row_words, zp_row_bytes, B2, QBLOCK, ZERO_KIND)  # fmt: skip
+    first, second, third = _row_loads(w_ptr, scale_ptr, zero_ptr, rows, row_ok, n_blocks, row_words, zp_row_bytes,
+                                      B0, B1, B2, QBLOCK, ZERO_KIND)  # fmt: skip
+    a0, a1, a2, a3, s0, z0, l0, h0 = first
+    b0, b1, b2, b3, s1, z1, l1, h1 = second
+    c0, c1, c2, c3, s2, z2, l2, h2 = third
     wait_for_previous(PDL)
     dot, squares = _part_products(a0, a1, a2, a3, s0, z0, l0, h0, x_ptr, x2_ptr, gamma_ptr, sum_ptr, 0, k, PROLOGUE,
                                   B0, QBLOCK, PTX)  # fmt: skip
@@ -318,14 +335,11 @@ def _q4h_stream_kernel(
     lanes = tl.arange(0, BLOCK_N)
     rows = pid * BLOCK_N + lanes
     row_ok = rows < n
-    a0, a1, a2, a3, s0, z0, l0, h0 = _part_loads(w_ptr, scale_ptr, zero_ptr, rows, row_ok, 0, n_blocks, row_words,
-                                                 zp_row_bytes, B0, QBLOCK, ZERO_KIND)  # fmt: skip
-    if B1 > 0:
-        b0, b1, b2, b3, s1, z1, l1, h1 = _part_loads(w_ptr, scale_ptr, zero_ptr, rows, row_ok, B0, n_blocks,
-                                                     row_words, zp_row_bytes, B1, QBLOCK, ZERO_KIND)  # fmt: skip
-    if B2 > 0:
-        c0, c1, c2, c3, s2, z2, l2, h2 = _part_loads(w_ptr, scale_ptr, zero_ptr, rows, row_ok, B0 + B1, n_blocks,
-                                                     row_words, zp_row_bytes, B2, QBLOCK, ZERO_KIND)  # fmt: skip
+    first, second, third = _row_loads(w_ptr, scale_ptr, zero_ptr, rows, row_ok, n_blocks, row_words, zp_row_bytes,
+                                      B0, B1, B2, QBLOCK, ZERO_KIND)  # fmt: skip
+    a0, a1, a2, a3, s0, z0, l0, h0 = first
+    b0, b1, b2, b3, s1, z1, l1, h1 = second
+    c0, c1, c2, c3, s2, z2, l2, h2 = third
     wait_for_previous(PDL)
     p0, down0, sq = _part_pairs(x_ptr, x2_ptr, gamma_ptr, sum_ptr, 0, k, PROLOGUE, B0, QBLOCK)
     squares = tl.sum(tl.sum(sq, axis=1), axis=0)
@@ -340,19 +354,11 @@ def _q4h_stream_kernel(
         row_ok = rows < n
         ahead = rows + step  # the next block's loads go out before this block's sums
         ahead_ok = ahead < n
-        n00, n01, n02, n03, ns0, nz0, nl0, nh0 = _part_loads(
-            w_ptr, scale_ptr, zero_ptr, ahead, ahead_ok, 0, n_blocks, row_words, zp_row_bytes, B0, QBLOCK, ZERO_KIND
-        )
-        if B1 > 0:
-            n10, n11, n12, n13, ns1, nz1, nl1, nh1 = _part_loads(
-                w_ptr, scale_ptr, zero_ptr, ahead, ahead_ok, B0, n_blocks, row_words, zp_row_bytes, B1, QBLOCK,
-                ZERO_KIND,
-            )  # fmt: skip
-        if B2 > 0:
-            n20, n21, n22, n23, ns2, nz2, nl2, nh2 = _part_loads(
-                w_ptr, scale_ptr, zero_ptr, ahead, ahead_ok, B0 + B1, n_blocks, row_words, zp_row_bytes, B2, QBLOCK,
-                ZERO_KIND,
-            )  # fmt: skip
+        upcoming = _row_loads(w_ptr, scale_ptr, zero_ptr, ahead, ahead_ok, n_blocks, row_words, zp_row_bytes, B0,
+                              B1, B2, QBLOCK, ZERO_KIND)  # fmt: skip
+        n00, n01, n02, n03, ns0, nz0, nl0, nh0 = upcoming[0]
+        n10, n11, n12, n13, ns1, nz1, nl1, nh1 = upcoming[1]
+        n20, n21, n22, n23, ns2, nz2, nl2, nh2 = upcoming[2]
         bias = _row_bias(bias_ptr, rows, row_ok, HAS_BIAS)
         dot = _part_dot(a0, a1, a2, a3, s0, z0, l0, h0, p0, down0, PTX)
         a0, a1, a2, a3, s0, z0, l0, h0 = n00, n01, n02, n03, ns0, nz0, nl0, nh0
