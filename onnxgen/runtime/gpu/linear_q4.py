@@ -135,29 +135,39 @@ def _block_scales(
 
 
 @triton.jit
-def _block_products(
-    codes, scale, offset, x_ptr, x2_ptr, gamma_ptr, sum_ptr, first_block, k, PROLOGUE: tl.constexpr,
-    ZERO_KIND: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr, BITS: tl.constexpr = 4,
-    READY: tl.constexpr = False,
+def _block_inputs(x_ptr, x2_ptr, gamma_ptr, first_block, k, PROLOGUE: tl.constexpr, NB: tl.constexpr,
+                  QBLOCK: tl.constexpr):  # fmt: skip
+    """The prologue's raw inputs (x, x2, gamma) of NB blocks from ``first_block``, [NB, QBLOCK]."""
+    cols = (first_block + tl.arange(0, NB))[:, None] * QBLOCK + tl.arange(0, QBLOCK)[None, :]
+    return _activation_inputs(x_ptr, x2_ptr, gamma_ptr, cols, cols < k, PROLOGUE)
+
+
+@triton.jit
+def _block_dot(
+    codes, scale, offset, x, x2, gamma, sum_ptr, first_block, k, PROLOGUE: tl.constexpr, ZERO_KIND: tl.constexpr,
+    NB: tl.constexpr, QBLOCK: tl.constexpr, BITS: tl.constexpr = 4, READY: tl.constexpr = False,
 ):  # fmt: skip
-    """(w . p(x) per row, the prologue's sum of squares) in fp32 over NB blocks from ``first_block``.
-    The codes come in element order (_codes_less_zero), so the activations load as contiguous rows
-    of the tile; a block's sum of (code - zero) * a is multiplied once by its scale. READY: ``codes``
-    are _ready_weights' weights instead (scale and offset unused), and a block's sum is w . a."""
-    blk = first_block + tl.arange(0, NB)
-    cols = blk[:, None] * QBLOCK + tl.arange(0, QBLOCK)[None, :]  # [NB, QBLOCK]
-    inside = cols < k
-    x, x2, gamma = _activation_inputs(x_ptr, x2_ptr, gamma_ptr, cols, inside, PROLOGUE)
-    a, sq = _activation(x, x2, gamma, sum_ptr, cols, inside, PROLOGUE)
+    """(w . p(x) per row in fp32, the prologue's squares [NB, QBLOCK], unsummed) over NB blocks from
+    ``first_block``, from _block_inputs' raw inputs. The codes come in element order
+    (_codes_less_zero), so the activations are contiguous rows of the tile; a block's sum of
+    (code - zero) * a is multiplied once by its scale. READY: ``codes`` are _ready_weights' weights
+    instead (scale and offset unused), and a block's sum is w . a."""
+    cols = (first_block + tl.arange(0, NB))[:, None] * QBLOCK + tl.arange(0, QBLOCK)[None, :]  # [NB, QBLOCK]
+    a, sq = _activation(x, x2, gamma, sum_ptr, cols, cols < k, PROLOGUE)
     if PROLOGUE == 0 or PROLOGUE == 3:  # exact in the input dtype: half the bytes to share out
         a = a.to(x.dtype)
-    squares = tl.sum(tl.sum(sq, axis=1), axis=0)
     if READY:
         dot = tl.sum(tl.sum(codes.to(tl.float32) * a[None, :, :].to(tl.float32), axis=2), axis=1)
     else:
         v = _codes_less_zero(codes, offset, ZERO_KIND, NB, QBLOCK, BITS)
         dot = tl.sum(tl.sum(v * a[None, :, :].to(tl.float32), axis=2) * scale, axis=1)
-    return dot, squares
+    return dot, sq
+
+
+@triton.jit
+def _sum_all(sq):
+    """The sum of a part's [rows, columns] squares (a norm's statistics), fp32."""
+    return tl.sum(tl.sum(sq, axis=1), axis=0)
 
 
 @triton.jit
@@ -340,18 +350,27 @@ def _q4_tile_kernel(
             wait_for_previous(PDL)
     else:
         wait_for_previous(PDL)
-    dot, squares = _block_products(c0, s0, z0, x_ptr, x2_ptr, gamma_ptr, sum_ptr, 0, k, PROLOGUE, ZERO_KIND, B0,
-                                   QBLOCK, BITS, READY)  # fmt: skip
+    # every part's activations are loaded before any part's sums: each load is a round trip to L2,
+    # and a part's reductions end in barriers that later loads would otherwise wait behind
+    xa, ya, ga = _block_inputs(x_ptr, x2_ptr, gamma_ptr, 0, k, PROLOGUE, B0, QBLOCK)
     if B1 > 0:
-        d1, q1 = _block_products(c1, s1, z1, x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0, k, PROLOGUE, ZERO_KIND, B1,
-                                 QBLOCK, BITS, READY)  # fmt: skip
-        dot += d1
-        squares += q1
+        xb, yb, gb = _block_inputs(x_ptr, x2_ptr, gamma_ptr, B0, k, PROLOGUE, B1, QBLOCK)
     if B2 > 0:
-        d2, q2 = _block_products(c2, s2, z2, x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0 + B1, k, PROLOGUE, ZERO_KIND,
-                                 B2, QBLOCK, BITS, READY)  # fmt: skip
+        xc, yc, gc = _block_inputs(x_ptr, x2_ptr, gamma_ptr, B0 + B1, k, PROLOGUE, B2, QBLOCK)
+    dot, sq0 = _block_dot(c0, s0, z0, xa, ya, ga, sum_ptr, 0, k, PROLOGUE, ZERO_KIND, B0, QBLOCK, BITS, READY)
+    if B1 > 0:
+        d1, sq1 = _block_dot(c1, s1, z1, xb, yb, gb, sum_ptr, B0, k, PROLOGUE, ZERO_KIND, B1, QBLOCK, BITS, READY)
+        dot += d1
+    if B2 > 0:
+        d2, sq2 = _block_dot(c2, s2, z2, xc, yc, gc, sum_ptr, B0 + B1, k, PROLOGUE, ZERO_KIND, B2, QBLOCK, BITS,
+                             READY)  # fmt: skip
         dot += d2
-        squares += q2
+    # the norm's statistics after every product: only the store needs them
+    squares = _sum_all(sq0)
+    if B1 > 0:
+        squares += _sum_all(sq1)
+    if B2 > 0:
+        squares += _sum_all(sq2)
     _store_rows(dot, squares, bias, out_ptr, rows, row_ok, k, eps, PROLOGUE, HAS_BIAS)
 
 
@@ -376,8 +395,9 @@ def _q4_split_kernel(
             wait_for_previous(PDL)
     else:
         wait_for_previous(PDL)
-    dot, _ = _block_products(codes, scale, zero, x_ptr, x2_ptr, gamma_ptr, sum_ptr, first, k, PROLOGUE, ZERO_KIND,
-                             NB, QBLOCK, BITS, READY)  # fmt: skip
+    x, x2, gamma = _block_inputs(x_ptr, x2_ptr, gamma_ptr, first, k, PROLOGUE, NB, QBLOCK)
+    dot, _ = _block_dot(codes, scale, zero, x, x2, gamma, sum_ptr, first, k, PROLOGUE, ZERO_KIND, NB, QBLOCK, BITS,
+                        READY)  # fmt: skip
     merge_splits(dot, bias, part_ptr, ticket_ptr, out_ptr, rows, row_ok, n, BLOCK_S)
 
 

@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from onnxgen.runtime.gpu.launch import interpreting
-from onnxgen.runtime.gpu.linear_q4 import _row_bias, _store_rows
+from onnxgen.runtime.gpu.linear_q4 import _row_bias, _store_rows, _sum_all
 from onnxgen.runtime.gpu.linear_q4_words import _word_loads
 from onnxgen.runtime.gpu.linear_row import _activation, _activation_inputs, merge_splits
 from onnxgen.runtime.gpu.pdl import wait_for_previous
@@ -228,16 +228,25 @@ def _row_loads(
 
 
 @triton.jit
-def _part_pairs(
-    x_ptr, x2_ptr, gamma_ptr, sum_ptr, first_block, k, PROLOGUE: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr,
-):  # fmt: skip
-    """One part's activations as the products take them: (the sixteen pair tensors, the power of two
-    that takes their scale off, the prologue's squares [NG, 32], summed by the caller)."""
+def _part_inputs(x_ptr, x2_ptr, gamma_ptr, first_block, k, PROLOGUE: tl.constexpr, NB: tl.constexpr,
+                 QBLOCK: tl.constexpr):  # fmt: skip
+    """One part's raw prologue inputs (x, x2, gamma), [NG, 32]: a kernel loads every part's before it
+    makes any part's pairs, whose reductions end in barriers that a later load would wait behind."""
     NG: tl.constexpr = NB * QBLOCK // GROUP
     cols = first_block * QBLOCK + tl.arange(0, NG)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [NG, 32]
-    inside = cols < k
-    x, x2, gamma = _activation_inputs(x_ptr, x2_ptr, gamma_ptr, cols, inside, PROLOGUE)
-    a, sq = _activation(x, x2, gamma, sum_ptr, cols, inside, PROLOGUE)
+    return _activation_inputs(x_ptr, x2_ptr, gamma_ptr, cols, cols < k, PROLOGUE)
+
+
+@triton.jit
+def _part_pairs(
+    x, x2, gamma, sum_ptr, first_block, k, PROLOGUE: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr,
+):  # fmt: skip
+    """One part's activations as the products take them, from _part_inputs' raw inputs: (the sixteen
+    pair tensors, the power of two that takes their scale off, the prologue's squares [NG, 32], which
+    the caller sums once every product is made)."""
+    NG: tl.constexpr = NB * QBLOCK // GROUP
+    cols = first_block * QBLOCK + tl.arange(0, NG)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [NG, 32]
+    a, sq = _activation(x, x2, gamma, sum_ptr, cols, cols < k, PROLOGUE)
     if PROLOGUE == 0 or PROLOGUE == 3:  # exact in the input dtype, as the other kernels round it
         a = a.to(x.dtype).to(tl.float32)
     a16, down = _fp16_scaled(a)
@@ -257,12 +266,13 @@ def _part_dot(w0, w1, w2, w3, scale, zero, low, high, p, down, PTX: tl.constexpr
 
 @triton.jit
 def _part_products(
-    w0, w1, w2, w3, scale, zero, low, high, x_ptr, x2_ptr, gamma_ptr, sum_ptr, first_block, k,
-    PROLOGUE: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr, PTX: tl.constexpr,
+    w0, w1, w2, w3, scale, zero, low, high, x, x2, gamma, sum_ptr, first_block, k, PROLOGUE: tl.constexpr,
+    NB: tl.constexpr, QBLOCK: tl.constexpr, PTX: tl.constexpr,
 ):  # fmt: skip
-    """(w . p(x) per row over one part's groups, the prologue's sum of squares), fp32."""
-    p, down, sq = _part_pairs(x_ptr, x2_ptr, gamma_ptr, sum_ptr, first_block, k, PROLOGUE, NB, QBLOCK)
-    return _part_dot(w0, w1, w2, w3, scale, zero, low, high, p, down, PTX), tl.sum(tl.sum(sq, axis=1), axis=0)
+    """(w . p(x) per row over one part's groups in fp32, the prologue's squares [NG, 32] unsummed),
+    from _part_inputs' raw inputs."""
+    p, down, sq = _part_pairs(x, x2, gamma, sum_ptr, first_block, k, PROLOGUE, NB, QBLOCK)
+    return _part_dot(w0, w1, w2, w3, scale, zero, low, high, p, down, PTX), sq
 
 
 @triton.jit
@@ -283,18 +293,26 @@ def _q4h_tile_kernel(
     b0, b1, b2, b3, s1, z1, l1, h1 = second
     c0, c1, c2, c3, s2, z2, l2, h2 = third
     wait_for_previous(PDL)
-    dot, squares = _part_products(a0, a1, a2, a3, s0, z0, l0, h0, x_ptr, x2_ptr, gamma_ptr, sum_ptr, 0, k, PROLOGUE,
-                                  B0, QBLOCK, PTX)  # fmt: skip
+    xa, ya, ga = _part_inputs(x_ptr, x2_ptr, gamma_ptr, 0, k, PROLOGUE, B0, QBLOCK)
     if B1 > 0:
-        d1, q1 = _part_products(b0, b1, b2, b3, s1, z1, l1, h1, x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0, k, PROLOGUE,
-                                B1, QBLOCK, PTX)  # fmt: skip
-        dot += d1
-        squares += q1
+        xb, yb, gb = _part_inputs(x_ptr, x2_ptr, gamma_ptr, B0, k, PROLOGUE, B1, QBLOCK)
     if B2 > 0:
-        d2, q2 = _part_products(c0, c1, c2, c3, s2, z2, l2, h2, x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0 + B1, k,
-                                PROLOGUE, B2, QBLOCK, PTX)  # fmt: skip
+        xc, yc, gc = _part_inputs(x_ptr, x2_ptr, gamma_ptr, B0 + B1, k, PROLOGUE, B2, QBLOCK)
+    dot, sq0 = _part_products(a0, a1, a2, a3, s0, z0, l0, h0, xa, ya, ga, sum_ptr, 0, k, PROLOGUE, B0, QBLOCK, PTX)
+    if B1 > 0:
+        d1, sq1 = _part_products(b0, b1, b2, b3, s1, z1, l1, h1, xb, yb, gb, sum_ptr, B0, k, PROLOGUE, B1, QBLOCK,
+                                 PTX)  # fmt: skip
+        dot += d1
+    if B2 > 0:
+        d2, sq2 = _part_products(c0, c1, c2, c3, s2, z2, l2, h2, xc, yc, gc, sum_ptr, B0 + B1, k, PROLOGUE, B2,
+                                 QBLOCK, PTX)  # fmt: skip
         dot += d2
-        squares += q2
+    # the norm's statistics after every product: only the store needs them
+    squares = _sum_all(sq0)
+    if B1 > 0:
+        squares += _sum_all(sq1)
+    if B2 > 0:
+        squares += _sum_all(sq2)
     _store_rows(dot, squares, bias, out_ptr, rows, row_ok, k, eps, PROLOGUE, HAS_BIAS)
 
 
@@ -314,8 +332,9 @@ def _q4h_split_kernel(
     w0, w1, w2, w3, scale, zero, low, high = _part_loads(w_ptr, scale_ptr, zero_ptr, rows, row_ok, first, n_blocks,
                                                          row_words, zp_row_bytes, NB, QBLOCK, ZERO_KIND)  # fmt: skip
     wait_for_previous(PDL)
-    dot, _ = _part_products(w0, w1, w2, w3, scale, zero, low, high, x_ptr, x2_ptr, gamma_ptr, sum_ptr, first, k,
-                            PROLOGUE, NB, QBLOCK, PTX)  # fmt: skip
+    x, x2, gamma = _part_inputs(x_ptr, x2_ptr, gamma_ptr, first, k, PROLOGUE, NB, QBLOCK)
+    dot, _ = _part_products(w0, w1, w2, w3, scale, zero, low, high, x, x2, gamma, sum_ptr, first, k, PROLOGUE, NB,
+                            QBLOCK, PTX)  # fmt: skip
     merge_splits(dot, bias, part_ptr, ticket_ptr, out_ptr, rows, row_ok, n, BLOCK_S)
 
 
@@ -341,14 +360,21 @@ def _q4h_stream_kernel(
     b0, b1, b2, b3, s1, z1, l1, h1 = second
     c0, c1, c2, c3, s2, z2, l2, h2 = third
     wait_for_previous(PDL)
-    p0, down0, sq = _part_pairs(x_ptr, x2_ptr, gamma_ptr, sum_ptr, 0, k, PROLOGUE, B0, QBLOCK)
-    squares = tl.sum(tl.sum(sq, axis=1), axis=0)
+    xa, ya, ga = _part_inputs(x_ptr, x2_ptr, gamma_ptr, 0, k, PROLOGUE, B0, QBLOCK)
     if B1 > 0:
-        p1, down1, sq = _part_pairs(x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0, k, PROLOGUE, B1, QBLOCK)
-        squares += tl.sum(tl.sum(sq, axis=1), axis=0)
+        xb, yb, gb = _part_inputs(x_ptr, x2_ptr, gamma_ptr, B0, k, PROLOGUE, B1, QBLOCK)
     if B2 > 0:
-        p2, down2, sq = _part_pairs(x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0 + B1, k, PROLOGUE, B2, QBLOCK)
-        squares += tl.sum(tl.sum(sq, axis=1), axis=0)
+        xc, yc, gc = _part_inputs(x_ptr, x2_ptr, gamma_ptr, B0 + B1, k, PROLOGUE, B2, QBLOCK)
+    p0, down0, sq0 = _part_pairs(xa, ya, ga, sum_ptr, 0, k, PROLOGUE, B0, QBLOCK)
+    if B1 > 0:
+        p1, down1, sq1 = _part_pairs(xb, yb, gb, sum_ptr, B0, k, PROLOGUE, B1, QBLOCK)
+    if B2 > 0:
+        p2, down2, sq2 = _part_pairs(xc, yc, gc, sum_ptr, B0 + B1, k, PROLOGUE, B2, QBLOCK)
+    squares = _sum_all(sq0)
+    if B1 > 0:
+        squares += _sum_all(sq1)
+    if B2 > 0:
+        squares += _sum_all(sq2)
     for first in range(pid * BLOCK_N, n, step):
         rows = first + lanes
         row_ok = rows < n

@@ -55,20 +55,34 @@ def _nibble(words, shifted, magic_bits, I: tl.constexpr):
 
 
 @triton.jit
-def _word_activations(
-    x_ptr, x2_ptr, gamma_ptr, sum_ptr, first_block, k, PROLOGUE: tl.constexpr, NB: tl.constexpr,
-    QBLOCK: tl.constexpr,
-):  # fmt: skip
-    """The activations of NB blocks from ``first_block`` as the word products take them: for each
-    nibble place i, [NB, QBLOCK / 8] values p(x)[8j + i] scaled by 16^-(i mod 4) (exact); the blocks'
-    sums of p(x) (what the zero points take off); the prologue's sum of squares."""
+def _word_columns(first_block, NB: tl.constexpr, QBLOCK: tl.constexpr):
+    """The columns of NB blocks from ``first_block`` as [NB, QBLOCK / 8, 8]: word j, nibble i."""
     WPB: tl.constexpr = QBLOCK // 8
     blk = first_block + tl.arange(0, NB)
-    word = tl.arange(0, WPB)
-    cols = blk[:, None, None] * QBLOCK + word[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]  # [NB, WPB, 8]
-    inside = cols < k
-    x, x2, gamma = _activation_inputs(x_ptr, x2_ptr, gamma_ptr, cols, inside, PROLOGUE)
-    a, sq = _activation(x, x2, gamma, sum_ptr, cols, inside, PROLOGUE)
+    return blk[:, None, None] * QBLOCK + tl.arange(0, WPB)[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
+
+
+@triton.jit
+def _word_inputs(x_ptr, x2_ptr, gamma_ptr, first_block, k, PROLOGUE: tl.constexpr, NB: tl.constexpr,
+                 QBLOCK: tl.constexpr):  # fmt: skip
+    """The raw prologue inputs (x, x2, gamma) of NB blocks from ``first_block``, [NB, QBLOCK / 8, 8]:
+    a kernel loads every part's before any part's sums, whose reductions end in barriers that a
+    later load would wait behind."""
+    cols = _word_columns(first_block, NB, QBLOCK)
+    return _activation_inputs(x_ptr, x2_ptr, gamma_ptr, cols, cols < k, PROLOGUE)
+
+
+@triton.jit
+def _word_activations(
+    x, x2, gamma, sum_ptr, first_block, k, PROLOGUE: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr,
+):  # fmt: skip
+    """The activations of NB blocks from ``first_block`` as the word products take them, from
+    _word_inputs' raw inputs: for each nibble place i, [NB, QBLOCK / 8] values p(x)[8j + i] scaled
+    by 16^-(i mod 4) (exact); the blocks' sums of p(x) (what the zero points take off); the
+    prologue's squares, unsummed."""
+    WPB: tl.constexpr = QBLOCK // 8
+    cols = _word_columns(first_block, NB, QBLOCK)
+    a, sq = _activation(x, x2, gamma, sum_ptr, cols, cols < k, PROLOGUE)
     if PROLOGUE == 0 or PROLOGUE == 3:  # exact in the input dtype, as the byte kernel rounds it
         a = a.to(x.dtype).to(tl.float32)
     block_sum = tl.sum(tl.sum(a, axis=2), axis=1)  # [NB]
@@ -80,9 +94,14 @@ def _word_activations(
     a2, a6 = tl.split(e1)
     a1, a5 = tl.split(o0)
     a3, a7 = tl.split(o1)
-    squares = tl.sum(tl.sum(tl.sum(sq, axis=2), axis=1), axis=0)
     return (a0, a1 * 0.0625, a2 * 0.00390625, a3 * 0.000244140625, a4, a5 * 0.0625, a6 * 0.00390625,
-            a7 * 0.000244140625, block_sum, squares)  # fmt: skip
+            a7 * 0.000244140625, block_sum, sq)  # fmt: skip
+
+
+@triton.jit
+def _sum_all(sq):
+    """The sum of a part's [blocks, words, nibbles] squares (a norm's statistics), fp32."""
+    return tl.sum(tl.sum(tl.sum(sq, axis=2), axis=1), axis=0)
 
 
 @triton.jit
@@ -104,14 +123,15 @@ def _word_dot(words, scale, zero, magic_bits, a0, a1, a2, a3, a4, a5, a6, a7, bl
 
 @triton.jit
 def _word_products(
-    words, scale, zero, x_ptr, x2_ptr, gamma_ptr, sum_ptr, first_block, k, magic_bits, PROLOGUE: tl.constexpr,
+    words, scale, zero, x, x2, gamma, sum_ptr, first_block, k, magic_bits, PROLOGUE: tl.constexpr,
     NB: tl.constexpr, QBLOCK: tl.constexpr,
 ):  # fmt: skip
-    """(w . p(x) per row over NB blocks from ``first_block``, the prologue's sum of squares), fp32."""
-    a0, a1, a2, a3, a4, a5, a6, a7, block_sum, squares = _word_activations(
-        x_ptr, x2_ptr, gamma_ptr, sum_ptr, first_block, k, PROLOGUE, NB, QBLOCK
+    """(w . p(x) per row over NB blocks from ``first_block`` in fp32, the prologue's squares unsummed),
+    from _word_inputs' raw inputs."""
+    a0, a1, a2, a3, a4, a5, a6, a7, block_sum, sq = _word_activations(
+        x, x2, gamma, sum_ptr, first_block, k, PROLOGUE, NB, QBLOCK
     )
-    return _word_dot(words, scale, zero, magic_bits, a0, a1, a2, a3, a4, a5, a6, a7, block_sum), squares
+    return _word_dot(words, scale, zero, magic_bits, a0, a1, a2, a3, a4, a5, a6, a7, block_sum), sq
 
 
 @triton.jit
@@ -135,18 +155,24 @@ def _q4w_tile_kernel(
         w2, s2, z2 = _word_loads(w_ptr, scale_ptr, zero_ptr, rows, row_ok, B0 + B1, n_blocks, row_words,
                                  zp_row_bytes, B2, QBLOCK, ZERO_KIND)  # fmt: skip
     wait_for_previous(PDL)
-    dot, squares = _word_products(w0, s0, z0, x_ptr, x2_ptr, gamma_ptr, sum_ptr, 0, k, magic_bits, PROLOGUE, B0,
-                                   QBLOCK)  # fmt: skip
+    xa, ya, ga = _word_inputs(x_ptr, x2_ptr, gamma_ptr, 0, k, PROLOGUE, B0, QBLOCK)
     if B1 > 0:
-        d1, q1 = _word_products(w1, s1, z1, x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0, k, magic_bits, PROLOGUE,
-                                 B1, QBLOCK)  # fmt: skip
-        dot += d1
-        squares += q1
+        xb, yb, gb = _word_inputs(x_ptr, x2_ptr, gamma_ptr, B0, k, PROLOGUE, B1, QBLOCK)
     if B2 > 0:
-        d2, q2 = _word_products(w2, s2, z2, x_ptr, x2_ptr, gamma_ptr, sum_ptr, B0 + B1, k, magic_bits,
-                                 PROLOGUE, B2, QBLOCK)  # fmt: skip
+        xc, yc, gc = _word_inputs(x_ptr, x2_ptr, gamma_ptr, B0 + B1, k, PROLOGUE, B2, QBLOCK)
+    dot, sq0 = _word_products(w0, s0, z0, xa, ya, ga, sum_ptr, 0, k, magic_bits, PROLOGUE, B0, QBLOCK)
+    if B1 > 0:
+        d1, sq1 = _word_products(w1, s1, z1, xb, yb, gb, sum_ptr, B0, k, magic_bits, PROLOGUE, B1, QBLOCK)
+        dot += d1
+    if B2 > 0:
+        d2, sq2 = _word_products(w2, s2, z2, xc, yc, gc, sum_ptr, B0 + B1, k, magic_bits, PROLOGUE, B2, QBLOCK)
         dot += d2
-        squares += q2
+    # the norm's statistics after every product: only the store needs them
+    squares = _sum_all(sq0)
+    if B1 > 0:
+        squares += _sum_all(sq1)
+    if B2 > 0:
+        squares += _sum_all(sq2)
     _store_rows(dot, squares, bias, out_ptr, rows, row_ok, k, eps, PROLOGUE, HAS_BIAS)
 
 
@@ -166,8 +192,8 @@ def _q4w_split_kernel(
     words, scale, zero = _word_loads(w_ptr, scale_ptr, zero_ptr, rows, row_ok, first, n_blocks, row_words,
                                      zp_row_bytes, NB, QBLOCK, ZERO_KIND)  # fmt: skip
     wait_for_previous(PDL)
-    dot, _ = _word_products(words, scale, zero, x_ptr, x2_ptr, gamma_ptr, sum_ptr, first, k, magic_bits, PROLOGUE,
-                             NB, QBLOCK)  # fmt: skip
+    x, x2, gamma = _word_inputs(x_ptr, x2_ptr, gamma_ptr, first, k, PROLOGUE, NB, QBLOCK)
+    dot, _ = _word_products(words, scale, zero, x, x2, gamma, sum_ptr, first, k, magic_bits, PROLOGUE, NB, QBLOCK)
     merge_splits(dot, bias, part_ptr, ticket_ptr, out_ptr, rows, row_ok, n, BLOCK_S)
 
 
