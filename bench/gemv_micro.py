@@ -13,6 +13,8 @@ not from L2):
                     --bits 8: the same kernels over 8-bit codes)
     q4w / q4h       with --words / --half: the word kernel (gpu/linear_q4_words.py) / the fp16 pair kernel
                     (gpu/linear_q4_half.py) swept the same way
+    BN/BK/1         with --one-warp: one-warp programs of 2-8 rows of those kernels, whose reductions need
+                    no barrier between warps
 and the same kernel with its norm prologue fused (skip_rms) at the chosen configuration. Each row
 gives us/call and the bandwidth it reached (weight bytes / time). The chosen configurations of
 dense_config/q4_config are marked with '*'.
@@ -132,6 +134,9 @@ def main() -> int:
     )
     parser.add_argument("--words", action="store_true", help="also sweep the 4-bit kernel over 32-bit words")
     parser.add_argument("--half", action="store_true", help="also sweep the 4-bit fp16 pair kernel (option q4_half)")
+    parser.add_argument("--one-warp", action="store_true",
+                        help="also sweep one-warp programs of 2, 4 and 8 rows (the byte kernel, and the word and "
+                        "pair kernels where --words / --half ask for them): no reduction crosses a warp")  # fmt: skip
     parser.add_argument("--layers", help="comma list of layer_shapes' names: qkv, o_proj, gate_up, down, lm_head; "
                         "gdn_in, gdn_out, moe_in, shared_down for the hybrid shapes (default: all)")  # fmt: skip
     args = parser.parse_args()
@@ -277,6 +282,17 @@ def one_row_sweeps(name, k, n, args, sweeps, ws, qb, qs, qz, qcopies, add, copie
                 add(f"{tag} {bn}/{bk}/{warps}{mark}", time_in_graph(q4, qcopies), qbytes)
                 if nb * bs <= 2048 and name != "lm_head":
                     add(f"{tag} {bn}/{bk}/{warps} + skip_rms prologue", time_in_graph(q4_fused, qcopies), qbytes)
+    if args.one_warp and args.bits == 4:  # one-warp programs: their reductions take shuffles, no barriers
+        kernels = [(0, "q4")] + [form for form, wanted in swept if wanted]
+        for (kernel, tag), bn, bk in itertools.product(kernels, [2, 4, 8], q4_bk if nb * bs > 2048 else [tile]):
+            with options.override(gemv_q4=(bn, bk, 1, kernel)):
+                err = ((q4(0).float() - qref).norm() / qref.norm()).item()
+                if not err < 1e-2:
+                    print(f"  {name} {tag} {bn}/{bk}/1: WRONG (rel err {err:.3g})")
+                    continue
+                add(f"{tag} {bn}/{bk}/1", time_in_graph(q4, qcopies), qbytes)
+                if nb * bs <= 2048 and name != "lm_head":
+                    add(f"{tag} {bn}/{bk}/1 + skip_rms prologue", time_in_graph(q4_fused, qcopies), qbytes)
     if nb * bs <= 2048:  # rows a norm prologue can precede (the whole row in one tile): their sweep
         for bn, warps in itertools.product([16, 32, 64], [4, 8]):
             with options.override(gemv_q4=(bn, tile, warps, 0)):

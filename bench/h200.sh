@@ -121,6 +121,17 @@
 #              kernel's GPU tests and the int4 parity tests (the launcher that plans streaming once per shape), the
 #              step's kernels int4 (default, every layer on the pair kernel) and fp16, and the 0.5B qkv, o_proj and
 #              down_proj alone with each 4-bit kernel swept (gemv_micro --words --half), ~9 min
+#   q4postwait  the one-row 4-bit kernels' path after the PDL wait, restructured 2026-12-07 without a GPU (every
+#              part's activations loaded at once; a norm's statistics and the pair kernel's scale from one
+#              reduction over the row): their GPU tests, then both shapes' int4 steps under the code before
+#              (.trees/base), with the loads alone (.trees/loads) and now (head), alternating, on one package per
+#              shape, and fp16 beside them; carry .trees, made here by
+#              bash bench/tree_ab.sh export base 6f0596a; bash bench/tree_ab.sh export loads 1cc3f83; the 0.5B
+#              shape, ~7 min; q4postwait15: the 1.5B shape's steps, ~7 min
+#   q4onewarp  one-warp programs for the one-row 4-bit products (never swept before 2026-12-07: compiled for sm_90
+#              their reductions need no barrier between warps, with about as many instructions after the wait):
+#              the 0.5B short-row layers alone with every kernel (gemv_micro --half --one-warp), then both
+#              shapes' int4 steps with qkv and o_proj, gate_up or down_proj in one-warp programs, ~8 min
 #   q8         8-bit MatMulNBits on the packed byte kernels (2026-12-07): their GPU parity tests, then each layer of
 #              both shapes alone (gemv_micro --quick --bits 8: the one-row kernel swept beside cuBLAS over the fp16
 #              copy, which is what 8-bit weights ran over before, and the 16-row prompt paths), ~5 min
@@ -532,6 +543,44 @@ stage_q4anatomy05() {
   # shellcheck disable=SC2086
   run q4anatomy05-micro 120 $PY -m bench.gemv_micro $Q --quick --words --half --layers qkv,o_proj,down
 }
+stage_q4postwait() {
+  run q4postwait-model 90 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_q4_half_kernel.py
+  run q4postwait-parity 120 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py \
+    tests/test_fusion.py -k "(matmul_nbits_4bit or int4_group) and cuda and not prompt"
+  postwait_steps qwen2.5-coder-0.5b-instruct 200
+}
+stage_q4postwait15() {
+  postwait_steps qwen2.5-coder-1.5b-instruct 330
+}
+# postwait_steps SHAPE LIMIT: the int4 step under .trees/base, .trees/loads and this tree in turn, twice, on
+# one package; then fp16's step
+postwait_steps() {
+  local s=$1 limit=$2
+  run "q4postwait-build-${s##*-coder-}" 120 $PY -m bench.random_package --shape "$s" --precision int4 \
+    --context 512 --out "/tmp/pw-$s"
+  run "q4postwait-${s##*-coder-}" "$limit" bash bench/tree_ab.sh run 2 base,loads,head -- $PY -m bench.step_sweep \
+    --package "/tmp/pw-$s" --context 512 --repeats 3 --variant "default:"
+  run "q4postwait-fp16-${s##*-coder-}" 90 $PY -m bench.step_sweep --shape "$s" --precision fp16 --context 512 \
+    --repeats 3 --variant "fp16:"
+}
+stage_q4onewarp() {
+  # shellcheck disable=SC2086
+  run q4onewarp-micro 150 $PY -m bench.gemv_micro $Q --quick --half --one-warp --layers qkv,o_proj,down
+  local q05=ONNXGEN_GEMV_Q4_1152x896 o05=ONNXGEN_GEMV_Q4_896x896 g05=ONNXGEN_GEMV_Q4_9728x896
+  local d05=ONNXGEN_GEMV_Q4_896x4864
+  # shellcheck disable=SC2086
+  run q4onewarp-0.5b 200 $PY -m bench.step_sweep $Q --precision int4 --context 512 --repeats 3 \
+    --variant "auto:" --variant "short-pair-4x1:$q05=4,1024,1,2,$o05=4,1024,1,2" \
+    --variant "short-pair-8x1:$q05=8,1024,1,2,$o05=8,1024,1,2" \
+    --variant "short-byte-4x1:$q05=4,1024,1,0,$o05=4,1024,1,0" --variant "gate-up-8x1:$g05=8,1024,1,2" \
+    --variant "down-8x1:$d05=8,512,1,0" --variant "down-4x1:$d05=4,512,1,0" --variant "auto-again:"
+  local q15=ONNXGEN_GEMV_Q4_2048x1536 o15=ONNXGEN_GEMV_Q4_1536x1536 d15=ONNXGEN_GEMV_Q4_1536x8960
+  # shellcheck disable=SC2086
+  run q4onewarp-1.5b 240 $PY -m bench.step_sweep $Q15 --precision int4 --context 512 --repeats 3 \
+    --variant "auto:" --variant "short-pair-4x1:$q15=4,2048,1,2,$o15=4,2048,1,2" \
+    --variant "short-pair-8x1:$q15=8,2048,1,2,$o15=8,2048,1,2" --variant "down-8x1:$d15=8,1024,1,2" \
+    --variant "auto-again:"
+}
 stage_q8() {
   run q8-parity 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py tests/test_fusion.py \
     -k "(8bit or int8_group or 2bit or no_dequantized or prompt_gemm) and cuda"
@@ -548,7 +597,7 @@ stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
 }
 
-STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory memorypeers q4sym zerobytes q4long moezero q4rows q4half q4half05 q4halfcheck q4stream q4streamlayers q4streamauto q4anatomy05 q8 sampled"
+STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory memorypeers q4sym zerobytes q4long moezero q4rows q4half q4half05 q4halfcheck q4stream q4streamlayers q4streamauto q4anatomy05 q4postwait q4postwait15 q4onewarp q8 sampled"
 if [ $# -eq 0 ]; then
   echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
   exit 2

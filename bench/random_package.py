@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -159,3 +160,19 @@ def open_package(args: argparse.Namespace) -> tuple[InferenceSession, PackageCon
 def describe(args: argparse.Namespace) -> str:
     what = str(args.package) if args.package else f"{args.shape} {args.precision} {args.attention} (random weights)"
     return f"{what} kv={args.kv}"
+
+
+def main() -> None:
+    """``python -m bench.random_package --shape S --precision P --context C --out DIR``: the package alone,
+    for benches given --package (bench/tree_ab.sh runs one bench under several code versions on it)."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    add_package_args(parser)
+    parser.add_argument("--out", required=True, help="the package's folder (created)")
+    args = parser.parse_args()
+    args.package = None
+    seconds = build_random_package(args, args.out)
+    print(f"built {args.out} ({describe(args)}) in {seconds:.1f} s", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -11,6 +11,7 @@ import re
 
 import pytest
 
+from bench.sass_census import census, compile_layer, parse_layer, sass_instructions
 from onnxgen.runtime.gpu.launch import triton_importable
 
 pytestmark = pytest.mark.skipif(not triton_importable(), reason="triton is not installed")
@@ -27,23 +28,6 @@ def compiled_for_sm90(fn, signature: dict[str, str], constexprs: dict[str, objec
     constexprs = {**{n: v for n, v in defaults.items() if n not in signature}, **constexprs}
     sig = {name: ("constexpr" if name in constexprs else signature[name]) for name in fn.arg_names}
     return triton.compile(ASTSource(fn, sig, constexprs), target=GPUTarget("cuda", 90, 32))
-
-
-def sass_instructions(kernel) -> list[str]:
-    """The SASS of a compiled kernel, an instruction a line (nvdisasm, which Triton ships beside ptxas)."""
-    import os
-    import subprocess
-    import tempfile
-
-    import triton
-
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "kernel.cubin")
-        with open(path, "wb") as f:
-            f.write(kernel.asm["cubin"])
-        text = subprocess.run([tool, "-c", path], capture_output=True, text=True, check=True).stdout
-    return [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", text)]
 
 
 def compile_for_sm90(fn, signature: dict[str, str], constexprs: dict[str, object]) -> str:
@@ -240,6 +224,26 @@ def test_linear_row_q4_half_compiles(zero_kind: int, prologue: int, split: bool,
     wait = ptx.index("griddepcontrol.wait")
     assert ptx.index("ld.global") < wait and "ld.global" in ptx[wait:]
     assert "fma.rn.f16x2" in ptx[wait:] and ".f64" not in ptx
+
+
+@pytest.mark.parametrize(
+    "layer",
+    [
+        "qkv:1152x896:byte:16:4:skip_rms",
+        "o_proj:896x896:byte:8:4:none",
+        "gate_up:9728x896:pair:16:2:skip_rms",
+        "qkv:1152x896:pair:4:1:rms",
+        "gate_up:17920x1536:words:16:4:skip_rms",
+    ],
+)
+def test_one_row_q4_loads_every_part_before_a_barrier(layer: str) -> None:
+    """The one-tile 4-bit kernels load every part of the row's activations (and the whole row, for a
+    norm's or the pair kernel's statistics) right after the PDL wait, before any barrier: a load
+    behind one part's reductions is an L2 round trip in series with them (bench/sass_census.py,
+    docs/benchmarks/2026-12-07-cpu-one-row-postwait.md)."""
+    counted = census(compile_layer(parse_layer(layer)))
+    assert counted.counts["LDG"] >= 3, counted.counts  # x (and the prologue's inputs) of every part
+    assert counted.barriers_before_loads == 0, counted
 
 
 @pytest.mark.parametrize(
