@@ -2,8 +2,8 @@
 and against the fp64 product: on CUDA (the PTX) and, in a child run, through Triton's interpreter
 (the Triton-ops form).
 
-The model follows the module's stated rules, not its code: per part of the row, activations scaled
-by the power of two that puts their largest magnitude in [64, 128] and rounded to fp16; per group of
+The model follows the module's stated rules, not its code: activations scaled by the power of two
+that puts the row's largest magnitude in [64, 128] and rounded to fp16; per part of the row, per group of
 32 elements and row, two fp16 lanes per half group (words 0-1, then 2-3), each a chain of eight
 fused multiply-adds rounded once (computed exactly in float64, then rounded to fp16), the low lane
 over elements 8j + m, the high one over 8j + 4 + m; the four lanes added in fp32 as (lo + hi) +
@@ -57,10 +57,10 @@ def lane_model(codes, scales, zeros, x, block_size: int) -> np.ndarray:
     xf = np.zeros(n_blocks * block_size, np.float32)
     xf[: x.size] = x.astype(np.float32)
     y = np.zeros(n)
+    _, e = np.frexp(np.float32(np.abs(xf).max()))  # the row's max |a| = m * 2^e, m in [0.5, 1)
+    exponent = max(int(e) - 1 + 127, 7)  # its biased fp32 exponent, held at 7 or more
     for first, last in _part_bounds(n_blocks):
         part = xf[first * block_size : last * block_size]
-        _, e = np.frexp(np.float32(np.abs(part).max()))  # max |a| = m * 2^e, m in [0.5, 1)
-        exponent = max(int(e) - 1 + 127, 7)  # its biased fp32 exponent, held at 7 or more
         a16 = (part * np.float32(2.0 ** (133 - exponent))).astype(np.float16).astype(np.float64)
         v = values[:, first * block_size : last * block_size].reshape(n, -1, 4, 8)  # [N, group, word, nibble]
         a = a16.reshape(-1, 4, 8)

@@ -51,6 +51,7 @@ from onnxgen.runtime.gpu.linear_row import (
     _activation_inputs,
     _plans,
     _prologue_args,
+    _prologue_values,
     merge_splits,
     resident_programs,
     split_scratch,
@@ -147,13 +148,13 @@ def _block_dot(
     codes, scale, offset, x, x2, gamma, sum_ptr, first_block, k, PROLOGUE: tl.constexpr, ZERO_KIND: tl.constexpr,
     NB: tl.constexpr, QBLOCK: tl.constexpr, BITS: tl.constexpr = 4, READY: tl.constexpr = False,
 ):  # fmt: skip
-    """(w . p(x) per row in fp32, the prologue's squares [NB, QBLOCK], unsummed) over NB blocks from
-    ``first_block``, from _block_inputs' raw inputs. The codes come in element order
+    """w . p(x) per row in fp32 over NB blocks from ``first_block``, from _block_inputs' raw inputs
+    (a norm's statistics come from the whole row: _row_squares). The codes come in element order
     (_codes_less_zero), so the activations are contiguous rows of the tile; a block's sum of
     (code - zero) * a is multiplied once by its scale. READY: ``codes`` are _ready_weights' weights
     instead (scale and offset unused), and a block's sum is w . a."""
     cols = (first_block + tl.arange(0, NB))[:, None] * QBLOCK + tl.arange(0, QBLOCK)[None, :]  # [NB, QBLOCK]
-    a, sq = _activation(x, x2, gamma, sum_ptr, cols, cols < k, PROLOGUE)
+    a, _ = _activation(x, x2, gamma, sum_ptr, cols, cols < k, PROLOGUE)
     if PROLOGUE == 0 or PROLOGUE == 3:  # exact in the input dtype: half the bytes to share out
         a = a.to(x.dtype)
     if READY:
@@ -161,13 +162,27 @@ def _block_dot(
     else:
         v = _codes_less_zero(codes, offset, ZERO_KIND, NB, QBLOCK, BITS)
         dot = tl.sum(tl.sum(v * a[None, :, :].to(tl.float32), axis=2) * scale, axis=1)
-    return dot, sq
+    return dot
 
 
 @triton.jit
-def _sum_all(sq):
-    """The sum of a part's [rows, columns] squares (a norm's statistics), fp32."""
-    return tl.sum(tl.sum(sq, axis=1), axis=0)
+def _row_inputs(x_ptr, x2_ptr, gamma_ptr, k, PROLOGUE: tl.constexpr, ROW: tl.constexpr):
+    """The whole row's raw prologue inputs (x, x2, gamma) as [ROW] (a power of two >= k), for what
+    a row's parts share: a norm's sum of squares (and gpu/linear_q4_half.py's largest activation)
+    in one reduction over the row, where one per part cost each part's reductions and barriers."""
+    cols = tl.arange(0, ROW)
+    return _activation_inputs(x_ptr, x2_ptr, gamma_ptr, cols, cols < k, PROLOGUE)
+
+
+@triton.jit
+def _row_squares(x, x2, gamma, PROLOGUE: tl.constexpr):
+    """A norm prologue's sum of squares over _row_inputs' row, fp32 (0.0 for the other prologues)."""
+    if PROLOGUE == 1 or PROLOGUE == 2:
+        _, sq, _ = _prologue_values(x, x2, gamma, PROLOGUE)
+        squares = tl.sum(sq, axis=0)
+    else:
+        squares = 0.0
+    return squares
 
 
 @triton.jit
@@ -357,20 +372,17 @@ def _q4_tile_kernel(
         xb, yb, gb = _block_inputs(x_ptr, x2_ptr, gamma_ptr, B0, k, PROLOGUE, B1, QBLOCK)
     if B2 > 0:
         xc, yc, gc = _block_inputs(x_ptr, x2_ptr, gamma_ptr, B0 + B1, k, PROLOGUE, B2, QBLOCK)
-    dot, sq0 = _block_dot(c0, s0, z0, xa, ya, ga, sum_ptr, 0, k, PROLOGUE, ZERO_KIND, B0, QBLOCK, BITS, READY)
+    if PROLOGUE == 1 or PROLOGUE == 2:  # the norm's statistics in one reduction over the whole row
+        xr, yr, gr = _row_inputs(x_ptr, x2_ptr, gamma_ptr, k, PROLOGUE, B0 * QBLOCK * (1 + (B1 > 0)))
+    dot = _block_dot(c0, s0, z0, xa, ya, ga, sum_ptr, 0, k, PROLOGUE, ZERO_KIND, B0, QBLOCK, BITS, READY)
     if B1 > 0:
-        d1, sq1 = _block_dot(c1, s1, z1, xb, yb, gb, sum_ptr, B0, k, PROLOGUE, ZERO_KIND, B1, QBLOCK, BITS, READY)
-        dot += d1
+        dot += _block_dot(c1, s1, z1, xb, yb, gb, sum_ptr, B0, k, PROLOGUE, ZERO_KIND, B1, QBLOCK, BITS, READY)
     if B2 > 0:
-        d2, sq2 = _block_dot(c2, s2, z2, xc, yc, gc, sum_ptr, B0 + B1, k, PROLOGUE, ZERO_KIND, B2, QBLOCK, BITS,
-                             READY)  # fmt: skip
-        dot += d2
-    # the norm's statistics after every product: only the store needs them
-    squares = _sum_all(sq0)
-    if B1 > 0:
-        squares += _sum_all(sq1)
-    if B2 > 0:
-        squares += _sum_all(sq2)
+        dot += _block_dot(c2, s2, z2, xc, yc, gc, sum_ptr, B0 + B1, k, PROLOGUE, ZERO_KIND, B2, QBLOCK, BITS,
+                          READY)  # fmt: skip
+    squares = 0.0
+    if PROLOGUE == 1 or PROLOGUE == 2:  # after every product: only the store needs it
+        squares = _row_squares(xr, yr, gr, PROLOGUE)
     _store_rows(dot, squares, bias, out_ptr, rows, row_ok, k, eps, PROLOGUE, HAS_BIAS)
 
 
@@ -396,8 +408,8 @@ def _q4_split_kernel(
     else:
         wait_for_previous(PDL)
     x, x2, gamma = _block_inputs(x_ptr, x2_ptr, gamma_ptr, first, k, PROLOGUE, NB, QBLOCK)
-    dot, _ = _block_dot(codes, scale, zero, x, x2, gamma, sum_ptr, first, k, PROLOGUE, ZERO_KIND, NB, QBLOCK, BITS,
-                        READY)  # fmt: skip
+    dot = _block_dot(codes, scale, zero, x, x2, gamma, sum_ptr, first, k, PROLOGUE, ZERO_KIND, NB, QBLOCK, BITS,
+                     READY)  # fmt: skip
     merge_splits(dot, bias, part_ptr, ticket_ptr, out_ptr, rows, row_ok, n, BLOCK_S)
 
 

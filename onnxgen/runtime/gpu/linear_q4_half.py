@@ -18,9 +18,11 @@ is code - zero, exact. So each lane of an fp16 pair accumulator sums eight produ
 high) + (second low + second high), and take the block's scale there.
 
 Range: a lane sums 8 products of |code - zero| <= 15 and an activation; fp16 overflows at 65504.
-So the activations of each part of the row are first scaled by a power of two that puts their
-largest magnitude in [64, 128]: a lane then stays at most 8 * 15 * 128 = 15360, whatever the
-activations' size; the scale comes off the fp32 result exactly. Below the fp16 normal range
+So the row's activations are first scaled by a power of two that puts their largest magnitude in
+[64, 128] (a split program's: its part's): a lane then stays at most 8 * 15 * 128 = 15360,
+whatever the activations' size; the scale comes off the fp32 result exactly. The one-tile kernels
+find that largest magnitude, and a norm's sum of squares, in one reduction each over the whole row
+(linear_q4._row_inputs), not one per part: a part's reductions end in barriers. Below the fp16 normal range
 (2^-14) an activation scaled so is at most 2^-21 of the largest, and its products' error is
 far below the fp32 sum's rounding.
 
@@ -39,9 +41,9 @@ import triton
 import triton.language as tl
 
 from onnxgen.runtime.gpu.launch import interpreting
-from onnxgen.runtime.gpu.linear_q4 import _row_bias, _store_rows, _sum_all
+from onnxgen.runtime.gpu.linear_q4 import _row_bias, _row_inputs, _row_squares, _store_rows
 from onnxgen.runtime.gpu.linear_q4_words import _word_loads
-from onnxgen.runtime.gpu.linear_row import _activation, _activation_inputs, merge_splits
+from onnxgen.runtime.gpu.linear_row import _activation, _activation_inputs, _prologue_values, merge_splits
 from onnxgen.runtime.gpu.pdl import wait_for_previous
 
 # the PTX form on CUDA; Triton ops under the interpreter (it runs no PTX), fixed for the process
@@ -148,14 +150,34 @@ def _pow2(e):
 
 
 @triton.jit
-def _fp16_scaled(a):
-    """(a * 2^f rounded to fp16, 2^-f) for fp32 activations a, 2^f putting the largest magnitude in
-    [64, 128) (at most 128 once rounded; module doc: Range). For a biased exponent E of the largest,
-    f = 133 - E; E is held at 7 or more, so that 2^f stays a normal fp32 (an all-zero a then takes
-    2^126: any value works)."""
-    amax = tl.max(tl.max(tl.abs(a), axis=1), axis=0)
-    exponent = tl.maximum((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF, 7)
-    return (a * _pow2(133 - exponent)).to(tl.float16), _pow2(exponent - 133)
+def _row_values(x, x2, gamma, PROLOGUE: tl.constexpr):
+    """p(x) in fp32 from raw inputs, rounded as the products take it (_prologue_values)."""
+    a, _, _ = _prologue_values(x, x2, gamma, PROLOGUE)
+    if PROLOGUE == 0 or PROLOGUE == 3:  # exact in the input dtype, as the other kernels round it
+        a = a.to(x.dtype).to(tl.float32)
+    return a
+
+
+@triton.jit
+def _scale_exponent(amax):
+    """The biased fp32 exponent E of the largest magnitude ``amax``, held at 7 or more: the
+    activations are scaled by 2^(133 - E), which puts the largest in [64, 128) (at most 128 once
+    rounded; module doc: Range) and keeps the power of two a normal fp32 (an all-zero row then
+    takes 2^126: any value works)."""
+    return tl.maximum((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF, 7)
+
+
+@triton.jit
+def _row_exponent(x, x2, gamma, PROLOGUE: tl.constexpr):
+    """_scale_exponent of the largest activation of a whole row (_row_inputs' raw inputs): every
+    part of a row shares it, so it takes one reduction, not one per part."""
+    return _scale_exponent(tl.max(tl.abs(_row_values(x, x2, gamma, PROLOGUE)), axis=0))
+
+
+@triton.jit
+def _part_exponent(x, x2, gamma, PROLOGUE: tl.constexpr):
+    """_scale_exponent of the largest activation of one part's raw inputs [NG, 32] (a split program's)."""
+    return _scale_exponent(tl.max(tl.max(tl.abs(_row_values(x, x2, gamma, PROLOGUE)), axis=1), axis=0))
 
 
 @triton.jit
@@ -239,18 +261,18 @@ def _part_inputs(x_ptr, x2_ptr, gamma_ptr, first_block, k, PROLOGUE: tl.constexp
 
 @triton.jit
 def _part_pairs(
-    x, x2, gamma, sum_ptr, first_block, k, PROLOGUE: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr,
+    x, x2, gamma, sum_ptr, first_block, k, exponent, PROLOGUE: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr,
 ):  # fmt: skip
-    """One part's activations as the products take them, from _part_inputs' raw inputs: (the sixteen
-    pair tensors, the power of two that takes their scale off, the prologue's squares [NG, 32], which
-    the caller sums once every product is made)."""
+    """One part's activations as the products take them, from _part_inputs' raw inputs, scaled by
+    2^(133 - exponent) (_scale_exponent) and rounded to fp16: (the sixteen pair tensors, the power
+    of two that takes the scale off)."""
     NG: tl.constexpr = NB * QBLOCK // GROUP
     cols = first_block * QBLOCK + tl.arange(0, NG)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [NG, 32]
-    a, sq = _activation(x, x2, gamma, sum_ptr, cols, cols < k, PROLOGUE)
+    a, _ = _activation(x, x2, gamma, sum_ptr, cols, cols < k, PROLOGUE)
     if PROLOGUE == 0 or PROLOGUE == 3:  # exact in the input dtype, as the other kernels round it
         a = a.to(x.dtype).to(tl.float32)
-    a16, down = _fp16_scaled(a)
-    return _activation_pairs(a16, NG), down, sq
+    a16 = (a * _pow2(133 - exponent)).to(tl.float16)
+    return _activation_pairs(a16, NG), _pow2(exponent - 133)
 
 
 @triton.jit
@@ -266,13 +288,12 @@ def _part_dot(w0, w1, w2, w3, scale, zero, low, high, p, down, PTX: tl.constexpr
 
 @triton.jit
 def _part_products(
-    w0, w1, w2, w3, scale, zero, low, high, x, x2, gamma, sum_ptr, first_block, k, PROLOGUE: tl.constexpr,
+    w0, w1, w2, w3, scale, zero, low, high, x, x2, gamma, sum_ptr, first_block, k, exponent, PROLOGUE: tl.constexpr,
     NB: tl.constexpr, QBLOCK: tl.constexpr, PTX: tl.constexpr,
 ):  # fmt: skip
-    """(w . p(x) per row over one part's groups in fp32, the prologue's squares [NG, 32] unsummed),
-    from _part_inputs' raw inputs."""
-    p, down, sq = _part_pairs(x, x2, gamma, sum_ptr, first_block, k, PROLOGUE, NB, QBLOCK)
-    return _part_dot(w0, w1, w2, w3, scale, zero, low, high, p, down, PTX), sq
+    """w . p(x) per row over one part's groups in fp32, from _part_inputs' raw inputs (_part_pairs)."""
+    p, down = _part_pairs(x, x2, gamma, sum_ptr, first_block, k, exponent, PROLOGUE, NB, QBLOCK)
+    return _part_dot(w0, w1, w2, w3, scale, zero, low, high, p, down, PTX)
 
 
 @triton.jit
@@ -298,21 +319,18 @@ def _q4h_tile_kernel(
         xb, yb, gb = _part_inputs(x_ptr, x2_ptr, gamma_ptr, B0, k, PROLOGUE, B1, QBLOCK)
     if B2 > 0:
         xc, yc, gc = _part_inputs(x_ptr, x2_ptr, gamma_ptr, B0 + B1, k, PROLOGUE, B2, QBLOCK)
-    dot, sq0 = _part_products(a0, a1, a2, a3, s0, z0, l0, h0, xa, ya, ga, sum_ptr, 0, k, PROLOGUE, B0, QBLOCK, PTX)
+    # the row's largest activation and a norm's statistics, each in one reduction over the whole row
+    xr, yr, gr = _row_inputs(x_ptr, x2_ptr, gamma_ptr, k, PROLOGUE, B0 * QBLOCK * (1 + (B1 > 0)))
+    exponent = _row_exponent(xr, yr, gr, PROLOGUE)
+    dot = _part_products(a0, a1, a2, a3, s0, z0, l0, h0, xa, ya, ga, sum_ptr, 0, k, exponent, PROLOGUE, B0, QBLOCK,
+                         PTX)  # fmt: skip
     if B1 > 0:
-        d1, sq1 = _part_products(b0, b1, b2, b3, s1, z1, l1, h1, xb, yb, gb, sum_ptr, B0, k, PROLOGUE, B1, QBLOCK,
-                                 PTX)  # fmt: skip
-        dot += d1
+        dot += _part_products(b0, b1, b2, b3, s1, z1, l1, h1, xb, yb, gb, sum_ptr, B0, k, exponent, PROLOGUE, B1,
+                              QBLOCK, PTX)  # fmt: skip
     if B2 > 0:
-        d2, sq2 = _part_products(c0, c1, c2, c3, s2, z2, l2, h2, xc, yc, gc, sum_ptr, B0 + B1, k, PROLOGUE, B2,
-                                 QBLOCK, PTX)  # fmt: skip
-        dot += d2
-    # the norm's statistics after every product: only the store needs them
-    squares = _sum_all(sq0)
-    if B1 > 0:
-        squares += _sum_all(sq1)
-    if B2 > 0:
-        squares += _sum_all(sq2)
+        dot += _part_products(c0, c1, c2, c3, s2, z2, l2, h2, xc, yc, gc, sum_ptr, B0 + B1, k, exponent, PROLOGUE,
+                              B2, QBLOCK, PTX)  # fmt: skip
+    squares = _row_squares(xr, yr, gr, PROLOGUE)  # after every product: only the store needs it
     _store_rows(dot, squares, bias, out_ptr, rows, row_ok, k, eps, PROLOGUE, HAS_BIAS)
 
 
@@ -333,8 +351,9 @@ def _q4h_split_kernel(
                                                          row_words, zp_row_bytes, NB, QBLOCK, ZERO_KIND)  # fmt: skip
     wait_for_previous(PDL)
     x, x2, gamma = _part_inputs(x_ptr, x2_ptr, gamma_ptr, first, k, PROLOGUE, NB, QBLOCK)
-    dot, _ = _part_products(w0, w1, w2, w3, scale, zero, low, high, x, x2, gamma, sum_ptr, first, k, PROLOGUE, NB,
-                            QBLOCK, PTX)  # fmt: skip
+    exponent = _part_exponent(x, x2, gamma, PROLOGUE)
+    dot = _part_products(w0, w1, w2, w3, scale, zero, low, high, x, x2, gamma, sum_ptr, first, k, exponent, PROLOGUE,
+                         NB, QBLOCK, PTX)  # fmt: skip
     merge_splits(dot, bias, part_ptr, ticket_ptr, out_ptr, rows, row_ok, n, BLOCK_S)
 
 
@@ -365,16 +384,14 @@ def _q4h_stream_kernel(
         xb, yb, gb = _part_inputs(x_ptr, x2_ptr, gamma_ptr, B0, k, PROLOGUE, B1, QBLOCK)
     if B2 > 0:
         xc, yc, gc = _part_inputs(x_ptr, x2_ptr, gamma_ptr, B0 + B1, k, PROLOGUE, B2, QBLOCK)
-    p0, down0, sq0 = _part_pairs(xa, ya, ga, sum_ptr, 0, k, PROLOGUE, B0, QBLOCK)
+    xr, yr, gr = _row_inputs(x_ptr, x2_ptr, gamma_ptr, k, PROLOGUE, B0 * QBLOCK * (1 + (B1 > 0)))
+    exponent = _row_exponent(xr, yr, gr, PROLOGUE)
+    p0, down0 = _part_pairs(xa, ya, ga, sum_ptr, 0, k, exponent, PROLOGUE, B0, QBLOCK)
     if B1 > 0:
-        p1, down1, sq1 = _part_pairs(xb, yb, gb, sum_ptr, B0, k, PROLOGUE, B1, QBLOCK)
+        p1, down1 = _part_pairs(xb, yb, gb, sum_ptr, B0, k, exponent, PROLOGUE, B1, QBLOCK)
     if B2 > 0:
-        p2, down2, sq2 = _part_pairs(xc, yc, gc, sum_ptr, B0 + B1, k, PROLOGUE, B2, QBLOCK)
-    squares = _sum_all(sq0)
-    if B1 > 0:
-        squares += _sum_all(sq1)
-    if B2 > 0:
-        squares += _sum_all(sq2)
+        p2, down2 = _part_pairs(xc, yc, gc, sum_ptr, B0 + B1, k, exponent, PROLOGUE, B2, QBLOCK)
+    squares = _row_squares(xr, yr, gr, PROLOGUE)
     for first in range(pid * BLOCK_N, n, step):
         rows = first + lanes
         row_ok = rows < n

@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from onnxgen.runtime.gpu.linear_q4 import MAGIC, _block_zeros, _row_bias, _store_rows
+from onnxgen.runtime.gpu.linear_q4 import MAGIC, _block_zeros, _row_bias, _row_inputs, _row_squares, _store_rows
 from onnxgen.runtime.gpu.linear_row import _activation, _activation_inputs, merge_splits
 from onnxgen.runtime.gpu.pdl import wait_for_previous
 
@@ -78,11 +78,11 @@ def _word_activations(
 ):  # fmt: skip
     """The activations of NB blocks from ``first_block`` as the word products take them, from
     _word_inputs' raw inputs: for each nibble place i, [NB, QBLOCK / 8] values p(x)[8j + i] scaled
-    by 16^-(i mod 4) (exact); the blocks' sums of p(x) (what the zero points take off); the
-    prologue's squares, unsummed."""
+    by 16^-(i mod 4) (exact); the blocks' sums of p(x) (what the zero points take off). A norm's
+    statistics come from the whole row (linear_q4._row_squares)."""
     WPB: tl.constexpr = QBLOCK // 8
     cols = _word_columns(first_block, NB, QBLOCK)
-    a, sq = _activation(x, x2, gamma, sum_ptr, cols, cols < k, PROLOGUE)
+    a, _ = _activation(x, x2, gamma, sum_ptr, cols, cols < k, PROLOGUE)
     if PROLOGUE == 0 or PROLOGUE == 3:  # exact in the input dtype, as the byte kernel rounds it
         a = a.to(x.dtype).to(tl.float32)
     block_sum = tl.sum(tl.sum(a, axis=2), axis=1)  # [NB]
@@ -95,13 +95,7 @@ def _word_activations(
     a1, a5 = tl.split(o0)
     a3, a7 = tl.split(o1)
     return (a0, a1 * 0.0625, a2 * 0.00390625, a3 * 0.000244140625, a4, a5 * 0.0625, a6 * 0.00390625,
-            a7 * 0.000244140625, block_sum, sq)  # fmt: skip
-
-
-@triton.jit
-def _sum_all(sq):
-    """The sum of a part's [blocks, words, nibbles] squares (a norm's statistics), fp32."""
-    return tl.sum(tl.sum(tl.sum(sq, axis=2), axis=1), axis=0)
+            a7 * 0.000244140625, block_sum)  # fmt: skip
 
 
 @triton.jit
@@ -126,12 +120,11 @@ def _word_products(
     words, scale, zero, x, x2, gamma, sum_ptr, first_block, k, magic_bits, PROLOGUE: tl.constexpr,
     NB: tl.constexpr, QBLOCK: tl.constexpr,
 ):  # fmt: skip
-    """(w . p(x) per row over NB blocks from ``first_block`` in fp32, the prologue's squares unsummed),
-    from _word_inputs' raw inputs."""
-    a0, a1, a2, a3, a4, a5, a6, a7, block_sum, sq = _word_activations(
+    """w . p(x) per row over NB blocks from ``first_block`` in fp32, from _word_inputs' raw inputs."""
+    a0, a1, a2, a3, a4, a5, a6, a7, block_sum = _word_activations(
         x, x2, gamma, sum_ptr, first_block, k, PROLOGUE, NB, QBLOCK
     )
-    return _word_dot(words, scale, zero, magic_bits, a0, a1, a2, a3, a4, a5, a6, a7, block_sum), sq
+    return _word_dot(words, scale, zero, magic_bits, a0, a1, a2, a3, a4, a5, a6, a7, block_sum)
 
 
 @triton.jit
@@ -160,19 +153,16 @@ def _q4w_tile_kernel(
         xb, yb, gb = _word_inputs(x_ptr, x2_ptr, gamma_ptr, B0, k, PROLOGUE, B1, QBLOCK)
     if B2 > 0:
         xc, yc, gc = _word_inputs(x_ptr, x2_ptr, gamma_ptr, B0 + B1, k, PROLOGUE, B2, QBLOCK)
-    dot, sq0 = _word_products(w0, s0, z0, xa, ya, ga, sum_ptr, 0, k, magic_bits, PROLOGUE, B0, QBLOCK)
+    if PROLOGUE == 1 or PROLOGUE == 2:  # the norm's statistics in one reduction over the whole row
+        xr, yr, gr = _row_inputs(x_ptr, x2_ptr, gamma_ptr, k, PROLOGUE, B0 * QBLOCK * (1 + (B1 > 0)))
+    dot = _word_products(w0, s0, z0, xa, ya, ga, sum_ptr, 0, k, magic_bits, PROLOGUE, B0, QBLOCK)
     if B1 > 0:
-        d1, sq1 = _word_products(w1, s1, z1, xb, yb, gb, sum_ptr, B0, k, magic_bits, PROLOGUE, B1, QBLOCK)
-        dot += d1
+        dot += _word_products(w1, s1, z1, xb, yb, gb, sum_ptr, B0, k, magic_bits, PROLOGUE, B1, QBLOCK)
     if B2 > 0:
-        d2, sq2 = _word_products(w2, s2, z2, xc, yc, gc, sum_ptr, B0 + B1, k, magic_bits, PROLOGUE, B2, QBLOCK)
-        dot += d2
-    # the norm's statistics after every product: only the store needs them
-    squares = _sum_all(sq0)
-    if B1 > 0:
-        squares += _sum_all(sq1)
-    if B2 > 0:
-        squares += _sum_all(sq2)
+        dot += _word_products(w2, s2, z2, xc, yc, gc, sum_ptr, B0 + B1, k, magic_bits, PROLOGUE, B2, QBLOCK)
+    squares = 0.0
+    if PROLOGUE == 1 or PROLOGUE == 2:  # after every product: only the store needs it
+        squares = _row_squares(xr, yr, gr, PROLOGUE)
     _store_rows(dot, squares, bias, out_ptr, rows, row_ok, k, eps, PROLOGUE, HAS_BIAS)
 
 
@@ -193,7 +183,7 @@ def _q4w_split_kernel(
                                      zp_row_bytes, NB, QBLOCK, ZERO_KIND)  # fmt: skip
     wait_for_previous(PDL)
     x, x2, gamma = _word_inputs(x_ptr, x2_ptr, gamma_ptr, first, k, PROLOGUE, NB, QBLOCK)
-    dot, _ = _word_products(words, scale, zero, x, x2, gamma, sum_ptr, first, k, magic_bits, PROLOGUE, NB, QBLOCK)
+    dot = _word_products(words, scale, zero, x, x2, gamma, sum_ptr, first, k, magic_bits, PROLOGUE, NB, QBLOCK)
     merge_splits(dot, bias, part_ptr, ticket_ptr, out_ptr, rows, row_ok, n, BLOCK_S)
 
 

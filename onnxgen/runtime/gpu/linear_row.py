@@ -55,22 +55,32 @@ def _activation_inputs(x_ptr, x2_ptr, gamma_ptr, cols, inside, PROLOGUE: tl.cons
 
 
 @triton.jit
-def _activation(x, x2, gamma, sum_ptr, cols, inside, PROLOGUE: tl.constexpr):
-    """(a, s*s) at ``cols`` in fp32 from the raw inputs: the value each weight column multiplies,
-    and for the norms the squares their statistics sum. The norms' 1/rms is a common factor of
-    every product, so it is applied once to the finished dot product: one pass over K instead of
-    two (measured on the H200: a first statistics pass cost ~2 us of latency per kernel)."""
+def _prologue_values(x, x2, gamma, PROLOGUE: tl.constexpr):
+    """(a, s*s, s) in fp32 from the raw inputs: the value each weight column multiplies, for the norms
+    the squares their statistics sum, and s itself (x + x2 for skip_rms, which it writes out). The
+    norms' 1/rms is a common factor of every product, so it is applied once to the finished dot
+    product: one pass over K instead of two (measured on the H200: a first statistics pass cost
+    ~2 us of latency per kernel). Pure arithmetic: a kernel may compute it for the same inputs
+    twice (once for a whole row's statistics) and gets the same bits."""
     xf = x.to(tl.float32)
     if PROLOGUE == 3:  # rounded as the unfused SiLU-mul kernel stores it
         u = x2.to(tl.float32)
-        return (xf / (1.0 + tl.exp(-xf)) * u).to(x.dtype).to(tl.float32), xf * 0.0
+        return (xf / (1.0 + tl.exp(-xf)) * u).to(x.dtype).to(tl.float32), xf * 0.0, xf
     if PROLOGUE == 0:
-        return xf, xf * 0.0
+        return xf, xf * 0.0, xf
     if PROLOGUE == 2:
         xf += x2.to(tl.float32)
+    return xf * gamma.to(tl.float32), xf * xf, xf
+
+
+@triton.jit
+def _activation(x, x2, gamma, sum_ptr, cols, inside, PROLOGUE: tl.constexpr):
+    """(a, s*s) at ``cols`` (_prologue_values); skip_rms's program 0 writes x + x2 to ``sum_ptr``."""
+    a, sq, s = _prologue_values(x, x2, gamma, PROLOGUE)
+    if PROLOGUE == 2:
         first = (cols * 0 + tl.program_id(0)) == 0  # a block mask: the interpreter takes no scalar
-        tl.store(sum_ptr + cols, xf.to(sum_ptr.dtype.element_ty), mask=inside & first)
-    return xf * gamma.to(tl.float32), xf * xf
+        tl.store(sum_ptr + cols, s.to(sum_ptr.dtype.element_ty), mask=inside & first)
+    return a, sq
 
 
 @triton.jit
