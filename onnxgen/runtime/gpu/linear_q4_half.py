@@ -260,6 +260,24 @@ def _part_inputs(x_ptr, x2_ptr, gamma_ptr, first_block, k, PROLOGUE: tl.constexp
 
 
 @triton.jit
+def _row_part_inputs(
+    x_ptr, x2_ptr, gamma_ptr, k, PROLOGUE: tl.constexpr, B0: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr,
+    QBLOCK: tl.constexpr,
+):  # fmt: skip
+    """_part_inputs of a row's up to three parts (an absent part repeats the first's, which no caller
+    reads) and the whole row's (_row_inputs), all loaded at once right after the wait."""
+    first = _part_inputs(x_ptr, x2_ptr, gamma_ptr, 0, k, PROLOGUE, B0, QBLOCK)
+    second = first
+    third = first
+    if B1 > 0:
+        second = _part_inputs(x_ptr, x2_ptr, gamma_ptr, B0, k, PROLOGUE, B1, QBLOCK)
+    if B2 > 0:
+        third = _part_inputs(x_ptr, x2_ptr, gamma_ptr, B0 + B1, k, PROLOGUE, B2, QBLOCK)
+    row = _row_inputs(x_ptr, x2_ptr, gamma_ptr, k, PROLOGUE, B0 * QBLOCK * (1 + (B1 > 0)))
+    return first, second, third, row
+
+
+@triton.jit
 def _part_pairs(
     x, x2, gamma, sum_ptr, first_block, k, exponent, PROLOGUE: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr,
 ):  # fmt: skip
@@ -314,13 +332,12 @@ def _q4h_tile_kernel(
     b0, b1, b2, b3, s1, z1, l1, h1 = second
     c0, c1, c2, c3, s2, z2, l2, h2 = third
     wait_for_previous(PDL)
-    xa, ya, ga = _part_inputs(x_ptr, x2_ptr, gamma_ptr, 0, k, PROLOGUE, B0, QBLOCK)
-    if B1 > 0:
-        xb, yb, gb = _part_inputs(x_ptr, x2_ptr, gamma_ptr, B0, k, PROLOGUE, B1, QBLOCK)
-    if B2 > 0:
-        xc, yc, gc = _part_inputs(x_ptr, x2_ptr, gamma_ptr, B0 + B1, k, PROLOGUE, B2, QBLOCK)
+    inputs = _row_part_inputs(x_ptr, x2_ptr, gamma_ptr, k, PROLOGUE, B0, B1, B2, QBLOCK)
+    xa, ya, ga = inputs[0]
+    xb, yb, gb = inputs[1]
+    xc, yc, gc = inputs[2]
+    xr, yr, gr = inputs[3]
     # the row's largest activation and a norm's statistics, each in one reduction over the whole row
-    xr, yr, gr = _row_inputs(x_ptr, x2_ptr, gamma_ptr, k, PROLOGUE, B0 * QBLOCK * (1 + (B1 > 0)))
     exponent = _row_exponent(xr, yr, gr, PROLOGUE)
     dot = _part_products(a0, a1, a2, a3, s0, z0, l0, h0, xa, ya, ga, sum_ptr, 0, k, exponent, PROLOGUE, B0, QBLOCK,
                          PTX)  # fmt: skip
@@ -379,12 +396,11 @@ def _q4h_stream_kernel(
     b0, b1, b2, b3, s1, z1, l1, h1 = second
     c0, c1, c2, c3, s2, z2, l2, h2 = third
     wait_for_previous(PDL)
-    xa, ya, ga = _part_inputs(x_ptr, x2_ptr, gamma_ptr, 0, k, PROLOGUE, B0, QBLOCK)
-    if B1 > 0:
-        xb, yb, gb = _part_inputs(x_ptr, x2_ptr, gamma_ptr, B0, k, PROLOGUE, B1, QBLOCK)
-    if B2 > 0:
-        xc, yc, gc = _part_inputs(x_ptr, x2_ptr, gamma_ptr, B0 + B1, k, PROLOGUE, B2, QBLOCK)
-    xr, yr, gr = _row_inputs(x_ptr, x2_ptr, gamma_ptr, k, PROLOGUE, B0 * QBLOCK * (1 + (B1 > 0)))
+    inputs = _row_part_inputs(x_ptr, x2_ptr, gamma_ptr, k, PROLOGUE, B0, B1, B2, QBLOCK)
+    xa, ya, ga = inputs[0]
+    xb, yb, gb = inputs[1]
+    xc, yc, gc = inputs[2]
+    xr, yr, gr = inputs[3]
     exponent = _row_exponent(xr, yr, gr, PROLOGUE)
     p0, down0 = _part_pairs(xa, ya, ga, sum_ptr, 0, k, exponent, PROLOGUE, B0, QBLOCK)
     if B1 > 0:
