@@ -17,7 +17,8 @@ absent; the word kernel and the PTX nibble unpacking are 4-bit only.
 One row (the decode step), with gpu/linear_row.py's prologues (rms, skip_rms, silu_mul):
 - ``_q4_tile_kernel``: BLOCK_N whole rows per program, a row's blocks in up to three power-of-two
   parts; every code, scale and zero point load issued before the wait for the kernel before
-  (PDL: they are constant), the activations after it;
+  (PDL: they are constant), every part's activations right after it, and a norm's statistics
+  reduced once over the whole row (_row_inputs) after the products;
 - ``_q4_split_kernel``: rows longer than one tile (down_proj) split along K over a second grid
   axis, the partial sums added in split order by the program that draws the last ticket.
 Codes load as [rows, blocks, bytes]; the two nibbles of a byte are joined into element order, so
