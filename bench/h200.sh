@@ -16,7 +16,8 @@
 #   qwen15     capture_decode --shape qwen2.5-coder-1.5b-instruct, fp16 and int4, ~2.5 min
 #   llamacpp   builds llama.cpp (carry .lcpp from ../shared/device/pack-llamacpp.sh) into /tmp/lc, ~5 min: its own
 #              call, first; later peers stages then add the llama-cpp row (needs .gpu/qwen-tok carried too:
-#              python -m bench.llamacpp_peer qwen2.5-coder-0.5b-instruct .gpu/qwen-tok)
+#              python -m bench.llamacpp_peer qwen2.5-coder-0.5b-instruct .gpu/qwen-tok, or without a model hub
+#              python -m bench.llamacpp_peer --vocab qwen2 .gpu/qwen-tok)
 #   peers      python -m bench.peers_decode Q, fp16 and int4 (needs the peer wheels; also builds the peer's own package), ~9 min: one stage per call
 #   peers15    peers_decode for the 1.5B shape, fp16 (needs the peer wheels), ~4 min
 #   table      issue 18's table: both shapes, fp16 and int4, onnxgen beside onnxruntime-genai on its own

@@ -9,7 +9,10 @@ tokenizers it knows (it checks how a real one splits a test text), so the bench'
 word-level tokenizer is replaced by a real one of the same family (``--tokenizer-from``: a directory
 with tokenizer.json, e.g. ``python -m bench.llamacpp_peer qwen2.5-coder-0.5b-instruct .gpu/qwen-tok``,
 which writes it from the pulled GGUF; the converter accepts it); speed does not depend on which
-token ids the weights map.
+token ids the weights map. Without a model hub, ``python -m bench.llamacpp_peer --vocab qwen2
+.gpu/qwen-tok`` writes the same family's tokenizer from the vocabulary-only GGUF that llama.cpp's
+source keeps for its tokenizer tests (in the llama-cpp-python sdist, fetched with pip), checked
+against the token ids that test expects.
 
 The GGUF is F16 for fp16 and fp32 runs and Q4_0 (llama-quantize from the F16 file) for int4, the
 forms issue 17 names. llama-bench runs twice: ``-p 0 -n N -d P`` (N tokens decoded after a context
@@ -26,6 +29,8 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tarfile
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,11 +168,81 @@ def write_real_tokenizer(model: str, out: Path) -> list[Path]:
     return write_tokenizer_files(pull(model, progress=True), out)
 
 
+# the llama-cpp-python release whose vendored llama.cpp ../shared/device/pack-llamacpp.sh builds by default
+LLAMACPP_SDIST_VERSION = "0.3.36"
+VOCAB_TEST_SEPARATOR = "\n__ggml_vocab_test__\n"
+
+
+def vocab_tokenizer(family: str, out: Path, sdist: Path | None = None) -> list[Path]:
+    """tokenizer.json and tokenizer_config.json of a tokenizer family (``qwen2``, ``llama-bpe``, ...) from
+    llama.cpp's vocabulary-only test GGUF (``models/ggml-vocab-FAMILY.gguf`` in the llama-cpp-python
+    sdist, ``sdist`` or fetched with pip), by onnxgen's own tokenizer builder. Fails unless the result
+    encodes every text of llama.cpp's own test for that file (``.inp``) to the ids it expects (``.out``)."""
+    from onnxgen.models.tokenizer_build import write_tokenizer_files
+
+    with tempfile.TemporaryDirectory() as tmp:
+        if sdist is None:
+            print(f"fetching llama-cpp-python {LLAMACPP_SDIST_VERSION} (its source, ~50 MB) with pip", file=sys.stderr)
+            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d",
+                            tmp, f"llama-cpp-python=={LLAMACPP_SDIST_VERSION}"], check=True)  # fmt: skip
+            sdist = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
+        stem = f"ggml-vocab-{family}.gguf"
+        files = {}
+        with tarfile.open(sdist) as tar:
+            for member in tar.getmembers():
+                name = Path(member.name).name
+                if "/vendor/llama.cpp/models/" in member.name and name in (stem, stem + ".inp", stem + ".out"):
+                    files[name] = Path(tmp) / name
+                    files[name].write_bytes(tar.extractfile(member).read())  # type: ignore[union-attr]
+        missing = [name for name in (stem, stem + ".inp", stem + ".out") if name not in files]
+        if missing:
+            raise FileNotFoundError(f"{sdist} has no vendor/llama.cpp/models/{', '.join(missing)}")
+        written = write_tokenizer_files(files[stem], out)
+        checked = check_vocab_test(out / "tokenizer.json", files[stem + ".inp"], files[stem + ".out"])
+    print(f"{out}: {family} tokenizer, llama.cpp's {checked} test texts encode to its ids", file=sys.stderr)
+    return written
+
+
+def check_vocab_test(tokenizer_json: Path, texts: Path, ids: Path) -> int:
+    """How many of llama.cpp's tokenizer test texts (``texts``, each ended by VOCAB_TEST_SEPARATOR) the
+    tokenizer encodes to the ids llama.cpp expects (``ids``, a line of ids a text); ValueError at the
+    first that differs, or where the two files do not pair up."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_json))
+    cases_text = texts.read_text(encoding="utf-8")
+    if cases_text.endswith(VOCAB_TEST_SEPARATOR):  # the separator ends each text, the last one too
+        cases_text = cases_text[: -len(VOCAB_TEST_SEPARATOR)]
+    cases = cases_text.split(VOCAB_TEST_SEPARATOR)
+    ids_text = ids.read_text(encoding="utf-8")
+    expected = ids_text.split("\n")
+    if ids_text.endswith("\n"):
+        expected.pop()
+    if len(cases) != len(expected):
+        raise ValueError(f"{texts} has {len(cases)} texts, {ids} {len(expected)} lines of ids")
+    for text, line in zip(cases, expected, strict=True):
+        want = [int(t) for t in line.split()]
+        got = tokenizer.encode(text, add_special_tokens=False).ids
+        if got != want:
+            raise ValueError(
+                f"{tokenizer_json} encodes {text[:40]!r} to {got[:12]}, llama.cpp's test expects {want[:12]}"
+            )
+    return len(cases)
+
+
 if __name__ == "__main__":
     import argparse
 
     parser = argparse.ArgumentParser(description="write a real tokenizer for --tokenizer-from")
-    parser.add_argument("model", help="a registry name, e.g. qwen2.5-coder-0.5b-instruct")
+    parser.add_argument("model", nargs="?", help="a registry name, e.g. qwen2.5-coder-0.5b-instruct (pulled)")
     parser.add_argument("out", type=Path)
-    for path in write_real_tokenizer(parser.parse_args().model, parser.parse_args().out):
+    parser.add_argument("--vocab", help="instead of a model: a llama.cpp test vocabulary, e.g. qwen2 (no model hub)")
+    parser.add_argument("--sdist", type=Path, help="with --vocab: a llama-cpp-python sdist already here")
+    args = parser.parse_args()
+    if (args.model is None) == (args.vocab is None):
+        parser.error("give a model or --vocab FAMILY")
+    paths = (
+        vocab_tokenizer(args.vocab, args.out, args.sdist) if args.vocab else write_real_tokenizer(args.model, args.out)
+    )
+    for path in paths:
         print(path)

@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from bench.llamacpp_peer import converter_checkpoint, measured, parse_bench_json, tree_problem
+from bench.llamacpp_peer import (
+    VOCAB_TEST_SEPARATOR,
+    check_vocab_test,
+    converter_checkpoint,
+    measured,
+    parse_bench_json,
+    tree_problem,
+)
 from bench.peers_decode import engine_blocker
 
 PROMPT_RECORD = {
@@ -61,3 +68,28 @@ def test_the_converter_sees_the_real_tokenizer_beside_the_linked_weights(tmp_pat
     assert not (view / "tokenizer_config.json").exists()
     with pytest.raises(FileNotFoundError, match="has no tokenizer.json"):
         converter_checkpoint(hf, tmp_path / "nowhere", tmp_path / "view2")
+
+
+def _word_tokenizer(path: Path) -> Path:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1, "world": 2}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(path / "tokenizer.json"))
+    return path / "tokenizer.json"
+
+
+def test_a_vocab_test_pairs_texts_with_their_ids(tmp_path: Path) -> None:
+    """llama.cpp's tokenizer test files: texts split by its separator, a line of ids per text (the last
+    line ending in a newline or not); a tokenizer passes only if every text gives its ids."""
+    tokenizer = _word_tokenizer(tmp_path)
+    texts, ids = tmp_path / "v.inp", tmp_path / "v.out"
+    texts.write_text(VOCAB_TEST_SEPARATOR.join(["hello world", "world", "nope hello"]), encoding="utf-8")
+    ids.write_text(" 1 2\n 2\n 0 1\n", encoding="utf-8")
+    assert check_vocab_test(tokenizer, texts, ids) == 3
+    ids.write_text(" 1 2\n 2\n 0 2", encoding="utf-8")
+    with pytest.raises(ValueError, match="'nope hello' to \\[0, 1\\].*expects \\[0, 2\\]"):
+        check_vocab_test(tokenizer, texts, ids)
+    ids.write_text(" 1 2\n 2\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="3 texts.*2 lines"):
+        check_vocab_test(tokenizer, texts, ids)
