@@ -167,10 +167,13 @@ def _block_dot(
 
 
 @triton.jit
-def _row_inputs(x_ptr, x2_ptr, gamma_ptr, k, PROLOGUE: tl.constexpr, ROW: tl.constexpr):
-    """The whole row's raw prologue inputs (x, x2, gamma) as [ROW] (a power of two >= k), for what
-    a row's parts share: a norm's sum of squares (and gpu/linear_q4_half.py's largest activation)
-    in one reduction over the row, where one per part cost each part's reductions and barriers."""
+def _row_inputs(x_ptr, x2_ptr, gamma_ptr, k, PROLOGUE: tl.constexpr, B0: tl.constexpr, B1: tl.constexpr,
+                QBLOCK: tl.constexpr):  # fmt: skip
+    """The whole row's raw prologue inputs (x, x2, gamma) as one power-of-two tile covering its parts
+    (power_parts: B0 + B1 + B2 <= 2 * B0 blocks), for what a row's parts share: a norm's sum of
+    squares (and gpu/linear_q4_half.py's largest activation) in one reduction over the row, where
+    one per part cost each part's reductions and barriers."""
+    ROW: tl.constexpr = B0 * QBLOCK * (1 + (B1 > 0))
     cols = tl.arange(0, ROW)
     return _activation_inputs(x_ptr, x2_ptr, gamma_ptr, cols, cols < k, PROLOGUE)
 
@@ -374,7 +377,7 @@ def _q4_tile_kernel(
     if B2 > 0:
         xc, yc, gc = _block_inputs(x_ptr, x2_ptr, gamma_ptr, B0 + B1, k, PROLOGUE, B2, QBLOCK)
     if PROLOGUE == 1 or PROLOGUE == 2:  # the norm's statistics in one reduction over the whole row
-        xr, yr, gr = _row_inputs(x_ptr, x2_ptr, gamma_ptr, k, PROLOGUE, B0 * QBLOCK * (1 + (B1 > 0)))
+        xr, yr, gr = _row_inputs(x_ptr, x2_ptr, gamma_ptr, k, PROLOGUE, B0, B1, QBLOCK)
     dot = _block_dot(c0, s0, z0, xa, ya, ga, sum_ptr, 0, k, PROLOGUE, ZERO_KIND, B0, QBLOCK, BITS, READY)
     if B1 > 0:
         dot += _block_dot(c1, s1, z1, xb, yb, gb, sum_ptr, B0, k, PROLOGUE, ZERO_KIND, B1, QBLOCK, BITS, READY)

@@ -175,9 +175,9 @@ def _row_exponent(x, x2, gamma, PROLOGUE: tl.constexpr):
 
 
 @triton.jit
-def _part_exponent(x, x2, gamma, PROLOGUE: tl.constexpr):
-    """_scale_exponent of the largest activation of one part's raw inputs [NG, 32] (a split program's)."""
-    return _scale_exponent(tl.max(tl.max(tl.abs(_row_values(x, x2, gamma, PROLOGUE)), axis=1), axis=0))
+def _part_exponent(a):
+    """_scale_exponent of the largest of one part's activations a [NG, 32] (a split program's)."""
+    return _scale_exponent(tl.max(tl.max(tl.abs(a), axis=1), axis=0))
 
 
 @triton.jit
@@ -273,24 +273,31 @@ def _row_part_inputs(
         second = _part_inputs(x_ptr, x2_ptr, gamma_ptr, B0, k, PROLOGUE, B1, QBLOCK)
     if B2 > 0:
         third = _part_inputs(x_ptr, x2_ptr, gamma_ptr, B0 + B1, k, PROLOGUE, B2, QBLOCK)
-    row = _row_inputs(x_ptr, x2_ptr, gamma_ptr, k, PROLOGUE, B0 * QBLOCK * (1 + (B1 > 0)))
+    row = _row_inputs(x_ptr, x2_ptr, gamma_ptr, k, PROLOGUE, B0, B1, QBLOCK)
     return first, second, third, row
 
 
 @triton.jit
-def _part_pairs(
-    x, x2, gamma, sum_ptr, first_block, k, exponent, PROLOGUE: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr,
+def _part_values(
+    x, x2, gamma, sum_ptr, first_block, k, PROLOGUE: tl.constexpr, NB: tl.constexpr, QBLOCK: tl.constexpr,
 ):  # fmt: skip
-    """One part's activations as the products take them, from _part_inputs' raw inputs, scaled by
-    2^(133 - exponent) (_scale_exponent) and rounded to fp16: (the sixteen pair tensors, the power
-    of two that takes the scale off)."""
+    """One part's p(x) [NG, 32] in fp32 from _part_inputs' raw inputs, rounded as the products take
+    it (skip_rms's program 0 writes x + x2 here: _activation)."""
     NG: tl.constexpr = NB * QBLOCK // GROUP
     cols = first_block * QBLOCK + tl.arange(0, NG)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [NG, 32]
     a, _ = _activation(x, x2, gamma, sum_ptr, cols, cols < k, PROLOGUE)
     if PROLOGUE == 0 or PROLOGUE == 3:  # exact in the input dtype, as the other kernels round it
         a = a.to(x.dtype).to(tl.float32)
+    return a
+
+
+@triton.jit
+def _part_pairs(a, exponent):
+    """One part's activations a [NG, 32] (_part_values) as the products take them, scaled by
+    2^(133 - exponent) (_scale_exponent) and rounded to fp16: (the sixteen pair tensors, the power
+    of two that takes the scale off)."""
     a16 = (a * _pow2(133 - exponent)).to(tl.float16)
-    return _activation_pairs(a16, NG), _pow2(exponent - 133)
+    return _activation_pairs(a16, a.shape[0]), _pow2(exponent - 133)
 
 
 @triton.jit
@@ -310,7 +317,7 @@ def _part_products(
     NB: tl.constexpr, QBLOCK: tl.constexpr, PTX: tl.constexpr,
 ):  # fmt: skip
     """w . p(x) per row over one part's groups in fp32, from _part_inputs' raw inputs (_part_pairs)."""
-    p, down = _part_pairs(x, x2, gamma, sum_ptr, first_block, k, exponent, PROLOGUE, NB, QBLOCK)
+    p, down = _part_pairs(_part_values(x, x2, gamma, sum_ptr, first_block, k, PROLOGUE, NB, QBLOCK), exponent)
     return _part_dot(w0, w1, w2, w3, scale, zero, low, high, p, down, PTX)
 
 
@@ -368,9 +375,9 @@ def _q4h_split_kernel(
                                                          row_words, zp_row_bytes, NB, QBLOCK, ZERO_KIND)  # fmt: skip
     wait_for_previous(PDL)
     x, x2, gamma = _part_inputs(x_ptr, x2_ptr, gamma_ptr, first, k, PROLOGUE, NB, QBLOCK)
-    exponent = _part_exponent(x, x2, gamma, PROLOGUE)
-    dot = _part_products(w0, w1, w2, w3, scale, zero, low, high, x, x2, gamma, sum_ptr, first, k, exponent, PROLOGUE,
-                         NB, QBLOCK, PTX)  # fmt: skip
+    a = _part_values(x, x2, gamma, sum_ptr, first, k, PROLOGUE, NB, QBLOCK)
+    p, down = _part_pairs(a, _part_exponent(a))
+    dot = _part_dot(w0, w1, w2, w3, scale, zero, low, high, p, down, PTX)
     merge_splits(dot, bias, part_ptr, ticket_ptr, out_ptr, rows, row_ok, n, BLOCK_S)
 
 
@@ -402,11 +409,11 @@ def _q4h_stream_kernel(
     xc, yc, gc = inputs[2]
     xr, yr, gr = inputs[3]
     exponent = _row_exponent(xr, yr, gr, PROLOGUE)
-    p0, down0 = _part_pairs(xa, ya, ga, sum_ptr, 0, k, exponent, PROLOGUE, B0, QBLOCK)
+    p0, down0 = _part_pairs(_part_values(xa, ya, ga, sum_ptr, 0, k, PROLOGUE, B0, QBLOCK), exponent)
     if B1 > 0:
-        p1, down1 = _part_pairs(xb, yb, gb, sum_ptr, B0, k, exponent, PROLOGUE, B1, QBLOCK)
+        p1, down1 = _part_pairs(_part_values(xb, yb, gb, sum_ptr, B0, k, PROLOGUE, B1, QBLOCK), exponent)
     if B2 > 0:
-        p2, down2 = _part_pairs(xc, yc, gc, sum_ptr, B0 + B1, k, exponent, PROLOGUE, B2, QBLOCK)
+        p2, down2 = _part_pairs(_part_values(xc, yc, gc, sum_ptr, B0 + B1, k, PROLOGUE, B2, QBLOCK), exponent)
     squares = _row_squares(xr, yr, gr, PROLOGUE)
     for first in range(pid * BLOCK_N, n, step):
         rows = first + lanes

@@ -154,7 +154,7 @@ def _q4w_tile_kernel(
     if B2 > 0:
         xc, yc, gc = _word_inputs(x_ptr, x2_ptr, gamma_ptr, B0 + B1, k, PROLOGUE, B2, QBLOCK)
     if PROLOGUE == 1 or PROLOGUE == 2:  # the norm's statistics in one reduction over the whole row
-        xr, yr, gr = _row_inputs(x_ptr, x2_ptr, gamma_ptr, k, PROLOGUE, B0 * QBLOCK * (1 + (B1 > 0)))
+        xr, yr, gr = _row_inputs(x_ptr, x2_ptr, gamma_ptr, k, PROLOGUE, B0, B1, QBLOCK)
     dot = _word_products(w0, s0, z0, xa, ya, ga, sum_ptr, 0, k, magic_bits, PROLOGUE, B0, QBLOCK)
     if B1 > 0:
         dot += _word_products(w1, s1, z1, xb, yb, gb, sum_ptr, B0, k, magic_bits, PROLOGUE, B1, QBLOCK)
