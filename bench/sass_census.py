@@ -31,10 +31,11 @@ PROLOGUES = {"none": 0, "rms": 1, "skip_rms": 2, "silu_mul": 3}
 
 
 def compiled_for_sm90(fn: Any, signature: dict[str, str], constexprs: dict[str, object], num_warps: int = 4,
-                      aligned: tuple[str, ...] = ()) -> Any:  # fmt: skip
+                      aligned: tuple[str, ...] = (), pointers_aligned: bool = True) -> Any:  # fmt: skip
     """``fn`` compiled for sm_90 (no device needed). Constexpr parameters not given take their defaults
-    (PDL off unless given); ``aligned`` names integer arguments to mark as multiples of 16, and every
-    pointer is marked 16-byte aligned, as the runtime's launches are."""
+    (PDL off unless given); ``aligned`` names integer arguments to mark as multiples of 16, and with
+    ``pointers_aligned`` every pointer is marked 16-byte aligned, as the runtime's launches are (the
+    compile tests mark nothing)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -43,7 +44,11 @@ def compiled_for_sm90(fn: Any, signature: dict[str, str], constexprs: dict[str, 
     defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}
     constexprs = {**{n: v for n, v in defaults.items() if n not in signature}, **constexprs}
     sig = {name: ("constexpr" if name in constexprs else signature[name]) for name in fn.arg_names}
-    marked = [n for n in signature if n not in constexprs and (signature[n].startswith("*") or n in aligned)]
+    marked = [
+        n
+        for n in signature
+        if n not in constexprs and ((pointers_aligned and signature[n].startswith("*")) or n in aligned)
+    ]
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in marked}
     source = ASTSource(fn, sig, constexprs, attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})

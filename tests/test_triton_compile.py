@@ -11,6 +11,7 @@ import re
 
 import pytest
 
+from bench import sass_census
 from bench.sass_census import census, compile_layer, parse_layer, sass_instructions
 from onnxgen.runtime.gpu.launch import triton_importable
 
@@ -18,16 +19,8 @@ pytestmark = pytest.mark.skipif(not triton_importable(), reason="triton is not i
 
 
 def compiled_for_sm90(fn, signature: dict[str, str], constexprs: dict[str, object]):
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    constexprs = {"PDL": False, **constexprs} if "PDL" in fn.arg_names else constexprs
-    # constexpr parameters a test leaves out take their defaults
-    defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}
-    constexprs = {**{n: v for n, v in defaults.items() if n not in signature}, **constexprs}
-    sig = {name: ("constexpr" if name in constexprs else signature[name]) for name in fn.arg_names}
-    return triton.compile(ASTSource(fn, sig, constexprs), target=GPUTarget("cuda", 90, 32))
+    """bench.sass_census's compile with nothing marked aligned (these tests' form since they began)."""
+    return sass_census.compiled_for_sm90(fn, signature, constexprs, pointers_aligned=False)
 
 
 def compile_for_sm90(fn, signature: dict[str, str], constexprs: dict[str, object]) -> str:
