@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from onnxgen.runtime.gpu.launch import COMPILE_OPTIONS
 from onnxgen.runtime.gpu.pdl import wait_for_previous
 
 
@@ -142,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         def run():
             for s in range(stages):
                 extra = {"PDL": True, "launch_pdl": True} if pdl else {"PDL": False}
+                extra.update(COMPILE_OPTIONS)
                 _stage_kernel[(tiles,)](w[s], ys[s], ys[s + 1], n, k, BLOCK_N=a.block_n, BLOCK_K=block_k,
                                         num_warps=a.warps, **extra)  # fmt: skip
 
@@ -151,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         def run():
             counter.zero_()
             _persistent_kernel[(programs,)](w, ys, counter, n, k, stages, tiles, BLOCK_N=a.block_n, BLOCK_K=block_k,
-                                            CHAINED=chained, num_warps=a.warps)  # fmt: skip
+                                            CHAINED=chained, num_warps=a.warps, **COMPILE_OPTIONS)  # fmt: skip
 
         return run
 

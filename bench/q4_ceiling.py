@@ -33,6 +33,7 @@ from onnxgen.models.random_source import MODEL_SHAPES
 from onnxgen.runtime.gpu import linear_q4 as Q4
 from onnxgen.runtime.gpu import linear_q4_half as H
 from onnxgen.runtime.gpu import linear_row as TL
+from onnxgen.runtime.gpu.launch import COMPILE_OPTIONS
 
 
 @triton.jit
@@ -118,7 +119,7 @@ def bench_layer(name: str, k: int, n: int, configs, zero_form: str | None, dev) 
             Q4._q4_tile_kernel[(triton.cdiv(n, block_n),)](
                 x, x, x, x, packed, scale, zp, out, out, n, k, nb, packed.shape[1] if stride is None else stride,
                 zp.shape[1], 0.0, PROLOGUE=0, ZERO_KIND=kind, HAS_BIAS=False, QBLOCK=bs, BLOCK_N=block_n, B0=b0,
-                B1=b1, B2=b2, PDL=False, BITS=4, num_warps=warps,
+                B1=b1, B2=b2, PDL=False, BITS=4, num_warps=warps, **COMPILE_OPTIONS,
             )  # fmt: skip
             return out
 
@@ -136,7 +137,7 @@ def bench_layer(name: str, k: int, n: int, configs, zero_form: str | None, dev) 
                 H._q4h_tile_kernel[(triton.cdiv(n, block_n),)](
                     x, x, x, x, words[i], scale, zp, out, out, n, k, nb, row_words,
                     zp.shape[1], 0.0, PROLOGUE=0, ZERO_KIND=kind, HAS_BIAS=False, QBLOCK=bs, BLOCK_N=block_n, B0=b0,
-                    B1=b1, B2=b2, PDL=False, num_warps=warps,
+                    B1=b1, B2=b2, PDL=False, num_warps=warps, **COMPILE_OPTIONS,
                 )  # fmt: skip
                 return out
 
@@ -160,7 +161,7 @@ def loads_only_timer(words, scales, folded, n: int, nb: int, copies: int):
             _loads_only_kernel[(triton.cdiv(n, block_n),)](
                 words[i], scales[i], folded, n, nb, words[i].shape[1], BLOCK_N=block_n,
                 WORDS=triton.next_power_of_2(words[i].shape[1]), BLOCKS=triton.next_power_of_2(nb),
-                SCALES=with_scales, num_warps=warps,
+                SCALES=with_scales, num_warps=warps, **COMPILE_OPTIONS,
             )  # fmt: skip
             return folded
 

@@ -40,6 +40,8 @@ def compiled_for_sm90(fn: Any, signature: dict[str, str], constexprs: dict[str, 
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from onnxgen.runtime.gpu.launch import COMPILE_OPTIONS
+
     constexprs = {"PDL": False, **constexprs} if "PDL" in fn.arg_names else constexprs
     defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}
     constexprs = {**{n: v for n, v in defaults.items() if n not in signature}, **constexprs}
@@ -51,7 +53,7 @@ def compiled_for_sm90(fn: Any, signature: dict[str, str], constexprs: dict[str, 
     ]
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in marked}
     source = ASTSource(fn, sig, constexprs, attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, **COMPILE_OPTIONS})
 
 
 def sass_instructions(kernel: Any) -> list[str]:

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from onnxgen.runtime.gpu.launch import interpreting, triton_importable
+from tests import triton_probe
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 1200
@@ -139,7 +140,10 @@ def _run_child(run: Interpreted) -> dict[str, int]:
     summary = out.strip().splitlines()[-1] if out.strip() else ""
     assert not (run.no_skips and " skipped" in summary), out[-3000:]
     line = next(x for x in out.splitlines() if x.startswith("TRITON-LAUNCHES"))
-    return json.loads(line.split(" ", 1)[1])
+    launches = json.loads(line.split(" ", 1)[1])
+    unpinned = launches.pop(triton_probe.UNPINNED_KEY)
+    assert not unpinned, f"onnxgen kernels launched without launch.COMPILE_OPTIONS (launches): {unpinned}"
+    return launches
 
 
 def start(items) -> None:

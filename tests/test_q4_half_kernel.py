@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from onnxgen.runtime.gpu.launch import triton_importable
+from onnxgen.runtime.gpu.launch import COMPILE_OPTIONS, triton_importable
 from tests.interpreted_kernels import KERNEL_DEVICES
 from tests.interpreted_runs import IN_THE_PARENT, interpreted_file, runs
 
@@ -99,6 +99,7 @@ def _launch(
     kernel[(grid,)](
         x, x, x, x, words, scale, zp, out, out, n, k, scale.shape[1], words.shape[1], zp.shape[1], 0.0, PROLOGUE=0,
         ZERO_KIND=kind, HAS_BIAS=False, QBLOCK=block_size, BLOCK_N=block_n, B0=b0, B1=b1, B2=b2, PDL=False,
+        **COMPILE_OPTIONS,
     )  # fmt: skip
     return out
 

@@ -475,7 +475,7 @@ def test_one_row_kernel_policy() -> None:
             assert ts.linear_row_mode() == mode
             if mode != "on":
                 assert not ts.linear_row_serves(row)
-    assert ts.pdl_launch(row) == {"PDL": False}
+    assert ts.pdl_launch(row) == {"enable_fp_fusion": True, "PDL": False}
     with pytest.raises(ValueError, match="ONNXGEN_TRITON_LINEAR='yes': expected 1 .on., 0 .off. or unset"):
         options.from_env({"ONNXGEN_TRITON_LINEAR": "yes"})
 
@@ -499,13 +499,14 @@ def test_settled_inputs_exclude_what_the_last_pdl_launch_writes(monkeypatch: pyt
 
     x, out, other = torch.zeros(4), torch.zeros(8), torch.zeros(8)
     monkeypatch.setattr(ts, "pdl_applies", lambda t: True)
-    assert ts.pdl_launch(x, out, None) == {"PDL": True, "launch_pdl": True}
+    assert ts.pdl_launch(x, out, None) == {"enable_fp_fusion": True, "PDL": True, "launch_pdl": True}
     assert not ts.settled_before_launch(out) and not ts.settled_before_launch(out[2:])  # a view: same storage
     assert ts.settled_before_launch(x, other, None)
     ts.pdl_launch(x, other)  # the next launch replaces the record
     assert ts.settled_before_launch(out) and not ts.settled_before_launch(other)
     monkeypatch.setattr(ts, "pdl_applies", lambda t: False)
-    assert ts.pdl_launch(x, out) == {"PDL": False}  # without PDL nothing overlaps: nothing is in flight
+    # without PDL nothing overlaps: nothing is in flight
+    assert ts.pdl_launch(x, out) == {"enable_fp_fusion": True, "PDL": False}
     assert ts.settled_before_launch(out, other)
 
 

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from onnxgen import options
-from onnxgen.runtime.gpu.launch import KERNEL_DTYPES, LAUNCHES, pdl_launch
+from onnxgen.runtime.gpu.launch import COMPILE_OPTIONS, KERNEL_DTYPES, LAUNCHES, pdl_launch
 from onnxgen.runtime.gpu.pdl import wait_for_previous
 
 _ACTIVATIONS = {"none": False, "silu": True, "swish": True}  # -> apply SiLU
@@ -255,6 +255,6 @@ def _prompt(x, weight, bias, past, present, y, channels_last, batch, length, cha
         present, y, last_row if last_row is not None else x3, channels, length, *x_strides, *y_strides,
         *state_strides, carry, dilation, 1 if last_row is not None and last_row.numel() > 1 else 0, KERNEL=kernel,
         HAS_BIAS=bias is not None, HAS_PAST=past is not None, HAS_END=last_row is not None,
-        SILU=_ACTIVATIONS[activation], BLOCK=PROMPT_BLOCK_C, BLOCK_T=PROMPT_BLOCK_T,
+        SILU=_ACTIVATIONS[activation], BLOCK=PROMPT_BLOCK_C, BLOCK_T=PROMPT_BLOCK_T, **COMPILE_OPTIONS,
     )  # fmt: skip
     return y, present

@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 
 from onnxgen.runtime.gpu.gated_delta_decode import prepare
-from onnxgen.runtime.gpu.launch import LAUNCHES
+from onnxgen.runtime.gpu.launch import COMPILE_OPTIONS, LAUNCHES
 
 CHUNK = 32  # tokens per chunk, a multiple of BLOCK: at 64 ptxas spilled the fp32 products badly for sm_90
 BLOCK = 16  # the triangular inverse's block side (tl.dot's smallest)
@@ -291,12 +291,13 @@ def gated_delta_chunked(
         q_rs, q_ts, k_rs, k_ts, v_rs, v_ts, d_rs, d_ts, d_hs, b_rs, b_ts, b_hs, run.tokens, padded, kv_heads, run.d_k,
         run.d_v, run.group, run.q_share, run.k_share, *run.row_ends(), HAS_DECAY=forms["HAS_DECAY"],
         HAS_BETA=forms["HAS_BETA"], HAS_END=forms["HAS_END"], BLOCK_K=block_k, BLOCK_VV=block_vv, CHUNK=CHUNK,
-        BLOCK=BLOCK, SQUARINGS=int(math.log2(BLOCK)) - 1, num_warps=8,
+        BLOCK=BLOCK, SQUARINGS=int(math.log2(BLOCK)) - 1, num_warps=8, **COMPILE_OPTIONS,
     )  # fmt: skip
     past = run.past if run.past is not None else run.present
     _chunk_state_kernel[(bh, triton.cdiv(run.d_v, block_v))](
         q, k, past, run.present, run.out, u, m, p, g, q_rs, q_ts, k_rs, k_ts, run.tokens, padded, kv_heads, run.d_k,
         run.d_v, run.group, run.q_share, run.k_share, float(scale), *run.row_ends(), HAS_PAST=forms["HAS_PAST"],
         HAS_END=forms["HAS_END"], BLOCK_K=block_k, BLOCK_V=block_v, BLOCK_VV=block_vv, CHUNK=CHUNK, num_warps=8,
+        **COMPILE_OPTIONS,
     )  # fmt: skip
     return run.out, run.present

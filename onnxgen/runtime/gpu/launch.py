@@ -8,7 +8,8 @@ The switches are onnxgen.options fields, read per call (a few attribute reads: t
 calls these when it records, not when it replays); what the device and triton can do is cached.
 
 Also here: which one-row GEMV path runs (linear_row_serves: Triton where programmatic dependent
-launch is, else cuBLAS; the 4-bit kernel opt-in), and the launch arguments of PDL (pdl_launch).
+launch is, else cuBLAS; the 4-bit kernel opt-in), the launch arguments of PDL (pdl_launch) and the
+compile options every launch names (COMPILE_OPTIONS).
 """
 
 from __future__ import annotations
@@ -24,6 +25,13 @@ from onnxgen import options
 # how often each fused kernel ran in this process (tests check that the fused path was taken)
 LAUNCHES: Counter[str] = Counter()
 _BUFFERS: dict[tuple[str, int, torch.device], list[torch.Tensor]] = {}
+
+# compile options every onnxgen kernel launch passes (pdl_launch includes them). enable_fp_fusion: a
+# multiply and an add compile to one fused multiply-add, as every kernel's rounding and instruction
+# counts were measured with; Triton 3.9 warns that its default turns this off in 3.10, so a launch
+# names it instead of inheriting whichever default the installed Triton has. The same binary as
+# Triton 3.6-3.9's default, so captured steps and the recorded numbers stand.
+COMPILE_OPTIONS: dict[str, bool] = {"enable_fp_fusion": True}
 
 # the activation dtypes the Triton kernels take (fp32 math inside; fp64 stays on the torch path)
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -155,12 +163,13 @@ def pdl_launch(t: torch.Tensor, *writes: torch.Tensor | None) -> dict[str, bool]
     Hopper and later (``ONNXGEN_PDL=0`` turns it off). The kernel may then start while the kernel
     before it finishes; it reads only constant weights until ``gdc_wait()``, which returns once
     every earlier kernel is done, and so a captured step computes exactly what a serial one does.
-    ``writes``: every tensor the kernel writes (see settled_before_launch)."""
+    ``writes``: every tensor the kernel writes (see settled_before_launch). COMPILE_OPTIONS come with
+    them."""
     if pdl_applies(t):
         _LAST_PDL_WRITES[:] = [w.untyped_storage().data_ptr() for w in writes if w is not None]
-        return {"PDL": True, "launch_pdl": True}
+        return {**COMPILE_OPTIONS, "PDL": True, "launch_pdl": True}
     _LAST_PDL_WRITES.clear()
-    return {"PDL": False}
+    return {**COMPILE_OPTIONS, "PDL": False}
 
 
 def pdl_applies(t: torch.Tensor) -> bool:

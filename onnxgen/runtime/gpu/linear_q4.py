@@ -46,7 +46,7 @@ import triton
 import triton.language as tl
 
 from onnxgen import options
-from onnxgen.runtime.gpu.launch import LAUNCHES, interpreting, pdl_launch
+from onnxgen.runtime.gpu.launch import COMPILE_OPTIONS, LAUNCHES, interpreting, pdl_launch
 from onnxgen.runtime.gpu.linear_row import (
     _activation,
     _activation_inputs,
@@ -891,7 +891,7 @@ def matmul_q4(
         a2, packed, scale, zeros, bias if bias is not None else out, out, m, n, k, a2.stride(0), out.stride(0),
         scale.shape[1], packed.shape[1], zeros.shape[1], ZERO_KIND=zero_kind, HAS_BIAS=bias is not None,
         QBLOCK=block_size, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, IEEE=a.dtype == torch.float32,
-        BITS=bits, SWAP=bool(swap), num_warps=warps, num_stages=stages,
+        BITS=bits, SWAP=bool(swap), num_warps=warps, num_stages=stages, **COMPILE_OPTIONS,
     )  # fmt: skip
     return out.reshape(*lead, n)
 
@@ -971,6 +971,7 @@ def dequantize_q4(
         _q4_dequant_blocks_kernel[(triton.cdiv(hi - lo, block_n), triton.cdiv(n_blocks, nb))](
             packed[lo:hi], scale[lo:hi], zeros[lo:hi] if zero_kind else zeros, out, hi - lo, k, row_bytes, n_blocks,
             zeros.shape[1], ZERO_KIND=zero_kind, QBLOCK=block_size, BLOCK_N=block_n, NB=nb, BITS=bits, num_warps=4,
+            **COMPILE_OPTIONS,
         )  # fmt: skip
         return out
     nbytes = 128
@@ -978,7 +979,7 @@ def dequantize_q4(
     _q4_dequant_kernel[(triton.cdiv(hi - lo, block_n), triton.cdiv(row_bytes, nbytes))](
         packed[lo:hi], scale[lo:hi], zeros[lo:hi] if zero_kind else zeros, out, hi - lo, k, row_bytes,
         scale.shape[1], zeros.shape[1], ZERO_KIND=zero_kind, QBLOCK=block_size, BLOCK_N=block_n, BYTES=nbytes,
-        BITS=bits, num_warps=4,
+        BITS=bits, num_warps=4, **COMPILE_OPTIONS,
     )  # fmt: skip
     return out
 

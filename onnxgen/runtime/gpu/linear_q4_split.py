@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from onnxgen import options
-from onnxgen.runtime.gpu.launch import LAUNCHES
+from onnxgen.runtime.gpu.launch import COMPILE_OPTIONS, LAUNCHES
 from onnxgen.runtime.gpu.linear_q4 import (
     MAGIC,
     _as_words,
@@ -241,6 +241,6 @@ def matmul_q4_split(
         out.stride(0), scale.shape[1], codes.shape[1], zeros.shape[1], per_split, k_tiles, MAGIC_WORD,
         ZERO_KIND=zero_kind, HAS_BIAS=bias is not None, QBLOCK=block_size, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_K=block_k, WORDS=bool(use_words), SPLIT=splits > 1, IEEE=a2.dtype == torch.float32, BITS=bits,
-        num_warps=warps, num_stages=stages,
+        num_warps=warps, num_stages=stages, **COMPILE_OPTIONS,
     )  # fmt: skip
     return out

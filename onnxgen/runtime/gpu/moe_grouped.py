@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from onnxgen import options
-from onnxgen.runtime.gpu.launch import LAUNCHES
+from onnxgen.runtime.gpu.launch import COMPILE_OPTIONS, LAUNCHES
 from onnxgen.runtime.gpu.linear_q4 import MAGIC_BITS, _dequantized
 from onnxgen.runtime.gpu.moe_experts import ExpertWeights, _act, _expert_codes, _expert_scales, _Form, _or
 
@@ -307,10 +307,10 @@ def group_pairs(chosen: torch.Tensor, experts: int, block_m: int) -> tuple[torch
     order = torch.empty(pairs, dtype=torch.int32, device=device)
     table = torch.empty((3, tiles_total), dtype=torch.int32, device=device)
     pair_programs = triton.cdiv(pairs, block)
-    _count_pairs_kernel[(pair_programs,)](flat, counts, pairs, BLOCK=block)
+    _count_pairs_kernel[(pair_programs,)](flat, counts, pairs, BLOCK=block, **COMPILE_OPTIONS)
     _group_pairs_kernel[(pair_programs + triton.cdiv(tiles_total, block),)](
         flat, counts, order, table[0], table[1], table[2], pairs, experts, tiles_total, pair_programs,
-        BLOCK_M=block_m, E_PAD=e_pad, BLOCK=block,
+        BLOCK_M=block_m, E_PAD=e_pad, BLOCK=block, **COMPILE_OPTIONS,
     )  # fmt: skip
     return order, table[0], table[1], table[2]
 
@@ -364,6 +364,7 @@ def grouped_experts(
         ACT=act, HAS_LIMIT=limit is not None, HAS_BIAS=fc1.bias is not None, BITS=f1.bits, PER_ROW=f1.per_row,
         ZERO_KIND=f1.zero_kind, QBLOCK=f1.qblock, NB=nb1, BLOCK_M=block_m, BLOCK_N=block_n1, IEEE=ieee, SWAP=swap,
         num_warps=warps, num_stages=stages,
+        **COMPILE_OPTIONS,
     )  # fmt: skip
     w2 = fc2.weight
     _grouped_fc2[(tile_expert.numel(), triton.cdiv(hidden, block_n2))](
@@ -371,6 +372,7 @@ def grouped_experts(
         _or(fc2.bias, w2), hidden, inter, f2.row_len, f2.z_len, f2.n_blocks,
         HAS_BIAS=fc2.bias is not None, BITS=f2.bits, PER_ROW=f2.per_row, ZERO_KIND=f2.zero_kind, QBLOCK=f2.qblock,
         NB=nb2, BLOCK_M=block_m, BLOCK_N=block_n2, IEEE=ieee, SWAP=swap, num_warps=warps, num_stages=stages,
+        **COMPILE_OPTIONS,
     )  # fmt: skip
     return y.view(tokens, top_k, hidden).sum(dim=1).to(x.dtype)
 

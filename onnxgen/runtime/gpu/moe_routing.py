@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from onnxgen.runtime.gpu.launch import KERNEL_DTYPES, LAUNCHES
+from onnxgen.runtime.gpu.launch import COMPILE_OPTIONS, KERNEL_DTYPES, LAUNCHES
 
 MAX_EXPERTS = 4096  # one program holds a token's logits
 MAX_K = 32
@@ -72,6 +72,6 @@ def route(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, 
         LAUNCHES["moe_routing"] += 1
         _route_kernel[(tokens,)](
             logits, weights, chosen, experts, logits.stride(0), K=k, KP=triton.next_power_of_2(k),
-            NORMALIZE=normalize, BLOCK_E=triton.next_power_of_2(experts),
+            NORMALIZE=normalize, BLOCK_E=triton.next_power_of_2(experts), **COMPILE_OPTIONS,
         )  # fmt: skip
     return weights, chosen

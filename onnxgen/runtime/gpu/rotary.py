@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from onnxgen.runtime.gpu.launch import KERNEL_DTYPES, LAUNCHES
+from onnxgen.runtime.gpu.launch import COMPILE_OPTIONS, KERNEL_DTYPES, LAUNCHES
 
 MAX_HEAD_SIZE = 1024
 
@@ -133,5 +133,6 @@ def rotary(
         cos_cache.stride(0), head_size, half, *(section or (0, 0, 0)), STREAMS=3 if section is not None else 1,
         LAYOUT=layout, INTERLEAVED=interleaved, POS_START=start, BLOCK_N=block_n,
         BLOCK_R=max(triton.next_power_of_2(half), 1), BLOCK_H=max(triton.next_power_of_2(head_size - 2 * half), 1),
+        **COMPILE_OPTIONS,
     )  # fmt: skip
     return out
