@@ -133,6 +133,9 @@
 #              their reductions need no barrier between warps, with about as many instructions after the wait):
 #              the 0.5B short-row layers alone with every kernel (gemv_micro --half --one-warp), then both
 #              shapes' int4 steps with qkv and o_proj, gate_up or down_proj in one-warp programs, ~8 min
+#   q4chunk    option q4_dequant_chunk_mb (built 2026-12-07 without a GPU): the 1.5B int4 TTFT at 256 and 1,024
+#              tokens with each layer's weight dequantized whole (the default) and in chunks of 4-20 MiB, each
+#              product written into its columns in place, beside fp16's; the chunk tests on CUDA first, ~6 min
 #   q8         8-bit MatMulNBits on the packed byte kernels (2026-12-07): their GPU parity tests, then each layer of
 #              both shapes alone (gemv_micro --quick --bits 8: the one-row kernel swept beside cuBLAS over the fp16
 #              copy, which is what 8-bit weights ran over before, and the 16-row prompt paths), ~5 min
@@ -337,6 +340,16 @@ stage_q4ttft() {
   run q4prompt-verify 120 $PY -m bench.prefill $Q15 --precision int4 --context 2048 --lengths 16,64 --repeats 1 \
     --capture verify --variant split:ONNXGEN_Q4_PROMPT=split
   run q4prompt-05b 150 $PY -m bench.prefill $Q --precision int4 --context 2048 --lengths 16,64 --repeats 5 "${variants[@]}"
+}
+stage_q4chunk() {
+  # option q4_dequant_chunk_mb (2026-12-07, built without a GPU): a long prompt's weight dequantized in chunks
+  # small enough to stay in L2 for the GEMM that reads them, each product written in place
+  run q4chunk-parity 120 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py -k "prompt_chunks"
+  run q4chunk-fp16 120 $PY -m bench.prefill $Q15 --precision fp16 --context 2048 --lengths 256,1024 --repeats 5
+  run q4chunk-int4 240 $PY -m bench.prefill $Q15 --precision int4 --context 2048 --lengths 256,1024 --repeats 5 \
+    --variant whole: --variant chunk4:ONNXGEN_Q4_DEQUANT_CHUNK_MB=4 --variant chunk8:ONNXGEN_Q4_DEQUANT_CHUNK_MB=8 \
+    --variant chunk12:ONNXGEN_Q4_DEQUANT_CHUNK_MB=12 --variant chunk20:ONNXGEN_Q4_DEQUANT_CHUNK_MB=20 \
+    --variant whole-again:
 }
 stage_ttftgap() {
   # the engine and the Generator, with 1 and with 128 new tokens, interleaved in one process
@@ -598,7 +611,7 @@ stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
 }
 
-STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory memorypeers q4sym zerobytes q4long moezero q4rows q4half q4half05 q4halfcheck q4stream q4streamlayers q4streamauto q4anatomy05 q4postwait q4postwait15 q4onewarp q8 sampled"
+STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory memorypeers q4sym zerobytes q4long moezero q4rows q4half q4half05 q4halfcheck q4stream q4streamlayers q4streamauto q4anatomy05 q4postwait q4postwait15 q4onewarp q4chunk q8 sampled"
 if [ $# -eq 0 ]; then
   echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
   exit 2

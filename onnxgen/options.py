@@ -82,6 +82,7 @@ class Options:
     gemm_q4_split: ShapeOverrides = NO_OVERRIDES
     q4_prompt: Literal["auto", "dequant", "gemm", "split"] = "auto"
     q4_dequant: Literal["bytes", "blocks"] = "blocks"
+    q4_dequant_chunk_mb: int = 0
     q4_row_ready: bool = False
     q4_half: Literal["auto", "all", "off"] = "auto"
     q4_stream: int | Literal["auto"] = "auto"
@@ -416,6 +417,12 @@ KNOBS: tuple[Knob, ...] = (
          "same weights either way: per code byte, or per quantization block (each block's scale and zero point "
          "loaded once; the 1.5B int4 TTFT at 1,024 tokens 7.9 against 8.4 ms on an H100: "
          "docs/benchmarks/2026-12-07-h100-ready-and-blocks.md)"),
+    Knob("q4_dequant_chunk_mb", "ONNXGEN_Q4_DEQUANT_CHUNK_MB", _count("MiB", "the scratch's size"),
+         "`M` (MiB; `0`: the scratch's size)",
+         "a long prompt's 4-bit weight is dequantized and multiplied in chunks of at most M MiB of dequantized "
+         "rows (whole 64-row tiles), each product written into its columns of the result: chunks small enough to "
+         "stay in L2 between the dequantization that writes them and the GEMM that reads them. Unset, a weight "
+         "that fits the session's scratch goes whole"),
     Knob("q4_row_ready", "ONNXGEN_Q4_ROW_READY", _flag(), "`1` / `0`",
          "`1`: the one-row 4- and 8-bit byte kernels (qkv, o_proj, down_proj) dequantize their weights to the "
          "activations' dtype (fp32 for bf16) before the PDL wait, so that after it they only multiply and sum, "
@@ -581,6 +588,7 @@ _SCALAR_TYPES: dict[str, tuple[type, ...]] = {
     "gemv_persist": (int,),
     "q4_stream": (int, str),  # "auto" or programs per SM, as the variable spells them
     "q4_norm_apart": (int,),
+    "q4_dequant_chunk_mb": (int,),
     "gdn_chunked_from": (int,),
     "gdn_chunked_to": (int,),
     "moe_pairs_per_expert": (int, float),

@@ -988,9 +988,15 @@ def _dequant_matmul(
     a2, packed, scale, zeros, zero_kind, bias, *, n: int, k: int, block_size: int, scratch: DequantScratch | None,
     bits: int,
 ) -> torch.Tensor:  # fmt: skip
-    """A @ W^T with W dequantized a chunk of rows at a time, into ``scratch`` where it serves."""
+    """A @ W^T with W dequantized a chunk of rows at a time, into ``scratch`` where it serves (at most
+    option ``q4_dequant_chunk_mb`` of rows a chunk, where set); each chunk's product is written into
+    its columns of the result by cuBLAS (its leading dimension N), not copied there."""
     fit = scratch.rows_for(k, a2.dtype, a2.device) if scratch is not None else 0
-    step = chunk_rows(n, fit if fit else max(16, DEQUANT_ROWS_ELEMENTS // k))
+    rows = fit if fit else max(16, DEQUANT_ROWS_ELEMENTS // k)
+    cap_mb = options.current().q4_dequant_chunk_mb
+    if cap_mb:
+        rows = min(rows, max(CHUNK_ALIGN, (cap_mb << 20) // (k * a2.element_size())))
+    step = chunk_rows(n, rows)
 
     form = options.current().q4_dequant
 
@@ -1004,7 +1010,11 @@ def _dequant_matmul(
     out = torch.empty((a2.shape[0], n), dtype=a2.dtype, device=a2.device)
     for lo in range(0, n, step):
         hi = min(n, lo + step)
-        out[:, lo:hi] = _linear(a2, chunk(lo, hi), bias[lo:hi] if bias is not None else None)
+        weight, columns = chunk(lo, hi), out[:, lo:hi]
+        if bias is None:
+            torch.mm(a2, weight.t(), out=columns)
+        else:
+            torch.addmm(bias[lo:hi].to(a2.dtype), a2, weight.t(), out=columns)
     return out
 
 
