@@ -133,9 +133,10 @@
 #              their reductions need no barrier between warps, with about as many instructions after the wait):
 #              the 0.5B short-row layers alone with every kernel (gemv_micro --half --one-warp), then both
 #              shapes' int4 steps with qkv and o_proj, gate_up or down_proj in one-warp programs, ~8 min
-#   q4chunk    option q4_dequant_chunk_mb (built 2026-12-07 without a GPU): the 1.5B int4 TTFT at 256 and 1,024
-#              tokens with each layer's weight dequantized whole (the default) and in chunks of 4-20 MiB, each
-#              product written into its columns in place, beside fp16's; the chunk tests on CUDA first, ~6 min
+#   q4chunk    option q4_dequant_chunk_rows (built 2026-12-07 without a GPU): the 1.5B int4 TTFT at 256 and 1,024
+#              tokens with each layer's weight dequantized whole (the default) and in chunks of 2,048-8,960 rows
+#              (3-26 MiB of gate_up), each product written into its columns in place, beside fp16's; the chunk
+#              tests on CUDA first, ~6 min
 #   q8         8-bit MatMulNBits on the packed byte kernels (2026-12-07): their GPU parity tests, then each layer of
 #              both shapes alone (gemv_micro --quick --bits 8: the one-row kernel swept beside cuBLAS over the fp16
 #              copy, which is what 8-bit weights ran over before, and the 16-row prompt paths), ~5 min
@@ -342,13 +343,15 @@ stage_q4ttft() {
   run q4prompt-05b 150 $PY -m bench.prefill $Q --precision int4 --context 2048 --lengths 16,64 --repeats 5 "${variants[@]}"
 }
 stage_q4chunk() {
-  # option q4_dequant_chunk_mb (2026-12-07, built without a GPU): a long prompt's weight dequantized in chunks
-  # small enough to stay in L2 for the GEMM that reads them, each product written in place
+  # option q4_dequant_chunk_rows (2026-12-07, built without a GPU): a long prompt's weight dequantized in chunks
+  # small enough to stay in L2 for the GEMM that reads them, each product written in place; on the 1.5B shape
+  # only gate_up (17,920 rows) and the lm_head have more than 2,048 rows
   run q4chunk-parity 120 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_ops_contrib.py -k "prompt_chunks"
   run q4chunk-fp16 120 $PY -m bench.prefill $Q15 --precision fp16 --context 2048 --lengths 256,1024 --repeats 5
   run q4chunk-int4 240 $PY -m bench.prefill $Q15 --precision int4 --context 2048 --lengths 256,1024 --repeats 5 \
-    --variant whole: --variant chunk4:ONNXGEN_Q4_DEQUANT_CHUNK_MB=4 --variant chunk8:ONNXGEN_Q4_DEQUANT_CHUNK_MB=8 \
-    --variant chunk12:ONNXGEN_Q4_DEQUANT_CHUNK_MB=12 --variant chunk20:ONNXGEN_Q4_DEQUANT_CHUNK_MB=20 \
+    --variant whole: --variant rows2048:ONNXGEN_Q4_DEQUANT_CHUNK_ROWS=2048 \
+    --variant rows3072:ONNXGEN_Q4_DEQUANT_CHUNK_ROWS=3072 --variant rows4096:ONNXGEN_Q4_DEQUANT_CHUNK_ROWS=4096 \
+    --variant rows6144:ONNXGEN_Q4_DEQUANT_CHUNK_ROWS=6144 --variant rows8960:ONNXGEN_Q4_DEQUANT_CHUNK_ROWS=8960 \
     --variant whole-again:
 }
 stage_ttftgap() {

@@ -82,7 +82,7 @@ class Options:
     gemm_q4_split: ShapeOverrides = NO_OVERRIDES
     q4_prompt: Literal["auto", "dequant", "gemm", "split"] = "auto"
     q4_dequant: Literal["bytes", "blocks"] = "blocks"
-    q4_dequant_chunk_mb: int = 0
+    q4_dequant_chunk_rows: int = 0
     q4_row_ready: bool = False
     q4_half: Literal["auto", "all", "off"] = "auto"
     q4_stream: int | Literal["auto"] = "auto"
@@ -187,6 +187,13 @@ def _count(unit: str, zero: str = "never") -> Callable[[str], int]:
         return int(raw)
 
     return parse
+
+
+def _tile_rows(raw: str) -> int:
+    """A number of weight rows that keeps cuBLAS's operands 16-byte aligned (a multiple of 64; 0: unset)."""
+    if not raw.isdigit() or int(raw) % 64:
+        raise ValueError("expected a number of rows, a multiple of 64 (0: the scratch's size)")
+    return int(raw)
 
 
 def _pairs_per_expert(raw: str) -> float:
@@ -417,12 +424,12 @@ KNOBS: tuple[Knob, ...] = (
          "same weights either way: per code byte, or per quantization block (each block's scale and zero point "
          "loaded once; the 1.5B int4 TTFT at 1,024 tokens 7.9 against 8.4 ms on an H100: "
          "docs/benchmarks/2026-12-07-h100-ready-and-blocks.md)"),
-    Knob("q4_dequant_chunk_mb", "ONNXGEN_Q4_DEQUANT_CHUNK_MB", _count("MiB", "the scratch's size"),
-         "`M` (MiB; `0`: the scratch's size)",
-         "a long prompt's 4-bit weight is dequantized and multiplied in chunks of at most M MiB of dequantized "
-         "rows (whole 64-row tiles), each product written into its columns of the result: chunks small enough to "
-         "stay in L2 between the dequantization that writes them and the GEMM that reads them. Unset, a weight "
-         "that fits the session's scratch goes whole"),
+    Knob("q4_dequant_chunk_rows", "ONNXGEN_Q4_DEQUANT_CHUNK_ROWS", _tile_rows,
+         "`R` (rows, a multiple of 64; `0`: the scratch's size)",
+         "a long prompt's 4-bit weight of more than R rows is dequantized and multiplied R rows at a time (or "
+         "fewer, in equal chunks), each product written into its columns of the result: chunks small enough to "
+         "stay in L2 between the dequantization that writes them and the GEMM that reads them, wide enough to fill "
+         "the GPU. Unset, a weight that fits the session's scratch goes whole"),
     Knob("q4_row_ready", "ONNXGEN_Q4_ROW_READY", _flag(), "`1` / `0`",
          "`1`: the one-row 4- and 8-bit byte kernels (qkv, o_proj, down_proj) dequantize their weights to the "
          "activations' dtype (fp32 for bf16) before the PDL wait, so that after it they only multiply and sum, "
@@ -588,7 +595,7 @@ _SCALAR_TYPES: dict[str, tuple[type, ...]] = {
     "gemv_persist": (int,),
     "q4_stream": (int, str),  # "auto" or programs per SM, as the variable spells them
     "q4_norm_apart": (int,),
-    "q4_dequant_chunk_mb": (int,),
+    "q4_dequant_chunk_rows": (int,),
     "gdn_chunked_from": (int,),
     "gdn_chunked_to": (int,),
     "moe_pairs_per_expert": (int, float),

@@ -924,28 +924,30 @@ def test_matmul_nbits_prompt_chunks_go_to_the_session_scratch(device: str, form:
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_matmul_nbits_prompt_chunks_capped_in_mib(device: str, with_bias: bool) -> None:
-    """Option q4_dequant_chunk_mb caps a long prompt's dequantized chunk: at 1 MiB a 600 x 2,048 fp16
-    weight (2.3 MiB) goes in three chunks of whole 64-row tiles (256, 256 and 88 rows), each product
-    written into its columns of the result (with the bias where there is one), and the result is
-    onnxruntime's; unset, the weight goes in one chunk."""
+def test_matmul_nbits_prompt_chunks_capped_in_rows(device: str, with_bias: bool) -> None:
+    """Option q4_dequant_chunk_rows caps a long prompt's dequantized chunk: at 256 rows a 600-row
+    weight goes in three chunks of whole 64-row tiles (256, 256 and 88 rows), each product written
+    into its columns of the result (with the bias where there is one), and the result is
+    onnxruntime's; unset, the weight goes in one chunk. A cap that is not whole tiles is refused."""
     from onnxgen.runtime import InferenceSession
     from onnxgen.runtime.gpu.launch import LAUNCHES, q4_kernels_serve
 
     with options.override(triton_q4=True, q4_prompt="dequant"):
         if not q4_kernels_serve(torch.zeros(1, device=device)):
             pytest.skip("the 4-bit Triton kernels do not serve this device")
-        k, n = 2048, 600
+        k, n = 512, 600
         model = matmul_nbits_model(k, n, 4, 32, TP.FLOAT16, "packed", 0, with_bias=with_bias)
         a = np.random.default_rng(5).standard_normal((3, k)).astype(np.float16)
         expected = ort_run(model, {"A": a})[0]
-        for cap, chunks in ((1, 3), (0, 1)):
-            with options.override(q4_dequant_chunk_mb=cap):
+        for cap, chunks in ((256, 3), (0, 1)):
+            with options.override(q4_dequant_chunk_rows=cap):
                 session = InferenceSession(model, device=device)
                 before = LAUNCHES["dequant_q4_blocks"]
                 actual = session.run(None, {"A": a})[0]
                 assert LAUNCHES["dequant_q4_blocks"] - before == chunks, cap
             _close(actual, expected, NBITS_TOL[(TP.FLOAT16, 0)] * float(np.abs(expected).max()), f"cap {cap}", 0.0)
+    with pytest.raises(ValueError, match="CHUNK_ROWS='100': expected a number of rows, a multiple of 64"):
+        options.from_env({"ONNXGEN_Q4_DEQUANT_CHUNK_ROWS": "100"})
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -989,14 +989,12 @@ def _dequant_matmul(
     bits: int,
 ) -> torch.Tensor:  # fmt: skip
     """A @ W^T with W dequantized a chunk of rows at a time, into ``scratch`` where it serves (at most
-    option ``q4_dequant_chunk_mb`` of rows a chunk, where set); each chunk's product is written into
+    option ``q4_dequant_chunk_rows`` rows a chunk, where set); each chunk's product is written into
     its columns of the result by cuBLAS (its leading dimension N), not copied there."""
     fit = scratch.rows_for(k, a2.dtype, a2.device) if scratch is not None else 0
     rows = fit if fit else max(16, DEQUANT_ROWS_ELEMENTS // k)
-    cap_mb = options.current().q4_dequant_chunk_mb
-    if cap_mb:
-        rows = min(rows, max(CHUNK_ALIGN, (cap_mb << 20) // (k * a2.element_size())))
-    step = chunk_rows(n, rows)
+    cap = options.current().q4_dequant_chunk_rows
+    step = chunk_rows(n, min(rows, cap) if cap else rows)
 
     form = options.current().q4_dequant
 
