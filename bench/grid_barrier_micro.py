@@ -140,10 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         expect.append((w[s].float() @ expect[-1]).half().float())
 
     def kernels(pdl: bool):
+        extra = {**COMPILE_OPTIONS, **({"PDL": True, "launch_pdl": True} if pdl else {"PDL": False})}
+
         def run():
             for s in range(stages):
-                extra = {"PDL": True, "launch_pdl": True} if pdl else {"PDL": False}
-                extra.update(COMPILE_OPTIONS)
                 _stage_kernel[(tiles,)](w[s], ys[s], ys[s + 1], n, k, BLOCK_N=a.block_n, BLOCK_K=block_k,
                                         num_warps=a.warps, **extra)  # fmt: skip
 

@@ -993,10 +993,11 @@ def _dequant_matmul(
     its columns of the result by cuBLAS (its leading dimension N), not copied there."""
     fit = scratch.rows_for(k, a2.dtype, a2.device) if scratch is not None else 0
     rows = fit if fit else max(16, DEQUANT_ROWS_ELEMENTS // k)
-    cap = options.current().q4_dequant_chunk_rows
+    opts = options.current()
+    cap = opts.q4_dequant_chunk_rows
     step = chunk_rows(n, min(rows, cap) if cap else rows)
 
-    form = options.current().q4_dequant
+    form = opts.q4_dequant
 
     def chunk(lo: int, hi: int) -> torch.Tensor:
         into = scratch.rows_view(hi - lo, k) if fit else None
