@@ -322,6 +322,25 @@ def _part_products(
 
 
 @triton.jit
+def _row_prologue(
+    x_ptr, x2_ptr, gamma_ptr, w_ptr, scale_ptr, zero_ptr, rows, row_ok, k, n_blocks, row_words, zp_row_bytes,
+    PROLOGUE: tl.constexpr, ZERO_KIND: tl.constexpr, QBLOCK: tl.constexpr, B0: tl.constexpr, B1: tl.constexpr,
+    B2: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """What a whole-row program does up to its first product: every code, scale and zero point of
+    the first row block (_row_loads) before the wait for the kernel before, then every activation at
+    once (_row_part_inputs) and the row's largest activation's exponent (_row_exponent: a norm's
+    statistics and the pair scale come from one reduction over the row). Returns the loads, the
+    inputs and the exponent."""
+    loads = _row_loads(w_ptr, scale_ptr, zero_ptr, rows, row_ok, n_blocks, row_words, zp_row_bytes, B0, B1, B2,
+                       QBLOCK, ZERO_KIND)  # fmt: skip
+    wait_for_previous(PDL)
+    inputs = _row_part_inputs(x_ptr, x2_ptr, gamma_ptr, k, PROLOGUE, B0, B1, B2, QBLOCK)
+    xr, yr, gr = inputs[3]
+    return loads, inputs, _row_exponent(xr, yr, gr, PROLOGUE)
+
+
+@triton.jit
 def _q4h_tile_kernel(
     x_ptr, x2_ptr, gamma_ptr, sum_ptr, w_ptr, scale_ptr, zero_ptr, bias_ptr, out_ptr, n, k, n_blocks, row_words,
     zp_row_bytes, eps, PROLOGUE: tl.constexpr, ZERO_KIND: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -333,19 +352,16 @@ def _q4h_tile_kernel(
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < n
     bias = _row_bias(bias_ptr, rows, row_ok, HAS_BIAS)
-    first, second, third = _row_loads(w_ptr, scale_ptr, zero_ptr, rows, row_ok, n_blocks, row_words, zp_row_bytes,
-                                      B0, B1, B2, QBLOCK, ZERO_KIND)  # fmt: skip
-    a0, a1, a2, a3, s0, z0, l0, h0 = first
-    b0, b1, b2, b3, s1, z1, l1, h1 = second
-    c0, c1, c2, c3, s2, z2, l2, h2 = third
-    wait_for_previous(PDL)
-    inputs = _row_part_inputs(x_ptr, x2_ptr, gamma_ptr, k, PROLOGUE, B0, B1, B2, QBLOCK)
+    loads, inputs, exponent = _row_prologue(x_ptr, x2_ptr, gamma_ptr, w_ptr, scale_ptr, zero_ptr, rows, row_ok, k,
+                                            n_blocks, row_words, zp_row_bytes, PROLOGUE, ZERO_KIND, QBLOCK, B0, B1,
+                                            B2, PDL)  # fmt: skip
+    a0, a1, a2, a3, s0, z0, l0, h0 = loads[0]
+    b0, b1, b2, b3, s1, z1, l1, h1 = loads[1]
+    c0, c1, c2, c3, s2, z2, l2, h2 = loads[2]
     xa, ya, ga = inputs[0]
     xb, yb, gb = inputs[1]
     xc, yc, gc = inputs[2]
     xr, yr, gr = inputs[3]
-    # the row's largest activation and a norm's statistics, each in one reduction over the whole row
-    exponent = _row_exponent(xr, yr, gr, PROLOGUE)
     dot = _part_products(a0, a1, a2, a3, s0, z0, l0, h0, xa, ya, ga, sum_ptr, 0, k, exponent, PROLOGUE, B0, QBLOCK,
                          PTX)  # fmt: skip
     if B1 > 0:
@@ -397,18 +413,16 @@ def _q4h_stream_kernel(
     lanes = tl.arange(0, BLOCK_N)
     rows = pid * BLOCK_N + lanes
     row_ok = rows < n
-    first, second, third = _row_loads(w_ptr, scale_ptr, zero_ptr, rows, row_ok, n_blocks, row_words, zp_row_bytes,
-                                      B0, B1, B2, QBLOCK, ZERO_KIND)  # fmt: skip
-    a0, a1, a2, a3, s0, z0, l0, h0 = first
-    b0, b1, b2, b3, s1, z1, l1, h1 = second
-    c0, c1, c2, c3, s2, z2, l2, h2 = third
-    wait_for_previous(PDL)
-    inputs = _row_part_inputs(x_ptr, x2_ptr, gamma_ptr, k, PROLOGUE, B0, B1, B2, QBLOCK)
+    loads, inputs, exponent = _row_prologue(x_ptr, x2_ptr, gamma_ptr, w_ptr, scale_ptr, zero_ptr, rows, row_ok, k,
+                                            n_blocks, row_words, zp_row_bytes, PROLOGUE, ZERO_KIND, QBLOCK, B0, B1,
+                                            B2, PDL)  # fmt: skip
+    a0, a1, a2, a3, s0, z0, l0, h0 = loads[0]
+    b0, b1, b2, b3, s1, z1, l1, h1 = loads[1]
+    c0, c1, c2, c3, s2, z2, l2, h2 = loads[2]
     xa, ya, ga = inputs[0]
     xb, yb, gb = inputs[1]
     xc, yc, gc = inputs[2]
     xr, yr, gr = inputs[3]
-    exponent = _row_exponent(xr, yr, gr, PROLOGUE)
     p0, down0 = _part_pairs(_part_values(xa, ya, ga, sum_ptr, 0, k, PROLOGUE, B0, QBLOCK), exponent)
     if B1 > 0:
         p1, down1 = _part_pairs(_part_values(xb, yb, gb, sum_ptr, B0, k, PROLOGUE, B1, QBLOCK), exponent)
