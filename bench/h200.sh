@@ -137,9 +137,12 @@
 #              tokens with each layer's weight dequantized whole (the default) and in chunks of 2,048-8,960 rows
 #              (3-26 MiB of gate_up), each product written into its columns in place, beside fp16's; the chunk
 #              tests on CUDA first, ~6 min
-#   q4overlap  can a long prompt's dequantization hide behind cuBLAS? bench.dequant_overlap: the 1.5B layers'
-#              four products at 1,024 and 256 rows, fp16 against dequantize-then-cuBLAS in series and with the
-#              next weight dequantized on a second stream, ~1 min
+#   q4overlap  can a long prompt's dequantization hide behind cuBLAS? option q4_dequant_ahead's GPU tests, then
+#              bench.dequant_overlap (the 1.5B layers' four products at 1,024 and 256 rows, fp16 against
+#              dequantize-then-cuBLAS in series and with the next weight dequantized on a second stream), then the
+#              1.5B int4 TTFT at 256 and 1,024 tokens with and without the option beside fp16's, ~7 min;
+#              q4overlapcheck: the same prompts captured with the option, each recorded chunk checked against
+#              eager (--capture verify), ~2 min
 #   q8         8-bit MatMulNBits on the packed byte kernels (2026-12-07): their GPU parity tests, then each layer of
 #              both shapes alone (gemv_micro --quick --bits 8: the one-row kernel swept beside cuBLAS over the fp16
 #              copy, which is what 8-bit weights ran over before, and the 16-row prompt paths), ~5 min
@@ -358,8 +361,18 @@ stage_q4chunk() {
     --variant whole-again:
 }
 stage_q4overlap() {
-  # a long prompt's dequantization on a second stream, a weight ahead of cuBLAS (2026-12-08, built without a GPU)
-  run q4overlap 150 $PY -m bench.dequant_overlap $Q15 --rows 1024,256 --layers 8
+  # a long prompt's dequantization on a second stream, a chunk ahead of cuBLAS (2026-12-08, built without a GPU)
+  run q4overlap-tests 120 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_dequant_ahead.py
+  run q4overlap-micro 120 $PY -m bench.dequant_overlap $Q15 --rows 1024,256 --layers 8
+  run q4overlap-fp16 100 $PY -m bench.prefill $Q15 --precision fp16 --context 2048 --lengths 256,1024 --repeats 5
+  run q4overlap-int4 200 $PY -m bench.prefill $Q15 --precision int4 --context 2048 --lengths 256,1024 --repeats 5 \
+    --variant serial: --variant ahead:ONNXGEN_Q4_DEQUANT_AHEAD=1 --variant serial-again: \
+    --variant ahead-again:ONNXGEN_Q4_DEQUANT_AHEAD=1
+}
+stage_q4overlapcheck() {
+  # captured prompts with the option against eager ones, every recorded chunk checked (--capture verify)
+  ONNXGEN_Q4_DEQUANT_AHEAD=1 run q4overlapcheck 150 $PY -m bench.prefill $Q15 --precision int4 --context 2048 \
+    --lengths 256,1024 --repeats 2 --capture verify
 }
 stage_ttftgap() {
   # the engine and the Generator, with 1 and with 128 new tokens, interleaved in one process
@@ -621,7 +634,7 @@ stage_micro() {
   run micro 150 $PY -m bench.gemv_micro --quick
 }
 
-STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory memorypeers q4sym zerobytes q4long moezero q4rows q4half q4half05 q4halfcheck q4stream q4streamlayers q4streamauto q4anatomy05 q4postwait q4postwait15 q4onewarp q4chunk q4overlap q8 sampled"
+STAGES="tests decode verify long standard qwen15 llamacpp peers peers15 table generator anatomy profile micro int4 prefill hybrid fold q4prompt q4ttft ttftgap moe moedecode ttft08 pieces cutoffs gdnchunk memory memorypeers q4sym zerobytes q4long moezero q4rows q4half q4half05 q4halfcheck q4stream q4streamlayers q4streamauto q4anatomy05 q4postwait q4postwait15 q4onewarp q4chunk q4overlap q4overlapcheck q8 sampled"
 if [ $# -eq 0 ]; then
   echo "usage: bash bench/h200.sh STAGE [STAGE ...]   (stages: $STAGES; the header of bench/h200.sh says what each runs)"
   exit 2

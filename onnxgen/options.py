@@ -83,6 +83,7 @@ class Options:
     q4_prompt: Literal["auto", "dequant", "gemm", "split"] = "auto"
     q4_dequant: Literal["bytes", "blocks"] = "blocks"
     q4_dequant_chunk_rows: int = 0
+    q4_dequant_ahead: bool = False
     q4_row_ready: bool = False
     q4_half: Literal["auto", "all", "off"] = "auto"
     q4_stream: int | Literal["auto"] = "auto"
@@ -430,6 +431,11 @@ KNOBS: tuple[Knob, ...] = (
          "fewer, in equal chunks), each product written into its columns of the result: chunks small enough to "
          "stay in L2 between the dequantization that writes them and the GEMM that reads them, wide enough to fill "
          "the GPU. Unset, a weight that fits the session's scratch goes whole"),
+    Knob("q4_dequant_ahead", "ONNXGEN_Q4_DEQUANT_AHEAD", _flag(), "`1` / `0`",
+         "`1`: a long prompt's 4-bit weights are dequantized a chunk ahead on a second CUDA stream, into the "
+         "other half of the session's scratch, while the main stream multiplies the current chunk (what comes "
+         "next is learned from earlier runs; gpu/dequant_ahead.py). Same scratch memory, chunks of at most half "
+         "of it; the same bits. Untimed, so off"),
     Knob("q4_row_ready", "ONNXGEN_Q4_ROW_READY", _flag(), "`1` / `0`",
          "`1`: the one-row 4- and 8-bit byte kernels (qkv, o_proj, down_proj) dequantize their weights to the "
          "activations' dtype (fp32 for bf16) before the PDL wait, so that after it they only multiply and sum, "

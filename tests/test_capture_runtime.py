@@ -452,3 +452,41 @@ def test_host_arithmetic_over_constants_leaves_the_segment(tmp_path) -> None:
     (segment,) = program.schedule.segments
     assert [s.ctx.name for s in segment.nodes] == ["mul", "add", "square"]
     assert "f" in program.schedule.static_outputs and runtime.stats.replays == 2
+
+
+def test_every_unit_of_a_captured_step_ends_with_the_programs_joins(packages) -> None:
+    """GraphProgram.unit_joins (where option q4_dequant_ahead's side stream is joined) run after
+    every unit of a step: once per warm-up step (the whole program), once per unit of the schedule
+    while recording (twice per segment) and replaying (ReplayRecorder re-runs a segment's nodes; a
+    CUDA graph holds the join it recorded), and never between two nodes of a unit."""
+    captured = Decoder(packages["standard"], "dynamic", runtime_kw={"recorder": ReplayRecorder()})
+    program = captured.session.program
+    events: list[str] = []
+    program.unit_joins.append(lambda: events.append("join"))
+    for node in program.nodes:
+
+        def fn(ctx, *args, _original=node.spec.fn, _name=node.ctx.name):
+            events.append(_name)
+            return _original(ctx, *args)
+
+        node.spec = dataclasses.replace(node.spec, fn=fn)
+    with torch.inference_mode():
+        logits = captured.step(prompt(captured.device))
+        per_step = []
+        for _ in range(5):
+            events.clear()
+            logits = captured.step(logits[0, -1].argmax().reshape(1, 1))
+            per_step.append(list(events))
+    (runtime_program,) = captured.runtime.keys.values()
+    units = runtime_program.schedule.units
+    assert len(units) > 1
+    segments = sum(unit.kind == "segment" for unit in units)
+    # the recording step runs each segment twice (recorded, then replayed to commit the step)
+    assert [e.count("join") for e in per_step] == [1, 1, len(units) + segments, len(units), len(units)]
+    last_nodes = {unit.nodes[-1].ctx.name for unit in units}
+    assert all(per_step[2][i - 1] in last_nodes for i, e in enumerate(per_step[2]) if e == "join")
+    for events in per_step[3:]:  # each unit's nodes, then a join
+        expected = []
+        for unit in units:
+            expected += [n.ctx.name for n in unit.nodes] + ["join"]
+        assert events == expected

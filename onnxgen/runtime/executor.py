@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from collections import ChainMap
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -271,6 +271,9 @@ class GraphProgram:
             dense = onnx.numpy_helper.to_array(sparse)  # sparse initializers are rare and small
             self._add_constant(sparse.values.name, torch.from_numpy(np.ascontiguousarray(dense)))
         self.nodes: list[CompiledNode] = []
+        # called after every unit of work that runs nodes (a whole run, an eager unit of a captured
+        # step, a recorded segment): an op that set work going on another stream joins it there
+        self.unit_joins: list[Callable[[], None]] = []
         host_values = self.host_values
         known = set(scope_names) | {vi.name for vi in graph.input} | set(self.initializers)
         for node in graph.node:
@@ -452,18 +455,33 @@ class GraphProgram:
         # A CPU session holds only CPU tensors (feeds are moved on entry, initializers at load,
         # op implementations make their outputs on ctx.device): nothing to route, so inputs are plain lookups.
         cpu_only = self.device.type == "cpu"
-        for node in self.nodes:
-            if cpu_only:
-                try:
-                    args = [env[name] if name else None for name in node.inputs]
-                except KeyError:
-                    args = runner.arguments(node, env)  # names the missing input
-            else:
-                args = runner.arguments(node, env)
-            call(node, args, env, local)
-            for name in node.release:
-                local.pop(name, None)
+        try:
+            for node in self.nodes:
+                if cpu_only:
+                    try:
+                        args = [env[name] if name else None for name in node.inputs]
+                    except KeyError:
+                        args = runner.arguments(node, env)  # names the missing input
+                else:
+                    args = runner.arguments(node, env)
+                call(node, args, env, local)
+                for name in node.release:
+                    local.pop(name, None)
+        except BaseException:
+            self.join_units(failed=True)
+            raise
+        self.join_units()
         return env
+
+    def join_units(self, failed: bool = False) -> None:
+        """The end of a unit of work (see unit_joins). ``failed``: it ended in an exception, which
+        a join's own error (a recording already broken) must not replace."""
+        for join in self.unit_joins:
+            try:
+                join()
+            except Exception:
+                if not failed:
+                    raise
 
 
 def compile_model(

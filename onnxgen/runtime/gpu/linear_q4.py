@@ -41,11 +41,14 @@ Or (``q4_prompt=split``) gpu/linear_q4_split.py's GEMM split along K, for prompt
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import triton
 import triton.language as tl
 
 from onnxgen import options
+from onnxgen.runtime.gpu.dequant_ahead import Chunk, DequantAhead
 from onnxgen.runtime.gpu.launch import COMPILE_OPTIONS, LAUNCHES, interpreting, pdl_launch
 from onnxgen.runtime.gpu.linear_row import (
     _activation,
@@ -933,6 +936,13 @@ class DequantScratch:
 
     def __init__(self, elements: int, dtype: torch.dtype, device: torch.device):
         self.buffer = torch.empty(elements, dtype=dtype, device=device)
+        # option q4_dequant_ahead (read per call): the buffer's two halves, the next chunk dequantized
+        # on a second stream
+        self.ahead = DequantAhead(self.buffer)
+
+    def join(self) -> None:
+        """End of a unit of work (DequantAhead.join)."""
+        self.ahead.join()
 
     def rows_view(self, rows: int, k: int) -> torch.Tensor:
         return self.buffer[: rows * k].view(rows, k)
@@ -991,21 +1001,31 @@ def _dequant_matmul(
     """A @ W^T with W dequantized a chunk of rows at a time, into ``scratch`` where it serves (at most
     option ``q4_dequant_chunk_rows`` rows a chunk, where set); each chunk's product is written into
     its columns of the result by cuBLAS (its leading dimension N), not copied there."""
-    fit = scratch.rows_for(k, a2.dtype, a2.device) if scratch is not None else 0
-    rows = fit if fit else max(16, DEQUANT_ROWS_ELEMENTS // k)
     opts = options.current()
+    fit = scratch.rows_for(k, a2.dtype, a2.device) if scratch is not None else 0
+    ahead = scratch.ahead if fit and opts.q4_dequant_ahead else None
+    if ahead is not None:
+        fit = ahead.rows_for(k)  # a chunk per half
+    rows = fit if fit else max(16, DEQUANT_ROWS_ELEMENTS // k)
     cap = opts.q4_dequant_chunk_rows
     step = chunk_rows(n, min(rows, cap) if cap else rows)
 
     form = opts.q4_dequant
 
-    def chunk(lo: int, hi: int) -> torch.Tensor:
-        into = scratch.rows_view(hi - lo, k) if fit else None
+    def make(lo: int, hi: int, into: torch.Tensor | None) -> torch.Tensor:
         return dequantize_q4(packed, scale, zeros, zero_kind, rows=slice(lo, hi), k=k, block_size=block_size,
                              dtype=a2.dtype, out=into, bits=bits, form=form)  # fmt: skip
 
+    def chunk(lo: int, hi: int) -> torch.Tensor:
+        if ahead is not None:
+            return ahead.weight(Chunk(packed.untyped_storage().data_ptr(), lo, hi, k, partial(make, lo, hi)))
+        return make(lo, hi, scratch.rows_view(hi - lo, k) if fit else None)
+
     if step >= n:
-        return _linear(a2, chunk(0, n), bias)
+        result = _linear(a2, chunk(0, n), bias)
+        if ahead is not None:
+            ahead.read_done()
+        return result
     out = torch.empty((a2.shape[0], n), dtype=a2.dtype, device=a2.device)
     for lo in range(0, n, step):
         hi = min(n, lo + step)
@@ -1014,6 +1034,8 @@ def _dequant_matmul(
             torch.mm(a2, weight.t(), out=columns)
         else:
             torch.addmm(bias[lo:hi].to(a2.dtype), a2, weight.t(), out=columns)
+        if ahead is not None:
+            ahead.read_done()
     return out
 
 

@@ -286,7 +286,9 @@ def attach_q4_scratch(program: Any) -> int:
     """On CUDA, where prompts may dequantize 4- or 8-bit weights (option ``q4_prompt`` not ``gemm``,
     the packed kernels on): one DequantScratch for the whole session, sized for its largest packed
     weights (linear_q4.scratch_elements), allocated now, outside any capture, and handed to every
-    MatMulNBits and MatMulNBitsGroup node. Returns its size in elements (0: none)."""
+    MatMulNBits and MatMulNBitsGroup node. Under option ``q4_dequant_ahead`` its halves take turns
+    (gpu/dequant_ahead.py), so the program joins it at the end of every unit of work. Returns its
+    size in elements (0: none)."""
     opts = options.current()
     device = getattr(program, "device", None)
     if device is None or device.type != "cuda" or not opts.triton_q4 or opts.q4_prompt == "gemm":
@@ -313,6 +315,7 @@ def attach_q4_scratch(program: Any) -> int:
     scratch = DequantScratch(elements, dtype, device)
     for ctx in nodes:
         ctx.__dict__[SCRATCH_ATTR] = scratch
+    program.unit_joins.append(scratch.join)  # no prefetch outlives a run, an eager unit or a recording
     return scratch.buffer.numel()
 
 
