@@ -24,37 +24,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 
 import torch
 
-from bench.gemv_micro import cuda_device, layer_shapes
+from bench.gemv_micro import cuda_device, layer_shapes, time_in_graph
 from onnxgen.runtime.gpu import linear_q4 as Q4
 
 PRODUCTS = ("qkv", "o_proj", "gate_up", "down")
-
-
-def timed_graph(fn: Callable[[], None], stream: torch.cuda.Stream, replays: int = 10) -> float:
-    """Microseconds per replay of fn() recorded in one CUDA graph on ``stream`` (median of 5 runs)."""
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()  # warm-up: compile, let cuBLAS pick and allocate
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(5):
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / replays)
-    return sorted(times)[2]
 
 
 class Weight:
@@ -146,7 +122,7 @@ def main() -> int:
                                   ("serial", stack.serial, torch.cuda.Stream()),
                                   ("overlap", stack.overlapped, torch.cuda.Stream()),
                                   ("overlap-hi", stack.overlapped, torch.cuda.Stream(priority=-1))):  # fmt: skip
-            us = timed_graph(fn, stream)
+            us = time_in_graph(lambda _, fn=fn: fn(), 1, replays=10, stream=stream)
             results[label] = (us, [o.clone() for o in outs])
         base_us, base_outs = results["serial"]
         fp16_us = results["fp16"][0]

@@ -81,9 +81,10 @@ def cuda_device() -> torch.device | None:
     return torch.device("cuda")
 
 
-def time_in_graph(fn, copies: int, replays: int = 20) -> float:
-    """Microseconds per call of fn(i) for i in range(copies), recorded in one CUDA graph."""
-    stream = torch.cuda.Stream()
+def time_in_graph(fn, copies: int, replays: int = 20, stream: torch.cuda.Stream | None = None) -> float:
+    """Microseconds per call of fn(i) for i in range(copies), recorded in one CUDA graph (on
+    ``stream``, a new one by default)."""
+    stream = stream or torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for i in range(copies):  # warm-up: compile, allocate
@@ -91,7 +92,7 @@ def time_in_graph(fn, copies: int, replays: int = 20) -> float:
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):
         for i in range(copies):
             fn(i)
     graph.replay()
