@@ -178,6 +178,21 @@ def test_a_changed_order_costs_only_the_wrong_guesses(stack: Stack) -> None:
     assert all(m < len(LAYER) for m in on_main[4:]), on_main
 
 
+def test_a_link_past_a_units_end_is_unlearned(stack: Stack) -> None:
+    """Whole runs learn the order across what later runs as two units (a captured step's
+    segments): the first unit's last chunk then sets going the second's first, which the join
+    waits for and unlearns, so the next time that unit ends with nothing left ahead."""
+    first, second = LAYER[:3], LAYER[3:]
+    before = stack.ahead.prefetches
+    run_units(stack, [LAYER, LAYER])
+    assert stack.ahead.prefetches - before == len(LAYER) - 1
+    for attempt, wasted in enumerate((1, 0, 0)):
+        before = stack.ahead.prefetches
+        run_units(stack, [first, second])
+        # within each unit all but its first chunk ahead; plus the wasted one the first time
+        assert stack.ahead.prefetches - before == len(first) - 1 + len(second) - 1 + wasted, attempt
+
+
 def test_the_race_check_catches_a_missing_wait(stack: Stack, monkeypatch) -> None:
     """The checker itself: without the side stream's wait for the half's last GEMM, or without the
     main stream's wait for a prefetch, the timeline has a race."""
@@ -339,5 +354,5 @@ def test_gpu_session_with_the_option_matches_onnxruntime() -> None:
         for attempt in range(3):
             before = scratch.ahead.prefetches
             actual = session.run(None, {"A": a})[0]
-            assert scratch.ahead.prefetches - before == (0 if attempt == 0 else 3), attempt  # 4 chunks (1,024 rows at most)
+            assert scratch.ahead.prefetches - before == (0 if attempt == 0 else 3), attempt  # 4 chunks of <= 1,024
             _close(actual, expected, NBITS_TOL[(TP.FLOAT16, 0)] * float(np.abs(expected).max()), f"run {attempt}", 0.0)

@@ -177,10 +177,15 @@ class DequantAhead:
         self.read[self.current_half] = self.streams.record(self.streams.current())
 
     def join(self) -> None:
-        """End of a unit: the main stream waits for any prefetch left, and the order starts afresh."""
+        """End of a unit: the main stream waits for any prefetch left, and the order starts afresh.
+        A prefetch left means the unit's last chunk had learned a successor from a unit that went
+        on past it (a whole run, where a captured step now runs in segments): that link is
+        unlearned, so later executions of this unit do not repeat the waste. (A CUDA graph recorded
+        before it was unlearned keeps the wasted prefetch.)"""
         pending = self.pending
         try:
             if pending is not None:
+                self.successor.pop(self.last, None)  # type: ignore[arg-type]
                 self.streams.wait_event(self.streams.current(), pending.ready)
         finally:
             self._reset()
