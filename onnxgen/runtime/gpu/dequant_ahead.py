@@ -96,8 +96,8 @@ class OneStream:
 
 
 class Chunk(NamedTuple):
-    """Rows lo..hi of one weight: ``weight`` identifies it (its codes' storage), ``make`` writes the
-    chunk's dense rows into a [hi - lo, k] tensor."""
+    """Rows lo..hi of one weight: ``weight`` identifies it (the address of its first code: weights are
+    the session's, never freed or moved), ``make`` writes the chunk's dense rows into a [hi - lo, k] tensor."""
 
     weight: int
     lo: int

@@ -1018,7 +1018,7 @@ def _dequant_matmul(
 
     def chunk(lo: int, hi: int) -> torch.Tensor:
         if ahead is not None:
-            return ahead.weight(Chunk(packed.untyped_storage().data_ptr(), lo, hi, k, partial(make, lo, hi)))
+            return ahead.weight(Chunk(packed.data_ptr(), lo, hi, k, partial(make, lo, hi)))
         return make(lo, hi, scratch.rows_view(hi - lo, k) if fit else None)
 
     if step >= n:
