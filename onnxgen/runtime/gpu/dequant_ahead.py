@@ -48,13 +48,16 @@ class StreamOps(Protocol):
 
 
 class CudaStreams:
-    """StreamOps on torch.cuda."""
+    """StreamOps on torch.cuda, for one device (the scratch's, whichever is current)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
 
     def current(self) -> torch.cuda.Stream:
-        return torch.cuda.current_stream()
+        return torch.cuda.current_stream(self.device)
 
     def new_stream(self) -> torch.cuda.Stream:
-        return torch.cuda.Stream()
+        return torch.cuda.Stream(device=self.device)
 
     def use(self, stream: torch.cuda.Stream) -> AbstractContextManager[Any]:
         return torch.cuda.stream(stream)
@@ -122,7 +125,7 @@ class DequantAhead:
     def __init__(self, buffer: torch.Tensor, streams: StreamOps | None = None) -> None:
         half = buffer.numel() // 2
         self.halves = (buffer[:half], buffer[half : 2 * half])
-        self.streams = streams or (CudaStreams() if buffer.is_cuda else OneStream())
+        self.streams = streams or (CudaStreams(buffer.device) if buffer.is_cuda else OneStream())
         self.side = self.streams.new_stream()
         self.successor: dict[tuple[int, int, int, int], Chunk] = {}
         self.prefetches = 0  # chunks made on the side stream so far (tests and benches read it)
