@@ -66,11 +66,16 @@ class Timeline:
         finally:
             self.active = saved
 
-    def record(self, stream: int) -> int:
-        return self._op(stream)
+    def event(self) -> list[int]:
+        return []  # the operation of its latest record
 
-    def wait_event(self, stream: int, event: int) -> None:
-        self._op(stream, (event,))
+    def record(self, stream: int, event: list[int] | None = None) -> list[int]:
+        event = [] if event is None else event
+        event[:] = [self._op(stream)]
+        return event
+
+    def wait_event(self, stream: int, event: list[int]) -> None:
+        self._op(stream, tuple(event))
 
     def wait_stream(self, stream: int, other: int) -> None:
         self._op(stream, (self._op(other),))
@@ -130,7 +135,7 @@ class Stack:
         for c in chunks:
             self.product(*c)
         self.ahead.join()
-        end = self.t.record(self.t.active)
+        (end,) = self.t.record(self.t.active)
         side = [op for op in range(end) if self.t.stream_of[op] == self.side]
         assert all(self.t.before(op, end) for op in side), "the unit ended with side work unjoined"
 

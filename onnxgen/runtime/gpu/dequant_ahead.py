@@ -42,7 +42,8 @@ class StreamOps(Protocol):
     def current(self) -> Any: ...
     def new_stream(self) -> Any: ...
     def use(self, stream: Any) -> AbstractContextManager[Any]: ...
-    def record(self, stream: Any) -> Any: ...
+    def event(self) -> Any: ...
+    def record(self, stream: Any, event: Any) -> Any: ...
     def wait_event(self, stream: Any, event: Any) -> None: ...
     def wait_stream(self, stream: Any, other: Any) -> None: ...
 
@@ -62,8 +63,10 @@ class CudaStreams:
     def use(self, stream: torch.cuda.Stream) -> AbstractContextManager[Any]:
         return torch.cuda.stream(stream)
 
-    def record(self, stream: torch.cuda.Stream) -> torch.cuda.Event:
-        event = torch.cuda.Event()
+    def event(self) -> torch.cuda.Event:
+        return torch.cuda.Event()
+
+    def record(self, stream: torch.cuda.Stream, event: torch.cuda.Event) -> torch.cuda.Event:
         event.record(stream)
         return event
 
@@ -88,7 +91,10 @@ class OneStream:
     def use(self, stream: None) -> AbstractContextManager[Any]:
         return nullcontext()
 
-    def record(self, stream: None) -> None:
+    def event(self) -> None:
+        return None
+
+    def record(self, stream: None, event: None) -> None:
         return None
 
     def wait_event(self, stream: None, event: None) -> None:
@@ -128,13 +134,17 @@ class DequantAhead:
         self.streams = streams or (CudaStreams(buffer.device) if buffer.is_cuda else OneStream())
         self.side = self.streams.new_stream()
         self.successor: dict[tuple[int, int, int, int], Chunk] = {}
+        # per half, recorded again at each use (a wait takes the record in force when it is issued):
+        # its chunk written (side stream), its latest GEMM issued (main stream)
+        self.written = (self.streams.event(), self.streams.event())
+        self.gemm_done = (self.streams.event(), self.streams.event())
         self.prefetches = 0  # chunks made on the side stream so far (tests and benches read it)
         self._reset()
 
     def _reset(self) -> None:
         self.last: tuple[int, int, int, int] | None = None  # the unit's previous chunk
         self.pending: _Prefetch | None = None
-        self.read: list[Any] = [None, None]  # per half: the event after its latest GEMM in this unit
+        self.read: list[bool] = [False, False]  # per half: a GEMM of this unit has read it (gemm_done holds)
         self.forked = False  # the side stream has waited for the main stream in this unit
         self.next_half = 0
         self.current_half = 0
@@ -165,11 +175,11 @@ class DequantAhead:
             if not self.forked:
                 ops.wait_stream(self.side, main)
                 self.forked = True
-            if self.read[other] is not None:
-                ops.wait_event(self.side, self.read[other])
+            if self.read[other]:
+                ops.wait_event(self.side, self.gemm_done[other])
             with ops.use(self.side):
                 ahead.make(self._view(other, ahead))
-                ready = ops.record(self.side)
+                ready = ops.record(self.side, self.written[other])
             self.pending = _Prefetch(ahead.key, other, ready)
             self.prefetches += 1
         self.current_half, self.next_half = half, other
@@ -177,7 +187,9 @@ class DequantAhead:
 
     def read_done(self) -> None:
         """The main stream has issued the GEMM that reads the current chunk."""
-        self.read[self.current_half] = self.streams.record(self.streams.current())
+        half = self.current_half
+        self.streams.record(self.streams.current(), self.gemm_done[half])
+        self.read[half] = True
 
     def join(self) -> None:
         """End of a unit: the main stream waits for any prefetch left, and the order starts afresh.
