@@ -15,10 +15,10 @@ asked for is then dequantized on the main stream, as without this option.
 
 Invariants (``join`` keeps them at every boundary of a unit: a whole run, an eager unit of a
 captured step, a recorded segment):
-- a half is written only after every GEMM that read it before (its ``read`` event, or the fork
-  from the main stream at the unit's first prefetch);
-- a GEMM reads a half only after the write of its chunk (the ``ready`` event of the prefetch, or
-  the main stream's own order);
+- a half is written only after every GEMM that read it before (its ``gemm_done`` event, or the
+  fork from the main stream at the unit's first prefetch);
+- a GEMM reads a half only after the write of its chunk (its ``written`` event, or the main
+  stream's own order);
 - no work is left on the side stream when a unit ends: the main stream waits for the last
   prefetch, so a CUDA graph recorded over the unit joins every stream it forked, and the next
   unit (which may be a replayed graph whose Python never ran) starts from an empty state.
