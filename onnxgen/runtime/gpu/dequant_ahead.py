@@ -121,8 +121,7 @@ class Chunk(NamedTuple):
 
 class _Prefetch(NamedTuple):
     key: tuple[int, int, int, int]
-    half: int
-    ready: Any
+    half: int  # its write is the written[half] record in force
 
 
 class DequantAhead:
@@ -146,8 +145,7 @@ class DequantAhead:
         self.pending: _Prefetch | None = None
         self.read: list[bool] = [False, False]  # per half: a GEMM of this unit has read it (gemm_done holds)
         self.forked = False  # the side stream has waited for the main stream in this unit
-        self.next_half = 0
-        self.current_half = 0
+        self.next_half = 0  # where a chunk made on the main stream goes; the current chunk is in the other
 
     def rows_for(self, k: int) -> int:
         """Weight rows of K elements that fit one half."""
@@ -162,8 +160,8 @@ class DequantAhead:
             self.successor[self.last] = chunk
         self.last = key
         pending, self.pending = self.pending, None
-        if pending is not None:
-            ops.wait_event(main, pending.ready)  # used or not, its half is written before anyone reuses it
+        if pending is not None:  # used or not, its half is written before anyone reuses it
+            ops.wait_event(main, self.written[pending.half])
         if pending is not None and pending.key == key:
             half = pending.half
         else:
@@ -171,7 +169,7 @@ class DequantAhead:
             chunk.make(self._view(half, chunk))
         other = 1 - half
         ahead = self.successor.get(key)
-        if ahead is not None and ahead.hi - ahead.lo <= self.rows_for(ahead.k):
+        if ahead is not None:
             if not self.forked:
                 ops.wait_stream(self.side, main)
                 self.forked = True
@@ -179,15 +177,15 @@ class DequantAhead:
                 ops.wait_event(self.side, self.gemm_done[other])
             with ops.use(self.side):
                 ahead.make(self._view(other, ahead))
-                ready = ops.record(self.side, self.written[other])
-            self.pending = _Prefetch(ahead.key, other, ready)
+                ops.record(self.side, self.written[other])
+            self.pending = _Prefetch(ahead.key, other)
             self.prefetches += 1
-        self.current_half, self.next_half = half, other
+        self.next_half = other
         return self._view(half, chunk)
 
     def read_done(self) -> None:
         """The main stream has issued the GEMM that reads the current chunk."""
-        half = self.current_half
+        half = 1 - self.next_half
         self.streams.record(self.streams.current(), self.gemm_done[half])
         self.read[half] = True
 
@@ -201,7 +199,7 @@ class DequantAhead:
         try:
             if pending is not None:
                 self.successor.pop(self.last, None)  # type: ignore[arg-type]
-                self.streams.wait_event(self.streams.current(), pending.ready)
+                self.streams.wait_event(self.streams.current(), self.written[pending.half])
         finally:
             self._reset()
 
