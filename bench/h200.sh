@@ -139,7 +139,7 @@
 #              tests on CUDA first, ~6 min
 #   q4overlap  can a long prompt's dequantization hide behind cuBLAS? option q4_dequant_ahead's GPU tests, then
 #              bench.dequant_overlap (the 1.5B layers' four products at 1,024 and 256 rows, fp16 against
-#              dequantize-then-cuBLAS in series and with the next weight dequantized on a second stream), then the
+#              dequantize-then-cuBLAS in series and under the option, through the runtime's own calls), then the
 #              1.5B int4 TTFT at 256 and 1,024 tokens with and without the option beside fp16's, ~7 min;
 #              q4overlapcheck: the same prompts captured with the option, each recorded chunk checked against
 #              eager (--capture verify), ~2 min
