@@ -455,7 +455,7 @@ class GraphProgram:
         # A CPU session holds only CPU tensors (feeds are moved on entry, initializers at load,
         # op implementations make their outputs on ctx.device): nothing to route, so inputs are plain lookups.
         cpu_only = self.device.type == "cpu"
-        try:
+        with self.unit():
             for node in self.nodes:
                 if cpu_only:
                     try:
@@ -467,11 +467,12 @@ class GraphProgram:
                 call(node, args, env, local)
                 for name in node.release:
                     local.pop(name, None)
-        except BaseException:
-            self.join_units(failed=True)
-            raise
-        self.join_units()
         return env
+
+    def unit(self) -> UnitOfWork:
+        """``with program.unit(): ...`` around nodes run as one unit of work: unit_joins run at its
+        end, also when it ends in an exception."""
+        return UnitOfWork(self)
 
     def join_units(self, failed: bool = False) -> None:
         """The end of a unit of work (see unit_joins). ``failed``: it ended in an exception, which
@@ -482,6 +483,22 @@ class GraphProgram:
             except Exception:
                 if not failed:
                     raise
+
+
+class UnitOfWork:
+    """GraphProgram.unit's context manager (a class: it wraps every run)."""
+
+    __slots__ = ("program",)
+
+    def __init__(self, program: GraphProgram) -> None:
+        self.program = program
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        self.program.join_units(failed=exc_type is not None)
+        return False
 
 
 def compile_model(

@@ -177,13 +177,9 @@ class CapturedProgram:
             return self.program.run(feeds)
         env = ChainMap(dict(feeds), self.program.initializers)
         run, own = self.runner.run, env.maps[0]  # outputs go into env's first map, as assigning to env does
-        try:
+        with self.program.unit():
             for node in self.program.nodes:
                 run(node, env, own)
-        except BaseException:
-            self.program.join_units(failed=True)
-            raise
-        self.program.join_units()
         # static shape arithmetic: constants for this key from now on
         self.static_values = {n: env.maps[0][n] for n in self.schedule.static_outputs if n in env.maps[0]}
         if self.device.type != "cpu":
@@ -197,13 +193,9 @@ class CapturedProgram:
 
     def _run_unit_eagerly(self, unit: Unit, env: ChainMap) -> None:
         run, own = self.runner.run, env.maps[0]
-        try:
+        with self.program.unit():
             for node in unit.nodes:
                 run(node, env, own)
-        except BaseException:
-            self.program.join_units(failed=True)
-            raise
-        self.program.join_units()
 
     def _segment_fn(self, unit: Unit, bindings: dict[str, Binding], tail: StepTail | None = None) -> SegmentFn:
         frozen: list[dict[int, Any]] = [{} for _ in unit.nodes]
@@ -215,23 +207,23 @@ class CapturedProgram:
             local: dict[str, Any] = {}
             env = ChainMap(local, inputs, static, initializers)
             run = self.runner.run
-            for i, node in enumerate(unit.nodes):
-                try:
-                    if replay:
-                        run(node, env, local, frozen=frozen[i])
-                    else:
-                        run(node, env, local, freeze=frozen[i])
-                except RecordingFailed:
-                    self.program.join_units(failed=True)
-                    raise
-                except Exception as exc:
-                    self.program.join_units(failed=True)
-                    if replay:
+            with self.program.unit():  # inside the recording: it joins every stream the segment forked
+                for i, node in enumerate(unit.nodes):
+                    try:
+                        if replay:
+                            run(node, env, local, frozen=frozen[i])
+                        else:
+                            run(node, env, local, freeze=frozen[i])
+                    except RecordingFailed:
                         raise
-                    raise RecordingFailed(
-                        f"{unit.label}: {node.ctx.op_type} {node.ctx.name!r}: {exc}", node.ctx.op_type, node.ctx.name
-                    ) from exc
-            self.program.join_units()  # inside the recording: it joins every stream the segment forked
+                    except Exception as exc:
+                        if replay:
+                            raise
+                        raise RecordingFailed(
+                            f"{unit.label}: {node.ctx.op_type} {node.ctx.name!r}: {exc}",
+                            node.ctx.op_type,
+                            node.ctx.name,
+                        ) from exc
             if tail is not None and commit:
                 try:
                     tail.apply(local, tail.state())
